@@ -1,0 +1,3 @@
+"""yue: fast text generation with an AR-NAR Mixture-of-Transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,147 @@
+"""Configuration: the model's Hugging Face config and the typed, validated decode settings.
+
+Design decisions:
+- `YueConfig` is a `transformers.PreTrainedConfig`, so checkpoints round-trip through `save_pretrained`
+  / `AutoConfig` and the AR set's fields read exactly like `LlamaConfig`'s (export is a field copy).
+- `DecodeConfig` is a frozen dataclass validated once, in `__post_init__`; every user mistake raises a
+  `ValueError` that names the field. Decoding strategies are chosen by name (`mode`), never by flags.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
+
+from transformers import PreTrainedConfig
+
+Mode = Literal["ar", "verified", "hybrid", "nar"]
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+class YueConfig(PreTrainedConfig):
+    """Shape of the AR-NAR Mixture-of-Transformers and the defaults it was calibrated with.
+
+    The AR-set fields (`hidden_size` ... `rope_theta`) mean exactly what they mean in `LlamaConfig`;
+    the NAR set has the same shapes. `block_size` (K) is the number of mask slots a NAR block holds.
+    """
+
+    model_type = "yue"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 1024
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    pad_token_id: int | None = 0
+    mask_token_id: int = 3
+    # K: slots per NAR block; DESIGN §7 found slots beyond ~4 add little, 8 keeps headroom.
+    block_size: int = 8
+    # Router hidden width: small, the router must stay well under 1% of the parameters.
+    router_hidden_size: int = 64
+    # The speed/fidelity dial (DESIGN §1): a position goes AR when p_ar(i) > router_threshold.
+    router_threshold: float = 0.65
+    # hybrid mode: after choosing AR, re-ask the router after this many AR tokens.
+    reeval_every: int = 5
+    # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
+    loss_weights: dict | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.loss_weights is None:
+            self.loss_weights = {"ar": 1.0, "nar": 0.8, "kl": 0.2}
+        super().__post_init__(**kwargs)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_key_value_heads must divide num_attention_heads")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0.0 <= self.router_threshold <= 1.0:
+            raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode one request. Validated once; bad values raise `ValueError` naming the field.
+
+    Attributes:
+        mode: decode policy by name (DESIGN §2): `ar` (reference), `verified` (lossless drafting),
+            `hybrid` (router commits drafts unverified), `nar` (whole blocks, lowest fidelity).
+        max_new_tokens: hard cap on generated tokens.
+        temperature: 0 means greedy (argmax), decided in one place (`decode.sampling`).
+        top_k: keep the k most likely tokens (0 = off).
+        top_p: nucleus mass in (0, 1]; 1 = off.
+        repetition_penalty: CTRL-style penalty on tokens already in the context; 1 = off.
+        seed: seeds the request's own `torch.Generator`; same seed, same sample.
+        stop: strings that end generation; the text is cut before the first one.
+        router_threshold: position goes AR when p_ar > threshold; None = the model's calibrated default.
+        block_size: slots drafted per step, at most the model's K; None = the model's K.
+        reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
+        trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
+    """
+
+    mode: Mode = "hybrid"
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    router_threshold: float | None = None
+    block_size: int | None = None
+    reeval_every: int | None = None
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.router_threshold is not None and not (0.0 <= self.router_threshold <= 1.0):
+            raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold!r}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size!r}")
+        if self.reeval_every is not None and self.reeval_every < 1:
+            raise ValueError(f"reeval_every must be >= 1, got {self.reeval_every!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def resolved(self, model_config: YueConfig) -> DecodeConfig:
+        """Fill the model-dependent defaults (threshold, K, reeval) from the checkpoint's config."""
+        k = self.block_size if self.block_size is not None else model_config.block_size
+        if k > model_config.block_size:
+            raise ValueError(f"block_size must be <= the model's block_size {model_config.block_size}, got {k}")
+        return replace(
+            self,
+            router_threshold=(
+                self.router_threshold if self.router_threshold is not None else model_config.router_threshold
+            ),
+            block_size=k,
+            reeval_every=self.reeval_every if self.reeval_every is not None else model_config.reeval_every,
+        )

@@ -1,0 +1,72 @@
+"""The router: from one step's features to per-slot acceptance probabilities (DESIGN §1).
+
+Design decisions:
+- Inputs are what a decode step already has in hand: the last committed position's hidden state, the
+  AR path's next-token entropy, and, per slot, the draft's max probability and entropy (plus a 0/1
+  "slot present" flag, so a block shorter than K reads as such). No extra forward pass.
+- Output a_i is the probability that slots 1..i ALL match what the AR path would write. It is built
+  as a running product of per-slot conditional probabilities, a_i = prod_{j<=i} sigmoid(z_j), so it
+  is monotone non-increasing in i by construction (an accepted prefix can only shrink).
+- p_ar(i) = 1 - a_i; one rule everywhere: position i goes AR when p_ar(i) > router_threshold.
+- A two-layer MLP of width 64: about 0.3% of the default model's parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from yue.config import YueConfig
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) over the last dim. (..., V) -> (...)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+class Router(nn.Module):
+    """features (B, D + 1 + 3K) -> conditional acceptance logits z (B, K)."""
+
+    def __init__(self, config: YueConfig) -> None:
+        super().__init__()
+        self.block_size = config.block_size
+        n_in = config.hidden_size + 1 + 3 * config.block_size
+        self.fc1 = nn.Linear(n_in, config.router_hidden_size)
+        self.fc2 = nn.Linear(config.router_hidden_size, config.block_size)
+
+    def features(
+        self, hidden_last: torch.Tensor, ar_logits_last: torch.Tensor, slot_logits: torch.Tensor
+    ) -> torch.Tensor:
+        """Assemble router inputs.
+
+        Args:
+            hidden_last: (B, D) final-norm hidden state of the block's anchor (last committed position).
+            ar_logits_last: (B, V) AR logits at that position.
+            slot_logits: (B, n, V) NAR logits of the block's n <= K slots.
+        Returns:
+            (B, D + 1 + 3K) float32 features; slots past n are zero with their "present" flag off.
+        """
+        B, n, _ = slot_logits.shape
+        K = self.block_size
+        logp = F.log_softmax(slot_logits.float(), dim=-1)  # (B, n, V)
+        per_slot = torch.zeros(B, 3, K, device=slot_logits.device)
+        per_slot[:, 0, :n] = logp.max(-1).values.exp()  # max probability
+        per_slot[:, 1, :n] = -(logp.exp() * logp).sum(-1)  # entropy
+        per_slot[:, 2, :n] = 1.0  # present
+        h_ar = entropy(ar_logits_last)[:, None]  # (B, 1)
+        return torch.cat([hidden_last.float(), h_ar, per_slot.flatten(1)], dim=-1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Conditional logits z: sigmoid(z_i) = P(slot i matches | slots 1..i-1 matched). (B, K)."""
+        return self.fc2(F.silu(self.fc1(features.to(self.fc1.weight.dtype)))).float()
+
+    @staticmethod
+    def log_acceptance(z: torch.Tensor) -> torch.Tensor:
+        """log a_i = sum_{j<=i} log sigmoid(z_j): the log-probability that slots 1..i all match. (B, K)."""
+        return F.logsigmoid(z).cumsum(-1)
+
+    def acceptance(self, features: torch.Tensor) -> torch.Tensor:
+        """a_i in [0, 1], non-increasing in i. (B, K)."""
+        return self.log_acceptance(self(features)).exp()
