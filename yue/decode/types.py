@@ -1,0 +1,122 @@
+"""Results of decoding, as dataclasses (never tuples): one `Step` per forward, a `Trace`, the stats.
+
+Design decisions:
+- Every forward is recorded as counts (cheap integers) in `GenerationStats`; the per-step `Step`
+  records (with p_ar and entropy) are only built when `DecodeConfig.trace` is on.
+- Token provenance ("ar" or "nar") travels with every streamed chunk so the demo page and the
+  metrics can show who wrote what. In `verified` mode an accepted draft token counts as "nar" (the NAR
+  set wrote it, the AR path only checked it); the AR path's own bonus/correction token is "ar".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Source = Literal["ar", "nar"]
+FinishReason = Literal["stop", "length", "eos", "cancelled"]
+
+
+@dataclass
+class Step:
+    """One forward pass of the decode loop.
+
+    Attributes:
+        index: 0-based step number.
+        mode: "AR" when the step drafted nothing, "NAR" when it drafted (or committed) slots.
+        drafted: draft tokens this step verified (verified) or slots it committed unverified (hybrid/nar).
+        accepted: of those, how many were kept.
+        p_ar: the router's p_ar(i) for the block drafted this step (empty when no block).
+        entropy: AR next-token entropy (nats) at the last committed position.
+        time_ms: wall time of the step.
+    """
+
+    index: int
+    mode: str
+    drafted: int
+    accepted: int
+    p_ar: list[float]
+    entropy: float
+    time_ms: float
+
+    def format(self) -> str:
+        p = f"{self.p_ar[0]:.2f}" if self.p_ar else "-"
+        return (
+            f"[router] step {self.index}: {self.mode} k={self.drafted} accepted={self.accepted} "
+            f"p_ar={p} H={self.entropy:.2f} ({self.time_ms:.1f} ms)"
+        )
+
+
+@dataclass
+class GenerationStats:
+    """Counters for one sequence (or a lockstep batch).
+
+    Attributes:
+        forwards: model forward passes, prefill included.
+        new_tokens: tokens generated.
+        ar_tokens / nar_tokens: generated tokens by the path that wrote them.
+        drafted / accepted: draft tokens proposed for verification (or unverified commit) and kept.
+        accepted_per_pos: accepted_per_pos[i] counts steps whose (i+1)-th draft token was accepted.
+        accept_lengths: per drafting step, the number of draft tokens accepted (for histograms).
+        router_decisions: steps by the path the router chose, {"ar": n, "nar": m}.
+        ttft_s: seconds to the first generated token; total_s: seconds for the whole request.
+    """
+
+    forwards: int = 0
+    new_tokens: int = 0
+    ar_tokens: int = 0
+    nar_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
+    router_decisions: dict[str, int] = field(default_factory=lambda: {"ar": 0, "nar": 0})
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Generated tokens per forward pass, the prefill forward included (it writes the first token)."""
+        return self.new_tokens / self.forwards if self.forwards else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_forward"] = self.tokens_per_forward
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of `Engine.generate` for one prompt."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    stats: GenerationStats
+    trace: list[Step] = field(default_factory=list)
+
+    def trace_json(self) -> str:
+        return json.dumps([asdict(s) for s in self.trace])
+
+
+@dataclass
+class StreamEvent:
+    """One chunk of `Engine.stream`: the text completed since the last event and who wrote it.
+
+    Attributes:
+        delta: new text (never splits a UTF-8 character; may be "" when bytes are held back).
+        token_ids: tokens committed since the last event.
+        sources: "ar"/"nar" for each of `token_ids`.
+        finish_reason: set on the last event only.
+        stats: set on the last event only.
+        trace: steps since the last event (when tracing).
+    """
+
+    delta: str
+    token_ids: list[int]
+    sources: list[Source]
+    finish_reason: FinishReason | None = None
+    stats: GenerationStats | None = None
+    trace: list[Step] = field(default_factory=list)
