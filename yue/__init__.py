@@ -1,3 +1,13 @@
-"""yue: fast text generation with an AR-NAR Mixture-of-Transformers."""
+"""yue: fast text generation with an AR-NAR Mixture-of-Transformers.
+
+import yue
+engine = yue.load()                      # the shipped yue-code-mini, or yue.load("path/to/model")
+print(engine.generate("def fibonacci(n):", mode="verified").text)
+"""
+
+from yue.config import DecodeConfig, YueConfig
+from yue.engine import Engine, load
+from yue.model import YueForCausalLM
 
 __version__ = "0.1.0"
+__all__ = ["DecodeConfig", "Engine", "YueConfig", "YueForCausalLM", "load"]

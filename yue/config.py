@@ -136,7 +136,9 @@ class DecodeConfig:
         """Fill the model-dependent defaults (threshold, K, reeval) from the checkpoint's config."""
         k = self.block_size if self.block_size is not None else model_config.block_size
         if k > model_config.block_size:
-            raise ValueError(f"block_size must be <= the model's block_size {model_config.block_size}, got {k}")
+            raise ValueError(
+                f"block_size must be <= the model's block_size {model_config.block_size}, got {k}"
+            )
         return replace(
             self,
             router_threshold=(

@@ -180,5 +180,7 @@ class MoTLayer(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         h = h + self._split_apply(out, n_committed, a.o_proj, n.o_proj)
         # 3. Post-attention norm and MLP, per parameter set.
-        x = self._split_apply(h, n_committed, self.post_attention_layernorm, self.nar_post_attention_layernorm)
+        x = self._split_apply(
+            h, n_committed, self.post_attention_layernorm, self.nar_post_attention_layernorm
+        )
         return h + self._split_apply(x, n_committed, self.mlp, self.nar_mlp)

@@ -36,7 +36,9 @@ class MoTModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(MoTLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rope = RotaryTable(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        # Slots and drafts may sit up to 2K + 2 positions past the context's last committed token.
+        rope_len = config.max_position_embeddings + 2 * config.block_size + 2
+        self.rope = RotaryTable(config.head_dim, config.rope_theta, rope_len)
 
     def forward(
         self,

@@ -1,0 +1,154 @@
+"""The one decode loop: propose -> forward -> accept -> advance, for every policy.
+
+Design decisions:
+- Token level only: the loop yields, per step, the tokens each row committed and who wrote them. Text
+  (detokenizing, stop strings) is the engine's business; it simply stops iterating.
+- One forward per step over `fed` + n mask slots. The KV cache is allocated once; after the forward,
+  `cache.advance(keep)` commits the kept positions and everything past them (rejected drafts, slots)
+  is scratch that the next write overwrites: rollback is a pointer move.
+- Per-step work outside the forward is kept small: positions are slices of a precomputed table, the
+  mask is built from two aranges (or skipped for a single unpadded token), and tracing is opt-in.
+- A batch is left-padded and decoded in lockstep (see policies.py); `key_valid` hides padding keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from yue.config import DecodeConfig
+from yue.decode.policies import Advance, LoopState, get_policy
+from yue.decode.types import Step
+from yue.model.masks import decode_mask
+from yue.model.mot import YueForCausalLM
+from yue.model.router import entropy
+
+
+@dataclass
+class StepEmission:
+    """Tokens committed by one step. tokens/sources: per row (empty for finished rows)."""
+
+    tokens: list[list[int]]
+    sources: list[list[str]]
+    finished: list[str | None]
+    step: Step | None
+    drafted: int
+    accepted: int
+    mode: str
+
+
+@dataclass
+class _Rows:
+    """Per-row bookkeeping: tokens left before max_new_tokens, and why a row stopped."""
+
+    budget: list[int]
+    finish: list[str | None] = field(default_factory=list)
+
+
+def slot_capacity(cfg: DecodeConfig) -> int:
+    """Cache positions a request may need beyond prompt + max_new_tokens (drafts and slots)."""
+    return 2 * (cfg.block_size or 1) + 2
+
+
+def _positions(pad: list[int], capacity: int, device) -> torch.Tensor:
+    """RoPE position of every cache index: (capacity,) unpadded, (B, capacity) left-padded."""
+    idx = torch.arange(capacity, device=device)
+    if not any(pad):
+        return idx
+    return (idx[None, :] - torch.tensor(pad, device=device)[:, None]).clamp(min=0)
+
+
+def _truncate(adv: Advance, rows: _Rows, eos_id: int | None) -> tuple[list[list[int]], list[list[str]]]:
+    """Cut each row's emitted tokens at EOS and at its max_new_tokens budget; mark finished rows."""
+    toks, srcs = [], []
+    for b, (t, s) in enumerate(zip(adv.emitted, adv.sources, strict=True)):
+        if rows.finish[b] is not None:
+            toks.append([]), srcs.append([])
+            continue
+        if eos_id is not None and eos_id in t:
+            cut = t.index(eos_id)
+            t, s = t[:cut], s[:cut]
+            rows.finish[b] = "eos"
+        if len(t) >= rows.budget[b]:
+            t, s = t[: rows.budget[b]], s[: rows.budget[b]]
+            rows.finish[b] = rows.finish[b] or "length"
+        rows.budget[b] -= len(t)
+        toks.append(t), srcs.append(s)
+    return toks, srcs
+
+
+@torch.inference_mode()
+def decode(
+    model: YueForCausalLM,
+    prompts: list[list[int]],
+    cfg: DecodeConfig,
+    cancel: Callable[[], bool] | None = None,
+) -> Iterator[StepEmission]:
+    """Decode a batch of tokenized prompts; yield what each step commits.
+
+    Args:
+        model: the MoT model (eval mode).
+        prompts: B non-empty token lists; they are left-padded to a common length.
+        cfg: a config already `resolved()` against the model's config.
+        cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").
+    Yields:
+        One StepEmission per forward pass, the prefill included.
+    """
+    device = model.device
+    policy = get_policy(cfg.mode)
+    B, T0 = len(prompts), max(len(p) for p in prompts)
+    pad = [T0 - len(p) for p in prompts]
+    capacity = T0 + cfg.max_new_tokens + slot_capacity(cfg)
+    cache = model.new_cache(B, capacity)
+    cache.set_padding(pad)
+    positions = _positions(pad, capacity, device)
+    prompt = torch.tensor(
+        [[model.config.pad_token_id or 0] * p + q for p, q in zip(pad, prompts, strict=True)]
+    )
+    generator = None
+    if not cfg.greedy:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
+    st = LoopState(cfg, generator, prompt.to(device))
+    if cfg.repetition_penalty != 1.0:
+        st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
+        st.seen.scatter_(1, st.fed, True)
+    rows = _Rows([cfg.max_new_tokens] * B, [None] * B)
+    mask_id = model.config.mask_token_id
+    eos_id = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else None
+    index = 0
+    while True:
+        if cancel is not None and cancel():
+            yield StepEmission(
+                [[] for _ in range(B)], [[] for _ in range(B)], ["cancelled"] * B, None, 0, 0, "cancelled"
+            )
+            return
+        t0 = time.perf_counter()
+        # 1. Propose: committed tokens to feed, then the policy's block of mask slots.
+        n_c, n_s = st.fed.shape[1], policy.n_slots(st)
+        tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
+        start = cache.length
+        pos = positions[..., start : start + n_c + n_s]
+        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
+        out = model.step(tokens, pos, n_c, decode_mask(start, n_c, n_s, cache.key_valid), cache)
+        # 3. Accept: the policy verifies / commits and says what to keep and feed next.
+        adv = policy.advance(model, st, out)
+        cache.advance(adv.keep)
+        # 4. Advance: bookkeeping for the next step.
+        st.fed, st.n_drafts, st.draft_logprobs = adv.next_fed, adv.next_drafts, adv.next_draft_logprobs
+        toks, srcs = _truncate(adv, rows, eos_id)
+        if st.seen is not None:
+            for b, t in enumerate(toks):
+                st.seen[b, t] = True
+        step = None
+        if cfg.trace:
+            h = float(entropy(out.ar_logits[0, -1]))
+            dt = (time.perf_counter() - t0) * 1e3
+            step = Step(index, adv.mode, adv.drafted, adv.accepted, adv.p_ar, h, dt)
+        yield StepEmission(toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode)
+        index += 1
+        if all(f is not None for f in rows.finish):
+            return

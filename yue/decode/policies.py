@@ -1,0 +1,259 @@
+"""The four decode policies, chosen by name: `ar`, `verified`, `hybrid`, `nar` (DESIGN §2).
+
+Every step of the loop is ONE forward over `fed` (committed tokens whose K/V are not cached yet) plus
+an optional block of n mask slots anchored at the last fed token. Slot i sits i positions after the
+anchor, so slot 1 predicts the same position as the AR path's next token (the "bonus"), and the
+usable drafts are slots 2..n: they guess the tokens after the bonus.
+
+A policy does two things around that forward:
+  `n_slots(state)`        how many slots to append this step (0 = a plain AR step);
+  `advance(state, out)`   from the step's logits, which fed tokens to keep, which tokens to emit,
+                          and what to feed next.
+
+The verification rule (greedy): fed = [p0, d1..dk]; AR row i predicts the token after fed[i];
+accept the longest prefix of drafts equal to the AR choices, then emit the AR's own token at the
+first mismatch (or the bonus after dk). Sampling uses `sampling.speculative_accept` instead. Either
+way the output equals `ar` decoding: exactly (greedy) or in distribution (sampling).
+
+A batch decodes in lockstep: each row accepts the batch minimum, which keeps every row exact (a
+prefix of an exactly-decoded continuation is exactly decoded) at the cost of some speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from yue.config import DecodeConfig
+from yue.decode.sampling import apply_repetition_penalty, choose, speculative_accept, warp
+from yue.model.mot import StepOutput
+from yue.model.router import Router
+
+# Forward cost model, in "positions": a step over P positions costs about FIXED + P (DESIGN §7: on
+# 2 CPU cores ~2.4 ms fixed + ~0.1 ms per position). Used to pick the draft length that maximises
+# expected tokens per unit cost.
+FIXED_COST_POSITIONS = 24.0
+
+
+@dataclass
+class LoopState:
+    """Mutable per-request decode state the policies read and update.
+
+    Attributes:
+        cfg: resolved decode config (threshold, K, reeval filled in).
+        generator: the request's random generator (None when greedy).
+        fed: (B, n) tokens to feed as committed positions next step. fed[:, 0] is always a token the
+            AR path (or an unverified commit) already emitted; in `verified` fed[:, 1:] are drafts.
+        n_drafts: how many trailing tokens of `fed` are unverified drafts (verified mode only).
+        draft_logprobs: (B, n_drafts, V) warped NAR log-probs the drafts were sampled from (sampling).
+        seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
+        ar_stretch: hybrid: AR-only steps left before the router is asked again.
+    """
+
+    cfg: DecodeConfig
+    generator: torch.Generator | None
+    fed: torch.Tensor
+    n_drafts: int = 0
+    draft_logprobs: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
+    ar_stretch: int = 0
+
+
+@dataclass
+class Advance:
+    """What one step decided. emitted/sources: per row, in order. keep: fed positions whose K/V stay."""
+
+    keep: int
+    emitted: list[list[int]]
+    sources: list[list[str]]
+    next_fed: torch.Tensor
+    next_drafts: int = 0
+    next_draft_logprobs: torch.Tensor | None = None
+    mode: str = "AR"
+    drafted: int = 0
+    accepted: int = 0
+    p_ar: list[float] = field(default_factory=list)
+
+
+def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
+    """The last `rows` AR logits (B, rows, V), with the repetition penalty of each row's context.
+
+    With drafts fed = [p0, d1..dk] and rows = k + 1, row i's context also holds d1..di.
+    """
+    logits = out.ar_logits[:, -rows:]
+    if st.seen is None:
+        return logits
+    seen = st.seen[:, None, :].expand(-1, rows, -1)
+    if rows > 1:
+        onehot = torch.zeros_like(seen[:, 1:]).scatter_(2, st.fed[:, -rows + 1 :, None], True)
+        later = torch.cumsum(onehot.int(), dim=1) > 0  # (B, rows-1, V)
+        seen = torch.cat([seen[:, :1], seen[:, 1:] | later], dim=1)
+    return apply_repetition_penalty(logits, seen, st.cfg.repetition_penalty)
+
+
+def router_p_ar(model, out: StepOutput) -> torch.Tensor:
+    """p_ar(i) = 1 - a_i for the step's slots. (B, n)."""
+    n = out.slot_logits.shape[1]
+    feats = model.router.features(out.hidden[:, -n - 1], out.ar_logits[:, -1], out.slot_logits)
+    return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, :n]
+
+
+def draft_slots(st: LoopState, out: StepOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Slot tokens (B, n): argmax when greedy, else samples of the warped slot distribution q."""
+    if st.cfg.greedy:
+        return out.slot_logits.argmax(-1), None
+    q = warp(out.slot_logits, st.cfg)
+    return torch.multinomial(q.flatten(0, 1).exp(), 1, generator=st.generator).view(q.shape[:2]), q
+
+
+class ARPolicy:
+    """One token per forward: the reference."""
+
+    name = "ar"
+
+    def n_slots(self, st: LoopState) -> int:
+        return 0
+
+    def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
+        logits = ar_logits_with_penalty(st, out)[:, -1]
+        tok = choose(logits, st.cfg, st.generator)  # (B,)
+        toks = tok.tolist()
+        return Advance(st.fed.shape[1], [[t] for t in toks], [["ar"] for _ in toks], tok[:, None])
+
+
+class VerifiedPolicy:
+    """Verify the previous draft and draft the next block in the same forward; lossless."""
+
+    name = "verified"
+
+    def n_slots(self, st: LoopState) -> int:
+        return st.cfg.block_size if st.cfg.router_threshold > 0 else 0
+
+    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Accepted draft count (batch minimum) and each row's next token (B,). target: (B, k+1, V)."""
+        k = st.n_drafts
+        drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k)
+        if st.cfg.greedy:
+            choice = target.argmax(-1)  # (B, k+1)
+            if k == 0:
+                return 0, choice[:, 0]
+            n = int((choice[:, :k] == drafts).int().cumprod(-1).sum(-1).min())
+            return n, choice[:, n]
+        if k == 0:
+            return 0, choose(target[:, 0], st.cfg, st.generator)
+        logp = warp(target, st.cfg)
+        rows = [
+            speculative_accept(logp[b], st.draft_logprobs[b], drafts[b], st.generator)
+            for b in range(len(logp))
+        ]
+        n = min(r[0] for r in rows)
+        # A row that accepted more than the batch minimum continues with its next accepted draft.
+        nxt = [drafts[b, n].item() if r[0] > n else r[1] for b, r in enumerate(rows)]
+        return n, torch.tensor(nxt, device=target.device)
+
+    def draft_length(self, st: LoopState, p_ar: torch.Tensor, n_next_slots: int) -> int:
+        """Drafts to verify next step: leading slots 2.. with p_ar <= threshold, cut where the expected
+        accepted tokens per unit of forward cost stops growing. p_ar: (B, n) for slots 1..n."""
+        a = (1.0 - p_ar[:, 1:]).min(0).values.tolist()  # acceptance of drafts 1.. (slots 2..)
+        best_k, best_rate, gain = 0, 1.0 / (FIXED_COST_POSITIONS + 1 + n_next_slots), 1.0
+        for k, a_k in enumerate(a, start=1):
+            if 1.0 - a_k > st.cfg.router_threshold:
+                break
+            gain += a_k
+            rate = gain / (FIXED_COST_POSITIONS + 1 + k + n_next_slots)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
+        k = st.n_drafts
+        n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, k + 1))
+        drafts = st.fed[:, st.fed.shape[1] - k :][:, :n_acc].tolist()
+        emitted = [d + [t] for d, t in zip(drafts, nxt.tolist(), strict=True)]
+        sources = [["nar"] * n_acc + ["ar"] for _ in emitted]
+        keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
+        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
+        adv.drafted, adv.accepted = k, n_acc
+        n = out.slot_logits.shape[1]
+        # The block is anchored at the last fed token: valid only if every draft was accepted.
+        if n < 2 or n_acc < k:
+            return adv
+        slots, q = draft_slots(st, out)
+        if st.cfg.greedy and not bool((slots[:, 0] == nxt).all()):
+            return adv  # slot 1 guessed a different bonus: slots 2.. were drafted for another context
+        p_ar = router_p_ar(model, out)
+        adv.p_ar = p_ar[0].tolist()
+        k_next = self.draft_length(st, p_ar, n)
+        if k_next:
+            adv.next_fed = torch.cat([nxt[:, None], slots[:, 1 : 1 + k_next]], dim=1)
+            adv.next_drafts = k_next
+            adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + k_next]
+        return adv
+
+
+class HybridPolicy:
+    """Router-gated: AR stretches where p_ar(1) is high, else commit confident slots unverified; lossy."""
+
+    name = "hybrid"
+
+    def n_slots(self, st: LoopState) -> int:
+        return 0 if st.ar_stretch > 0 else st.cfg.block_size
+
+    def committed_slots(self, st: LoopState, p_ar: torch.Tensor) -> int:
+        """Leading slots 2.. with p_ar(i) <= threshold (batch minimum). p_ar: (B, n)."""
+        ok = (p_ar[:, 1:] <= st.cfg.router_threshold).int().cumprod(-1).sum(-1)
+        return int(ok.min()) if ok.numel() else 0
+
+    def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
+        bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
+        adv = Advance(st.fed.shape[1], [[t] for t in bonus.tolist()], [["ar"] for _ in bonus], bonus[:, None])
+        if out.slot_logits.shape[1] == 0:
+            st.ar_stretch -= 1
+            return adv
+        slots, _ = draft_slots(st, out)
+        p_ar = router_p_ar(model, out)
+        adv.p_ar = p_ar[0].tolist()
+        if bool((p_ar[:, 0] > st.cfg.router_threshold).any()):
+            st.ar_stretch = st.cfg.reeval_every - 1  # this step already wrote one AR token
+            return adv
+        m = self.committed_slots(st, p_ar)
+        if st.cfg.greedy and not bool((slots[:, 0] == bonus).all()):
+            m = 0  # slot 1 disagrees with the AR token: the block was drafted for another context
+        adv.mode, adv.drafted, adv.accepted = "NAR", m, m
+        if m:
+            extra = slots[:, 1 : 1 + m]
+            adv.emitted = [[t] + e for t, e in zip(bonus.tolist(), extra.tolist(), strict=True)]
+            adv.sources = [["ar"] + ["nar"] * m for _ in adv.emitted]
+            adv.next_fed = torch.cat([bonus[:, None], extra], dim=1)
+        return adv
+
+
+class NARPolicy:
+    """Commit the whole block every step, unverified: the fastest and least faithful baseline."""
+
+    name = "nar"
+
+    def n_slots(self, st: LoopState) -> int:
+        return st.cfg.block_size
+
+    def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
+        bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)
+        slots, _ = draft_slots(st, out)
+        extra = slots[:, 1:]
+        m = extra.shape[1]
+        emitted = [[t] + e for t, e in zip(bonus.tolist(), extra.tolist(), strict=True)]
+        next_fed = torch.cat([bonus[:, None], extra], dim=1)
+        adv = Advance(st.fed.shape[1], emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
+        adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), m, m
+        return adv
+
+
+POLICIES = {p.name: p for p in (ARPolicy, VerifiedPolicy, HybridPolicy, NARPolicy)}
+
+
+def get_policy(mode: str):
+    """The policy object for a mode name."""
+    if mode not in POLICIES:
+        raise ValueError(f"mode must be one of {', '.join(POLICIES)}; got {mode!r}")
+    return POLICIES[mode]()

@@ -1,0 +1,99 @@
+"""Sampling: pure functions on logits, shared by the AR step, the drafter and the verifier.
+
+Design decisions:
+- `warp()` turns raw logits into the distribution actually sampled from (repetition penalty, then
+  temperature, top-k, top-p), so the verifier's p and the drafter's q are warped identically, which
+  the speculative-sampling rule requires.
+- Temperature 0 means greedy; that is decided in exactly one place, `DecodeConfig.greedy`, and greedy
+  never touches a random generator.
+- Randomness comes only from an explicit `torch.Generator`: same seed, same sample.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from yue.config import DecodeConfig
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style penalty (Keskar et al. 2019): divide positive / multiply negative logits of seen tokens.
+
+    Args:
+        logits: (..., V).
+        seen: bool, broadcastable to logits: True where the token already occurs in the context.
+        penalty: > 1 discourages repeats; 1 is a no-op.
+    """
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to (..., V) logits; returns log-probabilities.
+
+    Only meaningful for sampling (cfg.temperature > 0). Filtered tokens get -inf.
+    """
+    logits = logits.float() / cfg.temperature
+    if cfg.top_k:
+        kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the mass before it already reaches top_p (always keep the first).
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return F.log_softmax(logits, dim=-1)
+
+
+def sample_from_logprobs(logprobs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of (..., V) log-probabilities -> (...)."""
+    flat = logprobs.reshape(-1, logprobs.shape[-1]).exp()
+    return torch.multinomial(flat, 1, generator=generator).view(logprobs.shape[:-1])
+
+
+def choose(logits: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """The token the AR path writes: argmax when greedy, else a sample of `warp(logits)`. (..., V) -> (...)."""
+    if cfg.greedy:
+        return logits.argmax(-1)
+    return sample_from_logprobs(warp(logits, cfg), generator)
+
+
+def speculative_accept(
+    target_logprobs: torch.Tensor,
+    draft_logprobs: torch.Tensor,
+    drafts: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """The speculative-sampling rule for one row (Leviathan et al. 2023; Chen et al. 2023).
+
+    Accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)), left to right; at the first
+    rejection sample the replacement from norm(max(0, p_i - q_i)); if all k are accepted, sample the
+    bonus token from p_k. The result is distributed exactly as sampling from p, whatever q is.
+
+    Args:
+        target_logprobs: (k + 1, V) warped AR log-probs; row i is p for the position of draft i+1,
+            row k the position after the last draft.
+        draft_logprobs: (k, V) warped NAR log-probs the drafts were sampled from.
+        drafts: (k,) draft tokens.
+    Returns:
+        (n_accepted, next_token): drafts[:n_accepted] are kept, then next_token.
+    """
+    k = drafts.shape[0]
+    idx = torch.arange(k, device=drafts.device)
+    p_x = target_logprobs[idx, drafts].exp()  # (k,)
+    q_x = draft_logprobs[idx, drafts].exp()
+    u = torch.rand(k, generator=generator, device=drafts.device)
+    ok = (u * q_x <= p_x).tolist()  # u < p/q without dividing by a tiny q
+    n = next((i for i, a in enumerate(ok) if not a), k)
+    if n == k:
+        return k, int(sample_from_logprobs(target_logprobs[k], generator))
+    residual = (target_logprobs[n].exp() - draft_logprobs[n].exp()).clamp(min=0)
+    if residual.sum() <= 0:  # p == q exactly: any rejection is measure-zero; fall back to p
+        residual = target_logprobs[n].exp()
+    token = torch.multinomial(residual / residual.sum(), 1, generator=generator)
+    return n, int(token)

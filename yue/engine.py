@@ -1,0 +1,271 @@
+"""Engine: model + tokenizer + device. The CLI, the server and the benchmark use only this.
+
+Design decisions:
+- `generate()` is `stream()` consumed to the end, through the same text tracker, so streamed text
+  equals generated text by construction (and by test).
+- Text concerns live here, token concerns in `decode.loop`: detokenizing without splitting a UTF-8
+  character, stop strings (text is cut before the first stop string; a streamed delta is held back
+  while it could still be the start of one), and finish reasons.
+- User mistakes (bad DecodeConfig values, a prompt that does not fit the context) raise ValueError
+  naming the field before any model work starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from yue.config import DecodeConfig, YueConfig
+from yue.decode.loop import StepEmission, decode
+from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
+from yue.model.hf import CheckpointError, load_model
+from yue.model.mot import YueForCausalLM
+from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
+
+logger = logging.getLogger("yue")
+
+DEFAULT_MODEL = Path(__file__).parent / "assets" / "yue-code-mini"
+
+# Router-collapse warning: at a threshold in this range, a router that sends every step one way
+# (over at least this many decisions) is probably miscalibrated for the input.
+COLLAPSE_RANGE, COLLAPSE_MIN_DECISIONS = (0.2, 0.8), 16
+
+
+class _TextTracker:
+    """One row's text: incremental detokenizing plus stop strings, with safe streaming deltas."""
+
+    def __init__(self, tokenizer: YueTokenizer, stop: tuple[str, ...]) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1  # chars that might start a stop string
+        self.emitted = 0  # chars of detok.text already handed out
+        self.stopped = False
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        """Add tokens; return the text now safe to emit."""
+        self.detok.push(ids)
+        if final:
+            self.detok.flush()
+        text = self.detok.text
+        for s in self.stop:
+            cut = text.find(s, max(0, self.emitted - len(s)))
+            if cut != -1:
+                text, self.stopped = text[:cut], True
+        end = len(text) if (final or self.stopped) else max(self.emitted, len(text) - self.hold)
+        delta = text[self.emitted : end]
+        self.emitted = end
+        return delta
+
+
+class Engine:
+    """A loaded model ready to generate.
+
+    Attributes:
+        model: the YueForCausalLM, in eval mode on `device`.
+        tokenizer: its YueTokenizer.
+        name: model id reported by the CLI and the server (the folder name).
+    """
+
+    def __init__(self, model: YueForCausalLM, tokenizer: YueTokenizer, name: str = "yue") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+
+    @property
+    def model_config(self) -> YueConfig:
+        return self.model.config
+
+    @property
+    def context_length(self) -> int:
+        """Maximum prompt + generated tokens."""
+        return self.model.config.max_position_embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt ids: the text's tokens after an <|eos|> separator, which marks a document start as in
+        training (and gives an empty prompt one token to condition on)."""
+        return [self.tokenizer.eos_id] + self.tokenizer.encode(text)
+
+    def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
+        cfg = config or DecodeConfig()
+        if overrides:
+            unknown = set(overrides) - set(DecodeConfig.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
+            cfg = replace(cfg, **overrides)
+        return cfg.resolved(self.model.config)
+
+    def _check_fits(self, n_prompt: int, cfg: DecodeConfig) -> None:
+        if n_prompt + cfg.max_new_tokens > self.context_length:
+            raise ValueError(
+                f"prompt: {n_prompt} tokens + max_new_tokens {cfg.max_new_tokens} exceed the model's "
+                f"context of {self.context_length} tokens"
+            )
+
+    def stream(
+        self,
+        prompt: str,
+        config: DecodeConfig | None = None,
+        cancel: Callable[[], bool] | None = None,
+        **overrides,
+    ) -> Iterator[StreamEvent]:
+        """Generate for one prompt, yielding text deltas as steps commit tokens.
+
+        Args:
+            prompt: the text to continue.
+            config: decode settings (default `DecodeConfig()`); keyword overrides are applied on top.
+            cancel: called before every decode step; returning True ends the stream ("cancelled").
+        Yields:
+            StreamEvent per step; the last one carries finish_reason and stats.
+        """
+        cfg = self._config(config, overrides)
+        ids = self.encode(prompt)
+        self._check_fits(len(ids), cfg)
+        yield from self._stream_ids(ids, cfg, cancel)
+
+    def _stream_ids(
+        self, ids: list[int], cfg: DecodeConfig, cancel: Callable[[], bool] | None
+    ) -> Iterator[StreamEvent]:
+        text = _TextTracker(self.tokenizer, cfg.stop)
+        stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
+        t0 = time.perf_counter()
+        for em in decode(self.model, [ids], cfg, cancel):
+            self._count(stats, em, cfg, t0)
+            finish = em.finished[0]
+            delta = text.push(em.tokens[0], final=finish is not None)
+            if text.stopped:
+                finish = "stop"
+            if finish is not None:
+                stats.total_s = time.perf_counter() - t0
+                self._warn_if_collapsed(stats, cfg)
+            trace = [em.step] if em.step is not None else []
+            yield StreamEvent(delta, em.tokens[0], em.sources[0], finish, stats if finish else None, trace)
+            if finish is not None:
+                return
+
+    @staticmethod
+    def _count(stats: GenerationStats, em: StepEmission, cfg: DecodeConfig, t0: float) -> None:
+        """Fold one step into the counters (row 0 for sources; lockstep counts are shared)."""
+        if em.mode == "cancelled":  # no forward ran
+            return
+        stats.forwards += 1
+        tokens, sources = em.tokens[0], em.sources[0]
+        if tokens and stats.new_tokens == 0:
+            stats.ttft_s = time.perf_counter() - t0
+        stats.new_tokens += len(tokens)
+        stats.nar_tokens += sum(s == "nar" for s in sources)
+        stats.ar_tokens += sum(s == "ar" for s in sources)
+        if cfg.mode != "ar":
+            if em.drafted:
+                stats.drafted += em.drafted
+                stats.accepted += em.accepted
+                stats.accept_lengths.append(em.accepted)
+                for i in range(min(em.accepted, len(stats.accepted_per_pos))):
+                    stats.accepted_per_pos[i] += 1
+            stats.router_decisions[em.mode.lower()] = stats.router_decisions.get(em.mode.lower(), 0) + 1
+
+    @staticmethod
+    def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig) -> None:
+        if cfg.mode not in ("hybrid", "verified"):
+            return
+        lo, hi = COLLAPSE_RANGE
+        d = stats.router_decisions
+        total = d.get("ar", 0) + d.get("nar", 0)
+        if lo <= cfg.router_threshold <= hi and total >= COLLAPSE_MIN_DECISIONS:
+            for mode, other in (("ar", "nar"), ("nar", "ar")):
+                if d.get(other, 0) == 0:
+                    logger.warning(
+                        "router decisions collapsed to %s for all %d steps at router_threshold=%.2f; "
+                        "the router may be miscalibrated for this input",
+                        mode.upper(),
+                        total,
+                        cfg.router_threshold,
+                    )
+
+    def generate(
+        self, prompt: str | list[str], config: DecodeConfig | None = None, **overrides
+    ) -> GenerationResult | list[GenerationResult]:
+        """Generate for one prompt (-> GenerationResult) or a batch of prompts (-> list, lockstep)."""
+        if isinstance(prompt, list):
+            return self._generate_batch(prompt, self._config(config, overrides))
+        cfg = self._config(config, overrides)
+        ids = self.encode(prompt)
+        self._check_fits(len(ids), cfg)
+        parts, tokens, trace = [], [], []
+        for ev in self._stream_ids(ids, cfg, None):
+            parts.append(ev.delta)
+            tokens.extend(ev.token_ids)
+            trace.extend(ev.trace)
+            last = ev
+        return GenerationResult("".join(parts), tokens, last.finish_reason, len(ids), last.stats, trace)
+
+    def _generate_batch(self, prompts: list[str], cfg: DecodeConfig) -> list[GenerationResult]:
+        if not prompts:
+            raise ValueError("prompt: the batch is empty")
+        ids = [self.encode(p) for p in prompts]
+        for x in ids:
+            self._check_fits(len(x), cfg)
+        B = len(prompts)
+        texts = [_TextTracker(self.tokenizer, cfg.stop) for _ in range(B)]
+        parts: list[list[str]] = [[] for _ in range(B)]
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        finish: list[str | None] = [None] * B
+        stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
+        trace: list[Step] = []
+        t0 = time.perf_counter()
+        for em in decode(self.model, ids, cfg, lambda: all(f is not None for f in finish)):
+            self._count(stats, em, cfg, t0)
+            if em.step is not None:
+                trace.append(em.step)
+            for b in range(B):
+                if finish[b] is not None:
+                    continue
+                parts[b].append(texts[b].push(em.tokens[b], final=em.finished[b] is not None))
+                tokens[b].extend(em.tokens[b])
+                finish[b] = "stop" if texts[b].stopped else em.finished[b]
+        stats.total_s = time.perf_counter() - t0
+        return [
+            GenerationResult("".join(parts[b]), tokens[b], finish[b] or "stop", len(ids[b]), stats, trace)
+            for b in range(B)
+        ]
+
+
+def load(path: str | Path | None = None, device: str = "cpu", dtype: torch.dtype | None = None) -> Engine:
+    """Load a model folder (default: the shipped `yue-code-mini`) into an Engine.
+
+    Args:
+        path: a folder written by `save_pretrained` with a tokenizer.json; None = the default model.
+        device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
+        dtype: weights dtype (default: as saved, float32).
+    Raises:
+        CheckpointError: missing, truncated or corrupt files (the message names the file).
+        ValueError: an unavailable device.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    if device != "cpu" and not str(device).startswith("cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
+    folder = Path(path) if path is not None else DEFAULT_MODEL
+    if path is None and not (folder / "config.json").is_file():
+        raise CheckpointError(
+            f"the default model is missing from the package ({folder}); pass a model folder"
+        )
+    model = load_model(folder, device=device, dtype=dtype)
+    try:
+        tokenizer = YueTokenizer.load(folder)
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(str(e)) from e
+    return Engine(model, tokenizer, name=folder.name)
