@@ -220,8 +220,9 @@ class HybridPolicy:
         m = self.committed_slots(st, p_ar)
         if st.cfg.greedy and not bool((slots[:, 0] == bonus).all()):
             m = 0  # slot 1 disagrees with the AR token: the block was drafted for another context
-        adv.mode, adv.drafted, adv.accepted = "NAR", m, m
+        adv.drafted, adv.accepted = m, m
         if m:
+            adv.mode = "NAR"
             extra = slots[:, 1 : 1 + m]
             adv.emitted = [[t] + e for t, e in zip(bonus.tolist(), extra.tolist(), strict=True)]
             adv.sources = [["ar"] + ["nar"] * m for _ in adv.emitted]

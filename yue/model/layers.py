@@ -135,6 +135,24 @@ class MoTLayer(nn.Module):
             return nar_fn(h)
         return torch.cat([ar_fn(h[:, :n_c]), nar_fn(h[:, n_c:])], dim=1)
 
+    def _attend(self, q, k, v, mask, n_committed: int, start: int, cached: bool) -> torch.Tensor:
+        """SDPA for q (B, H, T, Dh) over k, v (B, Hkv, S, Dh). In a decode step with slots, committed
+        queries attend over committed keys only, in a call of their own: their numbers are then
+        bit-identical to a step without slots (same shapes, same kernel), not merely equal up to
+        rounding, which keeps `verified` == `ar` exact even at near-ties."""
+        gqa = self.n_kv != self.n_heads
+        T = q.shape[2]
+        if not cached or n_committed == T:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        s_c = start + n_committed
+        m_c = None if mask is None else mask[..., :n_committed, :s_c]
+        m_s = None if mask is None else mask[..., n_committed:, :]
+        out_c = F.scaled_dot_product_attention(
+            q[:, :, :n_committed], k[:, :, :s_c], v[:, :, :s_c], m_c, enable_gqa=gqa
+        )
+        out_s = F.scaled_dot_product_attention(q[:, :, n_committed:], k, v, m_s, enable_gqa=gqa)
+        return torch.cat([out_c, out_s], dim=2)
+
     def forward(
         self,
         h: torch.Tensor,
@@ -176,7 +194,7 @@ class MoTLayer(nn.Module):
             k_buf[:, :, start : start + T] = k
             v_buf[:, :, start : start + T] = v
             k, v = k_buf[:, :, : start + T], v_buf[:, :, : start + T]  # (B, Hkv, S, Dh)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        out = self._attend(q, k, v, mask, n_committed, start, kv is not None)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         h = h + self._split_apply(out, n_committed, a.o_proj, n.o_proj)
         # 3. Post-attention norm and MLP, per parameter set.

@@ -1,0 +1,72 @@
+"""Stub models whose logits the test chooses, to pin down never/always/sometimes-accept behaviour.
+
+A stub is a first-order Markov "language model" over a tiny vocabulary: the AR logits at a position
+depend only on the token there (`ar_table[token]`), and slot i of a block anchored at token a gets
+`slot_table[i-1][a]`. It implements just what the decode loop calls: config, device, router,
+new_cache() and step(), and counts its forward passes.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from yue.model.cache import KVCache
+from yue.model.mot import StepOutput
+
+
+class AcceptAllRouter:
+    """Router stand-in: every slot's acceptance is ~1 (p_ar ~ 0)."""
+
+    def features(self, hidden_last, ar_logits_last, slot_logits):
+        return torch.zeros(slot_logits.shape[0], slot_logits.shape[1])
+
+    def __call__(self, features):
+        return torch.full_like(features, 30.0)
+
+
+class MarkovStub:
+    def __init__(self, ar_table: torch.Tensor, slot_table: torch.Tensor) -> None:
+        """ar_table: (V, V) next-token logits by current token; slot_table: (K, V, V) by anchor token."""
+        V = ar_table.shape[0]
+        K = slot_table.shape[0]
+        self.ar_table, self.slot_table = ar_table, slot_table
+        self.config = SimpleNamespace(
+            pad_token_id=0, mask_token_id=V - 1, eos_token_id=None, vocab_size=V, block_size=K
+        )
+        self.device = torch.device("cpu")
+        self.router = AcceptAllRouter()
+        self.forwards = 0
+
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
+
+    def step(self, tokens, positions, n_committed, mask, cache) -> StepOutput:
+        self.forwards += 1
+        committed = tokens[:, :n_committed]
+        n_slots = tokens.shape[1] - n_committed
+        anchor = committed[:, -1]  # (B,)
+        ar = self.ar_table[committed]  # (B, n_c, V)
+        slots = (
+            torch.stack([self.slot_table[i][anchor] for i in range(n_slots)], dim=1)
+            if n_slots
+            else (ar.new_zeros(tokens.shape[0], 0, ar.shape[-1]))
+        )
+        hidden = torch.zeros(tokens.shape[0], tokens.shape[1], 1)
+        return StepOutput(ar, slots, hidden)
+
+
+def chain_stub(V: int, K: int, slots_match: bool) -> MarkovStub:
+    """Greedy AR walks the cycle t -> t+1 (mod V-1, never the mask id V-1). Slots either predict that
+    walk exactly (always accepted) or a token that is always wrong (never accepted)."""
+    n = V - 1
+    nxt = lambda t, i: (t + i) % n  # noqa: E731
+    ar = torch.full((V, V), -10.0)
+    for t in range(V):
+        ar[t, nxt(t, 1)] = 10.0
+    slots = torch.full((K, V, V), -10.0)
+    for i in range(K):
+        for a in range(V):
+            slots[i, a, nxt(a, i + 1) if slots_match else nxt(a, i + 2)] = 10.0
+    return MarkovStub(ar, slots)

@@ -1,0 +1,124 @@
+"""Engine invariants: stream == generate, UTF-8 safe streaming, stop/EOS/length, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+import yue
+from yue.config import DecodeConfig
+
+
+@pytest.fixture(scope="module")
+def engine(trained_model_dir):
+    return yue.load(trained_model_dir)
+
+
+@pytest.mark.parametrize("mode", ["ar", "verified", "hybrid", "nar"])
+def test_streamed_text_equals_generated_text(engine, mode):
+    for prompt in ["def alpha_1(x):\n", "class "]:
+        kw = dict(mode=mode, max_new_tokens=40, router_threshold=0.9)
+        streamed = list(engine.stream(prompt, **kw))
+        whole = engine.generate(prompt, **kw)
+        assert "".join(e.delta for e in streamed) == whole.text
+        assert [t for e in streamed for t in e.token_ids] == whole.token_ids
+        assert streamed[-1].finish_reason == whole.finish_reason
+        assert all(len(e.sources) == len(e.token_ids) for e in streamed)
+
+
+def test_chinese_text_streams_without_broken_characters(tokenizer):
+    text = "你好，世界！中文文本也可以。🎉"
+    ids = tokenizer.encode(text)
+    # Byte-level pieces: split the ids one by one so multi-byte characters straddle tokens.
+    from yue.tokenizer import iter_deltas
+
+    deltas = list(iter_deltas(tokenizer, [[i] for i in ids]))
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    byte_ids = [tokenizer.tokenizer.token_to_id(tok) for tok in tokenizer.tokenizer.encode(text).tokens]
+    assert byte_ids == ids
+
+
+def test_stream_of_multibyte_output_never_splits_a_character(engine):
+    for ev in engine.stream("中文", mode="ar", max_new_tokens=30):
+        assert "\ufffd" not in ev.delta
+
+
+def test_max_new_tokens_ends_generation_exactly(engine):
+    r = engine.generate("def alpha_1(x):\n", mode="verified", max_new_tokens=7, router_threshold=1.0)
+    assert len(r.token_ids) <= 7
+    assert r.finish_reason in ("length", "eos")
+    if r.finish_reason == "length":
+        assert len(r.token_ids) == 7
+
+
+def test_stop_string_cuts_text_before_it(engine):
+    full = engine.generate("def alpha_1(x):\n", mode="ar", max_new_tokens=40)
+    assert "return" in full.text
+    r = engine.generate("def alpha_1(x):\n", mode="ar", max_new_tokens=40, stop=("return",))
+    assert r.finish_reason == "stop"
+    assert r.text == full.text[: full.text.index("return")]
+    streamed = "".join(
+        e.delta for e in engine.stream("def alpha_1(x):\n", mode="ar", max_new_tokens=40, stop=("return",))
+    )
+    assert streamed == r.text
+
+
+def test_eos_ends_generation_and_is_not_in_the_output(engine):
+    # The pattern corpus separates functions with EOS; the model learns to emit it.
+    ends = [
+        engine.generate(p, mode="ar", max_new_tokens=60) for p in ["def alpha_1(x):\n", "def beta_2(x):\n"]
+    ]
+    eos_runs = [r for r in ends if r.finish_reason == "eos"]
+    assert eos_runs, "the trained tiny model should emit EOS within 60 tokens"
+    for r in eos_runs:
+        assert engine.tokenizer.eos_id not in r.token_ids
+        assert len(r.token_ids) < 60
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -0.1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("router_threshold", 1.2),
+        ("router_threshold", -0.1),
+        ("max_new_tokens", 0),
+        ("mode", "turbo"),
+        ("top_k", -1),
+        ("repetition_penalty", 0.0),
+    ],
+)
+def test_bad_decode_values_raise_value_error_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        DecodeConfig(**{field: value})
+
+
+def test_prompt_longer_than_the_context_is_a_value_error(engine):
+    with pytest.raises(ValueError, match="context"):
+        engine.generate("x " * 400, max_new_tokens=8)
+
+
+def test_unknown_option_is_a_value_error(engine):
+    with pytest.raises(ValueError, match="temprature"):
+        engine.generate("x", temprature=0.5)
+
+
+def test_cancel_ends_the_stream(engine):
+    calls = []
+
+    def cancel():
+        calls.append(1)
+        return len(calls) > 3
+
+    events = list(engine.stream("def alpha", mode="ar", max_new_tokens=50, cancel=cancel))
+    assert events[-1].finish_reason == "cancelled"
+    assert sum(len(e.token_ids) for e in events) == 3
+
+
+def test_trace_records_one_step_per_forward(engine):
+    r = engine.generate(
+        "def alpha_1(x):\n", mode="verified", max_new_tokens=30, router_threshold=1.0, trace=True
+    )
+    assert len(r.trace) == r.stats.forwards
+    assert all(s.format().startswith("[router] step") for s in r.trace)

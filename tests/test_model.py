@@ -1,0 +1,122 @@
+"""Model invariants: the mask property, cached == uncached, HF round trips, Llama parity, bad files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+import yue
+from tests.conftest import tiny_config
+from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
+from yue.model.masks import decode_mask, training_mask
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def test_cached_decoding_equals_uncached_forward(model):
+    x = torch.randint(4, model.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        full = model(x).logits
+        cache = model.new_cache(1, 32)
+        outs = []
+        for chunk in (x[:, :5], x[:, 5:6], x[:, 6:9], x[:, 9:12]):
+            n = chunk.shape[1]
+            pos = torch.arange(cache.length, cache.length + n)
+            outs.append(model.step(chunk, pos, n, decode_mask(cache.length, n, 0), cache).ar_logits)
+            cache.advance(n)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_appending_then_dropping_slots_leaves_committed_cache_bit_identical(model):
+    x = torch.randint(4, model.config.vocab_size, (1, 10))
+    mask_id = model.config.mask_token_id
+    with torch.no_grad():
+        plain = model.new_cache(1, 32)
+        model.step(x, torch.arange(10), 10, decode_mask(0, 10, 0), plain)
+        with_slots = model.new_cache(1, 32)
+        tokens = torch.cat([x, torch.full((1, 4), mask_id)], 1)
+        out = model.step(tokens, torch.arange(14), 10, decode_mask(0, 10, 4), with_slots)
+    assert out.slot_logits.shape[1] == 4
+    assert torch.equal(plain.k[:, :, :, :10], with_slots.k[:, :, :, :10])
+    assert torch.equal(plain.v[:, :, :, :10], with_slots.v[:, :, :, :10])
+
+
+def test_committed_logits_do_not_depend_on_slots(model):
+    x = torch.randint(4, model.config.vocab_size, (1, 8))
+    with torch.no_grad():
+        a = model.step(x, torch.arange(8), 8, decode_mask(0, 8, 0), model.new_cache(1, 32)).ar_logits
+        drafts = torch.randint(4, model.config.vocab_size, (1, 4))
+        b = model.step(
+            torch.cat([x, drafts], 1), torch.arange(12), 8, decode_mask(0, 8, 4), model.new_cache(1, 32)
+        )
+    assert torch.equal(a, b.ar_logits)
+
+
+def test_training_mask_matches_the_design_picture():
+    m = training_mask(6, torch.tensor([[3]]), 3)[0, 0]  # committed c0..c5, one block anchored at c3
+    assert m[:6, :6].equal(torch.ones(6, 6, dtype=torch.bool).tril())  # causal
+    assert not m[:6, 6:].any()  # committed -> slot blocked
+    assert m[6:, :4].all() and not m[6:, 4:6].any()  # slot -> committed up to the anchor
+    assert m[6:, 6:].all()  # slots see their own block
+    two = training_mask(6, torch.tensor([[1, 3]]), 2)[0, 0]
+    assert not two[6:8, 8:10].any() and not two[8:10, 6:8].any()  # blocks never see each other
+
+
+def test_save_pretrained_then_auto_from_pretrained_gives_identical_logits(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(again, YueForCausalLM)
+    x = torch.randint(4, model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, again(x).logits)
+    assert not list(tmp_path.glob("*.bin"))
+
+
+def test_our_ar_greedy_equals_transformers_llama_generate(tiny_model_dir, tmp_path):
+    engine = yue.load(tiny_model_dir)
+    export_ar(engine.model, tmp_path, tokenizer_file=f"{tiny_model_dir}/tokenizer.json")
+    llama = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    for prompt in ["def add(a, b):", "你好", "x"]:
+        ours = engine.generate(prompt, mode="ar", max_new_tokens=24)
+        ids = torch.tensor([engine.encode(prompt)])
+        ref = llama.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert ours.token_ids == ref[0, ids.shape[1] :].tolist()
+
+
+def test_llama_import_keeps_ar_logits(tmp_path, tokenizer):
+    from yue.model.hf import llama_config_from
+
+    torch.manual_seed(1)
+    llama = LlamaForCausalLM(llama_config_from(tiny_config(tokenizer))).eval()
+    ours = from_llama(llama, block_size=4)
+    x = torch.randint(4, tokenizer.vocab_size, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).logits, llama(x).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_truncated_safetensors_gives_a_clear_error_naming_the_file(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_model(tmp_path)
+
+
+def test_missing_weights_and_pickles_are_refused(tmp_path, model):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_model(tmp_path / "nope")
+    model.config.save_pretrained(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    with pytest.raises(CheckpointError, match="pickle files are never loaded"):
+        load_model(tmp_path)
+
+
+def test_corrupt_config_is_named(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_model(tmp_path)
