@@ -1,0 +1,149 @@
+"""`TrainConfig`: every knob of a training run, typed, validated once, saved as JSON beside the run.
+
+Bad values raise `ValueError` naming the field (the CLI turns that into a one-line error, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal, get_args
+
+from yue.config import YueConfig
+from yue.train.losses import LossWeights
+
+TrainSet = Literal["all", "nar"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Shapes of the model are only used when no `init` model is given."""
+
+    corpus: str = "stdlib"  # 'stdlib', a .jsonl/.txt file or a folder of source files
+    out: str = "runs/yue"  # run folder: checkpoints, logs, token cache, final model
+    tokenizer: str | None = None  # tokenizer.json; None = train one on the train split
+    vocab_size: int = 8192  # only when training the tokenizer here
+    init: str | None = None  # start from this model folder (stage 2); None = random init
+    train_set: TrainSet = "all"  # 'all' = stage 1 joint; 'nar' = NAR set only, AR frozen (stage 2)
+    # Optimisation.
+    steps: int = 1000
+    seq_len: int = 256
+    batch_size: int = 16  # per process
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    # Joint loss (DESIGN §3).
+    block_size: int = 8  # K
+    anchors: int = 8  # M blocks per sequence
+    alpha: float = 1.0
+    beta: float = 0.8
+    gamma: float = 0.2
+    reveal_prob: float = 0.1
+    # Model shape (random init only).
+    hidden_size: int = 256
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 4
+    intermediate_size: int = 688
+    max_position_embeddings: int = 1024
+    # Bookkeeping.
+    val_fraction: float = 0.02  # share of files held out, split by hash of the file name
+    eval_every: int = 200
+    eval_batches: int = 8
+    save_every: int = 200
+    log_every: int = 10
+    keep_checkpoints: int = 2
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        positive = [
+            "steps",
+            "seq_len",
+            "batch_size",
+            "block_size",
+            "anchors",
+            "hidden_size",
+            "layers",
+            "heads",
+            "kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "eval_every",
+            "eval_batches",
+            "save_every",
+            "log_every",
+            "keep_checkpoints",
+            "vocab_size",
+        ]
+        for name in positive:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.train_set not in get_args(TrainSet):
+            raise ValueError(f"train_set must be one of {get_args(TrainSet)}, got {self.train_set!r}")
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if not (self.lr > 0 and self.lr < 1):
+            raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
+        for name in ("min_lr_ratio", "reveal_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        for name, v in (("alpha", self.alpha), ("beta", self.beta), ("gamma", self.gamma)):
+            if not v >= 0:
+                raise ValueError(f"{name} must be >= 0, got {v!r}")
+        if self.alpha == self.beta == self.gamma == 0:
+            raise ValueError("alpha, beta and gamma cannot all be 0")
+        if self.train_set == "nar" and self.init is None:
+            raise ValueError("init must name a model folder when train_set is 'nar' (the AR set to keep)")
+        if self.seq_len <= self.block_size:
+            raise ValueError(f"seq_len must exceed block_size ({self.block_size}), got {self.seq_len}")
+        if self.seq_len > self.max_position_embeddings:
+            raise ValueError(f"seq_len must be <= max_position_embeddings {self.max_position_embeddings}")
+        if self.hidden_size % self.heads:
+            raise ValueError(f"heads must divide hidden_size {self.hidden_size}, got {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads must divide heads {self.heads}, got {self.kv_heads}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads!r}")
+
+    @property
+    def loss_weights(self) -> LossWeights:
+        return LossWeights(ar=self.alpha, nar=self.beta, kl=self.gamma)
+
+    def model_config(self, vocab_size: int) -> YueConfig:
+        """The `YueConfig` of a freshly initialised model with this run's shapes."""
+        return YueConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            block_size=self.block_size,
+            loss_weights=self.loss_weights.as_dict(),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> TrainConfig:
+        data = json.loads(Path(path).read_text())
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,308 @@
+"""The training loop: joint loss, AdamW with warm-up + cosine, evaluation, atomic checkpoints, resume.
+
+Design decisions:
+- Deterministic by construction: the batch of step s is a pure function of (seed, s) (`PackedSequences`),
+  and the anchors/reveals of step s come from a generator seeded by (seed, s, rank). So the data
+  position is the step counter, and a run resumed from a checkpoint replays exactly the steps an
+  uninterrupted run would have taken (tested bit-identical on CPU).
+- The learning rate is a pure function of the step (`lr_at`), set before each update: no scheduler
+  object whose hidden state could drift from the checkpoint.
+- `accelerate.Accelerator` wraps the training forward (`TrainingForward`), so `accelerate launch`
+  (DDP) runs this same entry point; each process reads its own rows of the global batch.
+- Files in the run folder: `train_config.json`, `tokenizer.json`, `data/*.npy` (token cache),
+  `log.jsonl` (train and eval records), `checkpoints/step-*`, and `model/` (the final model folder:
+  safetensors + config + tokenizer.json), written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from yue.model.hf import load_model
+from yue.model.mot import YueForCausalLM
+from yue.tokenizer import YueTokenizer
+from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from yue.train.config import TrainConfig
+from yue.train.data import PackedSequences, cached_tokens, read_corpus, split_documents
+from yue.train.losses import TrainingForward, joint_loss, sample_anchors, set_trainable
+
+log = logging.getLogger(__name__)
+
+# Fields that may differ between a run and its resumption without changing the weights it reaches.
+RESUME_FREE_FIELDS = frozenset(
+    {"threads", "eval_every", "eval_batches", "save_every", "log_every", "keep_checkpoints"}
+)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to `lr`, then cosine decay to `lr * min_lr_ratio` at `steps`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
+
+
+def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
+    """The generator for step `step`'s anchors and reveals on process `rank`."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
+
+
+@dataclass
+class EvalResult:
+    """Validation metrics. nar_acc_per_slot[i] is slot i+1's argmax accuracy (mask inputs only)."""
+
+    ar_loss: float
+    nar_loss: float
+    nar_acc_per_slot: list[float]
+
+
+def prepare_tokenizer(cfg: TrainConfig, train_texts: list[str], run_dir: Path) -> YueTokenizer:
+    """The run's tokenizer: `cfg.tokenizer`, else the init model's, else the run's own (trained once)."""
+    own = run_dir / "tokenizer.json"
+    if cfg.tokenizer is not None:
+        tok = YueTokenizer.load(cfg.tokenizer)
+    elif cfg.init is not None:
+        tok = YueTokenizer.load(cfg.init)
+    elif own.is_file():
+        return YueTokenizer.load(own)
+    else:
+        tok = YueTokenizer.train(train_texts, vocab_size=cfg.vocab_size)
+    tok.save(own)
+    return tok
+
+
+def build_model(cfg: TrainConfig, tokenizer: YueTokenizer) -> YueForCausalLM:
+    """Random init (seeded) with the config's shapes, or the `init` model folder."""
+    if cfg.init is not None:
+        return load_model(cfg.init).train()
+    torch.manual_seed(cfg.seed)
+    return YueForCausalLM(cfg.model_config(tokenizer.vocab_size)).train()
+
+
+def make_optimizer(model: YueForCausalLM, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable set; matrices decay, norms and vectors do not."""
+    params = set_trainable(model, cfg.train_set)
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=False)
+
+
+@torch.no_grad()
+def evaluate(net, model: YueForCausalLM, val: PackedSequences, cfg: TrainConfig, device) -> EvalResult:
+    """AR loss, NAR loss and per-slot NAR accuracy on the first `eval_batches` validation batches.
+
+    Fixed sequences and anchors (seeded by `cfg.seed`), no reveals: the numbers are comparable over a run.
+    """
+    model.eval()
+    g = torch.Generator().manual_seed(cfg.seed + 12345)
+    n = min(len(val), cfg.eval_batches * cfg.batch_size)
+    ar_sum = nar_sum = 0.0
+    hits = torch.zeros(cfg.block_size)
+    counts = torch.zeros(cfg.block_size)
+    batches = 0
+    for start in range(0, n, cfg.batch_size):
+        x = val.data[start : start + cfg.batch_size].to(device)
+        anchors = sample_anchors(x.shape[0], cfg.seq_len, cfg.anchors, cfg.block_size, g).to(device)
+        out = joint_loss(net, x, anchors, cfg.block_size, cfg.loss_weights, reveal_prob=0.0, generator=g)
+        ar_sum += float(out.ar)
+        nar_sum += float(out.nar)
+        hits += (out.nar_acc_per_slot * out.nar_count_per_slot).cpu()
+        counts += out.nar_count_per_slot.cpu()
+        batches += 1
+    model.train()
+    acc = (hits / counts.clamp(min=1)).tolist()
+    return EvalResult(ar_sum / max(1, batches), nar_sum / max(1, batches), [round(a, 4) for a in acc])
+
+
+def check_resume_config(run_dir: Path, cfg: TrainConfig, resume_step: int) -> None:
+    """A resumed run must train with the same settings, or it would not reach the same weights.
+
+    One exception: `steps` may change while the checkpoint is still inside the warm-up, because the
+    learning rates used so far (`lr_at` for step < warmup_steps) do not depend on `steps`.
+    """
+    saved_file = run_dir / "train_config.json"
+    if not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text())
+    now = json.loads(cfg.to_json())
+    free = RESUME_FREE_FIELDS | ({"steps"} if resume_step <= cfg.warmup_steps else set())
+    diff = [k for k in now if k not in free and saved.get(k) != now[k]]
+    if diff:
+        raise ValueError(f"--resume with settings that differ from the run in {run_dir}: {', '.join(diff)}")
+
+
+def write_log(run_dir: Path, record: dict) -> None:
+    with open(run_dir / "log.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def save_final_model(model: YueForCausalLM, tokenizer: YueTokenizer, out_dir: Path) -> Path:
+    """`save_pretrained` (safetensors) + tokenizer.json into `out_dir`, atomically (temp folder + rename)."""
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def load_data(cfg: TrainConfig, run_dir: Path) -> tuple[YueTokenizer, PackedSequences, PackedSequences, dict]:
+    """Corpus -> split by file -> tokenizer -> cached token arrays -> packed train / validation sets."""
+    docs = read_corpus(cfg.corpus)
+    train_docs, val_docs = split_documents(docs, cfg.val_fraction)
+    tokenizer = prepare_tokenizer(cfg, [d.text for d in train_docs], run_dir)
+    train_tokens = cached_tokens(train_docs, tokenizer, cfg.seed, run_dir / "data" / "train.npy")
+    val_tokens = cached_tokens(val_docs or train_docs[:1], tokenizer, cfg.seed, run_dir / "data" / "val.npy")
+    stats = {
+        "train_files": len(train_docs),
+        "val_files": len(val_docs),
+        "train_tokens": int(len(train_tokens)),
+        "val_tokens": int(len(val_tokens)),
+    }
+    train = PackedSequences(train_tokens, cfg.seq_len, cfg.seed)
+    val = PackedSequences(val_tokens, cfg.seq_len, cfg.seed)
+    return tokenizer, train, val, stats
+
+
+def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) -> Path:
+    """Run (or resume) training; returns the final model folder (`<out>/model`).
+
+    Args:
+        cfg: the run's settings.
+        resume: continue from the newest complete checkpoint in `<out>/checkpoints` (if any).
+        stop_at: stop after this many steps without finishing (simulates an interruption; tests).
+    """
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    accelerator = Accelerator()
+    main = accelerator.is_main_process
+    run_dir = Path(cfg.out)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and (ckpt := latest_checkpoint(run_dir)) is not None:
+            check_resume_config(run_dir, cfg, json.loads((ckpt / "state.json").read_text())["step"])
+        (run_dir / "train_config.json").write_text(cfg.to_json())
+    accelerator.wait_for_everyone()
+
+    t0 = time.time()
+    tokenizer, train_set, val_set, stats = load_data(cfg, run_dir) if main else (None, None, None, None)
+    accelerator.wait_for_everyone()
+    if not main:  # the main process wrote the tokenizer and token cache; the others read them
+        tokenizer, train_set, val_set, stats = load_data(cfg, run_dir)
+    model = build_model(cfg, tokenizer)
+    optimizer = make_optimizer(model, cfg)
+
+    start = 0
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if ckpt is not None:
+        start = load_checkpoint(ckpt, model, optimizer)["step"]
+        log.info("resumed from %s at step %d", ckpt, start)
+    net, optimizer = accelerator.prepare(TrainingForward(model), optimizer)
+    device, rank, world = accelerator.device, accelerator.process_index, accelerator.num_processes
+    if main:
+        write_log(
+            run_dir,
+            {
+                "kind": "start",
+                "step": start,
+                "argv": sys.argv,
+                "data": stats,
+                "params": sum(p.numel() for p in model.parameters()),
+                "world": world,
+                "threads": torch.get_num_threads(),
+                "time": time.time(),
+            },
+        )
+
+    end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
+    tokens_per_step = cfg.batch_size * cfg.seq_len * world
+    bar = tqdm(
+        total=cfg.steps, initial=start, disable=not main, mininterval=5.0, dynamic_ncols=True, desc="train"
+    )
+    t_last, step_last = time.time(), start
+    for step in range(start, end):
+        # 1. Batch and anchors: pure functions of (seed, step, rank).
+        x = train_set.batch(step, cfg.batch_size, rank, world).to(device)
+        g = step_generator(cfg.seed, step, rank)
+        anchors = sample_anchors(x.shape[0], cfg.seq_len, cfg.anchors, cfg.block_size, g).to(device)
+        # 2. Loss, backward, clip, update at this step's learning rate.
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        out = joint_loss(net, x, anchors, cfg.block_size, cfg.loss_weights, cfg.reveal_prob, g)
+        accelerator.backward(out.total)
+        grad_norm = accelerator.clip_grad_norm_(
+            [p for p in model.parameters() if p.requires_grad], cfg.grad_clip
+        )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        done = step + 1
+        # 3. Progress, logs, evaluation, checkpoints.
+        if done % cfg.log_every == 0 or done == end:
+            now = time.time()
+            tok_s = tokens_per_step * (done - step_last) / max(now - t_last, 1e-9)
+            t_last, step_last = now, done
+            terms = {
+                "loss": float(out.total.detach()),
+                "ar": float(out.ar),
+                "nar": float(out.nar),
+                "kl": float(out.kl),
+            }
+            bar.set_postfix(
+                {k: f"{v:.3f}" for k, v in terms.items()} | {"tok/s": f"{tok_s:.0f}"}, refresh=False
+            )
+            if main:
+                write_log(
+                    run_dir,
+                    {
+                        "kind": "train",
+                        "step": done,
+                        **terms,
+                        "lr": lr_at(step, cfg),
+                        "grad_norm": float(grad_norm),
+                        "tok_s": round(tok_s, 1),
+                        "elapsed_s": round(now - t0, 1),
+                    },
+                )
+        bar.update(1)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            result = evaluate(net, model, val_set, cfg, device)
+            if main:
+                write_log(
+                    run_dir,
+                    {"kind": "eval", "step": done, **asdict(result), "elapsed_s": round(time.time() - t0, 1)},
+                )
+                bar.write(
+                    f"[eval] step {done}: ar_loss={result.ar_loss:.4f} nar_loss={result.nar_loss:.4f} "
+                    f"nar_acc={result.nar_acc_per_slot}"
+                )
+        if done % cfg.save_every == 0 or done == end:
+            accelerator.wait_for_everyone()
+            if main:
+                save_checkpoint(run_dir, done, model, optimizer, {"seed": cfg.seed}, cfg.keep_checkpoints)
+    bar.close()
+
+    final = run_dir / "model"
+    if end == cfg.steps and main:
+        model.config.loss_weights = cfg.loss_weights.as_dict()
+        save_final_model(model, tokenizer, final)
+        write_log(
+            run_dir, {"kind": "done", "step": end, "wall_s": round(time.time() - t0, 1), "model": str(final)}
+        )
+    accelerator.wait_for_everyone()
+    return final

@@ -1,0 +1,181 @@
+"""The joint AR + NAR objective of DESIGN §3, in one forward pass.
+
+    L = α · CE_AR + β · CE_NAR + γ · KL( sg(p_AR) ‖ p_NAR )
+
+One forward runs the committed sequence x (B, T) through the AR set and M blocks of K mask slots
+through the NAR set (mask from `yue.model.masks.training_mask`). The block anchored at t has slots
+s_1..s_K at RoPE positions t+1..t+K; slot i sees x[0..t] and its own block, and predicts x[t+i].
+
+- CE_AR: next-token cross-entropy over committed positions 0..T-2.
+- CE_NAR: cross-entropy of slot i against x[t+i], over slots whose input is `<|mask|>`.
+- KL: for slot i the target is the AR path's distribution at position t+i-1, i.e. the AR prediction of
+  the same token x[t+i], detached (sg). Slot 1's target is thus the AR prediction at the anchor.
+- Mask-predict reveals: with probability `reveal_prob` a slot's input is its true token instead of
+  `<|mask|>`, so refinement passes (slots conditioned on drafts) are in distribution; revealed slots
+  carry no NAR/KL loss (their answer is their input).
+
+For NAR-only fine-tuning (stage 2, `yue distill`), set `LossWeights(ar=0.0, ...)` and freeze
+everything but the NAR set with `set_trainable(model, "nar")`: the AR logits are then computed without
+a graph and the AR path's outputs cannot change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from yue.model.masks import slot_positions, training_mask
+from yue.model.mot import YueForCausalLM
+
+TrainableSet = Literal["all", "nar"]
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """α, β, γ of the joint loss. Defaults from DESIGN §3."""
+
+    ar: float = 1.0
+    nar: float = 0.8
+    kl: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("ar", "nar", "kl"):
+            v = getattr(self, name)
+            if not v >= 0.0:
+                raise ValueError(f"loss weight {name} must be >= 0, got {v!r}")
+
+    def as_dict(self) -> dict[str, float]:
+        return {"ar": self.ar, "nar": self.nar, "kl": self.kl}
+
+
+@dataclass
+class JointLoss:
+    """Result of `joint_loss`. `total` carries the graph; the rest are detached scalars / (K,) tensors."""
+
+    total: torch.Tensor
+    ar: torch.Tensor
+    nar: torch.Tensor
+    kl: torch.Tensor
+    nar_acc_per_slot: torch.Tensor  # (K,) argmax accuracy of slot i over masked (not revealed) slots
+    nar_count_per_slot: torch.Tensor  # (K,) how many masked slots each accuracy averages over
+
+
+class TrainingForward(nn.Module):
+    """The training forward as a module, so `accelerate`/DDP can wrap it and sync gradients.
+
+    forward(tokens (B, S), positions (B, S), n_committed, mask (B, 1, S, S)) -> logits (B, S, V).
+    """
+
+    def __init__(self, model: YueForCausalLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, n_committed: int, mask: torch.Tensor
+    ) -> torch.Tensor:
+        hidden = self.model.model(tokens, positions, n_committed, mask)  # (B, S, D)
+        return self.model.lm_head(hidden)  # (B, S, V)
+
+
+def set_trainable(model: YueForCausalLM, which: TrainableSet) -> list[nn.Parameter]:
+    """Freeze what is not trained and return the trainable parameters.
+
+    `all`: AR set, NAR set, embedding, final norm (stage 1). `nar`: the NAR set only; embedding, final
+    norm and tied LM head are shared with the AR path, so they stay frozen too. The router is always
+    frozen here (it is trained separately, on the final towers).
+    """
+    trainable = []
+    for name, p in model.named_parameters():
+        on = not name.startswith("router.") and (which == "all" or ".nar_" in name)
+        p.requires_grad_(on)
+        if on:
+            trainable.append(p)
+    return trainable
+
+
+def sample_anchors(
+    batch: int, seq_len: int, n_blocks: int, block_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """M anchors per sequence, uniform in [0, T-K-1] so every slot's target x[t+i] exists. (B, M) long."""
+    high = seq_len - block_size  # exclusive upper bound: t + K <= T - 1
+    if high < 1:
+        raise ValueError(f"seq_len {seq_len} must exceed block_size {block_size}")
+    return torch.randint(0, high, (batch, n_blocks), generator=generator)
+
+
+def joint_loss(
+    model: YueForCausalLM | nn.Module,
+    tokens: torch.Tensor,
+    anchors: torch.Tensor,
+    block_size: int,
+    weights: LossWeights = LossWeights(),
+    reveal_prob: float = 0.1,
+    generator: torch.Generator | None = None,
+) -> JointLoss:
+    """The joint loss on one batch, in one forward.
+
+    Args:
+        model: a `YueForCausalLM`, or a (possibly DDP-wrapped) `TrainingForward` around one.
+        tokens: (B, T) long, committed sequences x.
+        anchors: (B, M) long, block anchors in [0, T-K-1] (see `sample_anchors`).
+        block_size: K, slots per block.
+        weights: α, β, γ. A zero weight skips that term's work where it can.
+        reveal_prob: chance a slot's input is its true token (mask-predict); 0 in evaluation.
+        generator: CPU generator for the reveals (pass one for determinism).
+    Returns:
+        JointLoss with the weighted total and each term.
+    """
+    net = TrainingForward(model) if isinstance(model, YueForCausalLM) else model
+    inner: YueForCausalLM = net.module.model if hasattr(net, "module") else net.model
+    B, T = tokens.shape
+    M, K = anchors.shape[1], block_size
+    device = tokens.device
+
+    # 1. Slot targets: slot i of the block at t predicts x[t+i]. (B, M*K)
+    offsets = torch.arange(1, K + 1, device=device)
+    target_idx = (anchors[:, :, None] + offsets).flatten(1)  # (B, M*K), = RoPE position
+    targets = tokens.gather(1, target_idx)  # (B, M*K)
+
+    # 2. Slot inputs: <|mask|>, or the true token where revealed.
+    reveal = torch.rand(B, M * K, generator=generator).to(device) < reveal_prob  # (B, M*K)
+    slot_in = torch.where(reveal, targets, torch.full_like(targets, inner.config.mask_token_id))
+
+    # 3. One forward: committed tokens then the slots, with the training mask.
+    inputs = torch.cat([tokens, slot_in], dim=1)  # (B, T + M*K)
+    positions = torch.cat([torch.arange(T, device=device).expand(B, T), slot_positions(anchors, K)], dim=1)
+    mask = training_mask(T, anchors, K).to(device)  # (B, 1, S, S)
+    logits = net(inputs, positions, T, mask).float()  # (B, T + M*K, V)
+    ar_logits, slot_logits = logits[:, :T], logits[:, T:]  # (B, T, V), (B, M*K, V)
+
+    # 4. AR: next-token cross-entropy.
+    zero = logits.new_zeros(())
+    ar = F.cross_entropy(ar_logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()) if weights.ar else zero
+
+    # 5. NAR: cross-entropy on masked slots only.
+    keep = ~reveal  # (B, M*K)
+    n_keep = keep.sum().clamp(min=1)
+    slot_logp = F.log_softmax(slot_logits, dim=-1)  # (B, M*K, V)
+    nll = -slot_logp.gather(-1, targets[..., None]).squeeze(-1)  # (B, M*K)
+    nar = (nll * keep).sum() / n_keep
+
+    # 6. KL(sg(p_AR) || p_NAR): AR distribution at t+i-1 predicts the same token x[t+i] as slot i.
+    kl = zero
+    if weights.kl:
+        ar_at = ar_logits.detach().gather(1, (target_idx - 1)[..., None].expand(-1, -1, ar_logits.shape[-1]))
+        ar_logp = F.log_softmax(ar_at, dim=-1)  # (B, M*K, V)
+        kl_per = (ar_logp.exp() * (ar_logp - slot_logp)).sum(-1)  # (B, M*K)
+        kl = (kl_per * keep).sum() / n_keep
+
+    total = weights.ar * ar + weights.nar * nar + weights.kl * kl
+
+    # 7. Per-slot accuracy of the argmax, over masked slots. slot index = position within block.
+    with torch.no_grad():
+        hit = (slot_logits.argmax(-1) == targets) & keep  # (B, M*K)
+        hits = hit.view(B, M, K).sum((0, 1)).float()  # (K,)
+        count = keep.view(B, M, K).sum((0, 1)).float()  # (K,)
+        acc = hits / count.clamp(min=1)
+    return JointLoss(total, ar.detach(), nar.detach(), kl.detach(), acc, count)
