@@ -1,0 +1,85 @@
+"""Helpers for the server tests: a real uvicorn on 127.0.0.1, engine wrappers, an SSE parser."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import uvicorn
+
+from yue.serve import ServeConfig, create_app
+
+
+class LiveServer:
+    """`create_app(engine, config)` served by uvicorn on 127.0.0.1 (a free port) in a thread.
+
+    Use as a context manager; `.url` is the base URL and `.state` the app's ServerState.
+    """
+
+    def __init__(self, engine, config: ServeConfig | None = None, **kw) -> None:
+        self.app = create_app(engine, config or ServeConfig(), **kw)
+        self.state = self.app.state.yue
+        uv = uvicorn.Config(
+            self.app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2
+        )
+        self.server = uvicorn.Server(uv)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not (self.server.started and self.state.status == "ok"):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+class Paced:
+    """Wraps an engine so each streamed step takes at least `delay` seconds (cancel still polled)."""
+
+    def __init__(self, engine, delay: float) -> None:
+        self._engine, self.delay = engine, delay
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def stream(self, prompt, config=None, cancel=None, **kw):
+        for event in self._engine.stream(prompt, config, cancel=cancel, **kw):
+            time.sleep(self.delay)
+            yield event
+
+
+class FailsMidStream:
+    """Wraps an engine so `stream` raises after `after` chunks."""
+
+    def __init__(self, engine, after: int = 2) -> None:
+        self._engine, self.after = engine, after
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def stream(self, prompt, config=None, cancel=None, **kw):
+        for i, event in enumerate(self._engine.stream(prompt, config, cancel=cancel, **kw)):
+            if i == self.after:
+                raise RuntimeError("secret internal detail")
+            yield event
+
+
+def parse_sse(text: str) -> list[dict | str]:
+    """The `data:` payloads of an event stream: dicts, and the string "[DONE]"."""
+    out = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+        else:
+            assert block == "", f"unexpected SSE block {block!r}"
+    return out

@@ -1,0 +1,496 @@
+"""HTTP <-> DecodeConfig <-> Engine.stream: the FastAPI app behind `yue serve`.
+
+Design decisions:
+- A thin adapter: a request is parsed (schemas.py), turned into a `DecodeConfig` (whose validation
+  is the only range check: its `ValueError` names the field, which becomes the error's `param`),
+  checked against the limits (config.check_limits), admitted by the scheduler (or refused with 503),
+  and run by a worker thread through `Engine.stream`. Streamed and non-streamed answers both come
+  from `Engine.stream`, so a disconnect can cancel either.
+- Errors have one shape everywhere, OpenAI's `{"error": {message, type, param, code}}`; FastAPI's 422
+  is replaced by 400 (in the handlers and in the OpenAPI document); a 500 never shows a traceback.
+- API key and body size are checked by a pure ASGI middleware (`Gate`) before anything parses the
+  body; it counts bytes as they arrive, so a chunked body cannot slip past the limit.
+- `create_app` takes an engine or a loader; with a loader the model loads in the background and
+  `/health` answers 503 until it is ready (and again while draining after SIGTERM, see server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from yue import __version__
+from yue.config import DecodeConfig
+from yue.serve import schemas as s
+from yue.serve.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+from yue.serve.config import ApiError, ServeConfig, check_limits
+from yue.serve.metrics import Metrics
+from yue.serve.scheduler import Overloaded, Scheduler
+from yue.serve.streaming import (
+    ChatFormat,
+    CompletionFormat,
+    Format,
+    GenerateFormat,
+    Outcome,
+    collect,
+    generate_body,
+    openai_finish_reason,
+    sse_events,
+    usage,
+)
+from yue.tokenizer import BOS, EOS
+
+log = logging.getLogger("yue.serve")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+PROTECTED = ("/v1/", "/generate")
+DEMO_PAGE = Path(__file__).parent / "static" / "index.html"
+# DecodeConfig field -> request field, for the `param` of a 400.
+_PARAM = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "repetition_penalty": "repetition_penalty",
+    "seed": "seed",
+    "stop": "stop",
+    "mode": "mode",
+    "router_threshold": "router_threshold",
+}
+_ERRORS = {code: {"model": s.ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+_STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready to run."""
+
+    prompt: str
+    prompt_tokens: int
+    decode: DecodeConfig
+
+
+class ServerState:
+    """Everything the routes share: settings, engine, scheduler, metrics, lifecycle flags."""
+
+    def __init__(self, engine, config: ServeConfig, chat_template: str | None) -> None:
+        self.config = config
+        self.loader: Callable | None = engine if callable(engine) and not hasattr(engine, "stream") else None
+        self.engine = None if self.loader else engine
+        self.scheduler: Scheduler | None = None
+        self.chat_template_source = chat_template
+        self.template: ChatTemplate | None = None
+        self.draining = False
+        self.failed: str | None = None
+        self.created = int(time.time())
+        self.metrics = Metrics(
+            running=lambda: self.scheduler.running if self.scheduler else 0,
+            waiting=lambda: self.scheduler.waiting if self.scheduler else 0,
+        )
+
+    async def start(self) -> None:
+        try:
+            if self.loader is not None:
+                self.engine = await asyncio.to_thread(self.loader)
+            # Given by the caller (read from the model folder), else carried by the tokenizer, else built-in.
+            source = self.chat_template_source or getattr(self.engine.tokenizer, "chat_template", None)
+            self.template = ChatTemplate(source or DEFAULT_CHAT_TEMPLATE)
+            self.scheduler = Scheduler(self.engine, self.config.max_concurrency, self.config.max_queue)
+            log.info("model %s ready", self.engine.name)
+        except Exception as e:
+            log.exception("model failed to load")
+            self.failed = f"{type(e).__name__}: {e}"
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    @property
+    def status(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.draining:
+            return "draining"
+        return "ok" if self.scheduler is not None else "loading"
+
+    def ready(self):
+        """The engine, or a 503 while loading/draining."""
+        status = self.status
+        if status != "ok":
+            message = {"draining": "the server is shutting down", "failed": "the model failed to load"}
+            raise ApiError(
+                503,
+                message.get(status, "the model is loading"),
+                type="service_unavailable_error",
+                code=status,
+                headers=self.retry_after,
+            )
+        return self.engine
+
+    @property
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.config.retry_after_s)}
+
+
+def create_app(engine, config: ServeConfig | None = None, *, chat_template: str | None = None) -> FastAPI:
+    """The server's ASGI app.
+
+    Args:
+        engine: a loaded `Engine`, or a zero-argument callable returning one (loaded in the background).
+        config: limits and settings; defaults when None.
+        chat_template: Jinja source; None = the one stored with the model, else the built-in default.
+    """
+    state = ServerState(engine, config or ServeConfig(), chat_template)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(state.start())
+        yield
+        await task
+        await asyncio.to_thread(state.stop)
+
+    app = FastAPI(title="yue", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.yue = state
+    app.add_middleware(Gate, state=state)
+    _install_error_handlers(app, state)
+    _install_routes(app, state)
+    _openapi_without_422(app)
+    return app
+
+
+def _install_routes(app: FastAPI, state: ServerState) -> None:
+    demo = DEMO_PAGE.read_text(encoding="utf-8")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(demo)
+
+    @app.get("/health", response_model=s.Health, responses={503: {"model": s.Health}})
+    async def health() -> JSONResponse:
+        sch = state.scheduler
+        body = {
+            "status": state.status,
+            "running": sch.running if sch else 0,
+            "waiting": sch.waiting if sch else 0,
+        }
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=s.ModelList, responses=_ERRORS)
+    async def models() -> s.ModelList:
+        engine = state.ready()
+        card = s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
+        return s.ModelList(data=[card])
+
+    @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
+    async def completions(body: s.CompletionRequest, request: Request):
+        engine = _check_model(state, body.model)
+        prepared = _prepare(state, body, body.prompt, "prompt", default_max_tokens=16, temperature=1.0)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage)
+
+        def build(o: Outcome) -> s.CompletionResponse:
+            choice = s.CompletionChoice(text=o.text, finish_reason=openai_finish_reason(o.finish_reason))
+            return s.CompletionResponse(
+                id=fmt.id,
+                created=fmt.created,
+                model=fmt.model,
+                choices=[choice],
+                usage=s.Usage(**usage(o.prompt_tokens, o.stats.new_tokens)),
+            )
+
+        return await _respond(state, request, prepared, fmt, body.stream, build)
+
+    @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
+    async def chat_completions(body: s.ChatCompletionRequest, request: Request):
+        engine = _check_model(state, body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            prompt = state.template.render(messages, bos_token=BOS, eos_token=EOS)
+        except Exception as e:  # a model's template may reject a conversation (raise_exception)
+            raise ApiError(400, f"chat template: {e}", param="messages", code="invalid_value") from e
+        prepared = _prepare(state, body, prompt, "messages", default_max_tokens=1 << 30, temperature=1.0)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage)
+
+        def build(o: Outcome) -> s.ChatCompletionResponse:
+            choice = s.ChatChoice(
+                message=s.AssistantMessage(content=o.text),
+                finish_reason=openai_finish_reason(o.finish_reason),
+            )
+            return s.ChatCompletionResponse(
+                id=fmt.id,
+                created=fmt.created,
+                model=fmt.model,
+                choices=[choice],
+                usage=s.Usage(**usage(o.prompt_tokens, o.stats.new_tokens)),
+            )
+
+        return await _respond(state, request, prepared, fmt, body.stream, build)
+
+    @app.post("/generate", response_model=s.GenerateResponse, responses=_ERRORS | _STREAM)
+    async def generate(body: s.GenerateRequest, request: Request):
+        engine = state.ready()
+        prepared = _prepare(state, body, body.prompt, "prompt", default_max_tokens=128, temperature=None)
+        fmt = GenerateFormat(engine.tokenizer)
+        return await _respond(state, request, prepared, fmt, body.stream, lambda o: generate_body(o))
+
+
+def _check_model(state: ServerState, model: str | None):
+    engine = state.ready()
+    if model is not None and model != engine.name:
+        raise ApiError(
+            404,
+            f"the model `{model}` does not exist; this server serves `{engine.name}`",
+            param="model",
+            code="model_not_found",
+        )
+    return engine
+
+
+def _prepare(
+    state: ServerState,
+    body: s._Sampling,
+    prompt: str,
+    prompt_param: str,
+    *,
+    default_max_tokens: int,
+    temperature: float | None,
+) -> Prepared:
+    """Request fields -> a validated `DecodeConfig` within the server's limits (or a 400)."""
+    engine = state.engine
+    n = engine.count_tokens(prompt)
+    max_tokens = body.max_tokens
+    if max_tokens is None:  # a default never overflows the context; an explicit value may (and 400s)
+        max_tokens = max(1, min(default_max_tokens, engine.context_length - n))
+    stop = () if body.stop is None else (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+    fields = {"max_new_tokens": max_tokens, "stop": stop}
+    if temperature is not None:
+        fields["temperature"] = temperature
+    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "mode", "router_threshold"):
+        if (value := getattr(body, name)) is not None:
+            fields[name] = value
+    try:
+        decode = DecodeConfig(**fields)
+    except ValueError as e:
+        raise ApiError(
+            400,
+            str(e).replace("max_new_tokens", "max_tokens"),
+            param=_PARAM.get(str(e).split()[0]),
+            code="invalid_value",
+        ) from e
+    check_limits(
+        state.config,
+        prompt_tokens=n,
+        max_tokens=decode.max_new_tokens,
+        context_length=engine.context_length,
+        stop=stop,
+        prompt_param=prompt_param,
+    )
+    return Prepared(prompt, n, decode)
+
+
+async def _respond(
+    state: ServerState, request: Request, prepared: Prepared, fmt: Format, stream: bool, build
+):
+    """Admit the request, then stream it or collect it; a disconnect cancels the generation."""
+    tracker = state.metrics.track(request.scope.get("yue.arrival") or time.perf_counter())
+    scheduler = state.scheduler
+    try:
+        job = scheduler.submit(prepared.prompt, prepared.decode)
+    except Overloaded:
+        raise ApiError(
+            503,
+            "the server is at capacity; retry shortly",
+            type="service_unavailable_error",
+            code="overloaded",
+            headers=state.retry_after,
+        ) from None
+    if stream:
+        events = sse_events(job, tracker, fmt, prepared.prompt_tokens)
+        return EventStream(events, on_close=lambda: scheduler.cancel(job))
+    try:
+        task = asyncio.ensure_future(collect(job, tracker, prepared.prompt_tokens))
+        while not (await asyncio.wait({task}, timeout=0.25))[0]:
+            if await request.is_disconnected():
+                scheduler.cancel(job)  # the engine ends at its next step; the answer goes nowhere
+        outcome = task.result()
+    except ValueError as e:  # the engine refused the request itself
+        tracker.fail("invalid_request")
+        raise ApiError(400, str(e), code="invalid_value") from e
+    except Exception:
+        tracker.fail("engine_error")
+        raise
+    finally:
+        scheduler.cancel(job)
+    return build(outcome)
+
+
+class EventStream(StreamingResponse):
+    """`text/event-stream` whose generation is cancelled however the response ends (a disconnect too)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, on_close: Callable[[], None]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+            await self.body_iterator.aclose()
+
+
+class Gate:
+    """Pure ASGI middleware: API key (401), then body size (413), before the body is parsed."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope["yue.arrival"] = time.perf_counter()
+        config, path = self.state.config, scope["path"]
+        if config.api_key and path.startswith(PROTECTED) and not self._authorized(scope, config.api_key):
+            error = ApiError(
+                401,
+                "missing or invalid API key",
+                type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            return await self._reject(scope, send, error)
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        # Count bytes as they arrive: Content-Length may be absent (chunked) or lie.
+        limit, chunks, size, more = config.max_body_bytes, [], 0, True
+        too_large = ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await self._reject(scope, send, too_large)
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await self._reject(scope, send, too_large)
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: disconnect notices
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    def _authorized(scope, key: str) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode())
+
+    async def _reject(self, scope, send, error: ApiError) -> None:
+        if scope["path"] in GENERATION_PATHS:
+            self.state.metrics.failure.labels(reason=error.code).inc()
+        await _error_response(error)(scope, _no_receive, send)
+
+
+async def _no_receive():
+    return {"type": "http.disconnect"}
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
+    def book(request: Request, reason: str | None) -> None:
+        if request.url.path in GENERATION_PATHS:
+            state.metrics.failure.labels(reason=reason or "invalid_request").inc()
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        book(request, exc.code)
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        book(request, "invalid_request")
+        return _error_response(_validation_to_api_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        error = ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
+        return _error_response(error)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        book(request, "internal")
+        return _error_response(
+            ApiError(500, "internal server error", type="server_error", code="internal_error")
+        )
+
+
+_NESTED = {"role", "content", "type", "text", "include_usage"}
+
+
+def _validation_to_api_error(exc: RequestValidationError) -> ApiError:
+    """FastAPI's 422 -> our 400, naming the first offending field as `messages[0].role`."""
+    first = exc.errors()[0]
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"malformed JSON: {first.get('msg', '')}", code="invalid_json")
+    if not loc or not isinstance(loc[0], str):
+        return ApiError(400, "the request body must be a JSON object", code="invalid_request")
+    param = loc[0]
+    for part in loc[1:]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in _NESTED:
+            param += f".{part}"
+        else:
+            break
+    return ApiError(400, f"{param}: {first.get('msg', 'invalid value')}", param=param, code="invalid_value")
+
+
+def _openapi_without_422(app: FastAPI) -> None:
+    """Our validation errors are 400s in OpenAI's shape; say so in the OpenAPI document too."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,151 @@
+"""Server settings and every per-request limit, validated in one place.
+
+Design decisions:
+- `ServeConfig` is a frozen dataclass validated once (bad values raise `ValueError` naming the field),
+  like `DecodeConfig`; the CLI builds it from its flags and the app never reads flags itself.
+- All limits a request can hit live here and are enforced in one function, `check_limits`, except the
+  two that must act before the request is parsed: the body size (an ASGI middleware counting bytes as
+  they arrive, so chunked bodies are bounded too) and admission (the scheduler's running + waiting
+  slots). The table below is the documentation; tests/test_serve_limits.py checks every row.
+
+| limit              | where                  | status | error code / param                          |
+|--------------------|------------------------|--------|---------------------------------------------|
+| max_body_bytes     | BodyLimitMiddleware    | 413    | request_too_large                           |
+| api_key            | app (auth dependency)  | 401    | invalid_api_key                             |
+| max_concurrency    | Scheduler (running)    | 503    | overloaded (+ Retry-After)                  |
+| max_queue          | Scheduler (waiting)    | 503    | overloaded (+ Retry-After)                  |
+| max_prompt_tokens  | check_limits           | 400    | prompt_too_long, param prompt / messages    |
+| context length     | check_limits           | 400    | context_length_exceeded, param max_tokens   |
+| MAX_STOP (4)       | check_limits           | 400    | invalid_value, param stop                   |
+| decode fields      | DecodeConfig           | 400    | invalid_value, param = the field            |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# OpenAI allows up to 4 stop sequences; more only slows the stop check in the decode loop.
+MAX_STOP = 4
+
+
+class ApiError(Exception):
+    """An error the client caused (or must hear about), rendered as OpenAI's error object.
+
+    Attributes:
+        status: HTTP status code.
+        message: human-readable text; never a traceback.
+        type: OpenAI error type ("invalid_request_error", "authentication_error", ...).
+        param: the request field at fault, if any.
+        code: machine-readable code ("context_length_exceeded", ...).
+        headers: extra response headers (e.g. Retry-After).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How `yue serve` runs. Validated once; bad values raise `ValueError` naming the field.
+
+    Attributes:
+        host: interface to bind; localhost unless told otherwise (the server has no TLS).
+        port: TCP port.
+        api_key: when set, /v1/* and /generate require `Authorization: Bearer <key>`.
+        max_concurrency: generations running at once (one worker thread each).
+        max_queue: admitted requests waiting for a worker; beyond running + waiting, 503.
+        max_prompt_tokens: longest prompt accepted; None = the model's context length.
+        max_body_bytes: largest request body, counted as it arrives (chunked bodies included).
+        retry_after_s: the Retry-After a 503 suggests.
+        drain_timeout_s: after SIGTERM, how long in-flight requests may run before the server exits.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_concurrency: int = 4
+    max_queue: int = 32
+    max_prompt_tokens: int | None = None
+    max_body_bytes: int = 1 << 20
+    retry_after_s: int = 1
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must be non-empty when set")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.retry_after_s < 1:
+            raise ValueError(f"retry_after_s must be >= 1, got {self.retry_after_s}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+
+
+def check_limits(
+    config: ServeConfig,
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    context_length: int,
+    stop: tuple[str, ...],
+    prompt_param: str,
+) -> None:
+    """Every per-request size limit, in one place (the table in the module docstring).
+
+    Args:
+        config: the server's settings.
+        prompt_tokens: tokens in the (templated) prompt.
+        max_tokens: tokens the request asks to generate (already >= 1, DecodeConfig checked it).
+        context_length: the model's maximum positions; prompt + generation must fit.
+        stop: stop strings.
+        prompt_param: "prompt" or "messages", to name the field at fault.
+
+    Raises:
+        ApiError: 400 naming the param and code of the first limit broken.
+    """
+    if len(stop) > MAX_STOP:
+        raise ApiError(
+            400, f"at most {MAX_STOP} stop sequences are allowed", param="stop", code="invalid_value"
+        )
+    limit = min(config.max_prompt_tokens or context_length, context_length - 1)
+    if prompt_tokens > limit:
+        raise ApiError(
+            400,
+            f"the prompt has {prompt_tokens} tokens; this server accepts at most {limit}",
+            param=prompt_param,
+            code="prompt_too_long",
+        )
+    if prompt_tokens + max_tokens > context_length:
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {context_length} tokens; you requested "
+            f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to generate)",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )

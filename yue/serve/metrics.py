@@ -1,0 +1,145 @@
+"""Prometheus metrics, one `CollectorRegistry` per app, names following vLLM's where they overlap.
+
+Design decisions:
+- Each `Metrics` owns its registry, so two apps in one process (tests) never share counters.
+- Latencies are measured by the server from the request's arrival, queueing included: what a client
+  sees, minus the network. Inter-token latency is observed per token: a chunk of n tokens that
+  arrived dt after the previous one counts n observations of dt / n (drafting writes several tokens
+  per forward, and that is the speed-up the histogram should show).
+- Drafting counters come from the engine's `GenerationStats` once a request ends (cancelled ones
+  included: their forwards were spent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from yue.decode.types import GenerationStats, StreamEvent
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """All of the server's metrics, registered in a registry of their own."""
+
+    def __init__(self, running: Callable[[], int], waiting: Callable[[], int]) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.ttft = Histogram(
+            "yue_time_to_first_token_seconds", "Arrival to first token.", registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.itl = Histogram(
+            "yue_inter_token_latency_seconds", "Time between tokens.", registry=r, buckets=_ITL_BUCKETS
+        )
+        self.e2e = Histogram(
+            "yue_e2e_request_latency_seconds", "Arrival to last token.", registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.queue = Histogram(
+            "yue_request_queue_time_seconds",
+            "Time waiting for a worker.",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.prompt_tokens = Counter("yue_prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.generation_tokens = Counter("yue_generation_tokens", "Tokens generated.", registry=r)
+        self.success = Counter(
+            "yue_request_success", "Finished requests by finish reason.", ["finish_reason"], registry=r
+        )
+        self.failure = Counter("yue_request_failure", "Failed requests by reason.", ["reason"], registry=r)
+        self.running = Gauge("yue_num_requests_running", "Requests generating now.", registry=r)
+        self.running.set_function(running)
+        self.waiting = Gauge("yue_num_requests_waiting", "Requests waiting for a worker.", registry=r)
+        self.waiting.set_function(waiting)
+        self.num_drafts = Counter("yue_spec_decode_num_drafts", "Drafting steps.", registry=r)
+        self.draft_tokens = Counter("yue_spec_decode_num_draft_tokens", "Draft tokens proposed.", registry=r)
+        self.accepted_tokens = Counter(
+            "yue_spec_decode_num_accepted_tokens", "Draft tokens kept.", registry=r
+        )
+        self.accepted_per_pos = Counter(
+            "yue_spec_decode_num_accepted_tokens_per_pos",
+            "Drafting steps whose draft token at this position was kept.",
+            ["position"],
+            registry=r,
+        )
+        self.router = Counter(
+            "yue_router_decisions", "Decode steps by the path chosen.", ["mode"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def track(self, arrival: float) -> RequestTracker:
+        return RequestTracker(self, arrival)
+
+
+class RequestTracker:
+    """Times one request from its arrival and books its outcome exactly once."""
+
+    def __init__(self, metrics: Metrics, arrival: float) -> None:
+        self.metrics = metrics
+        self.arrival = arrival
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.done = False
+        self.queue_booked = False
+
+    def queued(self, seconds: float) -> None:
+        """Book the time the request waited for a worker (once)."""
+        if not self.queue_booked:
+            self.queue_booked = True
+            self.metrics.queue.observe(seconds)
+
+    def on_event(self, event: StreamEvent) -> None:
+        """Time a streamed chunk; call it as each chunk arrives from the worker."""
+        n = len(event.token_ids)
+        if not n:
+            return
+        now = time.perf_counter()
+        if self.first_token is None:  # the first chunk has a TTFT, not an inter-token latency
+            self.first_token = now
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            gap = (now - self.last_token) / n
+            for _ in range(n):
+                self.metrics.itl.observe(gap)
+        self.last_token = now
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.first_token or time.perf_counter()) - self.arrival
+
+    def finish(self, prompt_tokens: int, finish_reason: str, stats: GenerationStats | None) -> float:
+        """Book a request that ran to its end; returns its end-to-end latency in seconds."""
+        latency = time.perf_counter() - self.arrival
+        if self.done:
+            return latency
+        self.done = True
+        m = self.metrics
+        if finish_reason == "cancelled":
+            m.failure.labels(reason="cancelled").inc()
+        else:
+            m.success.labels(finish_reason=finish_reason).inc()
+            m.e2e.observe(latency)
+        m.prompt_tokens.inc(prompt_tokens)
+        if stats is not None:
+            self._book_stats(stats)
+        return latency
+
+    def fail(self, reason: str) -> None:
+        if not self.done:
+            self.done = True
+            self.metrics.failure.labels(reason=reason).inc()
+
+    def _book_stats(self, stats: GenerationStats) -> None:
+        m = self.metrics
+        m.generation_tokens.inc(stats.new_tokens)
+        m.num_drafts.inc(len(stats.accept_lengths))
+        m.draft_tokens.inc(stats.drafted)
+        m.accepted_tokens.inc(stats.accepted)
+        for pos, count in enumerate(stats.accepted_per_pos, start=1):
+            m.accepted_per_pos.labels(position=str(pos)).inc(count)
+        for mode, count in stats.router_decisions.items():
+            m.router.labels(mode=mode).inc(count)

@@ -1,0 +1,165 @@
+"""Request and response bodies of the HTTP API (pydantic), shaped like OpenAI's where they overlap.
+
+Design decisions:
+- Schemas check types only (strict: no "5" for 5, no true for 1, no NaN). Ranges and choices are
+  checked once, by `DecodeConfig`, whose `ValueError` names the field; the app maps it to a 400 with
+  that `param`. The only bound here is `seed`'s, which `DecodeConfig` leaves to `torch.Generator`.
+- Unknown fields are ignored (as OpenAI-compatible servers commonly do), so clients that send
+  `user`, `logprobs: null`, ... keep working; fields we cannot honour (`n` > 1) are rejected.
+- `mode` and `router_threshold` extend every generation endpoint: the speed/fidelity dial.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from yue.config import Mode
+
+SEED_MAX = 2**63 - 1
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Fields shared by every generation endpoint; defaults of None mean "the server's default"."""
+
+    max_tokens: int | None = Field(None, description="tokens to generate at most")
+    temperature: float | None = Field(None, description="0 = greedy")
+    top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
+    top_k: int | None = Field(None, description="keep the k most likely tokens; 0 = off")
+    repetition_penalty: float | None = Field(None, description="> 0; 1 = off")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: str | list[str] | None = None
+    mode: Mode | None = Field(None, description="decode policy: ar | verified | hybrid | nar")
+    router_threshold: float | None = Field(None, description="a position goes AR when p_ar > this")
+    stream: bool = False
+
+
+class _OpenAI(_Sampling):
+    model: str | None = Field(None, description="must name the served model when given")
+    n: Literal[1] = Field(1, description="only one choice per request is supported")
+    stream_options: StreamOptions | None = None
+
+
+class CompletionRequest(_OpenAI):
+    prompt: str
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_OpenAI):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class GenerateRequest(_Sampling):
+    prompt: str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "yue"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class GenerateResponse(BaseModel):
+    """`/generate`'s answer: the text plus how it was made (who wrote the tokens, how drafting went)."""
+
+    text: str
+    tokens: int = Field(description="generated tokens")
+    prompt_tokens: int
+    finish_reason: str
+    latency_ms: float = Field(description="arrival to last token, queueing included")
+    ttft_ms: float = Field(description="arrival to first token, queueing included")
+    ar_tokens: int
+    nar_tokens: int
+    drafted: int
+    accepted: int
+    forwards: int
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "loading", "draining"]
+    running: int
+    waiting: int

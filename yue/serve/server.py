@@ -1,0 +1,68 @@
+"""Running the app under uvicorn, with a SIGTERM that drains instead of dropping requests.
+
+Design decisions:
+- The first SIGTERM does not stop the listener: the server marks itself draining (`/health` answers
+  503, new generations get 503 + Retry-After, so a load balancer moves traffic away) and waits for
+  running and queued requests to finish, at most `drain_timeout_s`; then uvicorn's own graceful
+  shutdown closes connections and the lifespan stops the workers. Exit status 0.
+- SIGINT (Ctrl+C) and a second SIGTERM keep uvicorn's behaviour (graceful, then forced).
+- A model that fails to load in the background stops the server with exit status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+
+import uvicorn
+
+from yue.serve.app import ServerState, create_app
+from yue.serve.config import ServeConfig
+
+log = logging.getLogger("yue.serve")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first SIGTERM drains in-flight requests before shutting down."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_deadline is None:
+            log.info("SIGTERM: draining (health 503, new requests refused)")
+            self.state.draining = True
+            self.drain_deadline = time.monotonic() + self.state.config.drain_timeout_s
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and not self.should_exit:
+            scheduler = self.state.scheduler
+            if scheduler is None or scheduler.idle or time.monotonic() > self.drain_deadline:
+                log.info("drained; shutting down")
+                self.should_exit = True
+        if self.state.failed and not self.should_exit:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def serve(engine, config: ServeConfig, *, chat_template: str | None = None, log_level: str = "info") -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit status.
+
+    Args:
+        engine: an `Engine` or a zero-argument loader (the model then loads while `/health` says 503).
+        config: host, port and limits.
+        chat_template: Jinja source; None = the one stored with the model.
+    """
+    app = create_app(engine, config, chat_template=chat_template)
+    uv_config = uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=log_level, timeout_graceful_shutdown=5
+    )
+    server = DrainingServer(uv_config, app.state.yue)
+    server.run()
+    return 1 if app.state.yue.failed else 0
