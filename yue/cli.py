@@ -118,6 +118,89 @@ def export_ar_cmd(
     typer.echo(f"wrote LlamaForCausalLM to {out}")
 
 
+@app.command("train-tokenizer")
+@user_errors
+def train_tokenizer_cmd(
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
+    vocab_size: int = typer.Option(8192, help="BPE vocabulary size, special tokens included."),
+    out: Path = typer.Option(..., help="Folder (or .json path) for tokenizer.json."),
+    val_fraction: float = typer.Option(0.02, help="Share of files held out (never seen by the tokenizer)."),
+) -> None:
+    """Train a byte-level BPE tokenizer on a corpus's training split."""
+    from yue.train.data import train_tokenizer
+
+    if vocab_size < 260:
+        raise ValueError(f"vocab_size must be >= 260, got {vocab_size}")
+    typer.echo(f"wrote {train_tokenizer(corpus, vocab_size, out, val_fraction)}")
+
+
+@app.command("train")
+@user_errors
+def train_cmd(
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
+    out: Path = typer.Option(..., help="Run folder: checkpoints, log.jsonl, final model in OUT/model."),
+    tokenizer: Path | None = typer.Option(None, help="tokenizer.json (default: trained on the corpus)."),
+    vocab_size: int = typer.Option(8192, help="Vocabulary size when the tokenizer is trained here."),
+    steps: int = typer.Option(1000, help="Optimizer steps."),
+    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
+    batch_size: int = typer.Option(16, help="Sequences per step (per process)."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine)."),
+    warmup_steps: int = typer.Option(100, help="Linear warm-up steps."),
+    block_size: int = typer.Option(8, help="K: slots per NAR block."),
+    anchors: int = typer.Option(8, help="M: NAR blocks per sequence."),
+    alpha: float = typer.Option(1.0, help="Weight of the AR cross-entropy."),
+    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
+    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
+    reveal_prob: float = typer.Option(0.1, help="Chance a slot sees its true token (mask-predict)."),
+    hidden_size: int = typer.Option(256, help="Model width."),
+    layers: int = typer.Option(4, help="Transformer layers."),
+    heads: int = typer.Option(8, help="Attention heads."),
+    kv_heads: int = typer.Option(4, help="Key/value heads (grouped-query attention)."),
+    intermediate_size: int = typer.Option(688, help="MLP width."),
+    eval_every: int = typer.Option(200, help="Evaluate every N steps."),
+    save_every: int = typer.Option(200, help="Checkpoint every N steps."),
+    seed: int = typer.Option(0, help="Seed for init, data order, anchors."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUT."),
+    nar_only: bool = typer.Option(False, help="Stage 2: train the NAR set only (AR frozen); needs --init."),
+    init: Path | None = typer.Option(None, help="Start from this model folder."),
+    data: str | None = typer.Option(None, help="Training data for --nar-only (overrides --corpus)."),
+) -> None:
+    """Train a yue model with the joint AR + NAR loss (runs under `accelerate launch` unchanged)."""
+    from yue.train.config import TrainConfig
+    from yue.train.loop import train
+
+    cfg = TrainConfig(
+        corpus=data if data is not None else corpus,
+        out=str(out),
+        tokenizer=str(tokenizer) if tokenizer else None,
+        vocab_size=vocab_size,
+        init=str(init) if init else None,
+        train_set="nar" if nar_only else "all",
+        steps=steps,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        block_size=block_size,
+        anchors=anchors,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        reveal_prob=reveal_prob,
+        hidden_size=hidden_size,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        eval_every=eval_every,
+        save_every=save_every,
+        seed=seed,
+        threads=threads,
+    )
+    typer.echo(f"model: {train(cfg, resume=resume)}")
+
+
 def main() -> None:
     app()
 

@@ -147,12 +147,14 @@ def is_validation(name: str, val_fraction: float) -> bool:
 
 
 def split_documents(docs: list[Document], val_fraction: float) -> tuple[list[Document], list[Document]]:
-    """(train, validation) by file. With >= 2 documents both sides are non-empty."""
+    """(train, validation) by file. Train is never empty; with >= 2 documents neither side is."""
     val = [d for d in docs if is_validation(d.name, val_fraction)]
     train = [d for d in docs if not is_validation(d.name, val_fraction)]
-    if len(docs) >= 2 and val_fraction > 0 and not val:  # tiny corpora: hold out the last file
+    if len(docs) == 1:  # nothing to hold out: train on it (the loop evaluates on it too)
+        return list(docs), []
+    if val_fraction > 0 and not val:  # tiny corpora: hold out the last file
         train, val = train[:-1], train[-1:]
-    if len(docs) >= 2 and not train:
+    if not train:
         train, val = val[:1], val[1:]
     return train, val
 
@@ -223,3 +225,10 @@ class PackedSequences:
         start = (step * world + rank) * batch_size
         idx = [self._perm(i // len(self))[i % len(self)] for i in range(start, start + batch_size)]
         return self.data[torch.stack(idx)]
+
+
+def train_tokenizer(corpus: str | Path, vocab_size: int, out: str | Path, val_fraction: float = 0.02) -> Path:
+    """Train a byte-level BPE on the corpus's train split (validation files never seen); returns the file."""
+    train_docs, _ = split_documents(read_corpus(corpus), val_fraction)
+    tokenizer = YueTokenizer.train((d.text for d in train_docs), vocab_size=vocab_size)
+    return tokenizer.save(Path(out))

@@ -87,7 +87,12 @@ def prepare_tokenizer(cfg: TrainConfig, train_texts: list[str], run_dir: Path) -
 def build_model(cfg: TrainConfig, tokenizer: YueTokenizer) -> YueForCausalLM:
     """Random init (seeded) with the config's shapes, or the `init` model folder."""
     if cfg.init is not None:
-        return load_model(cfg.init).train()
+        model = load_model(cfg.init).train()
+        if model.config.block_size != cfg.block_size:
+            raise ValueError(f"block_size {cfg.block_size} differs from the init model's {model.config.block_size}")
+        if model.config.vocab_size < tokenizer.vocab_size:
+            raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the init model only {model.config.vocab_size}")
+        return model
     torch.manual_seed(cfg.seed)
     return YueForCausalLM(cfg.model_config(tokenizer.vocab_size)).train()
 
@@ -176,6 +181,9 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> tuple[YueTokenizer, PackedSequ
         "val_tokens": int(len(val_tokens)),
     }
     train = PackedSequences(train_tokens, cfg.seq_len, cfg.seed)
+    if len(val_tokens) < cfg.seq_len:
+        log.warning("validation split is shorter than one sequence; evaluating on training sequences")
+        val_tokens = train_tokens
     val = PackedSequences(val_tokens, cfg.seq_len, cfg.seed)
     return tokenizer, train, val, stats
 
