@@ -1,0 +1,1 @@
+"""Benchmarks: the harness, its peers, and the development prompt set."""

@@ -1,0 +1,164 @@
+"""The development set: prompts cut from the standard library's *test* files, never trained on.
+
+Design decisions:
+- Source: `Lib/test/**/*.py` of the running interpreter. The `stdlib` training recipe excludes test
+  folders, so these prompts are held out by construction, yet they are the same kind of text.
+- One prompt per file (40 files by default), so no single file dominates the numbers.
+- A prompt starts at a `def`/`class` line and ends at the END of a line, *before* its newline
+  (about 200-600 characters). Ending before the newline puts the cut on a natural token boundary of a
+  byte-level BPE (whitespace runs such as "\\n        " are single tokens; a prompt ending in "\\n"
+  would force an unnatural split). The reference is the true continuation from that newline on,
+  cut at the first line end past ~500 characters (about 128 tokens of the default tokenizer).
+- Deterministic: files are sorted, then shuffled with a seeded `random.Random`; every choice after
+  that draws from the same generator.
+
+`python -m yue.bench.devset [--out FILE] [--n 40] [--seed 0]` rewrites `yue/assets/devset.jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sysconfig
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "devset.jsonl"
+_START = re.compile(r"^\s*(async\s+def|def|class)\s+\w")
+# Folders of deliberately odd files (bad encodings, bad syntax, generated data).
+_SKIP_PARTS = {
+    "cjkencodings",
+    "encoded_modules",
+    "tokenizedata",
+    "__pycache__",
+    "data",
+    "leakers",
+    "crashers",
+}
+
+
+def test_root() -> Path:
+    """The running interpreter's `Lib/test` folder."""
+    return Path(sysconfig.get_paths()["stdlib"]) / "test"
+
+
+def test_files(root: Path) -> list[Path]:
+    """Sorted `*.py` files under `root`, minus folders of deliberately odd files."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"no standard-library test folder at {root}")
+    return [
+        p
+        for p in sorted(root.rglob("*.py"))
+        if not (_SKIP_PARTS & set(p.relative_to(root).parts)) and "badsyntax" not in p.name
+    ]
+
+
+def _clean(lines: list[str]) -> bool:
+    """Plain code: no very long lines, tabs or control characters."""
+    return all(
+        len(ln) <= 120 and "\t" not in ln and not re.search(r"[\x00-\x08\x0b-\x1f]", ln) for ln in lines
+    )
+
+
+def cut_example(
+    text: str,
+    rng: random.Random,
+    prompt_chars: tuple[int, int] = (200, 600),
+    reference_chars: int = 500,
+) -> dict[str, str] | None:
+    """One {"prompt", "reference"} pair from a file's text, or None if the file offers no clean cut.
+
+    Args:
+        text: the file's contents.
+        rng: the seeded generator (choices are deterministic given it).
+        prompt_chars: (min, max) prompt length in characters.
+        reference_chars: the reference is cut at the first line end at or past this many characters.
+    """
+    lines = text.split("\n")
+    lo, hi = prompt_chars
+    target = rng.randint(lo, (lo + hi) // 2)  # the prompt grows until it reaches this length
+    candidates = []
+    for i, line in enumerate(lines):
+        if not _START.match(line):
+            continue
+        # Grow the prompt line by line until it reaches `target` characters.
+        j, n = i, 0
+        while j < len(lines) and n < target:
+            n += len(lines[j]) + 1
+            j += 1
+        prompt_lines = lines[i:j]
+        prompt = "\n".join(prompt_lines)
+        if not (lo <= len(prompt) <= hi) or not _clean(prompt_lines):
+            continue
+        # Reference: "\n" + following lines until it reaches `reference_chars`.
+        k, m = j, 0
+        while k < len(lines) and m < reference_chars:
+            m += len(lines[k]) + 1
+            k += 1
+        ref_lines = lines[j:k]
+        reference = "\n" + "\n".join(ref_lines)
+        if m < reference_chars or len(reference) > reference_chars + 150 or not _clean(ref_lines):
+            continue
+        if len(reference.strip()) < reference_chars // 2:  # mostly blank lines
+            continue
+        candidates.append({"prompt": prompt, "reference": reference})
+    return rng.choice(candidates) if candidates else None
+
+
+def build_devset(n: int = 40, seed: int = 0, root: str | Path | None = None) -> list[dict[str, str]]:
+    """`n` prompt/reference pairs from `n` different test files, deterministic given `seed`.
+
+    Each record also names its source file (relative to the test folder) for audit.
+    """
+    base = Path(root) if root is not None else test_root()
+    files = test_files(base)
+    rng = random.Random(seed)
+    rng.shuffle(files)
+    records = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        example = cut_example(text, rng)
+        if example is None:
+            continue
+        records.append({**example, "source": str(path.relative_to(base))})
+        if len(records) == n:
+            break
+    if len(records) < n:
+        raise RuntimeError(f"only {len(records)} of {n} examples could be cut from {base}")
+    return records
+
+
+def write_jsonl(records: list[dict[str, str]], out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return out
+
+
+def load_devset(path: str | Path | None = None) -> list[dict[str, str]]:
+    """Read a JSONL prompt set (default: the shipped development set)."""
+    path = Path(path) if path is not None else DEFAULT_OUT
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--n", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--root", default=None, help="test folder (default: the interpreter's Lib/test)")
+    args = parser.parse_args(argv)
+    records = build_devset(args.n, args.seed, args.root)
+    out = write_jsonl(records, args.out)
+    print(f"wrote {len(records)} examples to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""Self-distillation (stage 2 of DESIGN §3): the NAR set learns to predict what the AR path writes.
+
+Design decisions:
+- The corpus is the AR path's own greedy continuations of prompts cut from the training split (random
+  offsets, ~64 tokens, 128-256 new tokens): token arrays in one safetensors file, never text, so no
+  detokenize/re-tokenize round trip changes what the AR path actually wrote.
+- `generate_ar_greedy` is a lean batched loop over `model.step` with one preallocated `KVCache`.
+  Prompts are grouped by length, so a batch needs no padding and every row shares one position vector.
+- Fine-tuning reuses `losses.joint_loss` with α = 0 and `set_trainable(model, "nar")`: the AR set,
+  embedding, final norm and tied head are frozen, so the AR path's logits cannot change. Anchors lie
+  in the continuation (t >= prompt_len - 1), where slot targets are the AR path's greedy tokens.
+- The sequences are small (a few hundred x 256 tokens) and a run takes minutes, so this loop keeps no
+  checkpoints; it is seeded and deterministic instead (rerun = same weights).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from yue.model.masks import decode_mask
+from yue.model.mot import YueForCausalLM
+from yue.train.loop import lr_at
+from yue.train.losses import LossWeights, joint_loss, set_trainable
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# Greedy AR generation
+
+
+@torch.no_grad()
+def _greedy_batch(model: YueForCausalLM, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy AR continuation of equal-length prompts. prompts: (B, P) -> new tokens (B, max_new_tokens)."""
+    B, P = prompts.shape
+    cache = model.new_cache(B, P + max_new_tokens)
+    positions = torch.arange(P + max_new_tokens, device=prompts.device)
+    new = torch.empty(B, max_new_tokens, dtype=torch.long, device=prompts.device)
+    # 1. Prefill: the whole prompt in one committed forward (causal mask, no slots).
+    out = model.step(prompts, positions[:P], P, decode_mask(0, P, 0), cache)
+    cache.advance(P)
+    tok = out.ar_logits[:, -1].argmax(-1)  # (B,)
+    new[:, 0] = tok
+    # 2. One token per forward; a single query needs no mask (it may see every cached key).
+    for j in range(1, max_new_tokens):
+        out = model.step(tok[:, None], positions[P + j - 1 : P + j], 1, None, cache)
+        cache.advance(1)
+        tok = out.ar_logits[:, -1].argmax(-1)
+        new[:, j] = tok
+    return new
+
+
+@torch.no_grad()
+def generate_ar_greedy(
+    model: YueForCausalLM,
+    prompts_token_lists: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[list[int]]:
+    """Greedy AR continuations (new tokens only, exactly `max_new_tokens` each, EOS included if written).
+
+    Args:
+        model: the model whose AR path writes the continuations.
+        prompts_token_lists: N prompts as token-id lists (any lengths >= 1).
+        max_new_tokens: tokens to write per prompt.
+        batch_size: prompts per forward; prompts are batched only with prompts of the same length.
+        progress: show a progress bar over batches.
+    Returns:
+        N lists of `max_new_tokens` ids, in the order of the prompts.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    limit = model.config.max_position_embeddings
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts_token_lists):
+        if not 1 <= len(p) <= limit - max_new_tokens:
+            raise ValueError(f"prompt {i} has {len(p)} tokens; need 1..{limit - max_new_tokens}")
+        by_len.setdefault(len(p), []).append(i)
+    chunks = [
+        idx[s : s + batch_size] for _, idx in sorted(by_len.items()) for s in range(0, len(idx), batch_size)
+    ]
+    results: list[list[int]] = [[] for _ in prompts_token_lists]
+    for chunk in tqdm(chunks, desc="AR greedy", disable=not progress, unit="batch"):
+        x = torch.tensor([list(prompts_token_lists[i]) for i in chunk], dtype=torch.long, device=model.device)
+        new = _greedy_batch(model, x, max_new_tokens).tolist()
+        for row, i in enumerate(chunk):
+            results[i] = new[row]
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# The corpus of AR-greedy sequences
+
+
+def sample_prompts(
+    documents: Sequence[Sequence[int]] | Sequence[np.ndarray], n: int, prompt_len: int, seed: int
+) -> list[list[int]]:
+    """`n` prompts of exactly `prompt_len` tokens at random offsets of random documents.
+
+    Documents are drawn with probability proportional to how many windows they hold, so long files are
+    not under-sampled; documents shorter than `prompt_len` are skipped.
+    """
+    docs = [np.asarray(d) for d in documents if len(d) >= prompt_len]
+    if not docs:
+        raise ValueError(f"no document has {prompt_len} tokens: cannot cut prompts")
+    weights = [len(d) - prompt_len + 1 for d in docs]
+    rng = random.Random(seed)
+    picks = rng.choices(range(len(docs)), weights=weights, k=n)
+    prompts = []
+    for d in picks:
+        start = rng.randrange(len(docs[d]) - prompt_len + 1)
+        prompts.append(docs[d][start : start + prompt_len].tolist())
+    return prompts
+
+
+def corpus_documents(
+    corpus: str, tokenizer, split: str = "train", val_fraction: float = 0.02
+) -> list[list[int]]:
+    """Token ids of each document of one side of a corpus's train/validation split (`data.py`'s split)."""
+    from yue.train.data import read_corpus, split_documents
+
+    train, val = split_documents(read_corpus(corpus), val_fraction)
+    docs = train if split == "train" else val
+    encodings = tokenizer.encode_batch([d.text for d in docs], add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+
+@dataclass(frozen=True)
+class GreedySequences:
+    """AR-greedy sequences: tokens (N, prompt_len + new) long; each row is a prompt then its continuation."""
+
+    tokens: torch.Tensor
+    prompt_len: int
+
+    def save(self, path: str | Path, **metadata: str) -> Path:
+        """Write as safetensors (atomically: temp file, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        meta = {"prompt_len": str(self.prompt_len), **{k: str(v) for k, v in metadata.items()}}
+        save_file({"tokens": self.tokens.to(torch.int32).contiguous()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> GreedySequences:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        if "prompt_len" not in meta:
+            raise ValueError(f"{path} is not an AR-greedy sequence file (no prompt_len metadata)")
+        return cls(load_file(str(path))["tokens"].long(), int(meta["prompt_len"]))
+
+    def split(self, held_out: float, seed: int = 0) -> tuple[GreedySequences, GreedySequences]:
+        """(train, held-out) by row, deterministic given `seed`."""
+        n = len(self.tokens)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        n_out = max(1, round(n * held_out)) if held_out > 0 and n > 1 else 0
+        return (
+            GreedySequences(self.tokens[perm[n_out:]], self.prompt_len),
+            GreedySequences(self.tokens[perm[:n_out]], self.prompt_len),
+        )
+
+
+def build_greedy_sequences(
+    model: YueForCausalLM,
+    documents: Sequence[Sequence[int]],
+    n: int,
+    prompt_len: int = 64,
+    new_tokens: int = 192,
+    batch_size: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> GreedySequences:
+    """Cut `n` prompts from `documents` and continue each greedily with the AR path."""
+    prompts = sample_prompts(documents, n, prompt_len, seed)
+    cont = generate_ar_greedy(model, prompts, new_tokens, batch_size, progress=progress)
+    rows = [p + c for p, c in zip(prompts, cont, strict=True)]
+    return GreedySequences(torch.tensor(rows, dtype=torch.long), prompt_len)
+
+
+# --------------------------------------------------------------------------------------------------
+# NAR-only fine-tuning on the greedy sequences
+
+
+@dataclass(frozen=True)
+class NARFinetuneConfig:
+    """Stage-2 knobs. Defaults: a few minutes on 2 CPU cores for the default model."""
+
+    steps: int = 300  # optimizer steps
+    batch_size: int = 8  # sequences per step
+    anchors: int = 16  # M blocks per sequence, anchored in the continuation
+    lr: float = 1e-3  # peak; NAR set already trained in stage 1, so lower than stage 1's
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0  # short fine-tune: no decay toward 0 of a trained set
+    grad_clip: float = 1.0
+    beta: float = 0.8  # NAR cross-entropy weight (α = 0: the AR set is frozen)
+    gamma: float = 0.2  # KL(sg(p_AR) || p_NAR) weight
+    reveal_prob: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "anchors"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr}")
+        if self.beta < 0 or self.gamma < 0 or self.beta == self.gamma == 0:
+            raise ValueError(f"beta, gamma must be >= 0 and not both 0, got {self.beta}, {self.gamma}")
+
+
+def continuation_anchors(
+    batch: int, seq_len: int, prompt_len: int, n_blocks: int, block_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Anchors in [prompt_len - 1, T - K - 1]: every slot target is an AR-greedy token. (B, M) long."""
+    low, high = max(prompt_len - 1, 0), seq_len - block_size  # high exclusive
+    if high <= low:
+        raise ValueError(f"sequences of {seq_len} tokens leave no anchors after a {prompt_len}-token prompt")
+    return torch.randint(low, high, (batch, n_blocks), generator=generator)
+
+
+@torch.no_grad()
+def nar_accuracy(
+    model: YueForCausalLM, seqs: GreedySequences, anchors: int = 16, batch_size: int = 8, seed: int = 1
+):
+    """Per-slot argmax accuracy of the NAR set on the AR-greedy tokens (no reveals), as a list of K floats."""
+    K = model.config.block_size
+    g = torch.Generator().manual_seed(seed)
+    hits = torch.zeros(K)
+    count = torch.zeros(K)
+    was_training = model.training
+    model.eval()
+    for s in range(0, len(seqs.tokens), batch_size):
+        x = seqs.tokens[s : s + batch_size].to(model.device)
+        a = continuation_anchors(len(x), x.shape[1], seqs.prompt_len, anchors, K, g).to(model.device)
+        out = joint_loss(model, x, a, K, LossWeights(ar=0.0, nar=1.0, kl=0.0), reveal_prob=0.0, generator=g)
+        hits += out.nar_acc_per_slot.cpu() * out.nar_count_per_slot.cpu()
+        count += out.nar_count_per_slot.cpu()
+    model.train(was_training)
+    return (hits / count.clamp(min=1)).tolist()
+
+
+def finetune_nar(
+    model: YueForCausalLM,
+    seqs: GreedySequences,
+    cfg: NARFinetuneConfig = NARFinetuneConfig(),
+    on_log: Callable[[dict], None] | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Train the NAR set only on AR-greedy sequences with β·CE_NAR + γ·KL. Returns the per-step log.
+
+    The AR set, embedding, final norm and tied head are frozen (`set_trainable(model, "nar")`), so the
+    AR path's logits are bit-identical before and after.
+    """
+    torch.manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed)
+    K = model.config.block_size
+    params = set_trainable(model, "nar")
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    weights = LossWeights(ar=0.0, nar=cfg.beta, kl=cfg.gamma)
+    n = len(seqs.tokens)
+    order = torch.randperm(n, generator=g)
+    history = []
+    model.train()
+    bar = tqdm(range(cfg.steps), desc="NAR self-distill", disable=not progress)
+    t0 = time.perf_counter()
+    for step in bar:
+        idx = torch.tensor([order[(step * cfg.batch_size + i) % n] for i in range(cfg.batch_size)])
+        x = seqs.tokens[idx].to(model.device)  # (B, T)
+        anchors = continuation_anchors(len(x), x.shape[1], seqs.prompt_len, cfg.anchors, K, g).to(
+            model.device
+        )
+        lr = lr_at(step, cfg)  # duck-typed: reads lr, warmup_steps, steps, min_lr_ratio
+        for group in opt.param_groups:
+            group["lr"] = lr
+        out = joint_loss(model, x, anchors, K, weights, reveal_prob=cfg.reveal_prob, generator=g)
+        opt.zero_grad(set_to_none=True)
+        out.total.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        rec = {
+            "step": step + 1,
+            "loss": out.total.item(),
+            "nar": out.nar.item(),
+            "kl": out.kl.item(),
+            "lr": lr,
+            "acc": [round(a, 4) for a in out.nar_acc_per_slot.tolist()],
+            "elapsed_s": round(time.perf_counter() - t0, 2),
+        }
+        history.append(rec)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", nar=f"{rec['nar']:.3f}", kl=f"{rec['kl']:.3f}")
+        if on_log is not None:
+            on_log(rec)
+    for p in model.parameters():  # back to the default (everything trainable), in eval mode
+        p.requires_grad_(True)
+    model.eval()
+    return history
+
+
+def save_model_folder(
+    model: YueForCausalLM, tokenizer, out_dir: str | Path, src_dir: str | Path | None = None
+) -> Path:
+    """Write a model folder (safetensors, configs, tokenizer.json), each file replaced atomically.
+
+    Files are written to a temporary sibling folder, then moved into `out_dir` one `os.replace` at a time,
+    so overwriting the model in place never leaves a half-written weights file. Other files already in
+    `out_dir` (reports, the model card) are kept; a model card in `src_dir` is copied if `out_dir` has none.
+
+    Args:
+        tokenizer: a `tokenizers.Tokenizer` (saved as tokenizer.json).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    card = Path(src_dir) / "README.md" if src_dir is not None else None
+    if card is not None and card.is_file() and not (out_dir / "README.md").exists():
+        shutil.copy(card, tmp / "README.md")
+    for f in sorted(tmp.iterdir()):
+        os.replace(f, out_dir / f.name)
+    tmp.rmdir()
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage 2 end to end (`yue self-distill`)
+
+
+def self_distill(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    corpus: str = "stdlib",
+    n_sequences: int = 384,
+    prompt_len: int = 64,
+    new_tokens: int = 192,
+    gen_batch_size: int = 16,
+    sequences_file: str | Path | None = None,
+    cfg: NARFinetuneConfig = NARFinetuneConfig(),
+    val_fraction: float = 0.02,
+) -> dict:
+    """Stage 2: AR-greedy corpus from `model_dir`, NAR-only fine-tune, save the model to `out_dir`.
+
+    If `sequences_file` exists it is reused (generation is the slow half); otherwise the sequences are
+    generated and saved there (default: `out_dir/selfdistill_sequences.safetensors`). 5% of the
+    sequences are held out to report NAR accuracy per slot before and after.
+    Returns the report (also written to `out_dir/selfdistill_report.json`).
+    """
+    from yue.model.hf import load_model
+    from yue.tokenizer import YueTokenizer
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = load_model(model_dir)
+    tokenizer = YueTokenizer.load(model_dir)
+    seq_file = Path(sequences_file) if sequences_file else out_dir / "selfdistill_sequences.safetensors"
+    t0 = time.perf_counter()
+    if seq_file.is_file():
+        seqs = GreedySequences.load(seq_file)
+        log.info("reusing %d AR-greedy sequences from %s", len(seqs.tokens), seq_file)
+    else:
+        docs = corpus_documents(corpus, tokenizer.tokenizer, "train", val_fraction)
+        seqs = build_greedy_sequences(
+            model, docs, n_sequences, prompt_len, new_tokens, gen_batch_size, cfg.seed
+        )
+        seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
+    gen_s = time.perf_counter() - t0
+    train, held = seqs.split(0.05, seed=cfg.seed)
+    acc_before = nar_accuracy(model, held)
+    t1 = time.perf_counter()
+    history = finetune_nar(model, train, cfg)
+    train_s = time.perf_counter() - t1
+    acc_after = nar_accuracy(model, held)
+    save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
+    report = {
+        "stage": "self-distillation (NAR set only, AR frozen)",
+        "model": str(model_dir),
+        "sequences": len(seqs.tokens),
+        "prompt_len": seqs.prompt_len,
+        "seq_len": seqs.tokens.shape[1],
+        "generation_s": round(gen_s, 1),
+        "train_s": round(train_s, 1),
+        "config": asdict(cfg),
+        "held_out_nar_acc_before": [round(a, 4) for a in acc_before],
+        "held_out_nar_acc_after": [round(a, 4) for a in acc_after],
+        "final_loss": history[-1]["loss"] if history else None,
+    }
+    (out_dir / "selfdistill_report.json").write_text(json.dumps(report, indent=2))
+    with (out_dir / "selfdistill_log.jsonl").open("w") as f:
+        for rec in history:
+            f.write(json.dumps(rec) + "\n")
+    return report
