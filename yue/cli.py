@@ -118,6 +118,89 @@ def export_ar_cmd(
     typer.echo(f"wrote LlamaForCausalLM to {out}")
 
 
+@app.command("train-tokenizer")
+@user_errors
+def train_tokenizer_cmd(
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
+    vocab_size: int = typer.Option(8192, help="BPE vocabulary size, special tokens included."),
+    out: Path = typer.Option(..., help="Folder (or .json path) for tokenizer.json."),
+    val_fraction: float = typer.Option(0.02, help="Share of files held out (never seen by the tokenizer)."),
+) -> None:
+    """Train a byte-level BPE tokenizer on a corpus's training split."""
+    from yue.train.data import train_tokenizer
+
+    if vocab_size < 260:
+        raise ValueError(f"vocab_size must be >= 260, got {vocab_size}")
+    typer.echo(f"wrote {train_tokenizer(corpus, vocab_size, out, val_fraction)}")
+
+
+@app.command("train")
+@user_errors
+def train_cmd(
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
+    out: Path = typer.Option(..., help="Run folder: checkpoints, log.jsonl, final model in OUT/model."),
+    tokenizer: Path | None = typer.Option(None, help="tokenizer.json (default: trained on the corpus)."),
+    vocab_size: int = typer.Option(8192, help="Vocabulary size when the tokenizer is trained here."),
+    steps: int = typer.Option(1000, help="Optimizer steps."),
+    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
+    batch_size: int = typer.Option(16, help="Sequences per step (per process)."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine)."),
+    warmup_steps: int = typer.Option(100, help="Linear warm-up steps."),
+    block_size: int = typer.Option(8, help="K: slots per NAR block."),
+    anchors: int = typer.Option(8, help="M: NAR blocks per sequence."),
+    alpha: float = typer.Option(1.0, help="Weight of the AR cross-entropy."),
+    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
+    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
+    reveal_prob: float = typer.Option(0.1, help="Chance a slot sees its true token (mask-predict)."),
+    hidden_size: int = typer.Option(256, help="Model width."),
+    layers: int = typer.Option(4, help="Transformer layers."),
+    heads: int = typer.Option(8, help="Attention heads."),
+    kv_heads: int = typer.Option(4, help="Key/value heads (grouped-query attention)."),
+    intermediate_size: int = typer.Option(688, help="MLP width."),
+    eval_every: int = typer.Option(200, help="Evaluate every N steps."),
+    save_every: int = typer.Option(200, help="Checkpoint every N steps."),
+    seed: int = typer.Option(0, help="Seed for init, data order, anchors."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUT."),
+    nar_only: bool = typer.Option(False, help="Stage 2: train the NAR set only (AR frozen); needs --init."),
+    init: Path | None = typer.Option(None, help="Start from this model folder."),
+    data: str | None = typer.Option(None, help="Training data for --nar-only (overrides --corpus)."),
+) -> None:
+    """Train a yue model with the joint AR + NAR loss (runs under `accelerate launch` unchanged)."""
+    from yue.train.config import TrainConfig
+    from yue.train.loop import train
+
+    cfg = TrainConfig(
+        corpus=data if data is not None else corpus,
+        out=str(out),
+        tokenizer=str(tokenizer) if tokenizer else None,
+        vocab_size=vocab_size,
+        init=str(init) if init else None,
+        train_set="nar" if nar_only else "all",
+        steps=steps,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        block_size=block_size,
+        anchors=anchors,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        reveal_prob=reveal_prob,
+        hidden_size=hidden_size,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        eval_every=eval_every,
+        save_every=save_every,
+        seed=seed,
+        threads=threads,
+    )
+    typer.echo(f"model: {train(cfg, resume=resume)}")
+
+
 @app.command("self-distill")
 @user_errors
 def self_distill_cmd(
@@ -265,6 +348,62 @@ def distill_cmd(
     )
     report = distill(base, out, cfg)
     typer.echo(json.dumps(report))
+
+
+@app.command("bench")
+@user_errors
+def bench_cmd(
+    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
+    prompts: Path | None = typer.Option(
+        None, help='JSONL of {"prompt", "reference"?} (default: the shipped development set).'
+    ),
+    max_new_tokens: int = typer.Option(128, help="Tokens generated per prompt, by every mode."),
+    modes: str = typer.Option(
+        "hf-greedy,hf-prompt-lookup,ar,verified,hybrid,nar", help="Comma-separated entries to compare."
+    ),
+    thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
+    batch_sizes: str = typer.Option("1", help="Sizes > 1 add ar/verified throughput entries (ar@bN)."),
+    repeats: int = typer.Option(1, help="Timed passes over the prompts."),
+    limit: int | None = typer.Option(None, help="Use only the first N prompts."),
+    threads: int = typer.Option(1, help="torch threads, the same for every mode."),
+    memory: bool = typer.Option(True, help="Measure peak RSS per mode, each in its own process."),
+    device: str = typer.Option("cpu", help="cpu | cuda (ours and the peers alike)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
+    plot: Path | None = typer.Option(None, help="Write the speed vs fidelity plot (PNG) here."),
+) -> None:
+    """Compare the decode modes with Hugging Face generate on the same weights; JSON on the last line."""
+    from rich.console import Console
+
+    from yue.bench.harness import BenchConfig, run_bench
+    from yue.bench.report import plot as write_plot
+    from yue.bench.report import print_report
+
+    def csv(text: str, kind: type, name: str) -> tuple:
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"{name}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+    cfg = BenchConfig(
+        model=str(model) if model is not None else None,
+        prompts=str(prompts) if prompts is not None else None,
+        max_new_tokens=max_new_tokens,
+        modes=csv(modes, str, "modes"),
+        thresholds=csv(thresholds, float, "thresholds"),
+        batch_sizes=csv(batch_sizes, int, "batch_sizes"),
+        repeats=repeats,
+        limit=limit,
+        threads=threads,
+        memory=memory,
+        device=device,
+    )
+    err = Console(stderr=True, highlight=False)
+    result = run_bench(cfg, log=lambda s: err.print(f"[bench] {s}", markup=False))
+    if plot is not None:
+        err.print(f"[bench] plot written to {write_plot(result, plot)}", markup=False)
+    line = print_report(result)
+    if json_out is not None:
+        json_out.write_text(line + "\n")
 
 
 def main() -> None:
