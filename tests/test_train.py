@@ -382,3 +382,16 @@ def test_same_entry_point_runs_under_accelerate_launch(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+
+
+def test_run_summary_reads_every_number_from_the_run_folder(tmp_path):
+    from yue.train.summary import summarize
+
+    cfg = tiny_train_config(tmp_path)
+    train(cfg, stop_at=4)
+    train(cfg, resume=True)
+    summary = summarize(Path(cfg.out))
+    assert summary["steps"] == 10 and summary["segments"] == 2
+    assert summary["final_eval"]["step"] == 10 and len(summary["final_eval"]["nar_acc_per_slot"]) == 4
+    assert summary["params"]["ar"] > 0 and summary["params"]["nar"] > 0
+    assert summary["command"].startswith("yue train --corpus") and "--steps 10" in summary["command"]
