@@ -89,9 +89,13 @@ def build_model(cfg: TrainConfig, tokenizer: YueTokenizer) -> YueForCausalLM:
     if cfg.init is not None:
         model = load_model(cfg.init).train()
         if model.config.block_size != cfg.block_size:
-            raise ValueError(f"block_size {cfg.block_size} differs from the init model's {model.config.block_size}")
+            raise ValueError(
+                f"block_size {cfg.block_size} differs from the init model's {model.config.block_size}"
+            )
         if model.config.vocab_size < tokenizer.vocab_size:
-            raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, the init model only {model.config.vocab_size}")
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} tokens, the init model only {model.config.vocab_size}"
+            )
         return model
     torch.manual_seed(cfg.seed)
     return YueForCausalLM(cfg.model_config(tokenizer.vocab_size)).train()
