@@ -395,3 +395,13 @@ def test_run_summary_reads_every_number_from_the_run_folder(tmp_path):
     assert summary["final_eval"]["step"] == 10 and len(summary["final_eval"]["nar_acc_per_slot"]) == 4
     assert summary["params"]["ar"] > 0 and summary["params"]["nar"] > 0
     assert summary["command"].startswith("yue train --corpus") and "--steps 10" in summary["command"]
+
+
+def test_steps_may_change_on_resume_only_inside_the_warmup(tmp_path):
+    """Inside the warm-up the learning rates used so far do not depend on `steps`, so a run may be
+    resized then; after it, resizing would change the schedule already applied, so it is refused."""
+    cfg = tiny_train_config(tmp_path, warmup_steps=4)
+    train(cfg, stop_at=3)
+    train(replace(cfg, steps=6), resume=True)  # checkpoint 3 <= warm-up 4: allowed
+    with pytest.raises(ValueError, match="steps"):
+        train(replace(cfg, steps=8), resume=True)  # checkpoint 6 > warm-up 4: refused
