@@ -1,0 +1,144 @@
+"""Reporting a bench run: a table, the accept-length histograms, a speed/fidelity plot, one JSON line.
+
+Design decisions:
+- The table shows more than the JSON (p10/p90, warm-up, base RSS, histograms); the JSON carries
+  exactly the issue's keys, so scripts can rely on its shape. `None` prints as "-" and is `null`.
+- The JSON document is the LAST line on stdout, always: the table goes first, through rich.
+- The plot puts fidelity (chrF ratio vs ar) on x and speed (x hf-greedy) on y; the hybrid threshold
+  sweep is drawn as one curve, every other entry as a labelled point. Matplotlib's Agg backend, so no
+  display is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from yue.bench.harness import BenchResult
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(result: BenchResult) -> Table:
+    """The per-entry comparison table."""
+    t = Table(
+        title=f"yue bench: {result.model}, {result.prompts} prompts, {result.max_new_tokens} new tokens "
+        f"({', '.join(f'{k}={v}' for k, v in result.settings.items())})",
+        title_justify="left",
+    )
+    for col in (
+        "entry",
+        "tok/s med [p10-p90]",
+        "x hf-greedy",
+        "TTFT ms",
+        "fwd/tok",
+        "mean acc",
+        "exact vs ar",
+        "NLL (ratio)",
+        "chrF (ratio)",
+        "rep 4g",
+        "peak RSS MB (base)",
+        "warm-up s",
+    ):
+        t.add_column(col, justify="left" if col == "entry" else "right")
+    for name, s in result.summaries.items():
+        v = s.values
+        t.add_row(
+            name,
+            f"{_f(v['tokens_per_s'], '.1f')} [{_f(s.tokens_per_s_p10, '.1f')}-{_f(s.tokens_per_s_p90, '.1f')}]",
+            _f(v["speedup_vs_hf_greedy"], ".2f"),
+            _f(v["ttft_ms"], ".1f"),
+            _f(v["forwards_per_token"], ".3f"),
+            _f(v["mean_accepted"], ".2f"),
+            _f(v["exact_match_vs_ar"], ".2f"),
+            f"{_f(s.nll, '.3f')} ({_f(v['nll_ratio_vs_ar'], '.3f')})",
+            f"{_f(v['chrf'], '.1f')} ({_f(v['chrf_ratio_vs_ar'], '.3f')})",
+            _f(v["repetition"], ".3f"),
+            f"{_f(v['peak_rss_mb'], '.0f')} ({_f(s.base_rss_mb, '.0f')})",
+            _f(s.warmup_s, ".2f"),
+        )
+    return t
+
+
+def histogram_table(result: BenchResult) -> Table | None:
+    """Accepted draft tokens per drafting step, per entry that drafts (None when none did)."""
+    rows = {n: s.accept_hist for n, s in result.summaries.items() if s.accept_hist}
+    if not rows:
+        return None
+    top = max(max(h) for h in rows.values())
+    t = Table(title="accepted draft tokens per drafting step (count of steps)", title_justify="left")
+    t.add_column("entry")
+    for a in range(top + 1):
+        t.add_column(str(a), justify="right")
+    for name, h in rows.items():
+        t.add_row(name, *[str(h.get(a, 0)) for a in range(top + 1)])
+    return t
+
+
+def plot(result: BenchResult, out: str | Path) -> Path:
+    """Write the speed (x hf-greedy) vs fidelity (chrF ratio vs ar) plot as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def xy(name: str) -> tuple[float, float] | None:
+        v = result.summaries[name].values
+        x, y = v["chrf_ratio_vs_ar"], v["speedup_vs_hf_greedy"]
+        return (x, y) if x is not None and y is not None else None
+
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    sweep = sorted(
+        (e.threshold, xy(e.name)) for e in result.entries if e.threshold is not None and xy(e.name)
+    )
+    if sweep:
+        ax.plot(
+            [p[0] for _, p in sweep], [p[1] for _, p in sweep], "o-", color="tab:orange", label="hybrid sweep"
+        )
+        for thr, (x, y) in sweep:
+            ax.annotate(f"{thr:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for e in result.entries:
+        if e.threshold is not None or e.batch > 1 or xy(e.name) is None:
+            continue
+        x, y = xy(e.name)
+        peer = e.mode.startswith("hf-")
+        ax.scatter([x], [y], marker="s" if peer else "o", color="tab:gray" if peer else "tab:blue", zorder=3)
+        ax.annotate(e.name, (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    if not any(xy(e.name) for e in result.entries):
+        ax.text(
+            0.5,
+            0.5,
+            "no chrF ratio: needs references, `ar` and `hf-greedy`",
+            ha="center",
+            transform=ax.transAxes,
+        )
+    ax.axhline(1.0, color="lightgray", lw=0.8, zorder=0)
+    ax.set_xlabel("fidelity: chrF ratio vs ar")
+    ax.set_ylabel("speed: tokens/s x hf-greedy")
+    ax.set_title(f"{result.model}: {result.prompts} prompts, {result.max_new_tokens} new tokens", fontsize=10)
+    if sweep:
+        ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def print_report(result: BenchResult, console: Console | None = None) -> str:
+    """Print the tables, then the JSON document as the last stdout line; return that line."""
+    console = console or Console(highlight=False, width=200, soft_wrap=False)
+    console.print(table(result))
+    hist = histogram_table(result)
+    if hist is not None:
+        console.print(hist)
+    console.file.flush()
+    line = json.dumps(result.document())
+    print(line, flush=True)
+    return line
