@@ -201,6 +201,211 @@ def train_cmd(
     typer.echo(f"model: {train(cfg, resume=resume)}")
 
 
+@app.command("self-distill")
+@user_errors
+def self_distill_cmd(
+    model: Path = typer.Option(..., help="Stage-1 model folder (its AR set stays frozen)."),
+    out: Path = typer.Option(..., help="Output model folder (may equal --model to update it in place)."),
+    corpus: str = typer.Option("stdlib", help="Prompts are cut from this corpus's training split."),
+    sequences: int = typer.Option(384, help="AR-greedy sequences to generate."),
+    sequences_file: Path | None = typer.Option(None, help="Reuse / write the sequences here (safetensors)."),
+    prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
+    new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),
+    steps: int = typer.Option(300, help="NAR fine-tuning steps."),
+    batch_size: int = typer.Option(8, help="Sequences per step."),
+    anchors: int = typer.Option(16, help="NAR blocks per sequence (anchored in the continuation)."),
+    lr: float = typer.Option(1e-3, help="Peak learning rate."),
+    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
+    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
+    seed: int = typer.Option(0, help="Seed for prompts, anchors and reveals."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+) -> None:
+    """Stage 2: fine-tune the NAR set on the AR path's own greedy outputs (self-distillation)."""
+    import json
+
+    import torch
+
+    from yue.train.selfdistill import NARFinetuneConfig, self_distill
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = NARFinetuneConfig(
+        steps=steps, batch_size=batch_size, anchors=anchors, lr=lr, beta=beta, gamma=gamma, seed=seed
+    )
+    report = self_distill(
+        model, out, corpus, sequences, prompt_len, new_tokens, sequences_file=sequences_file, cfg=cfg
+    )
+    typer.echo(json.dumps(report))
+
+
+@app.command("train-router")
+@user_errors
+def train_router_cmd(
+    model: Path = typer.Option(..., help="Model folder; its towers stay frozen."),
+    out: Path | None = typer.Option(
+        None, help="Where to save the model with its new router (default: --model)."
+    ),
+    data: Path | None = typer.Option(None, help="AR-greedy sequences (safetensors); default: generate them."),
+    corpus: str = typer.Option("stdlib", help="Without --data: prompts from this corpus's validation split."),
+    sequences: int = typer.Option(256, help="Without --data: AR-greedy sequences to generate."),
+    prompt_len: int = typer.Option(64, help="Prompt tokens per generated sequence."),
+    new_tokens: int = typer.Option(192, help="Greedy tokens per generated sequence."),
+    anchors: int = typer.Option(48, help="Labelled blocks per sequence."),
+    user_labels: Path | None = typer.Option(
+        None, help='JSONL {"text", "ar_spans"}: fine-tune on must-AR spans.'
+    ),
+    epochs: int = typer.Option(30, help="Router training epochs."),
+    lr: float = typer.Option(3e-3, help="Router learning rate."),
+    seed: int = typer.Option(0, help="Seed for prompts, anchors, init and the held-out split."),
+    table: bool = typer.Option(True, help="Decode the dev set at several thresholds and print the table."),
+    table_prompts: int = typer.Option(20, help="Dev-set prompts for the threshold table."),
+    thresholds: str = typer.Option(
+        "0.1,0.3,0.5,0.65,0.8,0.9", help="Comma-separated thresholds for the table."
+    ),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+) -> None:
+    """Stage 3: train the router on acceptance labels (or fine-tune it on user must-AR spans)."""
+    import json
+
+    import torch
+
+    from yue.bench.devset import load_devset
+    from yue.train.router import RouterTrainConfig, run_train_router
+    from yue.train.router_eval import format_report, format_threshold_table, threshold_table
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    ths = [float(t) for t in thresholds.split(",") if t.strip()]
+    if any(not 0.0 <= t <= 1.0 for t in ths):
+        raise ValueError(f"thresholds must be in [0, 1], got {thresholds}")
+    cfg = RouterTrainConfig(epochs=epochs, lr=lr, reinit=user_labels is None, seed=seed)
+    report = run_train_router(
+        model,
+        out,
+        data=data,
+        corpus=corpus,
+        n_sequences=sequences,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        anchors_per_seq=anchors,
+        user_labels=user_labels,
+        cfg=cfg,
+        seed=seed,
+    )
+    typer.echo("router on held-out blocks (a_i vs acceptance label; conf = raw slot max-probability):")
+    typer.echo(format_report(report["held_out"]))
+    folder = out if out is not None else model
+    if table:
+        prompts = [r["prompt"] for r in load_devset()[:table_prompts]]
+        report["threshold_table"] = threshold_table(folder, prompts, ths)
+        typer.echo(format_threshold_table(report["threshold_table"]))
+        (Path(folder) / "router_report.json").write_text(json.dumps(report, indent=2))
+    typer.echo(json.dumps({k: v for k, v in report.items() if k not in ("before", "epoch_losses")}))
+
+
+@app.command("distill")
+@user_errors
+def distill_cmd(
+    base: Path = typer.Option(
+        ..., help="Llama-family Hugging Face checkpoint folder (safetensors + tokenizer.json)."
+    ),
+    out: Path = typer.Option(..., help="Output yue model folder."),
+    corpus: str = typer.Option(
+        "stdlib", help="'stdlib', a .jsonl / text file, or a folder: where prompts come from."
+    ),
+    steps: int = typer.Option(300, help="NAR self-distillation steps."),
+    sequences: int = typer.Option(256, help="AR-greedy sequences for NAR self-distillation."),
+    router_sequences: int = typer.Option(
+        96, help="AR-greedy sequences (held-out prompts) for router labels."
+    ),
+    block_size: int = typer.Option(8, help="K: slots per NAR block."),
+    prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
+    new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),
+    batch_size: int = typer.Option(8, help="Sequences per NAR training step."),
+    lr: float = typer.Option(1e-3, help="Peak NAR learning rate."),
+    seed: int = typer.Option(0, help="Seed for prompts, anchors and init."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+) -> None:
+    """Add a self-distilled NAR set and a router to a Llama checkpoint (its AR logits stay unchanged)."""
+    import json
+
+    import torch
+
+    from yue.train.distill import DistillConfig, distill
+    from yue.train.selfdistill import NARFinetuneConfig
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = DistillConfig(
+        corpus=corpus,
+        block_size=block_size,
+        sequences=sequences,
+        router_sequences=router_sequences,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        seed=seed,
+        nar=NARFinetuneConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed),
+    )
+    report = distill(base, out, cfg)
+    typer.echo(json.dumps(report))
+
+
+@app.command("bench")
+@user_errors
+def bench_cmd(
+    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
+    prompts: Path | None = typer.Option(
+        None, help='JSONL of {"prompt", "reference"?} (default: the shipped development set).'
+    ),
+    max_new_tokens: int = typer.Option(128, help="Tokens generated per prompt, by every mode."),
+    modes: str = typer.Option(
+        "hf-greedy,hf-prompt-lookup,ar,verified,hybrid,nar", help="Comma-separated entries to compare."
+    ),
+    thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
+    batch_sizes: str = typer.Option("1", help="Sizes > 1 add ar/verified throughput entries (ar@bN)."),
+    repeats: int = typer.Option(1, help="Timed passes over the prompts."),
+    limit: int | None = typer.Option(None, help="Use only the first N prompts."),
+    threads: int = typer.Option(1, help="torch threads, the same for every mode."),
+    memory: bool = typer.Option(True, help="Measure peak RSS per mode, each in its own process."),
+    device: str = typer.Option("cpu", help="cpu | cuda (ours and the peers alike)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
+    plot: Path | None = typer.Option(None, help="Write the speed vs fidelity plot (PNG) here."),
+) -> None:
+    """Compare the decode modes with Hugging Face generate on the same weights; JSON on the last line."""
+    from rich.console import Console
+
+    from yue.bench.harness import BenchConfig, run_bench
+    from yue.bench.report import plot as write_plot
+    from yue.bench.report import print_report
+
+    def csv(text: str, kind: type, name: str) -> tuple:
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"{name}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+    cfg = BenchConfig(
+        model=str(model) if model is not None else None,
+        prompts=str(prompts) if prompts is not None else None,
+        max_new_tokens=max_new_tokens,
+        modes=csv(modes, str, "modes"),
+        thresholds=csv(thresholds, float, "thresholds"),
+        batch_sizes=csv(batch_sizes, int, "batch_sizes"),
+        repeats=repeats,
+        limit=limit,
+        threads=threads,
+        memory=memory,
+        device=device,
+    )
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    result = run_bench(cfg, log=lambda s: err.print(f"[bench] {s}", markup=False))
+    if plot is not None:
+        err.print(f"[bench] plot written to {write_plot(result, plot)}", markup=False)
+    line = print_report(result)
+    if json_out is not None:
+        json_out.write_text(line + "\n")
+
+
 def main() -> None:
     app()
 
