@@ -207,7 +207,7 @@ def self_distill_cmd(
     model: Path = typer.Option(..., help="Stage-1 model folder (its AR set stays frozen)."),
     out: Path = typer.Option(..., help="Output model folder (may equal --model to update it in place)."),
     corpus: str = typer.Option("stdlib", help="Prompts are cut from this corpus's training split."),
-    sequences: int = typer.Option(384, help="AR-greedy sequences to generate."),
+    sequences: int = typer.Option(576, help="AR-greedy sequences to generate (576 x 256 = 147k tokens)."),
     sequences_file: Path | None = typer.Option(None, help="Reuse / write the sequences here (safetensors)."),
     prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
     new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),

@@ -361,9 +361,10 @@ def run_train_router(
         out_dir: where to save the model with its new router (default: `model_dir` itself).
         data: an AR-greedy sequence file (`selfdistill.GreedySequences`); if None, `n_sequences` are
             generated from the *validation* split of `corpus` (text the towers never trained on, like the
-            text the router meets at decode time) and saved to `out_dir/router_sequences.safetensors`.
-        user_labels: JSONL of must-AR spans; then the current router is fine-tuned on those texts (plus
-            the AR-greedy examples when `data` is given) instead of trained afresh.
+            text the router meets at decode time) and saved to `out_dir/data/router_sequences.safetensors`.
+        user_labels: JSONL of must-AR spans; then the current router is fine-tuned on those texts instead
+            of trained afresh, mixed with AR-greedy examples (from `data`, else from the sequences an
+            earlier `train-router` saved in `model_dir/data/`, if any) so it keeps what it knew.
         held_out: share of source sequences held out for the AUC/ECE report.
     Returns:
         the report (also written to `out_dir/router_report.json`).
@@ -386,6 +387,9 @@ def run_train_router(
     tokenizer = YueTokenizer.load(model_dir)
     cfg = cfg or RouterTrainConfig(reinit=user_labels is None, seed=seed)
 
+    replay = Path(model_dir) / "data" / "router_sequences.safetensors"
+    if user_labels is not None and data is None and replay.is_file():
+        data = replay
     parts: list[RouterExamples] = []
     if user_labels is None or data is not None:
         if data is not None:
@@ -394,7 +398,10 @@ def run_train_router(
             docs = corpus_documents(corpus, tokenizer.tokenizer, "validation", val_fraction)
             seqs = build_greedy_sequences(model, docs, n_sequences, prompt_len, new_tokens, seed=seed)
             seqs.save(
-                out_dir / "router_sequences.safetensors", corpus=corpus, split="validation", seed=str(seed)
+                out_dir / "data" / "router_sequences.safetensors",
+                corpus=corpus,
+                split="validation",
+                seed=str(seed),
             )
         parts.append(greedy_examples(model, seqs.tokens, seqs.prompt_len, anchors_per_seq, seed=seed))
     if user_labels is not None:

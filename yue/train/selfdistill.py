@@ -348,7 +348,7 @@ def self_distill(
     model_dir: str | Path,
     out_dir: str | Path,
     corpus: str = "stdlib",
-    n_sequences: int = 384,
+    n_sequences: int = 576,
     prompt_len: int = 64,
     new_tokens: int = 192,
     gen_batch_size: int = 16,
@@ -359,7 +359,7 @@ def self_distill(
     """Stage 2: AR-greedy corpus from `model_dir`, NAR-only fine-tune, save the model to `out_dir`.
 
     If `sequences_file` exists it is reused (generation is the slow half); otherwise the sequences are
-    generated and saved there (default: `out_dir/selfdistill_sequences.safetensors`). 5% of the
+    generated and saved there (default: `out_dir/data/selfdistill_sequences.safetensors`). 5% of the
     sequences are held out to report NAR accuracy per slot before and after.
     Returns the report (also written to `out_dir/selfdistill_report.json`).
     """
@@ -370,7 +370,9 @@ def self_distill(
     out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(model_dir)
     tokenizer = YueTokenizer.load(model_dir)
-    seq_file = Path(sequences_file) if sequences_file else out_dir / "selfdistill_sequences.safetensors"
+    seq_file = (
+        Path(sequences_file) if sequences_file else out_dir / "data" / "selfdistill_sequences.safetensors"
+    )
     t0 = time.perf_counter()
     if seq_file.is_file():
         seqs = GreedySequences.load(seq_file)
