@@ -14,16 +14,8 @@ from typer.testing import CliRunner
 
 import yue
 from yue.bench import metrics
-from yue.bench.harness import (
-    JSON_KEYS,
-    BenchConfig,
-    Entry,
-    HFRunner,
-    OurRunner,
-    Prompt,
-    _load_peers,
-    entries,
-)
+from yue.bench.harness import JSON_KEYS, BenchConfig, entries
+from yue.bench.runners import HFRunner, OurRunner, Prompt, load_peers
 from yue.cli import app
 
 PROMPTS = [
@@ -109,9 +101,9 @@ def test_hf_greedy_and_prompt_lookup_write_our_ar_tokens(bench_run):
 
 def test_hf_greedy_tokens_equal_our_ar_tokens_on_a_random_model(tiny_model_dir, tmp_path):
     engine = yue.load(tiny_model_dir)
-    llama, rec = _load_peers(engine, BenchConfig(model=tiny_model_dir), str(tmp_path))
+    llama, rec = load_peers(engine, "cpu", str(tmp_path))
     hf = HFRunner(llama, rec, engine.tokenizer, lookup=False, max_new_tokens=20)
-    ours = OurRunner(engine, Entry("ar", "ar"), max_new_tokens=20)
+    ours = OurRunner(engine, "ar", None, max_new_tokens=20)
     for i, text in enumerate(["def alpha_1(x):\n", "你好", "import os\n"]):
         p = Prompt(text, None, engine.encode(text))
         assert hf([(i, p)]).rows[0][1] == ours([(i, p)]).rows[0][1]
@@ -119,7 +111,7 @@ def test_hf_greedy_tokens_equal_our_ar_tokens_on_a_random_model(tiny_model_dir, 
 
 def test_prompt_lookup_counts_every_forward_and_accepted_draft(drafting_model_dir, tmp_path):
     engine = yue.load(drafting_model_dir)
-    llama, rec = _load_peers(engine, BenchConfig(model=drafting_model_dir), str(tmp_path))
+    llama, rec = load_peers(engine, "cpu", str(tmp_path))
     hf = HFRunner(llama, rec, engine.tokenizer, lookup=True, max_new_tokens=30)
     text = "def alpha_1(x):\n    return beta(x) + 1\n\ndef alpha_1(x):\n"
     s = hf([(0, Prompt(text, None, engine.encode(text)))])

@@ -6,13 +6,9 @@ Design decisions (DESIGN §6, STYLE habit 12):
 - Warm-up first: every entry runs once on the first prompt (or batch), timed and reported apart.
 - Entries are interleaved per prompt, in an order rotated every prompt, so drift on a shared machine
   hits all of them alike; speed is reported as medians with p10/p90, ratios from the same run.
-- Timing is wall clock around the public call (`Engine.stream`, `LlamaForCausalLM.generate`). Time to
-  first token runs from that call to the first generated token: for ours the first streamed event
-  carrying tokens, for the peers a streamer's first `put` after the prompt (a no-op recorder).
-- Both sides stop at <|eos|> (DecodeConfig has no way to ignore it); tokens/s counts the tokens
-  actually generated (EOS excluded) on each side.
-- Forwards are counted by the engine for ours and by a forward pre-hook on the Llama for the peers;
-  pairing the hook's input lengths with the streamer's chunks gives prompt lookup's accept lengths.
+- How each entry is run, timed and counted (TTFT, forwards, accept lengths): runners.py. Both sides
+  stop at <|eos|> (DecodeConfig has no way to ignore it); tokens/s counts the tokens actually
+  generated (EOS excluded) on each side.
 - Peak memory is measured per mode in a fresh process (memory.py), after the timed runs.
 """
 
@@ -30,13 +26,13 @@ from pathlib import Path
 import torch
 
 from yue.bench import metrics
+from yue.bench.runners import HFRunner, OurRunner, Prompt, Sample, load_peers
 from yue.config import MODES
 
 PEERS = ("hf-greedy", "hf-prompt-lookup")
 ALL_MODES: tuple[str, ...] = PEERS + MODES
 DEFAULT_THRESHOLDS = (0.3, 0.5, 0.65, 0.8)
 BATCHED_MODES = ("ar", "verified")  # batch sizes > 1 report throughput for these
-LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens of the hf-prompt-lookup peer
 DEVSET = Path(__file__).resolve().parent.parent / "assets" / "devset.jsonl"
 JSON_KEYS = (
     "tokens_per_s",
@@ -126,13 +122,6 @@ def entries(cfg: BenchConfig) -> list[Entry]:
     return out
 
 
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    reference: str | None
-    ids: list[int]
-
-
 def load_prompts(
     path: str | Path | None, encode: Callable[[str], list[int]], limit: int | None
 ) -> list[Prompt]:
@@ -156,104 +145,6 @@ def load_prompts(
     if not out:
         raise ValueError(f"{path}: no prompts")
     return out[:limit]
-
-
-@dataclass
-class Sample:
-    """One timed call: rows[i] = (prompt index, generated tokens, text); counters for the call."""
-
-    rows: list[tuple[int, list[int], str]]
-    wall_s: float
-    ttft_s: float | None
-    forwards: int
-    accept_lengths: list[int]
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for _, t, _ in self.rows)
-
-
-class OurRunner:
-    """Runs one entry through the public Engine API."""
-
-    def __init__(self, engine, entry: Entry, max_new_tokens: int) -> None:
-        self.engine, self.entry = engine, entry
-        self.kw = dict(mode=entry.mode, router_threshold=entry.threshold, max_new_tokens=max_new_tokens)
-
-    def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
-        if len(batch) > 1:
-            t0 = time.perf_counter()
-            results = self.engine.generate([p.text for _, p in batch], **self.kw)
-            wall = time.perf_counter() - t0
-            rows = [(i, r.token_ids, r.text) for (i, _), r in zip(batch, results, strict=True)]
-            st = results[0].stats
-            return Sample(rows, wall, st.ttft_s, st.forwards, list(st.accept_lengths))
-        (i, p), ttft, tokens, parts, stats = batch[0], None, [], [], None
-        t0 = time.perf_counter()
-        for ev in self.engine.stream(p.text, **self.kw):
-            if ttft is None and ev.token_ids:
-                ttft = time.perf_counter() - t0
-            tokens += ev.token_ids
-            parts.append(ev.delta)
-            stats = ev.stats or stats
-        wall = time.perf_counter() - t0
-        return Sample([(i, tokens, "".join(parts))], wall, ttft, stats.forwards, list(stats.accept_lengths))
-
-
-class _Recorder:
-    """A transformers streamer that only timestamps chunks, plus a forward pre-hook counting inputs."""
-
-    def __init__(self) -> None:
-        self.puts: list[tuple[float, int]] = []  # (time, tokens in chunk); the first chunk is the prompt
-        self.inputs: list[int] = []  # input length of every forward
-
-    def put(self, value: torch.Tensor) -> None:
-        self.puts.append((time.perf_counter(), value.numel()))
-
-    def end(self) -> None:
-        pass
-
-    def hook(self, module, args, kwargs) -> None:
-        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
-        self.inputs.append(ids.shape[-1])
-
-
-class HFRunner:
-    """Runs a Hugging Face `generate` peer (greedy, or greedy with prompt lookup) on the exported Llama."""
-
-    def __init__(self, llama, recorder: _Recorder, tokenizer, lookup: bool, max_new_tokens: int) -> None:
-        self.llama, self.rec, self.tok = llama, recorder, tokenizer
-        self.eos = llama.generation_config.eos_token_id
-        self.kw = dict(
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=self.eos,
-            pad_token_id=llama.generation_config.pad_token_id,
-        )
-        if lookup:
-            self.kw["prompt_lookup_num_tokens"] = LOOKUP_TOKENS
-
-    def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
-        (i, p), rec = batch[0], self.rec
-        assert len(batch) == 1, "peers run at batch 1"
-        ids = torch.tensor([p.ids], device=self.llama.device)
-        rec.puts.clear(), rec.inputs.clear()
-        t0 = time.perf_counter()
-        out = self.llama.generate(ids, attention_mask=torch.ones_like(ids), streamer=rec, **self.kw)
-        wall = time.perf_counter() - t0
-        tokens = out[0, ids.shape[1] :].tolist()
-        if self.eos in tokens:
-            tokens = tokens[: tokens.index(self.eos)]
-        ttft = rec.puts[1][0] - t0 if len(rec.puts) > 1 else None
-        # Step j's forward fed the drafts of that step after its uncached committed token(s); the
-        # streamer's chunk j + 1 holds the accepted drafts plus the model's own token.
-        accepted = []
-        if len(rec.inputs) == len(rec.puts) - 1:
-            for j, (n_in, (_, n_out)) in enumerate(zip(rec.inputs, rec.puts[1:], strict=True)):
-                if n_in - (len(p.ids) if j == 0 else 1) > 0:
-                    accepted.append(n_out - 1)
-        text = self.tok.decode(tokens)
-        return Sample([(i, tokens, text)], wall, ttft, len(rec.inputs), accepted)
 
 
 @dataclass
@@ -299,19 +190,6 @@ def _batches(n_prompts: int, b: int) -> list[list[int]]:
     return [[(g * b + j) % n_prompts for j in range(b)] for g in range(math.ceil(n_prompts / b))]
 
 
-def _load_peers(engine, cfg: BenchConfig, tmp: str):
-    """Export the AR set, load it as LlamaForCausalLM, attach the recorder's forward hook."""
-    from transformers import LlamaForCausalLM
-
-    from yue.model.hf import export_ar
-
-    export_ar(engine.model, tmp)
-    llama = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(cfg.device).eval()
-    rec = _Recorder()
-    llama.register_forward_pre_hook(rec.hook, with_kwargs=True)
-    return llama, rec
-
-
 class _Once(logging.Filter):
     """Let each distinct log message through once (the engine's router-collapse warning fires per call)."""
 
@@ -349,14 +227,14 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="yue-bench-") as tmp:
         runners: dict[str, Callable] = {}
         if any(e.mode in PEERS for e in todo):
-            llama, rec = _load_peers(engine, cfg, tmp)
+            llama, rec = load_peers(engine, cfg.device, tmp)
         for e in todo:
             if e.mode in PEERS:
                 runners[e.name] = HFRunner(
                     llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens
                 )
             else:
-                runners[e.name] = OurRunner(engine, e, cfg.max_new_tokens)
+                runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens)
         samples, warmup = _timed_runs(todo, runners, prompts, cfg, log)
         memory = _memory(todo, prompts, cfg, tmp, log) if cfg.memory else {}
     log("scoring outputs")

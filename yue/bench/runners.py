@@ -1,0 +1,144 @@
+"""How each bench entry is run and timed: ours through the public Engine API, the peers through
+Hugging Face `generate` on our AR set exported to `LlamaForCausalLM`.
+
+Design decisions:
+- A runner takes a batch of (prompt index, Prompt) and returns one `Sample`: the rows it wrote and
+  the call's wall time, time to first token, forward count and accept lengths.
+- Timing is wall clock around the public call (`Engine.stream` / `Engine.generate` for a batch,
+  `LlamaForCausalLM.generate`). Time to first token runs from that call to the first generated token:
+  for ours the first streamed event carrying tokens (a batch: the engine's own `ttft_s`), for the
+  peers the first `put` after the prompt to a streamer that only records timestamps.
+- Peers are counted by a forward pre-hook on the Llama; pairing each forward's input length (drafts
+  fed after the uncached committed token) with the streamer's chunk (accepted drafts + the model's
+  own token) gives prompt lookup's accept lengths without touching transformers' internals.
+- Both sides stop at <|eos|>; the EOS token itself is not counted as generated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens of the hf-prompt-lookup peer
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A bench prompt: its text, the true continuation (optional), and the ids `Engine.encode` gives."""
+
+    text: str
+    reference: str | None
+    ids: list[int]
+
+
+@dataclass
+class Sample:
+    """One timed call: rows[i] = (prompt index, generated tokens, text); counters for the call."""
+
+    rows: list[tuple[int, list[int], str]]
+    wall_s: float
+    ttft_s: float | None
+    forwards: int
+    accept_lengths: list[int]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for _, t, _ in self.rows)
+
+
+class OurRunner:
+    """Runs one entry through the public Engine API."""
+
+    def __init__(self, engine, mode: str, threshold: float | None, max_new_tokens: int) -> None:
+        self.engine = engine
+        self.kw = dict(mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens)
+
+    def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
+        if len(batch) > 1:
+            t0 = time.perf_counter()
+            results = self.engine.generate([p.text for _, p in batch], **self.kw)
+            wall = time.perf_counter() - t0
+            rows = [(i, r.token_ids, r.text) for (i, _), r in zip(batch, results, strict=True)]
+            st = results[0].stats
+            return Sample(rows, wall, st.ttft_s, st.forwards, list(st.accept_lengths))
+        (i, p), ttft, tokens, parts, stats = batch[0], None, [], [], None
+        t0 = time.perf_counter()
+        for ev in self.engine.stream(p.text, **self.kw):
+            if ttft is None and ev.token_ids:
+                ttft = time.perf_counter() - t0
+            tokens += ev.token_ids
+            parts.append(ev.delta)
+            stats = ev.stats or stats
+        wall = time.perf_counter() - t0
+        return Sample([(i, tokens, "".join(parts))], wall, ttft, stats.forwards, list(stats.accept_lengths))
+
+
+class Recorder:
+    """A transformers streamer that only timestamps chunks, plus a forward pre-hook counting inputs."""
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[float, int]] = []  # (time, tokens in chunk); the first chunk is the prompt
+        self.inputs: list[int] = []  # input length of every forward
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append((time.perf_counter(), value.numel()))
+
+    def end(self) -> None:
+        pass
+
+    def hook(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        self.inputs.append(ids.shape[-1])
+
+
+class HFRunner:
+    """Runs a Hugging Face `generate` peer (greedy, or greedy with prompt lookup) on the exported Llama."""
+
+    def __init__(self, llama, recorder: Recorder, tokenizer, lookup: bool, max_new_tokens: int) -> None:
+        self.llama, self.rec, self.tok = llama, recorder, tokenizer
+        self.eos = llama.generation_config.eos_token_id
+        self.kw = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=self.eos,
+            pad_token_id=llama.generation_config.pad_token_id,
+        )
+        if lookup:
+            self.kw["prompt_lookup_num_tokens"] = LOOKUP_TOKENS
+
+    def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
+        (i, p), rec = batch[0], self.rec
+        assert len(batch) == 1, "peers run at batch 1"
+        ids = torch.tensor([p.ids], device=self.llama.device)
+        rec.puts.clear(), rec.inputs.clear()
+        t0 = time.perf_counter()
+        out = self.llama.generate(ids, attention_mask=torch.ones_like(ids), streamer=rec, **self.kw)
+        wall = time.perf_counter() - t0
+        tokens = out[0, ids.shape[1] :].tolist()
+        if self.eos in tokens:
+            tokens = tokens[: tokens.index(self.eos)]
+        ttft = rec.puts[1][0] - t0 if len(rec.puts) > 1 else None
+        # Step j's forward fed the drafts of that step after its uncached committed token(s); the
+        # streamer's chunk j + 1 holds the accepted drafts plus the model's own token.
+        accepted = []
+        if len(rec.inputs) == len(rec.puts) - 1:
+            for j, (n_in, (_, n_out)) in enumerate(zip(rec.inputs, rec.puts[1:], strict=True)):
+                if n_in - (len(p.ids) if j == 0 else 1) > 0:
+                    accepted.append(n_out - 1)
+        text = self.tok.decode(tokens)
+        return Sample([(i, tokens, text)], wall, ttft, len(rec.inputs), accepted)
+
+
+def load_peers(engine, device: str, tmp: str):
+    """Export the AR set, load it as LlamaForCausalLM, attach the recorder's forward hook."""
+    from transformers import LlamaForCausalLM
+
+    from yue.model.hf import export_ar
+
+    export_ar(engine.model, tmp)
+    llama = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
+    rec = Recorder()
+    llama.register_forward_pre_hook(rec.hook, with_kwargs=True)
+    return llama, rec
