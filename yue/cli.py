@@ -406,6 +406,48 @@ def bench_cmd(
         json_out.write_text(line + "\n")
 
 
+@app.command("serve")
+@user_errors
+def serve_cmd(
+    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; localhost unless told otherwise."),
+    port: int = typer.Option(8000, help="TCP port."),
+    api_key: str | None = typer.Option(
+        None, envvar="YUE_API_KEY", help="Require 'Authorization: Bearer KEY'."
+    ),
+    max_concurrency: int = typer.Option(4, help="Generations running at once (worker threads)."),
+    max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
+    max_prompt_tokens: int | None = typer.Option(
+        None, help="Longest prompt accepted (default: the context)."
+    ),
+    max_body_bytes: int = typer.Option(1 << 20, help="Largest request body, chunked bodies included."),
+    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
+    import yue
+    from yue.engine import DEFAULT_MODEL
+    from yue.serve import ServeConfig, serve
+    from yue.serve.chat import find_chat_template
+
+    config = ServeConfig(
+        host=host,
+        port=port,
+        api_key=api_key,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        max_prompt_tokens=max_prompt_tokens,
+        max_body_bytes=max_body_bytes,
+    )
+    folder = model if model is not None else DEFAULT_MODEL
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no model at {folder} (config.json missing); pass --model DIR")
+    # The model loads in the background while /health answers 503; a load failure exits with status 1.
+    template = find_chat_template(folder)
+    code = serve(lambda: yue.load(model, device=device), config, chat_template=template, log_level=log_level)
+    raise typer.Exit(code=code)
+
+
 def main() -> None:
     app()
 

@@ -95,6 +95,7 @@ class ServerState:
         self.template: ChatTemplate | None = None
         self.draining = False
         self.failed: str | None = None
+        self.lifespans = 0
         self.created = int(time.time())
         self.metrics = Metrics(
             running=lambda: self.scheduler.running if self.scheduler else 0,
@@ -102,8 +103,13 @@ class ServerState:
         )
 
     async def start(self) -> None:
+        """Load the engine (once) and start the workers. Lifespans are counted: a second one on the same
+        app (test clients do this) shares the workers, and the last one to end stops them."""
+        self.lifespans += 1
+        if self.scheduler is not None:
+            return
         try:
-            if self.loader is not None:
+            if self.engine is None:
                 self.engine = await asyncio.to_thread(self.loader)
             # Given by the caller (read from the model folder), else carried by the tokenizer, else built-in.
             source = self.chat_template_source or getattr(self.engine.tokenizer, "chat_template", None)
@@ -115,8 +121,10 @@ class ServerState:
             self.failed = f"{type(e).__name__}: {e}"
 
     def stop(self) -> None:
-        if self.scheduler is not None:
+        self.lifespans -= 1
+        if self.lifespans == 0 and self.scheduler is not None:
             self.scheduler.close()
+            self.scheduler = None
 
     @property
     def status(self) -> str:

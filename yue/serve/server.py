@@ -59,6 +59,7 @@ def serve(engine, config: ServeConfig, *, chat_template: str | None = None, log_
         config: host, port and limits.
         chat_template: Jinja source; None = the one stored with the model.
     """
+    _log_like_uvicorn(log_level)
     app = create_app(engine, config, chat_template=chat_template)
     uv_config = uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level, timeout_graceful_shutdown=5
@@ -66,3 +67,13 @@ def serve(engine, config: ServeConfig, *, chat_template: str | None = None, log_
     server = DrainingServer(uv_config, app.state.yue)
     server.run()
     return 1 if app.state.yue.failed else 0
+
+
+def _log_like_uvicorn(level: str) -> None:
+    """Show the `yue` loggers (model ready, draining, engine warnings) beside uvicorn's own lines."""
+    logger = logging.getLogger("yue")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     [yue] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())

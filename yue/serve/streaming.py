@@ -225,4 +225,6 @@ async def sse_events(
         yield sse(
             {"error": {"message": "generation failed", "type": "server_error", "param": None, "code": None}}
         )
+    finally:
+        tracker.fail("cancelled")  # a no-op unless the stream was abandoned (the client went away)
     yield DONE
