@@ -137,12 +137,12 @@ def test_verified_sampling_matches_ar_distribution_chi_square():
 
 
 def test_same_seed_same_sample(trained):
-    kw = dict(mode="verified", max_new_tokens=30, temperature=0.9, top_p=0.9, top_k=20, router_threshold=1.0)
+    kw = dict(mode="verified", max_new_tokens=30, temperature=1.2, top_p=0.95, top_k=50, router_threshold=1.0)
     a = trained.generate("def alpha", seed=7, **kw)
     b = trained.generate("def alpha", seed=7, **kw)
-    c = trained.generate("def alpha", seed=8, **kw)
     assert a.token_ids == b.token_ids
-    assert a.token_ids != c.token_ids
+    others = {tuple(trained.generate("def alpha", seed=s, **kw).token_ids) for s in range(8, 14)}
+    assert len(others | {tuple(a.token_ids)}) > 1  # the seed matters
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "nar"])

@@ -265,7 +265,14 @@ def load(path: str | Path | None = None, device: str = "cpu", dtype: torch.dtype
         )
     model = load_model(folder, device=device, dtype=dtype)
     try:
-        tokenizer = YueTokenizer.load(folder)
+        c = model.config
+        eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
+        ids = {
+            "pad": c.pad_token_id if c.pad_token_id is not None else eos,
+            "bos": c.bos_token_id,
+            "eos": eos,
+        }
+        tokenizer = YueTokenizer.load(folder, special_ids=ids | {"mask": c.mask_token_id})
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(str(e)) from e
     return Engine(model, tokenizer, name=folder.name)

@@ -23,9 +23,22 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, MASK]  # ids 0, 1, 2, 3
 class YueTokenizer:
     """A thin wrapper over `tokenizers.Tokenizer` with the special ids the model expects."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, special_ids: dict[str, int | None] | None = None) -> None:
+        """Wrap a `tokenizers.Tokenizer`.
+
+        Args:
+            tokenizer: must contain the special tokens by name, unless `special_ids` supplies the ids
+                (a distilled Llama's tokenizer names them its own way; its model config knows the ids).
+            special_ids: fallback ids for missing names, keys "pad", "bos", "eos", "mask".
+        """
         self.tokenizer = tokenizer
-        ids = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
+        # Text that merely contains "<|eos|>" etc. is ordinary text, never a control token.
+        self.tokenizer.encode_special_tokens = True
+        fallback = special_ids or {}
+        ids = []
+        for key, name in zip(("pad", "bos", "eos", "mask"), SPECIAL_TOKENS, strict=True):
+            i = tokenizer.token_to_id(name)
+            ids.append(i if i is not None else fallback.get(key))
         if any(i is None for i in ids):
             raise ValueError(f"tokenizer lacks special tokens {SPECIAL_TOKENS}")
         self.pad_id, self.bos_id, self.eos_id, self.mask_id = ids
@@ -48,16 +61,17 @@ class YueTokenizer:
         return cls(tok)
 
     @classmethod
-    def load(cls, path: str | Path) -> YueTokenizer:
-        """Load `tokenizer.json` from a file or a model folder."""
+    def load(cls, path: str | Path, special_ids: dict[str, int | None] | None = None) -> YueTokenizer:
+        """Load `tokenizer.json` from a file or a model folder (see `__init__` for `special_ids`)."""
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"tokenizer not found: {file}")
         try:
-            return cls(Tokenizer.from_file(str(file)))
+            tok = Tokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
             raise ValueError(f"corrupt tokenizer file {file}: {e}") from e
+        return cls(tok, special_ids)
 
     def save(self, path: str | Path) -> Path:
         """Write `tokenizer.json` into a folder (or to the given file path)."""

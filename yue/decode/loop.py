@@ -61,15 +61,15 @@ def _positions(pad: list[int], capacity: int, device) -> torch.Tensor:
     return (idx[None, :] - torch.tensor(pad, device=device)[:, None]).clamp(min=0)
 
 
-def _truncate(adv: Advance, rows: _Rows, eos_id: int | None) -> tuple[list[list[int]], list[list[str]]]:
+def _truncate(adv: Advance, rows: _Rows, eos_ids: frozenset[int]) -> tuple[list[list[int]], list[list[str]]]:
     """Cut each row's emitted tokens at EOS and at its max_new_tokens budget; mark finished rows."""
     toks, srcs = [], []
     for b, (t, s) in enumerate(zip(adv.emitted, adv.sources, strict=True)):
         if rows.finish[b] is not None:
             toks.append([]), srcs.append([])
             continue
-        if eos_id is not None and eos_id in t:
-            cut = t.index(eos_id)
+        cut = next((i for i, x in enumerate(t) if x in eos_ids), None)
+        if cut is not None:
             t, s = t[:cut], s[:cut]
             rows.finish[b] = "eos"
         if len(t) >= rows.budget[b]:
@@ -118,7 +118,8 @@ def decode(
         st.seen.scatter_(1, st.fed, True)
     rows = _Rows([cfg.max_new_tokens] * B, [None] * B)
     mask_id = model.config.mask_token_id
-    eos_id = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else None
+    eos = model.config.eos_token_id
+    eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
     index = 0
     while True:
         if cancel is not None and cancel():
@@ -133,13 +134,13 @@ def decode(
         start = cache.length
         pos = positions[..., start : start + n_c + n_s]
         # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        out = model.step(tokens, pos, n_c, decode_mask(start, n_c, n_s, cache.key_valid), cache)
+        out = model.step(tokens, pos, n_c, decode_mask(start, n_c, n_s, cache.key_valid, device), cache)
         # 3. Accept: the policy verifies / commits and says what to keep and feed next.
         adv = policy.advance(model, st, out)
         cache.advance(adv.keep)
         # 4. Advance: bookkeeping for the next step.
         st.fed, st.n_drafts, st.draft_logprobs = adv.next_fed, adv.next_drafts, adv.next_draft_logprobs
-        toks, srcs = _truncate(adv, rows, eos_id)
+        toks, srcs = _truncate(adv, rows, eos_ids)
         if st.seen is not None:
             for b, t in enumerate(toks):
                 st.seen[b, t] = True

@@ -49,6 +49,8 @@ class LoopState:
         draft_logprobs: (B, n_drafts, V) warped NAR log-probs the drafts were sampled from (sampling).
         seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
         ar_stretch: hybrid: AR-only steps left before the router is asked again.
+        draft_value: verified: running mean of drafts accepted per drafting step (what having a
+            valid draft next step is worth, in tokens).
     """
 
     cfg: DecodeConfig
@@ -58,6 +60,7 @@ class LoopState:
     draft_logprobs: torch.Tensor | None = None
     seen: torch.Tensor | None = None
     ar_stretch: int = 0
+    draft_value: float = 1.0
 
 
 @dataclass
@@ -153,15 +156,27 @@ class VerifiedPolicy:
         return n, torch.tensor(nxt, device=target.device)
 
     def draft_length(self, st: LoopState, p_ar: torch.Tensor, n_next_slots: int) -> int:
-        """Drafts to verify next step: leading slots 2.. with p_ar <= threshold, cut where the expected
-        accepted tokens per unit of forward cost stops growing. p_ar: (B, n) for slots 1..n."""
-        a = (1.0 - p_ar[:, 1:]).min(0).values.tolist()  # acceptance of drafts 1.. (slots 2..)
-        best_k, best_rate, gain = 0, 1.0 / (FIXED_COST_POSITIONS + 1 + n_next_slots), 1.0
-        for k, a_k in enumerate(a, start=1):
-            if 1.0 - a_k > st.cfg.router_threshold:
+        """How many drafts (slots 2..) to verify next step. p_ar: (B, n) for slots 1..n.
+
+        Slot 1 already matched the AR token, so draft j survives with A_j = a_{j+1} / a_1. Verifying k
+        drafts yields 1 + sum_{j<=k} A_j tokens, and, only if all k survive (prob. A_k), the step
+        after has drafts again, worth `draft_value` more tokens (a rejected draft leaves the next
+        step without one). We take the k with the most expected tokens per unit of forward cost,
+        among the leading drafts whose p_ar(i) <= router_threshold (DESIGN's one rule); at threshold 1
+        ("pure NAR") every slot is drafted.
+        """
+        if st.cfg.router_threshold >= 1.0:  # 1 is "pure NAR": draft every slot
+            return p_ar.shape[1] - 1
+        acc = 1.0 - p_ar  # (B, n)
+        A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).min(0).values.tolist()
+        allowed = (p_ar[:, 1:] <= st.cfg.router_threshold).all(0).tolist()
+        best_k, gain = 0, 1.0
+        best_rate = (gain + st.draft_value) / (FIXED_COST_POSITIONS + 1 + n_next_slots)
+        for k, (a_k, ok) in enumerate(zip(A, allowed, strict=True), start=1):
+            if not ok:
                 break
             gain += a_k
-            rate = gain / (FIXED_COST_POSITIONS + 1 + k + n_next_slots)
+            rate = (gain + a_k * st.draft_value) / (FIXED_COST_POSITIONS + 1 + k + n_next_slots)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -175,6 +190,8 @@ class VerifiedPolicy:
         keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
         adv.drafted, adv.accepted = k, n_acc
+        if k:
+            st.draft_value = 0.8 * st.draft_value + 0.2 * n_acc
         n = out.slot_logits.shape[1]
         # The block is anchored at the last fed token: valid only if every draft was accepted.
         if n < 2 or n_acc < k:
