@@ -42,7 +42,7 @@ class MarkovStub:
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
 
-    def step(self, tokens, positions, n_committed, mask, cache) -> StepOutput:
+    def step(self, tokens, positions, n_committed, mask, cache, n_logits=None) -> StepOutput:
         self.forwards += 1
         committed = tokens[:, :n_committed]
         n_slots = tokens.shape[1] - n_committed
@@ -54,7 +54,7 @@ class MarkovStub:
             else (ar.new_zeros(tokens.shape[0], 0, ar.shape[-1]))
         )
         hidden = torch.zeros(tokens.shape[0], tokens.shape[1], 1)
-        return StepOutput(ar, slots, hidden)
+        return StepOutput(ar if n_logits is None else ar[:, n_committed - n_logits :], slots, hidden)
 
 
 def chain_stub(V: int, K: int, slots_match: bool) -> MarkovStub:

@@ -134,7 +134,9 @@ def decode(
         start = cache.length
         pos = positions[..., start : start + n_c + n_s]
         # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        out = model.step(tokens, pos, n_c, decode_mask(start, n_c, n_s, cache.key_valid, device), cache)
+        out = model.step(
+            tokens, pos, n_c, decode_mask(start, n_c, n_s, cache.key_valid, device), cache, st.n_drafts + 1
+        )
         # 3. Accept: the policy verifies / commits and says what to keep and feed next.
         adv = policy.advance(model, st, out)
         cache.advance(adv.keep)

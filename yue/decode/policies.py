@@ -30,10 +30,11 @@ from yue.decode.sampling import apply_repetition_penalty, choose, speculative_ac
 from yue.model.mot import StepOutput
 from yue.model.router import Router
 
-# Forward cost model, in "positions": a step over P positions costs about FIXED + P (DESIGN §7: on
-# 2 CPU cores ~2.4 ms fixed + ~0.1 ms per position). Used to pick the draft length that maximises
-# expected tokens per unit cost.
-FIXED_COST_POSITIONS = 24.0
+# Forward cost model, in "positions" (one position ~ 0.1 ms on 2 CPU cores, DESIGN §7): a drafting step
+# over P positions costs about FIXED + P. Measured on the default model's shape (6.9M parameters, 1
+# thread): 3.2 ms for one AR position, +2.6 ms as soon as any slot is present (the NAR weight set is
+# read too), +0.1 ms per further position. So FIXED ~ 32 + 26 positions.
+FIXED_COST_POSITIONS = 58.0
 
 
 @dataclass
@@ -131,7 +132,9 @@ class VerifiedPolicy:
     name = "verified"
 
     def n_slots(self, st: LoopState) -> int:
-        return st.cfg.block_size if st.cfg.router_threshold > 0 else 0
+        if st.cfg.router_threshold == 0 or st.ar_stretch > 0:
+            return 0
+        return st.cfg.block_size
 
     def verify(self, st: LoopState, target: torch.Tensor) -> tuple[int, torch.Tensor]:
         """Accepted draft count (batch minimum) and each row's next token (B,). target: (B, k+1, V)."""
@@ -193,6 +196,8 @@ class VerifiedPolicy:
         if k:
             st.draft_value = 0.8 * st.draft_value + 0.2 * n_acc
         n = out.slot_logits.shape[1]
+        if n == 0:
+            st.ar_stretch = max(st.ar_stretch - 1, 0)
         # The block is anchored at the last fed token: valid only if every draft was accepted.
         if n < 2 or n_acc < k:
             return adv
@@ -202,6 +207,10 @@ class VerifiedPolicy:
         p_ar = router_p_ar(model, out)
         adv.p_ar = p_ar[0].tolist()
         k_next = self.draft_length(st, p_ar, n)
+        if k_next == 0:
+            # The router sees no draft worth its cost here; slots cost a whole NAR pass per step, so
+            # write plain AR steps for a while and ask again (as hybrid does).
+            st.ar_stretch = st.cfg.reeval_every
         if k_next:
             adv.next_fed = torch.cat([nxt[:, None], slots[:, 1 : 1 + k_next]], dim=1)
             adv.next_drafts = k_next

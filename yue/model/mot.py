@@ -126,6 +126,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         n_committed: int,
         mask: torch.Tensor | None,
         cache: KVCache,
+        n_logits: int | None = None,
     ) -> StepOutput:
         """One decode forward at cache index `cache.length`; the cache pointer is not moved.
 
@@ -135,10 +136,16 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             n_committed: number of committed tokens at the front.
             mask: from `masks.decode_mask(cache.length, n_committed, T - n_committed, ...)`.
             cache: the request's KV cache.
+            n_logits: AR logits only for the last n_logits committed positions (None = all). The head
+                is a large matmul per row: a prefill needs just its last row.
+        Returns:
+            StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden (B, T, D).
         """
         hidden = self.model(tokens, positions, n_committed, mask, cache, cache.length)
-        logits = self.lm_head(hidden)  # (B, T, V)
-        return StepOutput(logits[:, :n_committed], logits[:, n_committed:], hidden)
+        first = 0 if n_logits is None else n_committed - n_logits
+        logits = self.lm_head(hidden[:, first:])  # (B, T - first, V)
+        n_ar = n_committed - first
+        return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden)
 
     def forward(
         self,
