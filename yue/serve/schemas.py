@@ -160,6 +160,6 @@ class ErrorResponse(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "loading", "draining"]
+    status: Literal["ok", "loading", "draining", "failed"]
     running: int
     waiting: int
