@@ -26,6 +26,7 @@ def decode_mask(
     n_committed: int,
     n_slots: int,
     key_valid: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
     """Mask for one decode step: `n_committed` new committed tokens then one block of `n_slots`.
 
@@ -37,6 +38,7 @@ def decode_mask(
         n_committed: new committed tokens this step (>= 1).
         n_slots: slots in the block appended after them (>= 0).
         key_valid: (B, S_max) bool, False at left-padding positions of a batch; None when unpadded.
+        device: where to build the mask (default: key_valid's device, else CPU).
     Returns:
         (1|B, 1, T, start + T) bool, or None when every query may see every key (one token, no padding).
     """
@@ -44,7 +46,8 @@ def decode_mask(
     S = start + T
     if T == 1 and key_valid is None:
         return None
-    device = key_valid.device if key_valid is not None else None
+    if key_valid is not None:
+        device = key_valid.device
     keys = torch.arange(S, device=device)  # (S,)
     # Last key index each query may see: its own index if committed, the block's end if a slot.
     limit = torch.arange(start, start + T, device=device)  # (T,)
