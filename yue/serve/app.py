@@ -17,7 +17,6 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 import uuid
@@ -27,17 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yue import __version__
 from yue.config import DecodeConfig
 from yue.serve import schemas as s
 from yue.serve.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate
-from yue.serve.config import ApiError, ServeConfig, check_limits
+from yue.serve.config import ServeConfig, check_limits
+from yue.serve.errors import ApiError, install_error_handlers, openapi_without_422
+from yue.serve.gate import Gate
 from yue.serve.metrics import Metrics
 from yue.serve.scheduler import Overloaded, Scheduler
 from yue.serve.streaming import (
@@ -56,20 +54,8 @@ from yue.tokenizer import BOS, EOS
 
 log = logging.getLogger("yue.serve")
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
-PROTECTED = ("/v1/", "/generate")
 DEMO_PAGE = Path(__file__).parent / "static" / "index.html"
-# DecodeConfig field -> request field, for the `param` of a 400.
-_PARAM = {
-    "max_new_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "repetition_penalty": "repetition_penalty",
-    "seed": "seed",
-    "stop": "stop",
-    "mode": "mode",
-    "router_threshold": "router_threshold",
-}
+_REQUEST_FIELD = {"max_new_tokens": "max_tokens"}  # DecodeConfig names that differ from the request's
 _ERRORS = {code: {"model": s.ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 _STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
@@ -172,10 +158,15 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
 
     app = FastAPI(title="yue", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.yue = state
-    app.add_middleware(Gate, state=state)
-    _install_error_handlers(app, state)
+
+    def book(path: str, reason: str) -> None:  # counts failures of generation requests
+        if path in GENERATION_PATHS:
+            state.metrics.failure.labels(reason=reason).inc()
+
+    app.add_middleware(Gate, config=state.config, book=book)
+    install_error_handlers(app, book)
     _install_routes(app, state)
-    _openapi_without_422(app)
+    openapi_without_422(app)
     return app
 
 
@@ -296,12 +287,11 @@ def _prepare(
             fields[name] = value
     try:
         decode = DecodeConfig(**fields)
-    except ValueError as e:
+    except ValueError as e:  # the message starts with the field's name
+        field = (str(e).split() or [""])[0]
+        param = _REQUEST_FIELD.get(field, field) if field in DecodeConfig.__dataclass_fields__ else None
         raise ApiError(
-            400,
-            str(e).replace("max_new_tokens", "max_tokens"),
-            param=_PARAM.get(str(e).split()[0]),
-            code="invalid_value",
+            400, str(e).replace("max_new_tokens", "max_tokens"), param=param, code="invalid_value"
         ) from e
     check_limits(
         state.config,
@@ -365,140 +355,3 @@ class EventStream(StreamingResponse):
         finally:
             self.on_close()
             await self.body_iterator.aclose()
-
-
-class Gate:
-    """Pure ASGI middleware: API key (401), then body size (413), before the body is parsed."""
-
-    def __init__(self, app, state: ServerState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        scope["yue.arrival"] = time.perf_counter()
-        config, path = self.state.config, scope["path"]
-        if config.api_key and path.startswith(PROTECTED) and not self._authorized(scope, config.api_key):
-            error = ApiError(
-                401,
-                "missing or invalid API key",
-                type="authentication_error",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            return await self._reject(scope, send, error)
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        # Count bytes as they arrive: Content-Length may be absent (chunked) or lie.
-        limit, chunks, size, more = config.max_body_bytes, [], 0, True
-        too_large = ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            return await self._reject(scope, send, too_large)
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > limit:
-                return await self._reject(scope, send, too_large)
-            more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: disconnect notices
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    @staticmethod
-    def _authorized(scope, key: str) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode())
-
-    async def _reject(self, scope, send, error: ApiError) -> None:
-        if scope["path"] in GENERATION_PATHS:
-            self.state.metrics.failure.labels(reason=error.code).inc()
-        await _error_response(error)(scope, _no_receive, send)
-
-
-async def _no_receive():
-    return {"type": "http.disconnect"}
-
-
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
-    def book(request: Request, reason: str | None) -> None:
-        if request.url.path in GENERATION_PATHS:
-            state.metrics.failure.labels(reason=reason or "invalid_request").inc()
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        book(request, exc.code)
-        return _error_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        book(request, "invalid_request")
-        return _error_response(_validation_to_api_error(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        error = ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
-        return _error_response(error)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error on %s", request.url.path, exc_info=exc)
-        book(request, "internal")
-        return _error_response(
-            ApiError(500, "internal server error", type="server_error", code="internal_error")
-        )
-
-
-_NESTED = {"role", "content", "type", "text", "include_usage"}
-
-
-def _validation_to_api_error(exc: RequestValidationError) -> ApiError:
-    """FastAPI's 422 -> our 400, naming the first offending field as `messages[0].role`."""
-    first = exc.errors()[0]
-    loc = [p for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
-        return ApiError(400, f"malformed JSON: {first.get('msg', '')}", code="invalid_json")
-    if not loc or not isinstance(loc[0], str):
-        return ApiError(400, "the request body must be a JSON object", code="invalid_request")
-    param = loc[0]
-    for part in loc[1:]:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif part in _NESTED:
-            param += f".{part}"
-        else:
-            break
-    return ApiError(400, f"{param}: {first.get('msg', 'invalid value')}", param=param, code="invalid_value")
-
-
-def _openapi_without_422(app: FastAPI) -> None:
-    """Our validation errors are 400s in OpenAI's shape; say so in the OpenAPI document too."""
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            for item in schema.get("paths", {}).values():
-                for operation in item.values():
-                    operation.get("responses", {}).pop("422", None)
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi

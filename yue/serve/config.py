@@ -4,14 +4,15 @@ Design decisions:
 - `ServeConfig` is a frozen dataclass validated once (bad values raise `ValueError` naming the field),
   like `DecodeConfig`; the CLI builds it from its flags and the app never reads flags itself.
 - All limits a request can hit live here and are enforced in one function, `check_limits`, except the
-  two that must act before the request is parsed: the body size (an ASGI middleware counting bytes as
-  they arrive, so chunked bodies are bounded too) and admission (the scheduler's running + waiting
-  slots). The table below is the documentation; tests/test_serve_limits.py checks every row.
+  ones that must act before the request is parsed: the API key and the body size (gate.py, an ASGI
+  middleware counting bytes as they arrive, so chunked bodies are bounded too) and admission (the
+  scheduler's running + waiting slots). The table below is the documentation;
+  tests/test_serve_limits.py checks every row.
 
 | limit              | where                  | status | error code / param                          |
 |--------------------|------------------------|--------|---------------------------------------------|
-| max_body_bytes     | BodyLimitMiddleware    | 413    | request_too_large                           |
-| api_key            | app (auth dependency)  | 401    | invalid_api_key                             |
+| max_body_bytes     | Gate (ASGI middleware) | 413    | request_too_large                           |
+| api_key            | Gate (ASGI middleware) | 401    | invalid_api_key                             |
 | max_concurrency    | Scheduler (running)    | 503    | overloaded (+ Retry-After)                  |
 | max_queue          | Scheduler (waiting)    | 503    | overloaded (+ Retry-After)                  |
 | max_prompt_tokens  | check_limits           | 400    | prompt_too_long, param prompt / messages    |
@@ -24,42 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from yue.serve.errors import ApiError
+
 # OpenAI allows up to 4 stop sequences; more only slows the stop check in the decode loop.
 MAX_STOP = 4
-
-
-class ApiError(Exception):
-    """An error the client caused (or must hear about), rendered as OpenAI's error object.
-
-    Attributes:
-        status: HTTP status code.
-        message: human-readable text; never a traceback.
-        type: OpenAI error type ("invalid_request_error", "authentication_error", ...).
-        param: the request field at fault, if any.
-        code: machine-readable code ("context_length_exceeded", ...).
-        headers: extra response headers (e.g. Retry-After).
-    """
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""One error shape everywhere: OpenAI's `{"error": {message, type, param, code}}`.
+
+Design decisions:
+- Everything a client can get wrong raises `ApiError`, rendered by one handler; FastAPI's 422 becomes a
+  400 naming the offending field (`messages[0].role`), in the responses and in the OpenAPI document.
+- A 500 says "internal server error" and nothing else; the traceback goes to the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("yue.serve")
+
+
+class ApiError(Exception):
+    """An error the client caused (or must hear about), rendered as OpenAI's error object.
+
+    Attributes:
+        status: HTTP status code.
+        message: human-readable text; never a traceback.
+        type: OpenAI error type ("invalid_request_error", "authentication_error", ...).
+        param: the request field at fault, if any.
+        code: machine-readable code ("context_length_exceeded", ...).
+        headers: extra response headers (e.g. Retry-After).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def install_error_handlers(app: FastAPI, book: Callable[[str, str], None]) -> None:
+    """Render every error in the one shape; `book(path, reason)` counts the failure."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        book(request.url.path, exc.code or "invalid_request")
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        book(request.url.path, "invalid_request")
+        return error_response(validation_to_api_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        error = ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        book(request.url.path, "internal")
+        return error_response(
+            ApiError(500, "internal server error", type="server_error", code="internal_error")
+        )
+
+
+_NESTED = {"role", "content", "type", "text", "include_usage"}
+
+
+def validation_to_api_error(exc: RequestValidationError) -> ApiError:
+    """FastAPI's 422 -> our 400, naming the first offending field as `messages[0].role`."""
+    first = exc.errors()[0]
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"malformed JSON: {first.get('msg', '')}", code="invalid_json")
+    if not loc or not isinstance(loc[0], str):
+        return ApiError(400, "the request body must be a JSON object", code="invalid_request")
+    param = loc[0]
+    for part in loc[1:]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in _NESTED:
+            param += f".{part}"
+        else:
+            break
+    return ApiError(400, f"{param}: {first.get('msg', 'invalid value')}", param=param, code="invalid_value")
+
+
+def openapi_without_422(app: FastAPI) -> None:
+    """Our validation errors are 400s in OpenAI's shape; say so in the OpenAPI document too."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
