@@ -362,3 +362,19 @@ def test_sigterm_drains_in_flight_requests_then_exits(tiny_model_dir):
 def test_extreme_but_valid_sampling_values_never_500(client, fields):
     r = client.post("/generate", json={"prompt": PROMPT, "max_tokens": 4} | fields)
     assert r.status_code == 200, r.text
+
+
+def test_chat_accepts_max_completion_tokens(client):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3, "temperature": 0}
+    assert client.post("/v1/chat/completions", json=body).json()["usage"]["completion_tokens"] <= 3
+
+
+def test_cli_serve_rejects_a_missing_model_and_bad_limits_with_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+
+    missing = CliRunner().invoke(app, ["serve", "--model", str(tmp_path)])
+    assert missing.exit_code == 2 and "no model" in missing.output
+    bad = CliRunner().invoke(app, ["serve", "--model", str(tmp_path), "--max-concurrency", "0"])
+    assert bad.exit_code == 2 and "max_concurrency" in bad.output

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from yue.config import Mode
 
@@ -70,6 +70,13 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(_OpenAI):
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, description="OpenAI's newer name for max_tokens")
+
+    @model_validator(mode="after")
+    def _max_completion_tokens(self) -> ChatCompletionRequest:
+        if self.max_tokens is None:
+            self.max_tokens = self.max_completion_tokens
+        return self
 
 
 class GenerateRequest(_Sampling):
