@@ -448,6 +448,25 @@ def serve_cmd(
     raise typer.Exit(code=code)
 
 
+@app.command("eval")
+@user_errors
+def eval_cmd(
+    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .txt/.jsonl file or a folder of sources."),
+    batches: int = typer.Option(8, help="Validation batches to score."),
+    batch_size: int = typer.Option(8, help="Sequences per batch."),
+    seq_len: int = typer.Option(256, help="Tokens per sequence."),
+) -> None:
+    """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON)."""
+    import json
+
+    from yue.engine import DEFAULT_MODEL
+    from yue.train.evaluate import evaluate_model
+
+    result = evaluate_model(model or DEFAULT_MODEL, corpus, batches, batch_size, seq_len)
+    typer.echo(json.dumps(result))
+
+
 def main() -> None:
     app()
 

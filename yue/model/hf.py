@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
 
 from yue.config import YueConfig
 from yue.model.mot import YueForCausalLM
@@ -67,10 +68,15 @@ def check_checkpoint(path: str | Path) -> Path:
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """Load a yue checkpoint folder (safetensors only) onto `device`, in eval mode."""
     path = check_checkpoint(path)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise on a CLI's stdout
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"could not load the model in {path}: {e}") from e
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     if not isinstance(model, YueForCausalLM):
         raise CheckpointError(f"{path / 'config.json'} is not a yue model (model_type must be 'yue')")
     return model.to(device).eval()
