@@ -30,11 +30,11 @@ from yue.decode.sampling import apply_repetition_penalty, choose, speculative_ac
 from yue.model.mot import StepOutput
 from yue.model.router import Router
 
-# Forward cost model, in "positions" (one position ~ 0.1 ms on 2 CPU cores, DESIGN §7): a drafting step
-# over P positions costs about FIXED + P. Measured on the default model's shape (6.9M parameters, 1
-# thread): 3.2 ms for one AR position, +2.6 ms as soon as any slot is present (the NAR weight set is
-# read too), +0.1 ms per further position. So FIXED ~ 32 + 26 positions.
-FIXED_COST_POSITIONS = 58.0
+# Forward cost model, in "positions" (one position ~ 0.1 ms on 2 CPU cores, DESIGN §7). Measured on the
+# default model's shape (6.9M parameters, 1 thread): 3.2 ms for a one-token AR step; +2.6 ms as soon as
+# any slot is present, because the NAR weight set is read too; +0.1 ms per further position.
+AR_STEP_COST = 32.0
+NAR_PASS_COST = 26.0
 
 
 @dataclass
@@ -159,27 +159,28 @@ class VerifiedPolicy:
         return n, torch.tensor(nxt, device=target.device)
 
     def draft_length(self, st: LoopState, p_ar: torch.Tensor, n_next_slots: int) -> int:
-        """How many drafts (slots 2..) to verify next step. p_ar: (B, n) for slots 1..n.
+        """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
 
         Slot 1 already matched the AR token, so draft j survives with A_j = a_{j+1} / a_1. Verifying k
-        drafts yields 1 + sum_{j<=k} A_j tokens, and, only if all k survive (prob. A_k), the step
-        after has drafts again, worth `draft_value` more tokens (a rejected draft leaves the next
-        step without one). We take the k with the most expected tokens per unit of forward cost,
-        among the leading drafts whose p_ar(i) <= router_threshold (DESIGN's one rule); at threshold 1
-        ("pure NAR") every slot is drafted.
+        drafts yields 1 + sum_{j<=k} A_j tokens, plus, only if all k survive (prob. A_k), drafts again
+        next step, worth `draft_value` tokens (a rejection leaves the next step without a draft). A
+        drafting step costs AR_STEP_COST + NAR_PASS_COST + its positions; a plain AR step writes one
+        token for AR_STEP_COST. We take the k with the most expected tokens per unit of cost, among the
+        leading drafts with p_ar(i) <= router_threshold (DESIGN's one rule), and draft only if that
+        beats plain AR steps. At threshold 1 ("pure NAR") every slot is drafted.
         """
-        if st.cfg.router_threshold >= 1.0:  # 1 is "pure NAR": draft every slot
+        if st.cfg.router_threshold >= 1.0:
             return p_ar.shape[1] - 1
         acc = 1.0 - p_ar  # (B, n)
         A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).min(0).values.tolist()
         allowed = (p_ar[:, 1:] <= st.cfg.router_threshold).all(0).tolist()
-        best_k, gain = 0, 1.0
-        best_rate = (gain + st.draft_value) / (FIXED_COST_POSITIONS + 1 + n_next_slots)
+        best_k, best_rate, gain = 0, 1.0 / AR_STEP_COST, 1.0
         for k, (a_k, ok) in enumerate(zip(A, allowed, strict=True), start=1):
             if not ok:
                 break
             gain += a_k
-            rate = (gain + a_k * st.draft_value) / (FIXED_COST_POSITIONS + 1 + k + n_next_slots)
+            cost = AR_STEP_COST + NAR_PASS_COST + 1 + k + n_next_slots
+            rate = (gain + a_k * st.draft_value) / cost
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
