@@ -67,7 +67,8 @@ def test_overload_gets_a_fast_503_with_retry_after_while_health_and_metrics_answ
 
         def hold() -> None:  # occupies a slot until released
             with httpx.stream("POST", srv.url + "/generate", json=LONG | {"stream": True}, timeout=30) as r:
-                next(r.iter_lines())
+                lines = r.iter_lines()  # kept referenced: a discarded iterator closes the connection
+                next(lines)
                 release.wait(20)
 
         holders = [threading.Thread(target=hold) for _ in range(2)]
