@@ -3,6 +3,7 @@ prompt, press Generate, see streamed text coloured by AR/NAR, and save a screens
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -71,5 +72,5 @@ def test_demo_page_streams_tokens_coloured_by_path_in_headless_chromium(trained_
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
-    DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
-    shutil.copyfile(shot, DOCS_SCREENSHOT)
+    if os.environ.get("YUE_UPDATE_DOCS"):  # refresh the README's screenshot on request only
+        shutil.copyfile(shot, DOCS_SCREENSHOT)

@@ -36,7 +36,10 @@ def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
 
     Only meaningful for sampling (cfg.temperature > 0). Filtered tokens get -inf.
     """
-    logits = logits.float() / cfg.temperature
+    # Shift by the max first, and floor the temperature, so a tiny (valid) temperature means "nearly
+    # greedy" instead of inf - inf = NaN.
+    logits = logits.float()
+    logits = (logits - logits.max(-1, keepdim=True).values) / max(cfg.temperature, 1e-5)
     if cfg.top_k:
         kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -45,6 +48,7 @@ def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # Drop a token when the mass before it already reaches top_p (always keep the first).
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= cfg.top_p
+        drop_sorted[..., 0] = False  # the most likely token always stays (top_p may underflow to 0)
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return F.log_softmax(logits, dim=-1)
