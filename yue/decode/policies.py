@@ -35,6 +35,8 @@ from yue.model.router import Router
 # any slot is present, because the NAR weight set is read too; +0.1 ms per further position.
 AR_STEP_COST = 32.0
 NAR_PASS_COST = 26.0
+# verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
+MAX_BACKOFF_DOUBLINGS = 3
 
 
 @dataclass
@@ -50,8 +52,8 @@ class LoopState:
         draft_logprobs: (B, n_drafts, V) warped NAR log-probs the drafts were sampled from (sampling).
         seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
         ar_stretch: hybrid: AR-only steps left before the router is asked again.
-        draft_value: verified: running mean of drafts accepted per drafting step (what having a
-            valid draft next step is worth, in tokens).
+        futile_probes: verified: consecutive steps whose slots the router found not worth drafting;
+            each doubles the next AR stretch (capped), since a probe costs a whole NAR pass.
     """
 
     cfg: DecodeConfig
@@ -61,7 +63,7 @@ class LoopState:
     draft_logprobs: torch.Tensor | None = None
     seen: torch.Tensor | None = None
     ar_stretch: int = 0
-    draft_value: float = 1.0
+    futile_probes: int = 0
 
 
 @dataclass
@@ -161,13 +163,12 @@ class VerifiedPolicy:
     def draft_length(self, st: LoopState, p_ar: torch.Tensor, n_next_slots: int) -> int:
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
 
-        Slot 1 already matched the AR token, so draft j survives with A_j = a_{j+1} / a_1. Verifying k
-        drafts yields 1 + sum_{j<=k} A_j tokens, plus, only if all k survive (prob. A_k), drafts again
-        next step, worth `draft_value` tokens (a rejection leaves the next step without a draft). A
-        drafting step costs AR_STEP_COST + NAR_PASS_COST + its positions; a plain AR step writes one
-        token for AR_STEP_COST. We take the k with the most expected tokens per unit of cost, among the
-        leading drafts with p_ar(i) <= router_threshold (DESIGN's one rule), and draft only if that
-        beats plain AR steps. At threshold 1 ("pure NAR") every slot is drafted.
+        Slot 1 already matched the AR token, so draft j survives with A_j = a_{j+1} / a_1, and verifying
+        k drafts yields 1 + sum_{j<=k} A_j tokens in a step that costs AR_STEP_COST + NAR_PASS_COST +
+        its positions, where a plain AR step writes one token for AR_STEP_COST. We take the k with the
+        most expected tokens per unit of cost among the leading drafts with p_ar(i) <= router_threshold
+        (DESIGN's one rule), and draft only if that beats plain AR steps. At threshold 1 ("pure NAR")
+        every slot is drafted.
         """
         if st.cfg.router_threshold >= 1.0:
             return p_ar.shape[1] - 1
@@ -179,8 +180,7 @@ class VerifiedPolicy:
             if not ok:
                 break
             gain += a_k
-            cost = AR_STEP_COST + NAR_PASS_COST + 1 + k + n_next_slots
-            rate = (gain + a_k * st.draft_value) / cost
+            rate = gain / (AR_STEP_COST + NAR_PASS_COST + 1 + k + n_next_slots)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -194,8 +194,6 @@ class VerifiedPolicy:
         keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
         adv.drafted, adv.accepted = k, n_acc
-        if k:
-            st.draft_value = 0.8 * st.draft_value + 0.2 * n_acc
         n = out.slot_logits.shape[1]
         if n == 0:
             st.ar_stretch = max(st.ar_stretch - 1, 0)
@@ -210,8 +208,11 @@ class VerifiedPolicy:
         k_next = self.draft_length(st, p_ar, n)
         if k_next == 0:
             # The router sees no draft worth its cost here; slots cost a whole NAR pass per step, so
-            # write plain AR steps for a while and ask again (as hybrid does).
-            st.ar_stretch = st.cfg.reeval_every
+            # write plain AR steps for a while and ask again, backing off further after each futile ask.
+            st.ar_stretch = st.cfg.reeval_every * 2 ** min(st.futile_probes, MAX_BACKOFF_DOUBLINGS)
+            st.futile_probes += 1
+        else:
+            st.futile_probes = 0
         if k_next:
             adv.next_fed = torch.cat([nxt[:, None], slots[:, 1 : 1 + k_next]], dim=1)
             adv.next_drafts = k_next
