@@ -95,7 +95,8 @@ def write_card(
         out += [
             f"2. Self-distillation of the NAR set on {sd['sequences']} AR-greedy continuations "
             f"(generation {sd['generation_s'] / 60:.1f} min, training {sd['train_s'] / 60:.1f} min):",
-            f"   `yue self-distill --model <stage-1 model> --out <stage-2 model> --threads {sd['config'].get('threads', 2)}`",
+            f"   `yue self-distill --model <stage-1 model> --out <stage-2 model> --sequences {sd['sequences']} "
+            f"--steps {sd['config']['steps']} --lr {sd['config']['lr']} --threads 2`",
         ]
     if router:
         out += [
@@ -131,7 +132,14 @@ def write_card(
         out += ["", "### Default router threshold", "", calibration["text"]]
     if bench:
         out += ["", "### Speed and fidelity (yue bench, development set)", "", bench["text"]]
-    out += ["", "## Greedy completions (verbatim, `mode=ar`, 64 new tokens)", ""]
+    out += [
+        "",
+        "## Greedy completions (verbatim, `mode=ar`, 64 new tokens)",
+        "",
+        "A prompt that ends in a newline splits a token the tokenizer would have merged with the next",
+        "line's indentation (`\\n` + spaces), so the model reads it as the end of a top-level block.",
+        "",
+    ]
     for prompt, text in _completions(model_dir):
         out += ["```python", prompt + text, "```", ""]
     path = model_dir / "README.md"
