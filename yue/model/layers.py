@@ -127,78 +127,84 @@ class MoTLayer(nn.Module):
         self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.nar_mlp = MLP(config)
 
-    def _split_apply(self, h: torch.Tensor, n_c: int, ar_fn, nar_fn) -> torch.Tensor:
-        """Apply `ar_fn` to the first n_c positions and `nar_fn` to the rest. h: (B, T, *)."""
-        if n_c == h.shape[1]:
-            return ar_fn(h)
-        if n_c == 0:
-            return nar_fn(h)
-        return torch.cat([ar_fn(h[:, :n_c]), nar_fn(h[:, n_c:])], dim=1)
+    def _qkv(self, x: torch.Tensor, proj: AttentionProjections, cos: torch.Tensor, sin: torch.Tensor):
+        """Q/K/V of one parameter set with RoPE. x: (B, T, D) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh)."""
+        B, T, _ = x.shape
+        q = proj.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = proj.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = proj.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def _attend(self, q, k, v, mask, n_committed: int, start: int, cached: bool) -> torch.Tensor:
-        """SDPA for q (B, H, T, Dh) over k, v (B, Hkv, S, Dh). In a decode step with slots, committed
-        queries attend over committed keys only, in a call of their own: their numbers are then
-        bit-identical to a step without slots (same shapes, same kernel), not merely equal up to
-        rounding, which keeps `verified` == `ar` exact even at near-ties."""
-        gqa = self.n_kv != self.n_heads
-        T = q.shape[2]
-        if not cached or n_committed == T:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        s_c = start + n_committed
-        m_c = None if mask is None else mask[..., :n_committed, :s_c]
-        m_s = None if mask is None else mask[..., n_committed:, :]
-        out_c = F.scaled_dot_product_attention(
-            q[:, :, :n_committed], k[:, :, :s_c], v[:, :, :s_c], m_c, enable_gqa=gqa
-        )
-        out_s = F.scaled_dot_product_attention(q[:, :, n_committed:], k, v, m_s, enable_gqa=gqa)
-        return torch.cat([out_c, out_s], dim=2)
+    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, Dh) -> (B, T, H * Dh)."""
+        B, _, T, _ = out.shape
+        return out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
 
     def forward(
         self,
-        h: torch.Tensor,
-        n_committed: int,
+        h_c: torch.Tensor,
+        h_s: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None,
         kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         start: int = 0,
-    ) -> torch.Tensor:
-        """One layer.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over committed positions (AR set) and slots (NAR set), kept as separate tensors so
+        the two sets' matmuls run on dense inputs with no gather, split or concatenation.
 
         Args:
-            h: (B, T, D) hidden states; the first `n_committed` positions are committed, the rest slots.
-            n_committed: number of committed positions at the front of `h`.
-            cos, sin: RoPE rows for the T positions, (1|B, 1, T, Dh).
+            h_c: (B, Tc, D) committed hidden states.
+            h_s: (B, Ts, D) slot hidden states, Ts >= 0, positioned after the committed ones.
+            cos, sin: RoPE rows for the T = Tc + Ts positions, (1|B, 1, T, Dh).
             mask: (1|B, 1, T, S) bool, True = may attend; S = start + T with a cache, T without.
                 None means every query may see every key (a single committed token).
             kv: this layer's cache buffers (k, v), each (B, Hkv, T_max, Dh), or None (training).
-            start: absolute cache index of h's first position; new K/V are written at [start, start+T).
+            start: absolute cache index of h_c's first position; new K/V go to [start, start + T).
         Returns:
-            (B, T, D) hidden states.
+            (h_c, h_s), same shapes.
         """
-        B, T, _ = h.shape
-        a, n = self.self_attn, self.nar_self_attn
+        Tc, Ts = h_c.shape[1], h_s.shape[1]
+        gqa = self.n_kv != self.n_heads
         # 1. Pre-attention norm and Q/K/V, per parameter set.
-        x = self._split_apply(h, n_committed, self.input_layernorm, self.nar_input_layernorm)
-        q = self._split_apply(x, n_committed, a.q_proj, n.q_proj)
-        k = self._split_apply(x, n_committed, a.k_proj, n.k_proj)
-        v = self._split_apply(x, n_committed, a.v_proj, n.v_proj)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
-        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # 2. One shared attention. With a cache, K/V land at their absolute indices (slots too: they
-        #    sit past the committed length, in scratch space the next committed write overwrites).
-        if kv is not None:
-            k_buf, v_buf = kv
-            k_buf[:, :, start : start + T] = k
-            v_buf[:, :, start : start + T] = v
-            k, v = k_buf[:, :, : start + T], v_buf[:, :, : start + T]  # (B, Hkv, S, Dh)
-        out = self._attend(q, k, v, mask, n_committed, start, kv is not None)
-        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
-        h = h + self._split_apply(out, n_committed, a.o_proj, n.o_proj)
-        # 3. Post-attention norm and MLP, per parameter set.
-        x = self._split_apply(
-            h, n_committed, self.post_attention_layernorm, self.nar_post_attention_layernorm
+        q_c, k_c, v_c = self._qkv(
+            self.input_layernorm(h_c), self.self_attn, cos[..., :Tc, :], sin[..., :Tc, :]
         )
-        return h + self._split_apply(x, n_committed, self.mlp, self.nar_mlp)
+        if Ts:
+            x_s = self.nar_input_layernorm(h_s)
+            q_s, k_s, v_s = self._qkv(x_s, self.nar_self_attn, cos[..., Tc:, :], sin[..., Tc:, :])
+        # 2. One shared attention.
+        if kv is not None:
+            # K/V land at their absolute cache indices; slots sit past the committed length, in
+            # scratch space the next committed write overwrites. Committed queries attend over
+            # committed keys only, in a call of their own, so their numbers are bit-identical to a
+            # step without slots (same shapes, same kernel): `verified` == `ar` exactly, even at ties.
+            k_buf, v_buf = kv
+            k_buf[:, :, start : start + Tc], v_buf[:, :, start : start + Tc] = k_c, v_c
+            s_c = start + Tc
+            m_c = None if mask is None else mask[..., :Tc, :s_c]
+            o_c = F.scaled_dot_product_attention(
+                q_c, k_buf[:, :, :s_c], v_buf[:, :, :s_c], m_c, enable_gqa=gqa
+            )
+            if Ts:
+                k_buf[:, :, s_c : s_c + Ts], v_buf[:, :, s_c : s_c + Ts] = k_s, v_s
+                m_s = None if mask is None else mask[..., Tc:, :]
+                S = s_c + Ts
+                o_s = F.scaled_dot_product_attention(
+                    q_s, k_buf[:, :, :S], v_buf[:, :, :S], m_s, enable_gqa=gqa
+                )
+        elif Ts:
+            # Training: committed positions and all blocks in one call, under the training mask.
+            q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))
+            o_c, o_s = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa).split(
+                [Tc, Ts], 2
+            )
+        else:
+            o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)
+        # 3. Output projection, post-attention norm and MLP, per parameter set.
+        h_c = h_c + self.self_attn.o_proj(self._merge(o_c))
+        h_c = h_c + self.mlp(self.post_attention_layernorm(h_c))
+        if Ts:
+            h_s = h_s + self.nar_self_attn.o_proj(self._merge(o_s))
+            h_s = h_s + self.nar_mlp(self.nar_post_attention_layernorm(h_s))
+        return h_c, h_s

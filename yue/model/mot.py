@@ -63,10 +63,11 @@ class MoTModel(nn.Module):
         """
         h = self.embed_tokens(tokens)
         cos, sin = self.rope.lookup(positions, h.dtype)
+        h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
         for i, layer in enumerate(self.layers):
             kv = cache.layer(i) if cache is not None else None
-            h = layer(h, n_committed, cos, sin, mask, kv, start)
-        return self.norm(h)
+            h_c, h_s = layer(h_c, h_s, cos, sin, mask, kv, start)
+        return self.norm(torch.cat([h_c, h_s], dim=1) if h_s.shape[1] else h_c)
 
 
 @dataclass
