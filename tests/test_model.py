@@ -120,3 +120,17 @@ def test_corrupt_config_is_named(model, tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json"):
         load_model(tmp_path)
+
+
+def test_bfloat16_nar_set_changes_drafts_only_verified_still_equals_ar(trained_model_dir):
+    engine = yue.load(trained_model_dir)
+    engine.model.set_nar_dtype(torch.bfloat16)
+    assert engine.model.model.layers[0].nar_mlp.up_proj.weight.dtype == torch.bfloat16
+    assert engine.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
+    drafted = 0
+    for prompt in ["def alpha_1(x):\n", "def beta", "class "]:
+        ar = engine.generate(prompt, mode="ar", max_new_tokens=40)
+        ver = engine.generate(prompt, mode="verified", max_new_tokens=40, router_threshold=1.0)
+        assert ver.token_ids == ar.token_ids
+        drafted += ver.stats.drafted
+    assert drafted > 0  # the bfloat16 NAR set really drafted

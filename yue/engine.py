@@ -241,13 +241,20 @@ class Engine:
         ]
 
 
-def load(path: str | Path | None = None, device: str = "cpu", dtype: torch.dtype | None = None) -> Engine:
+def load(
+    path: str | Path | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    nar_dtype: torch.dtype | None = None,
+) -> Engine:
     """Load a model folder (default: the shipped `yue-code-mini`) into an Engine.
 
     Args:
         path: a folder written by `save_pretrained` with a tokenizer.json; None = the default model.
         device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
         dtype: weights dtype (default: as saved, float32).
+        nar_dtype: store the NAR set's matmul weights in this dtype (e.g. torch.bfloat16) to make
+            drafting steps cheaper; `ar`/`verified` output is unchanged (see `set_nar_dtype`).
     Raises:
         CheckpointError: missing, truncated or corrupt files (the message names the file).
         ValueError: an unavailable device.
@@ -264,6 +271,8 @@ def load(path: str | Path | None = None, device: str = "cpu", dtype: torch.dtype
             f"the default model is missing from the package ({folder}); pass a model folder"
         )
     model = load_model(folder, device=device, dtype=dtype)
+    if nar_dtype is not None:
+        model.set_nar_dtype(nar_dtype)
     try:
         c = model.config
         eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id

@@ -128,11 +128,17 @@ class MoTLayer(nn.Module):
         self.nar_mlp = MLP(config)
 
     def _qkv(self, x: torch.Tensor, proj: AttentionProjections, cos: torch.Tensor, sin: torch.Tensor):
-        """Q/K/V of one parameter set with RoPE. x: (B, T, D) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh)."""
+        """Q/K/V of one parameter set with RoPE. x: (B, T, D) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh).
+
+        The projections run in their weights' dtype (the NAR set may be stored in bfloat16, see
+        `YueForCausalLM.set_nar_dtype`); the results come back in x's dtype, the cache's.
+        """
         B, T, _ = x.shape
-        q = proj.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = proj.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = proj.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        w = proj.q_proj.weight.dtype
+        xw = x.to(w)
+        q = proj.q_proj(xw).to(x.dtype).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = proj.k_proj(xw).to(x.dtype).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = proj.v_proj(xw).to(x.dtype).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _merge(self, out: torch.Tensor) -> torch.Tensor:
@@ -205,6 +211,7 @@ class MoTLayer(nn.Module):
         h_c = h_c + self.self_attn.o_proj(self._merge(o_c))
         h_c = h_c + self.mlp(self.post_attention_layernorm(h_c))
         if Ts:
-            h_s = h_s + self.nar_self_attn.o_proj(self._merge(o_s))
-            h_s = h_s + self.nar_mlp(self.nar_post_attention_layernorm(h_s))
+            w = self.nar_self_attn.o_proj.weight.dtype  # float32, or bfloat16 after set_nar_dtype
+            h_s = h_s + self.nar_self_attn.o_proj(self._merge(o_s).to(w)).to(h_s.dtype)
+            h_s = h_s + self.nar_mlp(self.nar_post_attention_layernorm(h_s).to(w)).to(h_s.dtype)
         return h_c, h_s

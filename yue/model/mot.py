@@ -107,6 +107,18 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    def set_nar_dtype(self, dtype: torch.dtype) -> YueForCausalLM:
+        """Store the NAR set's projection and MLP weights in `dtype` (norms stay as they are).
+
+        A decode step with slots reads the whole NAR weight set once; on a CPU that step is bound by
+        memory traffic, so bfloat16 NAR weights make drafting steps cheaper. Only drafts change: the AR
+        path is untouched, so `ar` and `verified` outputs stay exactly what they were.
+        """
+        for layer in self.model.layers:
+            layer.nar_self_attn.to(dtype)
+            layer.nar_mlp.to(dtype)
+        return self
+
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """A KV cache for this model, on its device and dtype."""
         c = self.config
