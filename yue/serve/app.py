@@ -206,13 +206,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
         def build(o: Outcome) -> s.CompletionResponse:
             choice = s.CompletionChoice(text=o.text, finish_reason=openai_finish_reason(o.finish_reason))
-            return s.CompletionResponse(
-                id=fmt.id,
-                created=fmt.created,
-                model=fmt.model,
-                choices=[choice],
-                usage=s.Usage(**usage(o.prompt_tokens, o.stats.new_tokens)),
-            )
+            return s.CompletionResponse(choices=[choice], **_envelope(fmt, o))
 
         return await _respond(state, request, prepared, fmt, body.stream, build)
 
@@ -233,13 +227,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
                 message=s.AssistantMessage(content=o.text),
                 finish_reason=openai_finish_reason(o.finish_reason),
             )
-            return s.ChatCompletionResponse(
-                id=fmt.id,
-                created=fmt.created,
-                model=fmt.model,
-                choices=[choice],
-                usage=s.Usage(**usage(o.prompt_tokens, o.stats.new_tokens)),
-            )
+            return s.ChatCompletionResponse(choices=[choice], **_envelope(fmt, o))
 
         return await _respond(state, request, prepared, fmt, body.stream, build)
 
@@ -249,6 +237,16 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         prepared = _prepare(state, body, body.prompt, "prompt", default_max_tokens=128, temperature=None)
         fmt = GenerateFormat(engine.tokenizer)
         return await _respond(state, request, prepared, fmt, body.stream, lambda o: generate_body(o))
+
+
+def _envelope(fmt, o: Outcome) -> dict:
+    """The fields every OpenAI completion response shares: id, created, model, usage."""
+    return {
+        "id": fmt.id,
+        "created": fmt.created,
+        "model": fmt.model,
+        "usage": s.Usage(**usage(o.prompt_tokens, o.stats.new_tokens)),
+    }
 
 
 def _check_model(state: ServerState, model: str | None):
