@@ -122,3 +122,11 @@ def test_trace_records_one_step_per_forward(engine):
     )
     assert len(r.trace) == r.stats.forwards
     assert all(s.format().startswith("[router] step") for s in r.trace)
+
+
+def test_ignore_eos_writes_exactly_max_new_tokens(engine):
+    stopped = engine.generate("def alpha_1(x):\n", mode="ar", max_new_tokens=60)
+    assert stopped.finish_reason == "eos"
+    full = engine.generate("def alpha_1(x):\n", mode="ar", max_new_tokens=60, ignore_eos=True)
+    assert full.finish_reason == "length" and len(full.token_ids) == 60
+    assert full.token_ids[: len(stopped.token_ids)] == stopped.token_ids

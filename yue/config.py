@@ -90,6 +90,7 @@ class DecodeConfig:
         block_size: slots drafted per step, at most the model's K; None = the model's K.
         reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
+        ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
     """
 
     mode: Mode = "hybrid"
@@ -104,6 +105,7 @@ class DecodeConfig:
     block_size: int | None = None
     reeval_every: int | None = None
     trace: bool = False
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

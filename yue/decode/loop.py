@@ -119,7 +119,7 @@ def decode(
     rows = _Rows([cfg.max_new_tokens] * B, [None] * B)
     mask_id = model.config.mask_token_id
     eos = model.config.eos_token_id
-    eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None or cfg.ignore_eos else [eos])
     index = 0
     while True:
         if cancel is not None and cancel():

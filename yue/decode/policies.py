@@ -113,6 +113,21 @@ def draft_slots(st: LoopState, out: StepOutput) -> tuple[torch.Tensor, torch.Ten
     return torch.multinomial(q.flatten(0, 1).exp(), 1, generator=st.generator).view(q.shape[:2]), q
 
 
+def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | None = None) -> Advance:
+    """Emit each row's AR token then `extra` slot tokens without verification, and feed them all next.
+
+    token: (B,) the AR path's token; extra: (B, m) slot tokens, or None for none. Every fed position is kept.
+    """
+    if extra is None:
+        extra = token.new_empty(token.shape[0], 0)
+    m = extra.shape[1]
+    emitted = [[t] + e for t, e in zip(token.tolist(), extra.tolist(), strict=True)]
+    next_fed = torch.cat([token[:, None], extra], dim=1)
+    adv = Advance(st.fed.shape[1], emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
+    adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), m, m
+    return adv
+
+
 class ARPolicy:
     """One token per forward: the reference."""
 
@@ -122,10 +137,8 @@ class ARPolicy:
         return 0
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        logits = ar_logits_with_penalty(st, out)[:, -1]
-        tok = choose(logits, st.cfg, st.generator)  # (B,)
-        toks = tok.tolist()
-        return Advance(st.fed.shape[1], [[t] for t in toks], [["ar"] for _ in toks], tok[:, None])
+        tok = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
+        return commit_unverified(st, tok)
 
 
 class VerifiedPolicy:
@@ -235,26 +248,20 @@ class HybridPolicy:
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
-        adv = Advance(st.fed.shape[1], [[t] for t in bonus.tolist()], [["ar"] for _ in bonus], bonus[:, None])
         if out.slot_logits.shape[1] == 0:
             st.ar_stretch -= 1
-            return adv
+            return commit_unverified(st, bonus)
         slots, _ = draft_slots(st, out)
         p_ar = router_p_ar(model, out)
-        adv.p_ar = p_ar[0].tolist()
+        m = 0
         if bool((p_ar[:, 0] > st.cfg.router_threshold).any()):
             st.ar_stretch = st.cfg.reeval_every - 1  # this step already wrote one AR token
-            return adv
-        m = self.committed_slots(st, p_ar)
-        if st.cfg.greedy and not bool((slots[:, 0] == bonus).all()):
-            m = 0  # slot 1 disagrees with the AR token: the block was drafted for another context
-        adv.drafted, adv.accepted = m, m
-        if m:
-            adv.mode = "NAR"
-            extra = slots[:, 1 : 1 + m]
-            adv.emitted = [[t] + e for t, e in zip(bonus.tolist(), extra.tolist(), strict=True)]
-            adv.sources = [["ar"] + ["nar"] * m for _ in adv.emitted]
-            adv.next_fed = torch.cat([bonus[:, None], extra], dim=1)
+        elif not st.cfg.greedy or bool((slots[:, 0] == bonus).all()):
+            # (greedy: a slot 1 that disagrees with the AR token means the block was drafted for
+            # another context, so nothing is committed from it)
+            m = self.committed_slots(st, p_ar)
+        adv = commit_unverified(st, bonus, slots[:, 1 : 1 + m])
+        adv.p_ar = p_ar[0].tolist()
         return adv
 
 
@@ -269,13 +276,7 @@ class NARPolicy:
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)
         slots, _ = draft_slots(st, out)
-        extra = slots[:, 1:]
-        m = extra.shape[1]
-        emitted = [[t] + e for t, e in zip(bonus.tolist(), extra.tolist(), strict=True)]
-        next_fed = torch.cat([bonus[:, None], extra], dim=1)
-        adv = Advance(st.fed.shape[1], emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
-        adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), m, m
-        return adv
+        return commit_unverified(st, bonus, slots[:, 1:])
 
 
 POLICIES = {p.name: p for p in (ARPolicy, VerifiedPolicy, HybridPolicy, NARPolicy)}

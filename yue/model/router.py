@@ -20,10 +20,14 @@ from torch import nn
 from yue.config import YueConfig
 
 
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy (nats) over the last dim. (..., V) -> (...)."""
-    logp = F.log_softmax(logits.float(), dim=-1)
+def entropy_of_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of log-probabilities over the last dim. (..., V) -> (...)."""
     return -(logp.exp() * logp).sum(-1)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of logits over the last dim. (..., V) -> (...)."""
+    return entropy_of_logprobs(F.log_softmax(logits.float(), dim=-1))
 
 
 class Router(nn.Module):
@@ -53,7 +57,7 @@ class Router(nn.Module):
         logp = F.log_softmax(slot_logits.float(), dim=-1)  # (B, n, V)
         per_slot = torch.zeros(B, 3, K, device=slot_logits.device)
         per_slot[:, 0, :n] = logp.max(-1).values.exp()  # max probability
-        per_slot[:, 1, :n] = -(logp.exp() * logp).sum(-1)  # entropy
+        per_slot[:, 1, :n] = entropy_of_logprobs(logp)
         per_slot[:, 2, :n] = 1.0  # present
         h_ar = entropy(ar_logits_last)[:, None]  # (B, 1)
         return torch.cat([hidden_last.float(), h_ar, per_slot.flatten(1)], dim=-1)

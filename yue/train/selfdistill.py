@@ -4,7 +4,7 @@ Design decisions:
 - The corpus is the AR path's own greedy continuations of prompts cut from the training split (random
   offsets, ~64 tokens, 128-256 new tokens): token arrays in one safetensors file, never text, so no
   detokenize/re-tokenize round trip changes what the AR path actually wrote.
-- `generate_ar_greedy` is a lean batched loop over `model.step` with one preallocated `KVCache`.
+- `generate_ar_greedy` runs the project's decode loop (`mode="ar"`, `ignore_eos`) on batches of equal-length prompts.
   Prompts are grouped by length, so a batch needs no padding and every row shares one position vector.
 - Fine-tuning reuses `losses.joint_loss` with α = 0 and `set_trainable(model, "nar")`: the AR set,
   embedding, final norm and tied head are frozen, so the AR path's logits cannot change. Anchors lie
@@ -30,7 +30,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from yue.model.masks import decode_mask
+from yue.config import DecodeConfig
+from yue.decode.loop import decode
 from yue.model.mot import YueForCausalLM
 from yue.train.loop import lr_at
 from yue.train.losses import LossWeights, joint_loss, set_trainable
@@ -40,27 +41,6 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------
 # Greedy AR generation
-
-
-@torch.no_grad()
-def _greedy_batch(model: YueForCausalLM, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy AR continuation of equal-length prompts. prompts: (B, P) -> new tokens (B, max_new_tokens)."""
-    B, P = prompts.shape
-    cache = model.new_cache(B, P + max_new_tokens)
-    positions = torch.arange(P + max_new_tokens, device=prompts.device)
-    new = torch.empty(B, max_new_tokens, dtype=torch.long, device=prompts.device)
-    # 1. Prefill: the whole prompt in one committed forward (causal mask, no slots).
-    out = model.step(prompts, positions[:P], P, decode_mask(0, P, 0), cache)
-    cache.advance(P)
-    tok = out.ar_logits[:, -1].argmax(-1)  # (B,)
-    new[:, 0] = tok
-    # 2. One token per forward; a single query needs no mask (it may see every cached key).
-    for j in range(1, max_new_tokens):
-        out = model.step(tok[:, None], positions[P + j - 1 : P + j], 1, None, cache)
-        cache.advance(1)
-        tok = out.ar_logits[:, -1].argmax(-1)
-        new[:, j] = tok
-    return new
 
 
 @torch.no_grad()
@@ -93,12 +73,13 @@ def generate_ar_greedy(
     chunks = [
         idx[s : s + batch_size] for _, idx in sorted(by_len.items()) for s in range(0, len(idx), batch_size)
     ]
+    cfg = DecodeConfig(mode="ar", max_new_tokens=max_new_tokens, ignore_eos=True).resolved(model.config)
     results: list[list[int]] = [[] for _ in prompts_token_lists]
     for chunk in tqdm(chunks, desc="AR greedy", disable=not progress, unit="batch"):
-        x = torch.tensor([list(prompts_token_lists[i]) for i in chunk], dtype=torch.long, device=model.device)
-        new = _greedy_batch(model, x, max_new_tokens).tolist()
-        for row, i in enumerate(chunk):
-            results[i] = new[row]
+        # Equal-length prompts: the decode loop runs them in lockstep without padding.
+        for em in decode(model, [list(prompts_token_lists[i]) for i in chunk], cfg):
+            for row, i in enumerate(chunk):
+                results[i].extend(em.tokens[row])
     return results
 
 
