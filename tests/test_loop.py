@@ -42,12 +42,18 @@ def trained(trained_model_dir):
     pieces=st.lists(st.sampled_from(PROMPT_PIECES), min_size=0, max_size=6),
     threshold=st.sampled_from([0.0, 0.3, 0.65, 1.0]),
     block_size=st.sampled_from([1, 4, 8]),
+    fallback=st.booleans(),
 )
-def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, block_size):
+def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, block_size, fallback):
     prompt = "".join(pieces)
     ar = trained.generate(prompt, mode="ar", max_new_tokens=40)
     ver = trained.generate(
-        prompt, mode="verified", max_new_tokens=40, router_threshold=threshold, block_size=block_size
+        prompt,
+        mode="verified",
+        max_new_tokens=40,
+        router_threshold=threshold,
+        block_size=block_size,
+        fallback_drafts=fallback,
     )
     assert ver.token_ids == ar.token_ids
     assert ver.text == ar.text
@@ -71,11 +77,26 @@ def test_verified_with_repetition_penalty_equals_ar(trained):
         assert ver.token_ids == ar.token_ids
 
 
-def test_batched_verified_equals_single_prompt_ar(trained):
+@pytest.mark.parametrize("fallback", [False, True])
+def test_batched_verified_equals_single_prompt_ar(trained, fallback):
     prompts = ["def alpha_1(x):\n", "x", "class Point:\n    def "]
-    batch = trained.generate(prompts, mode="verified", max_new_tokens=30, router_threshold=1.0)
+    kw = dict(mode="verified", max_new_tokens=30, router_threshold=1.0, fallback_drafts=fallback)
+    batch = trained.generate(prompts, **kw)
     for p, r in zip(prompts, batch, strict=True):
         assert r.token_ids == trained.generate(p, mode="ar", max_new_tokens=30).token_ids
+
+
+def test_fallback_drafts_draft_after_partial_rejections(trained):
+    """A partly rejected draft still leaves one: fewer forwards for the same (exact) tokens."""
+    prompts = ["def alpha_1(x):\n", "def beta", "    return gamma(x) + 4\n\ndef ", "class "]
+    kw = dict(mode="verified", max_new_tokens=40, router_threshold=1.0)
+    plain = [trained.generate(p, **kw) for p in prompts]
+    fb = [trained.generate(p, fallback_drafts=True, **kw) for p in prompts]
+    assert [r.token_ids for r in fb] == [r.token_ids for r in plain]
+    # With one block per step, a step after a partial rejection drafts nothing; with fallback blocks
+    # every step after the prefill verifies a draft.
+    assert sum(r.stats.forwards for r in fb) < sum(r.stats.forwards for r in plain)
+    assert all(r.stats.drafted >= (r.stats.forwards - 1) * 7 for r in fb if r.stats.new_tokens == 40)
 
 
 def _run(stub, cfg, prompt=(1,)):

@@ -56,6 +56,37 @@ def test_committed_logits_do_not_depend_on_slots(model):
     assert torch.equal(a, b.ar_logits)
 
 
+def test_decode_mask_with_anchors_gives_each_block_its_own_context():
+    # cache holds 2 positions; 3 new committed tokens c2..c4; two blocks of 2 slots at c2 and c4.
+    m = decode_mask(2, 3, 4, anchors=(0, 2))[0, 0]  # (7 queries, 9 keys)
+    assert m[:3, :5].equal(torch.ones(3, 5, dtype=torch.bool).tril(2))  # committed: causal
+    assert not m[:3, 5:].any()
+    assert m[3:5, :3].all() and not m[3:5, 3:5].any()  # block 0 sees up to c2 only
+    assert m[3:5, 5:7].all() and not m[3:5, 7:].any()  # ... and its own slots
+    assert m[5:7, :5].all() and m[5:7, 7:].all() and not m[5:7, 5:7].any()  # block 1: up to c4, own
+    assert decode_mask(2, 3, 4).equal(decode_mask(2, 3, 4, anchors=(2,)))
+
+
+def test_a_block_anchored_mid_step_drafts_as_if_anchored_at_the_end(model):
+    """Block m of a multi-block step sees what a one-block step ending at its anchor would see."""
+    x = torch.randint(4, model.config.vocab_size, (1, 10))
+    K, mask_id = 3, model.config.mask_token_id
+    with torch.inference_mode():
+        cache = model.new_cache(1, 64)
+        model.step(x[:, :6], torch.arange(6), 6, decode_mask(0, 6, 0), cache)
+        cache.advance(6)
+        fed, anchors = x[:, 6:], (0, 2, 3)  # 4 new tokens at positions 6..9
+        tokens = torch.cat([fed, torch.full((1, 3 * K), mask_id)], 1)
+        pos = torch.cat([torch.arange(6, 10)] + [torch.arange(7 + a, 7 + a + K) for a in anchors])
+        multi = model.step(tokens, pos, 4, decode_mask(6, 4, 3 * K, anchors=anchors), cache).slot_logits
+        for b, a in enumerate(anchors):
+            solo_cache = model.new_cache(1, 64)
+            n = 6 + a + 1
+            t = torch.cat([x[:, :n], torch.full((1, K), mask_id)], 1)
+            solo = model.step(t, torch.arange(n + K), n, decode_mask(0, n, K), solo_cache).slot_logits
+            torch.testing.assert_close(multi[:, b * K : (b + 1) * K], solo, atol=1e-4, rtol=1e-4)
+
+
 def test_training_mask_matches_the_design_picture():
     m = training_mask(6, torch.tensor([[3]]), 3)[0, 0]  # committed c0..c5, one block anchored at c3
     assert m[:6, :6].equal(torch.ones(6, 6, dtype=torch.bool).tril())  # causal

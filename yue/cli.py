@@ -362,6 +362,12 @@ def bench_cmd(
         "hf-greedy,hf-prompt-lookup,ar,verified,hybrid,nar", help="Comma-separated entries to compare."
     ),
     thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
+    verified_thresholds: str = typer.Option(
+        "1", help="Adds verified@T entries (1 = draft every slot); empty for none."
+    ),
+    fallback_drafts: bool = typer.Option(
+        True, help="Add verified+fallback entries (a draft block at every draft position)."
+    ),
     batch_sizes: str = typer.Option("1", help="Sizes > 1 add ar/verified throughput entries (ar@bN)."),
     repeats: int = typer.Option(1, help="Timed passes over the prompts."),
     limit: int | None = typer.Option(None, help="Use only the first N prompts."),
@@ -390,6 +396,8 @@ def bench_cmd(
         max_new_tokens=max_new_tokens,
         modes=csv(modes, str, "modes"),
         thresholds=csv(thresholds, float, "thresholds"),
+        verified_thresholds=csv(verified_thresholds, float, "verified_thresholds"),
+        fallback_drafts=fallback_drafts,
         batch_sizes=csv(batch_sizes, int, "batch_sizes"),
         repeats=repeats,
         limit=limit,

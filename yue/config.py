@@ -91,6 +91,9 @@ class DecodeConfig:
         reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
+        fallback_drafts: verified: also anchor a block of slots at every draft position, so a partly
+            rejected draft still leaves a valid draft for the next step (more tokens per forward, at
+            K slot rows per draft; pays where extra rows are cheap, e.g. a GPU; see DESIGN §2).
     """
 
     mode: Mode = "hybrid"
@@ -106,6 +109,7 @@ class DecodeConfig:
     reeval_every: int | None = None
     trace: bool = False
     ignore_eos: bool = False
+    fallback_drafts: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

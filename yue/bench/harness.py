@@ -59,6 +59,10 @@ class BenchConfig:
         max_new_tokens: tokens per generation (all entries alike).
         modes: entries to run, from ALL_MODES; "hybrid" runs at the model's default threshold.
         thresholds: the hybrid sweep; each adds a "hybrid@T" entry (only when "hybrid" is in modes).
+        verified_thresholds: each adds a "verified@T" entry (only when "verified" is in modes); at 1
+            every slot is drafted, which shows the drafts' acceptance apart from the router's choices.
+        fallback_drafts: add "verified+fallback" entries (default threshold and each verified
+            threshold): a draft block at every draft position (`DecodeConfig.fallback_drafts`).
         batch_sizes: sizes > 1 add "ar@bN" / "verified@bN" throughput entries.
         repeats: timed passes over the prompts (medians pool all of them).
         limit: use only the first `limit` prompts.
@@ -72,6 +76,8 @@ class BenchConfig:
     max_new_tokens: int = 128
     modes: tuple[str, ...] = ALL_MODES
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    verified_thresholds: tuple[float, ...] = (1.0,)
+    fallback_drafts: bool = True
     batch_sizes: tuple[int, ...] = (1,)
     repeats: int = 1
     limit: int | None = None
@@ -87,6 +93,8 @@ class BenchConfig:
             raise ValueError(f"modes: duplicate entries in {','.join(self.modes)}")
         if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
             raise ValueError(f"thresholds must be in [0, 1], got {list(self.thresholds)}")
+        if any(not 0.0 <= t <= 1.0 for t in self.verified_thresholds):
+            raise ValueError(f"verified_thresholds must be in [0, 1], got {list(self.verified_thresholds)}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be integers >= 1, got {list(self.batch_sizes)}")
         if self.max_new_tokens < 1:
@@ -101,12 +109,13 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class Entry:
-    """One column of the comparison: a mode, at a threshold (hybrid sweep) or a batch size."""
+    """One column of the comparison: a mode, at a threshold (sweeps) or a batch size."""
 
     name: str
     mode: str
     threshold: float | None = None
     batch: int = 1
+    fallback: bool = False  # verified with `fallback_drafts`
 
 
 def entries(cfg: BenchConfig) -> list[Entry]:
@@ -116,6 +125,14 @@ def entries(cfg: BenchConfig) -> list[Entry]:
         out.append(Entry(m, m))
         if m == "hybrid":
             out += [Entry(f"hybrid@{t:g}", "hybrid", t) for t in cfg.thresholds]
+        if m == "verified":
+            out += [Entry(f"verified@{t:g}", "verified", t) for t in cfg.verified_thresholds]
+            if cfg.fallback_drafts:
+                out.append(Entry("verified+fallback", "verified", None, fallback=True))
+                out += [
+                    Entry(f"verified+fallback@{t:g}", "verified", t, fallback=True)
+                    for t in cfg.verified_thresholds
+                ]
     for b in sorted(set(cfg.batch_sizes)):
         if b > 1:
             out += [Entry(f"{m}@b{b}", m, None, b) for m in BATCHED_MODES if m in cfg.modes]
@@ -234,7 +251,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
                     llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens
                 )
             else:
-                runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens)
+                runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.fallback)
         samples, warmup = _timed_runs(todo, runners, prompts, cfg, log)
         memory = _memory(todo, prompts, cfg, tmp, log) if cfg.memory else {}
     log("scoring outputs")

@@ -80,6 +80,11 @@ def histogram_table(result: BenchResult) -> Table | None:
     return t
 
 
+def _in_sweep(e) -> bool:
+    """The hybrid threshold sweep, drawn as one curve; every other entry is a point."""
+    return e.mode == "hybrid" and e.threshold is not None
+
+
 def plot(result: BenchResult, out: str | Path) -> Path:
     """Write the speed (x hf-greedy) vs fidelity (chrF ratio vs ar) plot as PNG."""
     import matplotlib
@@ -94,7 +99,7 @@ def plot(result: BenchResult, out: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
     sweep = sorted(
-        (e.threshold, xy(e.name)) for e in result.entries if e.threshold is not None and xy(e.name)
+        (e.threshold, xy(e.name)) for e in result.entries if _in_sweep(e) and xy(e.name)
     )
     if sweep:
         ax.plot(
@@ -103,7 +108,7 @@ def plot(result: BenchResult, out: str | Path) -> Path:
         for thr, (x, y) in sweep:
             ax.annotate(f"{thr:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     for e in result.entries:
-        if e.threshold is not None or e.batch > 1 or xy(e.name) is None:
+        if _in_sweep(e) or e.batch > 1 or xy(e.name) is None:
             continue
         x, y = xy(e.name)
         peer = e.mode.startswith("hf-")

@@ -51,9 +51,13 @@ class Sample:
 class OurRunner:
     """Runs one entry through the public Engine API."""
 
-    def __init__(self, engine, mode: str, threshold: float | None, max_new_tokens: int) -> None:
+    def __init__(
+        self, engine, mode: str, threshold: float | None, max_new_tokens: int, fallback: bool = False
+    ) -> None:
         self.engine = engine
         self.kw = dict(mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens)
+        if fallback:
+            self.kw["fallback_drafts"] = True
 
     def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
         if len(batch) > 1:

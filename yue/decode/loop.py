@@ -50,7 +50,8 @@ class _Rows:
 
 def slot_capacity(cfg: DecodeConfig) -> int:
     """Cache positions a request may need beyond prompt + max_new_tokens (drafts and slots)."""
-    return 2 * (cfg.block_size or 1) + 2
+    k = cfg.block_size or 1
+    return (k + 1) * (k + 1) + 1 if cfg.fallback_drafts else 2 * k + 2
 
 
 def _positions(pad: list[int], capacity: int, device) -> torch.Tensor:
@@ -128,15 +129,20 @@ def decode(
             )
             return
         t0 = time.perf_counter()
-        # 1. Propose: committed tokens to feed, then the policy's block of mask slots.
-        n_c, n_s = st.fed.shape[1], policy.n_slots(st)
+        # 1. Propose: committed tokens to feed, then the policy's block(s) of mask slots.
+        n_c, size, anchors = st.fed.shape[1], policy.n_slots(st), policy.anchors(st)
+        n_s = size * (len(anchors) if anchors else 1)
         tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
         start = cache.length
-        pos = positions[..., start : start + n_c + n_s]
+        if not anchors:  # one block at the last fed token: positions run on contiguously
+            pos = positions[..., start : start + n_c + n_s]
+        else:  # block m's slots sit at its anchor's position + 1 .. + size
+            idx = torch.arange(start, start + n_c)
+            offsets = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
+            pos = positions[..., torch.cat([idx, start + offsets.flatten()]).to(device)]
+        mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
         # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        out = model.step(
-            tokens, pos, n_c, decode_mask(start, n_c, n_s, cache.key_valid, device), cache, st.n_drafts + 1
-        )
+        out = model.step(tokens, pos, n_c, mask, cache, st.n_drafts + 1)
         # 3. Accept: the policy verifies / commits and says what to keep and feed next.
         adv = policy.advance(model, st, out)
         cache.advance(adv.keep)

@@ -18,6 +18,8 @@ the committed tokens and drop them afterwards at no cost to the KV cache (tested
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -27,18 +29,23 @@ def decode_mask(
     n_slots: int,
     key_valid: torch.Tensor | None = None,
     device: torch.device | str | None = None,
+    anchors: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
-    """Mask for one decode step: `n_committed` new committed tokens then one block of `n_slots`.
+    """Mask for one decode step: `n_committed` new committed tokens then `n_slots` slots in blocks.
 
-    The new tokens sit at cache indices [start, start + T), T = n_committed + n_slots, and the block is
-    anchored at the last new committed token, so slots may see every committed key and each other.
+    The new tokens sit at cache indices [start, start + T), T = n_committed + n_slots. By default the
+    slots form one block anchored at the last new committed token, so they see every committed key and
+    each other. With `anchors`, the slots form len(anchors) equal blocks; block m is anchored at new
+    committed token anchors[m] (an index in [0, n_committed)) and sees committed keys up to it and its
+    own block (`verified` drafts from every draft position this way, see `policies.VerifiedPolicy`).
 
     Args:
         start: cache index of the first new token (= number of positions already cached).
         n_committed: new committed tokens this step (>= 1).
-        n_slots: slots in the block appended after them (>= 0).
+        n_slots: slots appended after them (>= 0), len(anchors) blocks of equal size.
         key_valid: (B, S_max) bool, False at left-padding positions of a batch; None when unpadded.
         device: where to build the mask (default: key_valid's device, else CPU).
+        anchors: block anchors as indices into the new committed tokens; None = one block at the last.
     Returns:
         (1|B, 1, T, start + T) bool, or None when every query may see every key (one token, no padding).
     """
@@ -53,6 +60,15 @@ def decode_mask(
     limit = torch.arange(start, start + T, device=device)  # (T,)
     limit[n_committed:] = S - 1
     mask = keys[None, :] <= limit[:, None]  # (T, S)
+    if anchors is not None and len(anchors) > 1:
+        if n_slots % len(anchors):
+            raise ValueError(f"{n_slots} slots do not split into {len(anchors)} equal blocks")
+        size = n_slots // len(anchors)
+        block = torch.arange(n_slots, device=device) // size  # (n_slots,) block of each slot
+        anchor_key = start + torch.as_tensor(anchors, device=device)[block]  # (n_slots,)
+        key_block = (keys - start - n_committed).div(size, rounding_mode="floor")  # (S,), < 0: committed
+        committed_ok = keys[None, :] <= anchor_key[:, None]
+        mask[n_committed:] = committed_ok | (key_block[None, :] == block[:, None])
     if key_valid is None:
         return mask[None, None]
     return mask[None, None] & key_valid[:, None, None, :S]
