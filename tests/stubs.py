@@ -2,7 +2,8 @@
 
 A stub is a first-order Markov "language model" over a tiny vocabulary: the AR logits at a position
 depend only on the token there (`ar_table[token]`), and slot i of a block anchored at token a gets
-`slot_table[i-1][a]`. It implements just what the decode loop calls: config, device, router,
+`slot_table[i-1][a]`. Blocks are told apart by their RoPE positions (a block's slots sit at its
+anchor's position + 1, + 2, ...), so multi-block steps (`fallback_drafts`) work too. It implements just what the decode loop calls: config, device, router,
 new_cache() and step(), and counts its forward passes.
 """
 
@@ -46,13 +47,15 @@ class MarkovStub:
         self.forwards += 1
         committed = tokens[:, :n_committed]
         n_slots = tokens.shape[1] - n_committed
-        anchor = committed[:, -1]  # (B,)
         ar = self.ar_table[committed]  # (B, n_c, V)
-        slots = (
-            torch.stack([self.slot_table[i][anchor] for i in range(n_slots)], dim=1)
-            if n_slots
-            else (ar.new_zeros(tokens.shape[0], 0, ar.shape[-1]))
-        )
+        pos = (positions if positions.dim() == 1 else positions[0]).tolist()
+        rows = []
+        for j in range(n_committed, n_committed + n_slots):
+            if j == n_committed or pos[j] != pos[j - 1] + 1:  # a new block starts here
+                anchor, i = committed[:, pos[:n_committed].index(pos[j] - 1)], 0
+            rows.append(self.slot_table[i][anchor])
+            i += 1
+        slots = torch.stack(rows, dim=1) if rows else ar.new_zeros(tokens.shape[0], 0, ar.shape[-1])
         hidden = torch.zeros(tokens.shape[0], tokens.shape[1], 1)
         return StepOutput(ar if n_logits is None else ar[:, n_committed - n_logits :], slots, hidden)
 

@@ -115,3 +115,28 @@ def test_distill_refuses_pickle_only_and_non_llama_checkpoints(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(CheckpointError, match="pickle"):
         load_llama(tmp_path)
+
+
+def test_a_second_self_distillation_round_adds_the_first_rounds_training_rows(trained_model_dir, tmp_path):
+    """`yue self-distill --extra-sequences`: earlier rows train, held-out rows are the new round's own."""
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+    from yue.train.selfdistill import GreedySequences
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(pattern_corpus(60, seed=3)))
+    common = ["--corpus", str(corpus), "--sequences", "20", "--prompt-len", "8", "--new-tokens", "24"]
+    common += ["--steps", "2", "--batch-size", "2", "--anchors", "2", "--threads", "1"]
+    r1 = CliRunner().invoke(app, ["self-distill", "--model", trained_model_dir, "--out", str(tmp_path / "r1")] + common)
+    assert r1.exit_code == 0, r1.output
+    first = tmp_path / "r1" / "data" / "selfdistill_sequences.safetensors"
+    args = ["self-distill", "--model", str(tmp_path / "r1"), "--out", str(tmp_path / "r2"), "--seed", "5"]
+    r2 = CliRunner().invoke(app, args + ["--extra-sequences", str(first)] + common)
+    assert r2.exit_code == 0, r2.output
+    report = json.loads((tmp_path / "r2" / "selfdistill_report.json").read_text())
+    # 20 new rows, 1 held out; the first round's 19 training rows join the new 19.
+    assert GreedySequences.load(first).seed == 0
+    assert report["sequences"] == 20 and report["train_sequences"] == 19 + 19
+    assert [p["model"] for p in report["previous"]] == [trained_model_dir]
+    assert "--extra-sequences" in report["command"] and "--seed 5" in report["command"]

@@ -41,6 +41,9 @@ def generate(
     model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
     mode: str = typer.Option("hybrid", help="ar | verified | hybrid | nar"),
     router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
+    fallback_drafts: bool = typer.Option(
+        False, help="verified: a draft block at every draft position (more tokens per forward)."
+    ),
     max_new_tokens: int = typer.Option(128, help="Maximum tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
@@ -70,6 +73,7 @@ def generate(
         seed=seed,
         stop=tuple(stop),
         router_threshold=router_threshold,
+        fallback_drafts=fallback_drafts,
         trace=trace or trace_json is not None,
     )
     engine = yue.load(model, device=device)
@@ -201,20 +205,39 @@ def train_cmd(
     typer.echo(f"model: {train(cfg, resume=resume)}")
 
 
+def _command_line(ctx: typer.Context) -> str:
+    """The command as the user gave it (options set on the command line only), for reports."""
+    import shlex
+
+    parts = ["yue", ctx.info_name or ""]
+    for name, value in ctx.params.items():
+        source = ctx.get_parameter_source(name)  # typer's own click enum, so compare by name
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            parts += [f"--{name.replace('_', '-')}", shlex.quote(str(v))]
+    return " ".join(parts)
+
+
 @app.command("self-distill")
 @user_errors
 def self_distill_cmd(
+    ctx: typer.Context,
     model: Path = typer.Option(..., help="Stage-1 model folder (its AR set stays frozen)."),
     out: Path = typer.Option(..., help="Output model folder (may equal --model to update it in place)."),
     corpus: str = typer.Option("stdlib", help="Prompts are cut from this corpus's training split."),
     sequences: int = typer.Option(576, help="AR-greedy sequences to generate (576 x 256 = 147k tokens)."),
     sequences_file: Path | None = typer.Option(None, help="Reuse / write the sequences here (safetensors)."),
+    extra_sequences: list[Path] = typer.Option(
+        [], help="A further round: an earlier round's sequences file whose training rows join (repeatable)."
+    ),
     prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
     new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),
     steps: int = typer.Option(300, help="NAR fine-tuning steps."),
     batch_size: int = typer.Option(8, help="Sequences per step."),
     anchors: int = typer.Option(16, help="NAR blocks per sequence (anchored in the continuation)."),
     lr: float = typer.Option(1e-3, help="Peak learning rate."),
+    warmup_steps: int = typer.Option(20, help="Linear warm-up steps."),
     beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
     gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
     seed: int = typer.Option(0, help="Seed for prompts, anchors and reveals."),
@@ -230,10 +253,26 @@ def self_distill_cmd(
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = NARFinetuneConfig(
-        steps=steps, batch_size=batch_size, anchors=anchors, lr=lr, beta=beta, gamma=gamma, seed=seed
+        steps=steps,
+        batch_size=batch_size,
+        anchors=anchors,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        beta=beta,
+        gamma=gamma,
+        seed=seed,
     )
     report = self_distill(
-        model, out, corpus, sequences, prompt_len, new_tokens, sequences_file=sequences_file, cfg=cfg
+        model,
+        out,
+        corpus,
+        sequences,
+        prompt_len,
+        new_tokens,
+        sequences_file=sequences_file,
+        cfg=cfg,
+        extra_sequences=extra_sequences,
+        command=_command_line(ctx),
     )
     typer.echo(json.dumps(report))
 

@@ -91,12 +91,17 @@ def write_card(
         f"{stage1['wall_s'] / 60:.1f} min:",
         f"   `{stage1['command']}`",
     ]
-    if sd:
+    rounds = [*sd.get("previous", []), sd] if sd else []
+    for i, r in enumerate(rounds, start=1):
+        command = r.get("command") or (
+            f"yue self-distill --model <stage-1 model> --out <stage-2 model> --sequences {r['sequences']} "
+            f"--steps {r['config']['steps']} --lr {r['config']['lr']} --threads 2"
+        )
         out += [
-            f"2. Self-distillation of the NAR set on {sd['sequences']} AR-greedy continuations "
-            f"(generation {sd['generation_s'] / 60:.1f} min, training {sd['train_s'] / 60:.1f} min):",
-            f"   `yue self-distill --model <stage-1 model> --out <stage-2 model> --sequences {sd['sequences']} "
-            f"--steps {sd['config']['steps']} --lr {sd['config']['lr']} --threads 2`",
+            f"2.{i}. Self-distillation round {i} of the NAR set: {r['config']['steps']} steps on "
+            f"{r.get('train_sequences', r['sequences'])} AR-greedy continuations, {r['sequences']} of them "
+            f"new (generation {r['generation_s'] / 60:.1f} min, training {r['train_s'] / 60:.1f} min):",
+            f"   `{command}`",
         ]
     if router:
         out += [
@@ -119,14 +124,17 @@ def write_card(
         "",
         f"NAR accuracy per slot against the true text (stage 1, validation): {_pct(ev['nar_acc_per_slot'])}",
     ]
-    if sd:
+    if rounds:
         out += [
             "",
-            "NAR accuracy per slot against the AR path's own greedy tokens (held-out sequences), before → after "
-            "self-distillation:",
-            f"- before: {_pct(sd['held_out_nar_acc_before'])}",
-            f"- after:  {_pct(sd['held_out_nar_acc_after'])}",
+            "NAR accuracy per slot against the AR path's own greedy tokens, on each round's held-out new "
+            "sequences (never trained on), before → after the round:",
         ]
+        for i, r in enumerate(rounds, start=1):
+            out += [
+                f"- round {i} before: {_pct(r['held_out_nar_acc_before'])}",
+                f"- round {i} after:  {_pct(r['held_out_nar_acc_after'])}",
+            ]
     out += ["", "### Router calibration", "", *_router_section(router)]
     if calibration:
         out += ["", "### Default router threshold", "", calibration["text"]]

@@ -126,6 +126,7 @@ class GreedySequences:
 
     tokens: torch.Tensor
     prompt_len: int
+    seed: int = 0  # the seed its prompts were drawn with; also the seed of its train/held-out split
 
     def save(self, path: str | Path, **metadata: str) -> Path:
         """Write as safetensors (atomically: temp file, then rename)."""
@@ -145,7 +146,7 @@ class GreedySequences:
             meta = f.metadata() or {}
         if "prompt_len" not in meta:
             raise ValueError(f"{path} is not an AR-greedy sequence file (no prompt_len metadata)")
-        return cls(load_file(str(path))["tokens"].long(), int(meta["prompt_len"]))
+        return cls(load_file(str(path))["tokens"].long(), int(meta["prompt_len"]), int(meta.get("seed", 0)))
 
     def split(self, held_out: float, seed: int = 0) -> tuple[GreedySequences, GreedySequences]:
         """(train, held-out) by row, deterministic given `seed`."""
@@ -153,8 +154,8 @@ class GreedySequences:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         n_out = max(1, round(n * held_out)) if held_out > 0 and n > 1 else 0
         return (
-            GreedySequences(self.tokens[perm[n_out:]], self.prompt_len),
-            GreedySequences(self.tokens[perm[:n_out]], self.prompt_len),
+            GreedySequences(self.tokens[perm[n_out:]], self.prompt_len, self.seed),
+            GreedySequences(self.tokens[perm[:n_out]], self.prompt_len, self.seed),
         )
 
 
@@ -172,7 +173,7 @@ def build_greedy_sequences(
     prompts = sample_prompts(documents, n, prompt_len, seed)
     cont = generate_ar_greedy(model, prompts, new_tokens, batch_size, progress=progress)
     rows = [p + c for p, c in zip(prompts, cont, strict=True)]
-    return GreedySequences(torch.tensor(rows, dtype=torch.long), prompt_len)
+    return GreedySequences(torch.tensor(rows, dtype=torch.long), prompt_len, seed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,6 +326,10 @@ def save_model_folder(
 # Stage 2 end to end (`yue self-distill`)
 
 
+def _load_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def self_distill(
     model_dir: str | Path,
     out_dir: str | Path,
@@ -336,12 +341,19 @@ def self_distill(
     sequences_file: str | Path | None = None,
     cfg: NARFinetuneConfig = NARFinetuneConfig(),
     val_fraction: float = 0.02,
+    extra_sequences: Sequence[str | Path] = (),
+    command: str | None = None,
 ) -> dict:
     """Stage 2: AR-greedy corpus from `model_dir`, NAR-only fine-tune, save the model to `out_dir`.
 
     If `sequences_file` exists it is reused (generation is the slow half); otherwise the sequences are
     generated and saved there (default: `out_dir/data/selfdistill_sequences.safetensors`). 5% of the
     sequences are held out to report NAR accuracy per slot before and after.
+
+    A further round (`model_dir` already self-distilled) adds the earlier rounds' sequence files as
+    `extra_sequences`: their training rows (each file's own split, by its seed) join this round's, and
+    the held-out rows stay this round's new ones, which no round has trained on. The report keeps the
+    earlier rounds' reports under "previous".
     Returns the report (also written to `out_dir/selfdistill_report.json`).
     """
     from yue.model.hf import load_model
@@ -366,16 +378,26 @@ def self_distill(
         seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
     gen_s = time.perf_counter() - t0
     train, held = seqs.split(0.05, seed=cfg.seed)
+    if extra_sequences:
+        extra = [GreedySequences.load(p) for p in extra_sequences]
+        if any(e.prompt_len != seqs.prompt_len or e.tokens.shape[1] != seqs.tokens.shape[1] for e in extra):
+            raise ValueError("extra_sequences: every file needs the same prompt and sequence length")
+        parts = [e.split(0.05, seed=e.seed)[0].tokens for e in extra] + [train.tokens]
+        train = GreedySequences(torch.cat(parts), seqs.prompt_len, seqs.seed)
     acc_before = nar_accuracy(model, held)
     t1 = time.perf_counter()
     history = finetune_nar(model, train, cfg)
     train_s = time.perf_counter() - t1
     acc_after = nar_accuracy(model, held)
     save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
+    previous = _load_json(Path(model_dir) / "selfdistill_report.json")
     report = {
         "stage": "self-distillation (NAR set only, AR frozen)",
         "model": str(model_dir),
+        "command": command,
         "sequences": len(seqs.tokens),
+        "extra_sequences": [str(p) for p in extra_sequences],
+        "train_sequences": len(train.tokens),
         "prompt_len": seqs.prompt_len,
         "seq_len": seqs.tokens.shape[1],
         "generation_s": round(gen_s, 1),
@@ -384,6 +406,7 @@ def self_distill(
         "held_out_nar_acc_before": [round(a, 4) for a in acc_before],
         "held_out_nar_acc_after": [round(a, 4) for a in acc_after],
         "final_loss": history[-1]["loss"] if history else None,
+        "previous": ([*previous.pop("previous", []), previous] if previous else []),
     }
     (out_dir / "selfdistill_report.json").write_text(json.dumps(report, indent=2))
     with (out_dir / "selfdistill_log.jsonl").open("w") as f:
