@@ -15,6 +15,13 @@ accept the longest prefix of drafts equal to the AR choices, then emit the AR's 
 first mismatch (or the bonus after dk). Sampling uses `sampling.speculative_accept` instead. Either
 way the output equals `ar` decoding: exactly (greedy) or in distribution (sampling).
 
+`verified` drafts from a block anchored at the last fed token, which is a valid draft only when every
+draft was accepted; after a partial rejection the next step has nothing to verify. With
+`fallback_drafts` it appends a block at every fed position instead (k + 1 blocks of K slots, each
+seeing the committed tokens up to its anchor), so the block on the last accepted token is always there.
+That buys tokens per forward with slot rows: worth it where a forward's cost hardly depends on its row
+count (a GPU at batch 1), not on a small CPU, where each row costs about 0.1 ms.
+
 A batch decodes in lockstep: each row accepts the batch minimum, which keeps every row exact (a
 prefix of an exactly-decoded continuation is exactly decoded) at the cost of some speed.
 """
@@ -35,6 +42,8 @@ from yue.model.router import Router
 # any slot is present, because the NAR weight set is read too; +0.1 ms per further position.
 AR_STEP_COST = 32.0
 NAR_PASS_COST = 26.0
+FED_POSITION_COST = 1.0  # each fed token beyond the first (a draft being verified)
+SLOT_POSITION_COST = 1.0  # each slot row
 # verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
 MAX_BACKOFF_DOUBLINGS = 3
 
@@ -216,7 +225,7 @@ class VerifiedPolicy(Policy):
                 break
             gain += a_k
             slots = st.cfg.block_size * (k + 1 if st.cfg.fallback_drafts else 1)
-            rate = gain / (AR_STEP_COST + NAR_PASS_COST + 1 + k + slots)
+            rate = gain / (AR_STEP_COST + NAR_PASS_COST + FED_POSITION_COST * k + SLOT_POSITION_COST * slots)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
