@@ -192,3 +192,13 @@ def test_ar_nll_scores_only_the_output_tokens(tiny_engine):
     logp = torch.log_softmax(logits, -1)
     manual = -sum(float(logp[len(ids) - 1 + j, t]) for j, t in enumerate(out))
     assert n == 3 and total == pytest.approx(manual, rel=1e-5)
+
+
+def test_markdown_table_has_a_row_per_entry_and_inverts_forwards_per_token(bench_run):
+    from yue.bench.report import markdown_table
+
+    doc = json.loads(bench_run[0].stdout.strip().splitlines()[-1])
+    lines = markdown_table(doc).splitlines()
+    assert len(lines) == 2 + len(doc["modes"])
+    row = next(r for r in lines if r.startswith("| verified |")).split(" | ")
+    assert float(row[4]) == pytest.approx(1.0 / doc["modes"]["verified"]["forwards_per_token"], abs=0.006)

@@ -65,6 +65,30 @@ def table(result: BenchResult) -> Table:
     return t
 
 
+def markdown_table(doc: dict) -> str:
+    """The bench's JSON document (its last line) as a Markdown table, for the README and model card."""
+    cols = "entry | tok/s | × hf-greedy | TTFT ms | tokens/forward | mean accepted | exact vs ar | NLL ratio"
+    cols += " | chrF ratio | repetition | peak RSS MB"
+    lines = [f"| {cols} |", "|" + "---|" * (cols.count("|") + 1)]
+    for name, v in doc["modes"].items():
+        fpt = v["forwards_per_token"]
+        cells = [
+            name,
+            _f(v["tokens_per_s"], ".0f"),
+            _f(v["speedup_vs_hf_greedy"], ".2f"),
+            _f(v["ttft_ms"], ".1f"),
+            _f(1.0 / fpt if fpt else None, ".2f"),
+            _f(v["mean_accepted"], ".2f"),
+            _f(v["exact_match_vs_ar"], ".2f"),
+            _f(v["nll_ratio_vs_ar"], ".3f"),
+            _f(v["chrf_ratio_vs_ar"], ".3f"),
+            _f(v["repetition"], ".3f"),
+            _f(v["peak_rss_mb"], ".0f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def histogram_table(result: BenchResult) -> Table | None:
     """Accepted draft tokens per drafting step, per entry that drafts (None when none did)."""
     rows = {n: s.accept_hist for n, s in result.summaries.items() if s.accept_hist}

@@ -139,7 +139,18 @@ def write_card(
     if calibration:
         out += ["", "### Default router threshold", "", calibration["text"]]
     if bench:
-        out += ["", "### Speed and fidelity (yue bench, development set)", "", bench["text"]]
+        from yue.bench.report import markdown_table
+
+        out += [
+            "",
+            "### Speed and fidelity (yue bench, development set)",
+            "",
+            f"`yue bench` on the {bench['prompts']}-prompt development set, {bench['max_new_tokens']} new "
+            "tokens, one thread, the transformers peers on the same weights (command and reading in the "
+            "project README):",
+            "",
+            markdown_table(bench),
+        ]
     out += [
         "",
         "## Greedy completions (verbatim, `mode=ar`, 64 new tokens)",
@@ -159,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Write a model card from a run's reports.")
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--stage1", type=Path, required=True)
-    parser.add_argument("--bench", type=Path, default=None, help="JSON {'text': markdown} to include")
+    parser.add_argument("--bench", type=Path, default=None, help="`yue bench --json` output to tabulate")
     parser.add_argument("--calibration", type=Path, default=None, help="JSON {'text': markdown} to include")
     args = parser.parse_args()
     path = write_card(args.model_dir, _load(args.stage1), _load(args.bench), _load(args.calibration))
