@@ -97,12 +97,15 @@ def write_card(
             f"yue self-distill --model <stage-1 model> --out <stage-2 model> --sequences {r['sequences']} "
             f"--steps {r['config']['steps']} --lr {r['config']['lr']} --threads 2"
         )
+        gen = "reused" if r["generation_s"] is None else f"{r['generation_s'] / 60:.1f} min"
         out += [
             f"2.{i}. Self-distillation round {i} of the NAR set: {r['config']['steps']} steps on "
             f"{r.get('train_sequences', r['sequences'])} AR-greedy continuations, {r['sequences']} of them "
-            f"new (generation {r['generation_s'] / 60:.1f} min, training {r['train_s'] / 60:.1f} min):",
+            f"new (generation {gen}, training {r['train_s'] / 60:.1f} min):",
             f"   `{command}`",
         ]
+        if r.get("note"):
+            out.append(f"   ({r['note']})")
     if router:
         out += [
             f"3. Router on acceptance labels of the final towers ({router['train_blocks']} blocks, "
