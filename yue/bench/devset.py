@@ -61,6 +61,15 @@ def _clean(lines: list[str]) -> bool:
     )
 
 
+def _grow(lines: list[str], start: int, chars: int) -> int:
+    """End index of the run of lines from `start` whose text (newlines included) first reaches `chars`."""
+    end, n = start, 0
+    while end < len(lines) and n < chars:
+        n += len(lines[end]) + 1
+        end += 1
+    return end
+
+
 def cut_example(
     text: str,
     rng: random.Random,
@@ -82,23 +91,15 @@ def cut_example(
     for i, line in enumerate(lines):
         if not _START.match(line):
             continue
-        # Grow the prompt line by line until it reaches `target` characters.
-        j, n = i, 0
-        while j < len(lines) and n < target:
-            n += len(lines[j]) + 1
-            j += 1
+        j = _grow(lines, i, target)  # the prompt: line by line until `target` characters
         prompt_lines = lines[i:j]
         prompt = "\n".join(prompt_lines)
         if not (lo <= len(prompt) <= hi) or not _clean(prompt_lines):
             continue
-        # Reference: "\n" + following lines until it reaches `reference_chars`.
-        k, m = j, 0
-        while k < len(lines) and m < reference_chars:
-            m += len(lines[k]) + 1
-            k += 1
+        k = _grow(lines, j, reference_chars)  # the reference: "\n" + lines until `reference_chars`
         ref_lines = lines[j:k]
         reference = "\n" + "\n".join(ref_lines)
-        if m < reference_chars or len(reference) > reference_chars + 150 or not _clean(ref_lines):
+        if not reference_chars <= len(reference) <= reference_chars + 150 or not _clean(ref_lines):
             continue
         if len(reference.strip()) < reference_chars // 2:  # mostly blank lines
             continue

@@ -55,9 +55,9 @@ class OurRunner:
         self, engine, mode: str, threshold: float | None, max_new_tokens: int, fallback: bool = False
     ) -> None:
         self.engine = engine
-        self.kw = dict(mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens)
-        if fallback:
-            self.kw["fallback_drafts"] = True
+        self.kw = dict(
+            mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, fallback_drafts=fallback
+        )
 
     def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
         if len(batch) > 1:

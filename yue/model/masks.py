@@ -60,8 +60,8 @@ def decode_mask(
     limit = torch.arange(start, start + T, device=device)  # (T,)
     limit[n_committed:] = S - 1
     mask = keys[None, :] <= limit[:, None]  # (T, S)
-    if anchors is not None and len(anchors) > 1:
-        if n_slots % len(anchors):
+    if anchors is not None:
+        if not anchors or n_slots % len(anchors):
             raise ValueError(f"{n_slots} slots do not split into {len(anchors)} equal blocks")
         size = n_slots // len(anchors)
         block = torch.arange(n_slots, device=device) // size  # (n_slots,) block of each slot

@@ -120,6 +120,9 @@ def corpus_documents(
     return [e.ids for e in encodings]
 
 
+HELD_OUT = 0.05  # fraction of a sequence file held out to measure NAR accuracy
+
+
 @dataclass(frozen=True)
 class GreedySequences:
     """AR-greedy sequences: tokens (N, prompt_len + new) long; each row is a prompt then its continuation."""
@@ -148,10 +151,11 @@ class GreedySequences:
             raise ValueError(f"{path} is not an AR-greedy sequence file (no prompt_len metadata)")
         return cls(load_file(str(path))["tokens"].long(), int(meta["prompt_len"]), int(meta.get("seed", 0)))
 
-    def split(self, held_out: float, seed: int = 0) -> tuple[GreedySequences, GreedySequences]:
-        """(train, held-out) by row, deterministic given `seed`."""
+    def split(self, held_out: float = HELD_OUT) -> tuple[GreedySequences, GreedySequences]:
+        """(train, held-out) by row, deterministic given the file's own seed: every round that reads
+        these sequences (the one that made them, later ones via `extra_sequences`) agrees on the split."""
         n = len(self.tokens)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         n_out = max(1, round(n * held_out)) if held_out > 0 and n > 1 else 0
         return (
             GreedySequences(self.tokens[perm[n_out:]], self.prompt_len, self.seed),
@@ -326,10 +330,6 @@ def save_model_folder(
 # Stage 2 end to end (`yue self-distill`)
 
 
-def _load_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def self_distill(
     model_dir: str | Path,
     out_dir: str | Path,
@@ -348,7 +348,7 @@ def self_distill(
 
     If `sequences_file` exists it is reused (generation is the slow half); otherwise the sequences are
     generated and saved there (default: `out_dir/data/selfdistill_sequences.safetensors`). 5% of the
-    sequences are held out to report NAR accuracy per slot before and after.
+    sequences (split by the file's seed) are held out to report NAR accuracy per slot before and after.
 
     A further round (`model_dir` already self-distilled) adds the earlier rounds' sequence files as
     `extra_sequences`: their training rows (each file's own split, by its seed) join this round's, and
@@ -378,12 +378,12 @@ def self_distill(
         )
         seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
     gen_s = time.perf_counter() - t0
-    train, held = seqs.split(0.05, seed=cfg.seed)
+    train, held = seqs.split()
     if extra_sequences:
         extra = [GreedySequences.load(p) for p in extra_sequences]
         if any(e.prompt_len != seqs.prompt_len or e.tokens.shape[1] != seqs.tokens.shape[1] for e in extra):
             raise ValueError("extra_sequences: every file needs the same prompt and sequence length")
-        parts = [e.split(0.05, seed=e.seed)[0].tokens for e in extra] + [train.tokens]
+        parts = [e.split()[0].tokens for e in extra] + [train.tokens]
         train = GreedySequences(torch.cat(parts), seqs.prompt_len, seqs.seed)
     acc_before = nar_accuracy(model, held)
     t1 = time.perf_counter()
@@ -391,7 +391,8 @@ def self_distill(
     train_s = time.perf_counter() - t1
     acc_after = nar_accuracy(model, held)
     save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
-    previous = _load_json(Path(model_dir) / "selfdistill_report.json")
+    previous_file = Path(model_dir) / "selfdistill_report.json"
+    previous = json.loads(previous_file.read_text()) if previous_file.is_file() else None
     report = {
         "stage": "self-distillation (NAR set only, AR frozen)",
         "model": str(model_dir),
