@@ -3,8 +3,10 @@
 A stub is a first-order Markov "language model" over a tiny vocabulary: the AR logits at a position
 depend only on the token there (`ar_table[token]`), and slot i of a block anchored at token a gets
 `slot_table[i-1][a]`. Blocks are told apart by their RoPE positions (a block's slots sit at its
-anchor's position + 1, + 2, ...), so multi-block steps (`fallback_drafts`) work too. It implements just what the decode loop calls: config, device, router,
-new_cache() and step(), and counts its forward passes.
+anchor's position + 1, + 2, ...), and anchors are looked up among every token fed so far by position,
+so fused multi-block steps and separate drafting passes (anchored at a cached token) both work. It
+implements just what the decode loop calls: config, device, router, new_cache() and step(), and
+counts its forward passes (drafting passes apart).
 """
 
 from __future__ import annotations
@@ -39,20 +41,25 @@ class MarkovStub:
         self.device = torch.device("cpu")
         self.router = AcceptAllRouter()
         self.forwards = 0
+        self.draft_passes = 0  # forwards with no committed token (separate drafting)
+        self._fed: dict[int, torch.Tensor] = {}  # position -> (B,) token last fed there
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
 
     def step(self, tokens, positions, n_committed, mask, cache, n_logits=None) -> StepOutput:
         self.forwards += 1
+        self.draft_passes += n_committed == 0
         committed = tokens[:, :n_committed]
         n_slots = tokens.shape[1] - n_committed
         ar = self.ar_table[committed]  # (B, n_c, V)
         pos = (positions if positions.dim() == 1 else positions[0]).tolist()
+        for j in range(n_committed):
+            self._fed[pos[j]] = committed[:, j]
         rows = []
         for j in range(n_committed, n_committed + n_slots):
             if j == n_committed or pos[j] != pos[j - 1] + 1:  # a new block starts here
-                anchor, i = committed[:, pos[:n_committed].index(pos[j] - 1)], 0
+                anchor, i = self._fed[pos[j] - 1], 0
             rows.append(self.slot_table[i][anchor])
             i += 1
         slots = torch.stack(rows, dim=1) if rows else ar.new_zeros(tokens.shape[0], 0, ar.shape[-1])

@@ -75,8 +75,8 @@ def test_last_stdout_line_is_one_json_document_with_exactly_the_issue_keys(bench
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(doc) == {"model", "prompts", "max_new_tokens", "modes"}
     assert doc["prompts"] == len(PROMPTS) and doc["max_new_tokens"] == 12
-    expected = ["hf-greedy", "hf-prompt-lookup", "ar", "verified", "verified@1", "verified+fallback"]
-    expected += ["verified+fallback@1", "hybrid", "hybrid@0.5", "nar"]
+    expected = ["hf-greedy", "hf-prompt-lookup", "ar", "verified", "verified@1", "verified+fused"]
+    expected += ["verified+fused@1", "hybrid", "hybrid@0.5", "nar"]
     assert list(doc["modes"]) == expected + ["ar@b2", "verified@b2"]
     for mode, row in doc["modes"].items():
         assert list(row) == list(JSON_KEYS), mode
@@ -85,7 +85,7 @@ def test_last_stdout_line_is_one_json_document_with_exactly_the_issue_keys(bench
 
 def test_verified_output_equals_ar_output_and_it_really_drafted(bench_run):
     modes = json.loads(bench_run[0].stdout.strip().splitlines()[-1])["modes"]
-    for name in ("verified", "verified@b2", "verified@1", "verified+fallback", "verified+fallback@1"):
+    for name in ("verified", "verified@b2", "verified@1", "verified+fused", "verified+fused@1"):
         assert modes[name]["exact_match_vs_ar"] == 1.0, name
     assert modes["verified"]["mean_accepted"] is not None  # drafts were proposed and verified
     assert modes["verified"]["nll_ratio_vs_ar"] == pytest.approx(1.0)
@@ -152,12 +152,12 @@ def test_missing_prompts_file_exits_with_code_2(tiny_model_dir, tmp_path):
 def test_sweep_and_batch_entries_follow_the_modes():
     cfg = BenchConfig(modes=("ar", "hybrid"), thresholds=(0.3, 0.8), batch_sizes=(1, 4))
     assert [e.name for e in entries(cfg)] == ["ar", "hybrid", "hybrid@0.3", "hybrid@0.8", "ar@b4"]
-    cfg = BenchConfig(modes=("verified",), verified_thresholds=(0.9,), fallback_drafts=False)
+    cfg = BenchConfig(modes=("verified",), verified_thresholds=(0.9,), fused_drafts=False)
     assert [e.name for e in entries(cfg)] == ["verified", "verified@0.9"]
     cfg = BenchConfig(modes=("verified",), verified_thresholds=(1.0,))
-    names = ["verified", "verified@1", "verified+fallback", "verified+fallback@1"]
+    names = ["verified", "verified@1", "verified+fused", "verified+fused@1"]
     assert [e.name for e in entries(cfg)] == names
-    assert [e.fallback for e in entries(cfg)] == [False, False, True, True]
+    assert [e.drafting for e in entries(cfg)] == ["separate", "separate", "fused", "fused"]
 
 
 @pytest.mark.slow

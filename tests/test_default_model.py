@@ -30,13 +30,13 @@ def test_default_model_verified_equals_ar_on_the_development_set(engine):
     rows = [json.loads(line) for line in (DEFAULT_MODEL.parent / "devset.jsonl").read_text().splitlines()]
     for row in rows[:4]:
         ar = engine.generate(row["prompt"], mode="ar", max_new_tokens=48)
-        for threshold, fallback in ((0.65, False), (1.0, False), (1.0, True)):
+        for threshold, drafting in ((0.65, "separate"), (1.0, "separate"), (1.0, "fused")):
             ver = engine.generate(
                 row["prompt"],
                 mode="verified",
                 max_new_tokens=48,
                 router_threshold=threshold,
-                fallback_drafts=fallback,
+                drafting=drafting,
             )
             assert ver.token_ids == ar.token_ids
 

@@ -42,9 +42,9 @@ def trained(trained_model_dir):
     pieces=st.lists(st.sampled_from(PROMPT_PIECES), min_size=0, max_size=6),
     threshold=st.sampled_from([0.0, 0.3, 0.65, 1.0]),
     block_size=st.sampled_from([1, 4, 8]),
-    fallback=st.booleans(),
+    drafting=st.sampled_from(["separate", "fused"]),
 )
-def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, block_size, fallback):
+def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, block_size, drafting):
     prompt = "".join(pieces)
     ar = trained.generate(prompt, mode="ar", max_new_tokens=40)
     ver = trained.generate(
@@ -53,7 +53,7 @@ def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, b
         max_new_tokens=40,
         router_threshold=threshold,
         block_size=block_size,
-        fallback_drafts=fallback,
+        drafting=drafting,
     )
     assert ver.token_ids == ar.token_ids
     assert ver.text == ar.text
@@ -77,74 +77,76 @@ def test_verified_with_repetition_penalty_equals_ar(trained):
         assert ver.token_ids == ar.token_ids
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_batched_verified_equals_single_prompt_ar(trained, fallback):
+@pytest.mark.parametrize("drafting", ["separate", "fused"])
+def test_batched_verified_equals_single_prompt_ar(trained, drafting):
     prompts = ["def alpha_1(x):\n", "x", "class Point:\n    def "]
-    kw = dict(mode="verified", max_new_tokens=30, router_threshold=1.0, fallback_drafts=fallback)
+    kw = dict(mode="verified", max_new_tokens=30, router_threshold=1.0, drafting=drafting)
     batch = trained.generate(prompts, **kw)
     for p, r in zip(prompts, batch, strict=True):
         assert r.token_ids == trained.generate(p, mode="ar", max_new_tokens=30).token_ids
 
 
-def test_fallback_drafts_draft_after_partial_rejections(trained):
-    """A partly rejected draft still leaves one: fewer forwards for the same (exact) tokens."""
+def test_both_draftings_draft_after_partial_rejections(trained):
+    """Whichever prefix of a draft is accepted, the next step verifies a fresh draft (a block anchored
+    at the last accepted token), in both draftings, for the same (exact) tokens."""
     prompts = ["def alpha_1(x):\n", "def beta", "    return gamma(x) + 4\n\ndef ", "class "]
     kw = dict(mode="verified", max_new_tokens=40, router_threshold=1.0)
-    plain = [trained.generate(p, **kw) for p in prompts]
-    fb = [trained.generate(p, fallback_drafts=True, **kw) for p in prompts]
-    assert [r.token_ids for r in fb] == [r.token_ids for r in plain]
-    # With one block per step, a step after a partial rejection drafts nothing; with fallback blocks
-    # every step after the prefill verifies a draft.
-    assert sum(r.stats.forwards for r in fb) < sum(r.stats.forwards for r in plain)
-    assert all(r.stats.drafted >= (r.stats.forwards - 1) * 7 for r in fb if r.stats.new_tokens == 40)
+    ar = [trained.generate(p, mode="ar", max_new_tokens=40).token_ids for p in prompts]
+    for drafting in ("separate", "fused"):
+        runs = [trained.generate(p, drafting=drafting, **kw) for p in prompts]
+        assert [r.token_ids for r in runs] == ar
+        assert sum(r.stats.drafted - r.stats.accepted for r in runs) > 0  # partial rejections happened
+        for r in runs:
+            steps = r.stats.forwards - r.stats.draft_passes  # the verifying forwards, prefill included
+            assert r.stats.draft_passes == (steps if drafting == "separate" else 0) or r.stats.new_tokens < 40
+            if r.stats.new_tokens == 40:  # every step after the prefill verified 7 drafts
+                assert r.stats.drafted >= (steps - 1) * 7
 
 
 def _run(stub, cfg, prompt=(1,)):
     return [t for em in decode(stub, [list(prompt)], cfg) for t in em.tokens[0]]
 
 
+@pytest.mark.parametrize("drafting", ["separate", "fused"])
 @pytest.mark.parametrize("K", [2, 4, 8])
-def test_always_matching_drafts_need_at_most_n_over_k_plus_2_forwards(K):
+def test_always_matching_drafts_need_at_most_n_over_k_plus_2_steps(K, drafting):
     N = 64
     stub = chain_stub(V=12, K=K, slots_match=True)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting)
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
-    assert stub.forwards <= math.ceil(N / K) + 2
+    steps = stub.forwards - stub.draft_passes
+    assert steps <= math.ceil(N / K) + 2
+    # Separate drafting adds one NAR-only pass per step that drafts; fused adds none.
+    assert stub.draft_passes == (0 if drafting == "fused" else pytest.approx(steps, abs=1))
 
 
+@pytest.mark.parametrize("drafting", ["separate", "fused"])
 @pytest.mark.parametrize("K", [4, 8])
-def test_fallback_blocks_draft_every_step_even_when_drafts_half_match(K):
-    """Slots right at 1 and wrong after: every verify step accepts 1 draft, and with fallback blocks
-    every step after the prefill verifies a fresh draft: 2 tokens per forward instead of ~1.5."""
+def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
+    """Slots right at 1 and wrong after: every verify step accepts 1 draft, and the next step still
+    verifies a fresh draft (anchored at the accepted one): 2 tokens per step."""
     N, V = 64, 12
     nxt = lambda t, i: (t + i) % (V - 1)  # noqa: E731
-    def stub():
-        s = chain_stub(V, K, slots_match=True)
-        for i in range(2, K):  # slot 3.. (draft 2..) wrong
-            for a in range(V):
-                s.slot_table[i, a] = -10.0
-                s.slot_table[i, a, nxt(a, i + 2)] = 10.0
-        return s
+    s = chain_stub(V, K, slots_match=True)
+    for i in range(2, K):  # slot 3.. (draft 2..) wrong
+        for a in range(V):
+            s.slot_table[i, a] = -10.0
+            s.slot_table[i, a, nxt(a, i + 2)] = 10.0
     ar = _run(chain_stub(V, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
-    runs = {}
-    for fallback in (False, True):
-        s = stub()
-        cfg = DecodeConfig(
-            mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, fallback_drafts=fallback
-        )
-        assert _run(s, cfg) == ar
-        runs[fallback] = s.forwards
-    assert runs[True] <= N // 2 + 2 < runs[False]
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting)
+    assert _run(s, cfg) == ar
+    assert s.forwards - s.draft_passes <= N // 2 + 2
 
 
-def test_never_matching_drafts_cost_about_one_forward_per_token():
+@pytest.mark.parametrize("drafting", ["separate", "fused"])
+def test_never_matching_drafts_cost_about_one_step_per_token(drafting):
     N = 64
     stub = chain_stub(V=12, K=4, slots_match=False)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4, drafting=drafting)
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, 4, False), DecodeConfig(mode="ar", max_new_tokens=N))
-    assert N - 1 <= stub.forwards <= N + 1
+    assert N - 1 <= stub.forwards - stub.draft_passes <= N + 1
 
 
 def _random_stub(seed: int, V: int = 5, K: int = 4) -> MarkovStub:
@@ -155,7 +157,7 @@ def _random_stub(seed: int, V: int = 5, K: int = 4) -> MarkovStub:
     return MarkovStub(ar, slots)
 
 
-def _sample_prefixes(mode: str, n: int, seed: int, length: int = 3, fallback: bool = False) -> Counter:
+def _sample_prefixes(mode: str, n: int, seed: int, length: int = 3, drafting: str = "separate") -> Counter:
     """Joint distribution of the first `length` tokens over n lockstep rows (one decode call)."""
     stub = _random_stub(0)
     cfg = DecodeConfig(
@@ -165,7 +167,7 @@ def _sample_prefixes(mode: str, n: int, seed: int, length: int = 3, fallback: bo
         seed=seed,
         router_threshold=1.0,
         block_size=4,
-        fallback_drafts=fallback,
+        drafting=drafting,
     )
     rows: list[list[int]] = [[] for _ in range(n)]
     for em in decode(stub, [[1]] * n, cfg):
@@ -184,8 +186,8 @@ def test_verified_sampling_matches_ar_distribution_chi_square():
     ar = _sample_prefixes("ar", 6000, seed=1)
     ver = _sample_prefixes("verified", 6000, seed=2)
     assert _chi2_pvalue(ar, ver) > 1e-3
-    # Fallback blocks: the third token is verified from the block anchored after the first.
-    assert _chi2_pvalue(ar, _sample_prefixes("verified", 6000, seed=4, fallback=True)) > 1e-3
+    # Fused blocks: the third token is verified from the block anchored after the first.
+    assert _chi2_pvalue(ar, _sample_prefixes("verified", 6000, seed=4, drafting="fused")) > 1e-3
     # Power check: the same test does detect a real difference (unverified drafts, `nar` mode).
     assert _chi2_pvalue(ar, _sample_prefixes("nar", 6000, seed=3)) < 1e-6
 

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 import yue
 from tests.conftest import tiny_config
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
+from yue.model.inference import Lowered, input_major
 from yue.model.masks import decode_mask, training_mask
 
 
@@ -153,15 +154,45 @@ def test_corrupt_config_is_named(model, tmp_path):
         load_model(tmp_path)
 
 
-def test_bfloat16_nar_set_changes_drafts_only_verified_still_equals_ar(trained_model_dir):
-    engine = yue.load(trained_model_dir)
-    engine.model.set_nar_dtype(torch.bfloat16)
-    assert engine.model.model.layers[0].nar_mlp.up_proj.weight.dtype == torch.bfloat16
-    assert engine.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
+@pytest.mark.parametrize("name", ["int8", "bfloat16"])
+def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_model_dir, name, tmp_path):
+    engine = yue.load(trained_model_dir, nar_dtype=name)
+    plain = yue.load(trained_model_dir, nar_dtype="float32")
+    layer = engine.model.model.layers[0]
+    assert isinstance(layer.nar_mlp.up_proj, Lowered) and isinstance(engine.model.draft_head, Lowered)
+    assert isinstance(layer.mlp.up_proj, torch.nn.Linear) and layer.mlp.up_proj.weight.dtype == torch.float32
+    assert plain.model.draft_head is None
     drafted = 0
     for prompt in ["def alpha_1(x):\n", "def beta", "class "]:
         ar = engine.generate(prompt, mode="ar", max_new_tokens=40)
+        assert ar.token_ids == plain.generate(prompt, mode="ar", max_new_tokens=40).token_ids
         ver = engine.generate(prompt, mode="verified", max_new_tokens=40, router_threshold=1.0)
         assert ver.token_ids == ar.token_ids
         drafted += ver.stats.drafted
-    assert drafted > 0  # the bfloat16 NAR set really drafted
+    assert drafted > 0  # the lowered weights really drafted
+    h = torch.randn(1, 3, engine.model.config.hidden_size)
+    with torch.inference_mode():  # ... and really are of lower precision: close, not equal
+        lowered, full = engine.model.draft_head(h), plain.model.lm_head(h)
+    assert not torch.equal(lowered, full) and torch.allclose(lowered, full, atol=0.1, rtol=0.05)
+    with pytest.raises(ValueError, match="cannot be saved"):
+        engine.model.save_pretrained(tmp_path)
+    # The bench exports the AR set of an engine's (lowered) model: that still works.
+    export_ar(engine.model, tmp_path / "llama")
+    assert (tmp_path / "llama" / "model.safetensors").is_file()
+
+
+def test_input_major_layout_keeps_values_and_the_tie(trained_model_dir):
+    model = load_model(trained_model_dir)
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    input_major(model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ref[k]), k
+    w = model.lm_head.weight
+    assert w is model.model.embed_tokens.weight and w.t().is_contiguous()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.allclose(model(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-5)
+
+
+def test_unknown_drafting_dtype_is_a_clear_error(trained_model_dir):
+    with pytest.raises(ValueError, match="drafting dtype must be one of"):
+        yue.load(trained_model_dir, nar_dtype="int4")

@@ -41,8 +41,11 @@ def generate(
     model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
     mode: str = typer.Option("hybrid", help="ar | verified | hybrid | nar"),
     router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
-    fallback_drafts: bool = typer.Option(
-        False, help="verified: a draft block at every draft position (more tokens per forward)."
+    drafting: str = typer.Option(
+        "separate", help="verified: separate (a NAR-only drafting pass; CPUs) | fused (in the verifying forward; GPUs)."
+    ),
+    draft_dtype: str = typer.Option(
+        "auto", help="Drafting weights: auto (int8 on CPU) | int8 | bfloat16 | float32. ar/verified output is the same."
     ),
     max_new_tokens: int = typer.Option(128, help="Maximum tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
@@ -73,10 +76,10 @@ def generate(
         seed=seed,
         stop=tuple(stop),
         router_threshold=router_threshold,
-        fallback_drafts=fallback_drafts,
+        drafting=drafting,
         trace=trace or trace_json is not None,
     )
-    engine = yue.load(model, device=device)
+    engine = yue.load(model, device=device, nar_dtype=draft_dtype)
     steps, stats = [], None
     if stream:
         for ev in engine.stream(prompt, cfg):
@@ -404,8 +407,8 @@ def bench_cmd(
     verified_thresholds: str = typer.Option(
         "1", help="Adds verified@T entries (1 = draft every slot); empty for none."
     ),
-    fallback_drafts: bool = typer.Option(
-        True, help="Add verified+fallback entries (a draft block at every draft position)."
+    fused_drafts: bool = typer.Option(
+        True, help="Add verified+fused entries (drafts in the verifying forward, a block per draft position)."
     ),
     batch_sizes: str = typer.Option("1", help="Sizes > 1 add ar/verified throughput entries (ar@bN)."),
     repeats: int = typer.Option(1, help="Timed passes over the prompts."),
@@ -436,7 +439,7 @@ def bench_cmd(
         modes=csv(modes, str, "modes"),
         thresholds=csv(thresholds, float, "thresholds"),
         verified_thresholds=csv(verified_thresholds, float, "verified_thresholds"),
-        fallback_drafts=fallback_drafts,
+        fused_drafts=fused_drafts,
         batch_sizes=csv(batch_sizes, int, "batch_sizes"),
         repeats=repeats,
         limit=limit,

@@ -17,6 +17,8 @@ from transformers import PreTrainedConfig
 
 Mode = Literal["ar", "verified", "hybrid", "nar"]
 MODES: tuple[str, ...] = get_args(Mode)
+Drafting = Literal["separate", "fused"]
+DRAFTINGS: tuple[str, ...] = get_args(Drafting)
 
 
 class YueConfig(PreTrainedConfig):
@@ -91,9 +93,12 @@ class DecodeConfig:
         reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
-        fallback_drafts: verified: also anchor a block of slots at every draft position, so a partly
-            rejected draft still leaves a valid draft for the next step (more tokens per forward, at
-            K slot rows per draft; pays where extra rows are cheap, e.g. a GPU; see DESIGN §2).
+        drafting: verified: where the next draft block is computed (DESIGN §2). "separate": after
+            verification, in a NAR-only pass anchored at the last accepted token (two forwards per
+            drafting step, K slot rows; the faster on a CPU, where rows cost time). "fused": in the
+            verifying forward itself, a block at every draft position so that whichever prefix is
+            accepted has one (one forward per step, K slot rows per draft; for GPUs at batch 1,
+            where a forward costs about the same whatever its row count).
     """
 
     mode: Mode = "hybrid"
@@ -109,7 +114,7 @@ class DecodeConfig:
     reeval_every: int | None = None
     trace: bool = False
     ignore_eos: bool = False
-    fallback_drafts: bool = False
+    drafting: Drafting = "separate"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -130,6 +135,8 @@ class DecodeConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size!r}")
         if self.reeval_every is not None and self.reeval_every < 1:
             raise ValueError(f"reeval_every must be >= 1, got {self.reeval_every!r}")
+        if self.drafting not in DRAFTINGS:
+            raise ValueError(f"drafting must be one of {', '.join(DRAFTINGS)}; got {self.drafting!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))

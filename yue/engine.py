@@ -24,6 +24,7 @@ from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.hf import CheckpointError, load_model
+from yue.model.inference import INT8, input_major, int8_available, parse_dtype
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
 
@@ -159,7 +160,8 @@ class Engine:
         """Fold one step into the counters (row 0 for sources; lockstep counts are shared)."""
         if em.mode == "cancelled":  # no forward ran
             return
-        stats.forwards += 1
+        stats.forwards += em.forwards
+        stats.draft_passes += em.forwards - 1
         tokens, sources = em.tokens[0], em.sources[0]
         if tokens and stats.new_tokens == 0:
             stats.ttft_s = time.perf_counter() - t0
@@ -245,7 +247,7 @@ def load(
     path: str | Path | None = None,
     device: str = "cpu",
     dtype: torch.dtype | None = None,
-    nar_dtype: torch.dtype | None = None,
+    nar_dtype: torch.dtype | str | None = "auto",
 ) -> Engine:
     """Load a model folder (default: the shipped `yue-code-mini`) into an Engine.
 
@@ -253,8 +255,10 @@ def load(
         path: a folder written by `save_pretrained` with a tokenizer.json; None = the default model.
         device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
         dtype: weights dtype (default: as saved, float32).
-        nar_dtype: store the NAR set's matmul weights in this dtype (e.g. torch.bfloat16) to make
-            drafting steps cheaper; `ar`/`verified` output is unchanged (see `set_nar_dtype`).
+        nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
+            `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
+            "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
+            whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
     Raises:
         CheckpointError: missing, truncated or corrupt files (the message names the file).
         ValueError: an unavailable device.
@@ -271,6 +275,12 @@ def load(
             f"the default model is missing from the package ({folder}); pass a model folder"
         )
     model = load_model(folder, device=device, dtype=dtype)
+    if model.device.type == "cpu":
+        input_major(model)
+    if nar_dtype == "auto":
+        nar_dtype = INT8 if model.device.type == "cpu" and int8_available() else None
+    elif isinstance(nar_dtype, str):
+        nar_dtype = parse_dtype(nar_dtype)
     if nar_dtype is not None:
         model.set_nar_dtype(nar_dtype)
     try:

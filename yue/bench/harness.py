@@ -61,8 +61,9 @@ class BenchConfig:
         thresholds: the hybrid sweep; each adds a "hybrid@T" entry (only when "hybrid" is in modes).
         verified_thresholds: each adds a "verified@T" entry (only when "verified" is in modes); at 1
             every slot is drafted, which shows the drafts' acceptance apart from the router's choices.
-        fallback_drafts: add "verified+fallback" entries (default threshold and each verified
-            threshold): a draft block at every draft position (`DecodeConfig.fallback_drafts`).
+        fused_drafts: add "verified+fused" entries (default threshold and each verified threshold):
+            drafts computed in the verifying forward, a block per draft position
+            (`DecodeConfig.drafting="fused"`; the plain entries draft in a separate pass).
         batch_sizes: sizes > 1 add "ar@bN" / "verified@bN" throughput entries.
         repeats: timed passes over the prompts (medians pool all of them).
         limit: use only the first `limit` prompts.
@@ -77,7 +78,7 @@ class BenchConfig:
     modes: tuple[str, ...] = ALL_MODES
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     verified_thresholds: tuple[float, ...] = (1.0,)
-    fallback_drafts: bool = True
+    fused_drafts: bool = True
     batch_sizes: tuple[int, ...] = (1,)
     repeats: int = 1
     limit: int | None = None
@@ -115,7 +116,7 @@ class Entry:
     mode: str
     threshold: float | None = None
     batch: int = 1
-    fallback: bool = False  # verified with `fallback_drafts`
+    drafting: str = "separate"  # verified: `DecodeConfig.drafting`
 
 
 def entries(cfg: BenchConfig) -> list[Entry]:
@@ -127,10 +128,10 @@ def entries(cfg: BenchConfig) -> list[Entry]:
             out += [Entry(f"hybrid@{t:g}", "hybrid", t) for t in cfg.thresholds]
         if m == "verified":
             out += [Entry(f"verified@{t:g}", "verified", t) for t in cfg.verified_thresholds]
-            if cfg.fallback_drafts:
-                out.append(Entry("verified+fallback", "verified", None, fallback=True))
+            if cfg.fused_drafts:
+                out.append(Entry("verified+fused", "verified", None, drafting="fused"))
                 out += [
-                    Entry(f"verified+fallback@{t:g}", "verified", t, fallback=True)
+                    Entry(f"verified+fused@{t:g}", "verified", t, drafting="fused")
                     for t in cfg.verified_thresholds
                 ]
     for b in sorted(set(cfg.batch_sizes)):
@@ -251,7 +252,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
                     llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens
                 )
             else:
-                runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.fallback)
+                runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.drafting)
         samples, warmup = _timed_runs(todo, runners, prompts, cfg, log)
         memory = _memory(todo, prompts, cfg, tmp, log) if cfg.memory else {}
     log("scoring outputs")

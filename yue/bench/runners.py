@@ -52,12 +52,10 @@ class OurRunner:
     """Runs one entry through the public Engine API."""
 
     def __init__(
-        self, engine, mode: str, threshold: float | None, max_new_tokens: int, fallback: bool = False
+        self, engine, mode: str, threshold: float | None, max_new_tokens: int, drafting: str = "separate"
     ) -> None:
         self.engine = engine
-        self.kw = dict(
-            mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, fallback_drafts=fallback
-        )
+        self.kw = dict(mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, drafting=drafting)
 
     def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
         if len(batch) > 1:

@@ -3,7 +3,8 @@
 Design decisions:
 - Token level only: the loop yields, per step, the tokens each row committed and who wrote them. Text
   (detokenizing, stop strings) is the engine's business; it simply stops iterating.
-- One forward per step over `fed` + n mask slots. The KV cache is allocated once; after the forward,
+- One forward per step over `fed` + n mask slots, and for `verified` with separate drafting a second,
+  NAR-only forward after verification, over a block anchored at the last accepted token. The KV cache is allocated once; after the forward,
   `cache.advance(keep)` commits the kept positions and everything past them (rejected drafts, slots)
   is scratch that the next write overwrites: rollback is a pointer move.
 - Per-step work outside the forward is kept small: positions are slices of a precomputed table, the
@@ -38,6 +39,7 @@ class StepEmission:
     drafted: int
     accepted: int
     mode: str
+    forwards: int = 1  # 2 when a drafting pass followed the step's forward
 
 
 @dataclass
@@ -51,7 +53,7 @@ class _Rows:
 def slot_capacity(cfg: DecodeConfig) -> int:
     """Cache positions a request may need beyond prompt + max_new_tokens (drafts and slots)."""
     k = cfg.block_size or 1
-    return (k + 1) * (k + 1) + 1 if cfg.fallback_drafts else 2 * k + 2
+    return (k + 1) * (k + 1) + 1 if cfg.drafting == "fused" else 2 * k + 2
 
 
 def _positions(pad: list[int], capacity: int, device) -> torch.Tensor:
@@ -146,6 +148,16 @@ def decode(
         # 3. Accept: the policy verifies / commits and says what to keep and feed next.
         adv = policy.advance(model, st, out)
         cache.advance(adv.keep)
+        forwards = 1
+        if adv.draft_pass:
+            # 3b. Drafting pass: K slots anchored at the last kept token, NAR set only; they see the
+            # cache up to that token and each other, and sit in scratch space past it.
+            L, K = cache.length, cfg.block_size
+            slots = st.fed.new_full((B, K), mask_id)
+            mask = decode_mask(L, 0, K, cache.key_valid, device)
+            draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0)
+            policy.draft(model, st, adv, out, draft.slot_logits)
+            forwards = 2
         # 4. Advance: bookkeeping for the next step.
         st.fed, st.n_drafts, st.draft_logprobs = adv.next_fed, adv.next_drafts, adv.next_draft_logprobs
         toks, srcs = _truncate(adv, rows, eos_ids)
@@ -157,7 +169,7 @@ def decode(
             h = float(entropy(out.ar_logits[0, -1]))
             dt = (time.perf_counter() - t0) * 1e3
             step = Step(index, adv.mode, adv.drafted, adv.accepted, adv.p_ar, h, dt)
-        yield StepEmission(toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode)
+        yield StepEmission(toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode, forwards)
         index += 1
         if all(f is not None for f in rows.finish):
             return

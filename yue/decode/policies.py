@@ -86,6 +86,7 @@ class Advance:
     next_drafts: int = 0
     next_draft_logprobs: torch.Tensor | None = None
     mode: str = "AR"
+    draft_pass: bool = False  # run a NAR-only pass anchored at fed[keep - 1], then `policy.draft`
     drafted: int = 0
     accepted: int = 0
     p_ar: list[float] = field(default_factory=list)
@@ -164,19 +165,26 @@ class ARPolicy(Policy):
 
 
 class VerifiedPolicy(Policy):
-    """Verify the previous draft and draft the next block in the same forward; lossless."""
+    """Verify the previous draft and draft the next block; lossless.
+
+    Where the next block comes from is `cfg.drafting`: "separate" asks the loop for a NAR-only pass
+    after verification (`Advance.draft_pass`), anchored at the last accepted token; "fused" puts blocks
+    in the verifying forward itself, one at every fed position (see the module docstring).
+    """
 
     name = "verified"
 
+    def drafts_now(self, st: LoopState) -> bool:
+        """Whether this step drafts a block (not in an AR stretch, drafting not switched off)."""
+        return st.cfg.router_threshold > 0 and st.ar_stretch == 0 and st.cfg.block_size >= 2
+
     def n_slots(self, st: LoopState) -> int:
-        if st.cfg.router_threshold == 0 or st.ar_stretch > 0:
-            return 0
-        return st.cfg.block_size
+        return st.cfg.block_size if st.cfg.drafting == "fused" and self.drafts_now(st) else 0
 
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
-        """With `fallback_drafts`, a block at every fed position from p0 on: whichever prefix of the
-        drafts the AR path accepts, the block anchored at its last token is a valid next draft."""
-        if not st.cfg.fallback_drafts or st.n_drafts == 0:
+        """Fused drafting: a block at every fed position from p0 on; whichever prefix of the drafts the
+        AR path accepts, the block anchored at its last token is a valid next draft."""
+        if st.cfg.drafting != "fused" or st.n_drafts == 0:
             return None
         n = st.fed.shape[1]
         return tuple(range(n - st.n_drafts - 1, n))
@@ -206,13 +214,13 @@ class VerifiedPolicy(Policy):
     def draft_length(self, st: LoopState, p_ar: torch.Tensor) -> int:
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
 
-        Slot 1 already matched the AR token, so draft j survives with A_j = a_{j+1} / a_1, and verifying
-        k drafts yields 1 + sum_{j<=k} A_j tokens in a step that costs AR_STEP_COST + NAR_PASS_COST +
-        its positions (k + 1 fed, then K slots, or K per fed position with `fallback_drafts`), where a
-        plain AR step writes one token for AR_STEP_COST. We take the k with the
-        most expected tokens per unit of cost among the leading drafts with p_ar(i) <= router_threshold
-        (DESIGN's one rule), and draft only if that beats plain AR steps. At threshold 1 ("pure NAR")
-        every slot is drafted.
+        Draft j survives with A_j = a_{j+1} / a_1 (slot 1 is the position of the AR token already
+        chosen), so verifying k drafts yields 1 + sum_{j<=k} A_j tokens for the cost of a verifying
+        forward with k + 1 fed positions plus the block's NAR pass and slot rows (K, or K per fed
+        position when fused), where a plain AR step writes one token for AR_STEP_COST. We take the k
+        with the most expected tokens per unit of cost among the leading drafts with
+        p_ar(i) <= router_threshold (DESIGN's one rule), and draft only if that beats plain AR steps.
+        At threshold 1 ("pure NAR") every slot is drafted.
         """
         if st.cfg.router_threshold >= 1.0:
             return p_ar.shape[1] - 1
@@ -224,7 +232,7 @@ class VerifiedPolicy(Policy):
             if not ok:
                 break
             gain += a_k
-            slots = st.cfg.block_size * (k + 1 if st.cfg.fallback_drafts else 1)
+            slots = st.cfg.block_size * (k + 1 if st.cfg.drafting == "fused" else 1)
             rate = gain / (AR_STEP_COST + NAR_PASS_COST + FED_POSITION_COST * k + SLOT_POSITION_COST * slots)
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -239,37 +247,42 @@ class VerifiedPolicy(Policy):
         keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
         adv.drafted, adv.accepted = k, n_acc
-        n, K = out.slot_logits.shape[1], st.cfg.block_size
-        if n == 0:
+        if not self.drafts_now(st):
             st.ar_stretch = max(st.ar_stretch - 1, 0)
-        # A block is a valid draft only if it is anchored on the last accepted token. One block (at the
-        # last fed token) thus needs every draft accepted; with `fallback_drafts` there is a block at
-        # every fed position (block m at fed[-k-1+m]) and block n_acc is always valid.
-        if K < 2 or n == 0 or (n == K and n_acc < k):
             return adv
-        b = n_acc if n > K else 0  # the valid block's index among the step's blocks
-        logits = out.slot_logits[:, b * K : (b + 1) * K]  # (B, K, V)
+        if st.cfg.drafting == "separate":
+            adv.draft_pass = True  # the loop runs it, then calls `draft`
+            return adv
+        # Fused: one block (at the last fed token) when nothing was drafted, else one per fed position,
+        # block m at fed[-k-1+m]; block n_acc is anchored on the last accepted token.
+        K = st.cfg.block_size
+        b = n_acc if out.slot_logits.shape[1] > K else 0
+        self.draft(model, st, adv, out, out.slot_logits[:, b * K : (b + 1) * K])
+        return adv
+
+    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> None:
+        """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*.
+
+        out: the verifying step's output; logits: (B, K, V) the block's slot logits.
+        """
         # Slots 2.. are drafted even where slot 1 guessed another token than the AR path's: they predict
         # fixed positions, and often still hold (measured on the dev set: 2.34 -> 2.69 tokens per
-        # forward with fallback blocks); verification keeps the output exact either way.
+        # forward with fused blocks); verification keeps the output exact either way.
         slots, q = draft_slots(st, logits)
-        # Its anchor, the last accepted token, is fed[-k-1+n_acc]: AR logits row n_acc of the k + 1.
-        anchor = st.fed.shape[1] - k - 1 + n_acc
-        p_ar = router_p_ar(model, out.hidden[:, anchor], out.ar_logits[:, n_acc], logits)
+        # The anchor is fed[keep - 1], whose AR logits are row n_acc of the k + 1 verified rows.
+        p_ar = router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
         adv.p_ar = p_ar[0].tolist()
         k_next = self.draft_length(st, p_ar)
         if k_next == 0:
-            # The router sees no draft worth its cost here; slots cost a whole NAR pass per step, so
-            # write plain AR steps for a while and ask again, backing off further after each futile ask.
+            # The router sees no draft worth its cost here; a block costs a whole NAR pass, so write
+            # plain AR steps for a while and ask again, backing off further after each futile ask.
             st.ar_stretch = st.cfg.reeval_every * 2 ** min(st.futile_probes, MAX_BACKOFF_DOUBLINGS)
             st.futile_probes += 1
-        else:
-            st.futile_probes = 0
-        if k_next:
-            adv.next_fed = torch.cat([nxt[:, None], slots[:, 1 : 1 + k_next]], dim=1)
-            adv.next_drafts = k_next
-            adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + k_next]
-        return adv
+            return
+        st.futile_probes = 0
+        adv.next_fed = torch.cat([adv.next_fed, slots[:, 1 : 1 + k_next]], dim=1)
+        adv.next_drafts = k_next
+        adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + k_next]
 
 
 class HybridPolicy(Policy):

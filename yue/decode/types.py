@@ -54,6 +54,8 @@ class GenerationStats:
 
     Attributes:
         forwards: model forward passes, prefill included.
+        draft_passes: of those, NAR-only drafting passes (`verified` with separate drafting); the
+            others are steps, each verifying and emitting.
         new_tokens: tokens generated.
         ar_tokens / nar_tokens: generated tokens by the path that wrote them.
         drafted / accepted: draft tokens proposed for verification (or unverified commit) and kept.
@@ -64,6 +66,7 @@ class GenerationStats:
     """
 
     forwards: int = 0
+    draft_passes: int = 0
     new_tokens: int = 0
     ar_tokens: int = 0
     nar_tokens: int = 0
@@ -80,9 +83,16 @@ class GenerationStats:
         """Generated tokens per forward pass, the prefill forward included (it writes the first token)."""
         return self.new_tokens / self.forwards if self.forwards else 0.0
 
+    @property
+    def tokens_per_step(self) -> float:
+        """Generated tokens per verifying forward (drafting passes not counted)."""
+        steps = self.forwards - self.draft_passes
+        return self.new_tokens / steps if steps else 0.0
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["tokens_per_forward"] = self.tokens_per_forward
+        d["tokens_per_step"] = self.tokens_per_step
         return d
 
 

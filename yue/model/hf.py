@@ -31,7 +31,8 @@ class CheckpointError(ValueError):
 
 
 def is_nar_or_router(name: str) -> bool:
-    return name.startswith("router.") or ".nar_" in name
+    """Parameters outside the AR path: the NAR set, the router, a lowered drafting head."""
+    return name.startswith(("router.", "draft_head.")) or ".nar_" in name
 
 
 def check_checkpoint(path: str | Path) -> Path:

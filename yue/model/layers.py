@@ -33,6 +33,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; the same numbers as the three-step form below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -127,24 +129,45 @@ class MoTLayer(nn.Module):
         self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.nar_mlp = MLP(config)
 
-    def _qkv(self, x: torch.Tensor, proj: AttentionProjections, cos: torch.Tensor, sin: torch.Tensor):
-        """Q/K/V of one parameter set with RoPE. x: (B, T, D) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh).
+    def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
+        """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
+        if nar:
+            return self.nar_input_layernorm, self.nar_self_attn, self.nar_post_attention_layernorm, self.nar_mlp
+        return self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp
 
-        The projections run in their weights' dtype (the NAR set may be stored in bfloat16, see
-        `YueForCausalLM.set_nar_dtype`); the results come back in x's dtype, the cache's.
+    def _qkv(self, h: torch.Tensor, nar: bool, cos: torch.Tensor, sin: torch.Tensor):
+        """Pre-attention norm, Q/K/V and RoPE of one parameter set.
+
+        h: (B, T, D) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh). The NAR set's projections may be
+        lowered (`inference.py`); they still take and return h's dtype.
         """
+        norm, proj, _, _ = self._sets(nar)
+        x = norm(h)
         B, T, _ = x.shape
-        w = proj.q_proj.weight.dtype
-        xw = x.to(w)
-        q = proj.q_proj(xw).to(x.dtype).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = proj.k_proj(xw).to(x.dtype).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = proj.v_proj(xw).to(x.dtype).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q = proj.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = proj.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = proj.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def _merge(self, out: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, Dh) -> (B, T, H * Dh)."""
-        B, _, T, _ = out.shape
-        return out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+    def _finish(self, h: torch.Tensor, o: torch.Tensor, nar: bool) -> torch.Tensor:
+        """Output projection of the attention result o (B, H, T, Dh), residual, norm, MLP, residual."""
+        _, proj, norm, mlp = self._sets(nar)
+        B, _, T, _ = o.shape
+        h = h + proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return h + mlp(norm(h))
+
+    def _decode(self, h, nar, cos, sin, mask, kv, start) -> torch.Tensor:
+        """One parameter set's positions in a cached forward: their K/V land at cache indices
+        [start, start + T) and they attend over the cache up to there, under `mask` (1|B, 1, T, start + T)
+        or None (every key)."""
+        q, k, v = self._qkv(h, nar, cos, sin)
+        k_buf, v_buf = kv
+        S = start + h.shape[1]
+        k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v
+        o = F.scaled_dot_product_attention(
+            q, k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=self.n_kv != self.n_heads
+        )
+        return self._finish(h, o, nar)
 
     def forward(
         self,
@@ -160,7 +183,7 @@ class MoTLayer(nn.Module):
         the two sets' matmuls run on dense inputs with no gather, split or concatenation.
 
         Args:
-            h_c: (B, Tc, D) committed hidden states.
+            h_c: (B, Tc, D) committed hidden states, Tc >= 0 (0: a drafting pass, slots only).
             h_s: (B, Ts, D) slot hidden states, Ts >= 0, positioned after the committed ones.
             cos, sin: RoPE rows for the T = Tc + Ts positions, (1|B, 1, T, Dh).
             mask: (1|B, 1, T, S) bool, True = may attend; S = start + T with a cache, T without.
@@ -171,47 +194,25 @@ class MoTLayer(nn.Module):
             (h_c, h_s), same shapes.
         """
         Tc, Ts = h_c.shape[1], h_s.shape[1]
-        gqa = self.n_kv != self.n_heads
-        # 1. Pre-attention norm and Q/K/V, per parameter set.
-        q_c, k_c, v_c = self._qkv(
-            self.input_layernorm(h_c), self.self_attn, cos[..., :Tc, :], sin[..., :Tc, :]
-        )
-        if Ts:
-            x_s = self.nar_input_layernorm(h_s)
-            q_s, k_s, v_s = self._qkv(x_s, self.nar_self_attn, cos[..., Tc:, :], sin[..., Tc:, :])
-        # 2. One shared attention.
         if kv is not None:
-            # K/V land at their absolute cache indices; slots sit past the committed length, in
-            # scratch space the next committed write overwrites. Committed queries attend over
-            # committed keys only, in a call of their own, so their numbers are bit-identical to a
-            # step without slots (same shapes, same kernel): `verified` == `ar` exactly, even at ties.
-            k_buf, v_buf = kv
-            k_buf[:, :, start : start + Tc], v_buf[:, :, start : start + Tc] = k_c, v_c
-            s_c = start + Tc
-            m_c = None if mask is None else mask[..., :Tc, :s_c]
-            o_c = F.scaled_dot_product_attention(
-                q_c, k_buf[:, :, :s_c], v_buf[:, :, :s_c], m_c, enable_gqa=gqa
-            )
+            # Decoding. Committed positions go first, attending over committed keys only, in a call of
+            # their own: their numbers are bit-identical to a step without slots (same shapes, same
+            # kernel), so `verified` == `ar` exactly, even at ties. Slots follow, in scratch space past
+            # the committed length that the next committed write overwrites.
+            if Tc:
+                m_c = None if mask is None else mask[..., :Tc, : start + Tc]
+                h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], m_c, kv, start)
             if Ts:
-                k_buf[:, :, s_c : s_c + Ts], v_buf[:, :, s_c : s_c + Ts] = k_s, v_s
                 m_s = None if mask is None else mask[..., Tc:, :]
-                S = s_c + Ts
-                o_s = F.scaled_dot_product_attention(
-                    q_s, k_buf[:, :, :S], v_buf[:, :, :S], m_s, enable_gqa=gqa
-                )
-        elif Ts:
-            # Training: committed positions and all blocks in one call, under the training mask.
-            q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))
-            o_c, o_s = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa).split(
-                [Tc, Ts], 2
-            )
-        else:
+                h_s = self._decode(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], m_s, kv, start + Tc)
+            return h_c, h_s
+        # Training: committed positions and all blocks in one attention call, under the training mask.
+        gqa = self.n_kv != self.n_heads
+        q_c, k_c, v_c = self._qkv(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :])
+        if not Ts:
             o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)
-        # 3. Output projection, post-attention norm and MLP, per parameter set.
-        h_c = h_c + self.self_attn.o_proj(self._merge(o_c))
-        h_c = h_c + self.mlp(self.post_attention_layernorm(h_c))
-        if Ts:
-            w = self.nar_self_attn.o_proj.weight.dtype  # float32, or bfloat16 after set_nar_dtype
-            h_s = h_s + self.nar_self_attn.o_proj(self._merge(o_s).to(w)).to(h_s.dtype)
-            h_s = h_s + self.nar_mlp(self.nar_post_attention_layernorm(h_s).to(w)).to(h_s.dtype)
-        return h_c, h_s
+            return self._finish(h_c, o_c, False), h_s
+        q_s, k_s, v_s = self._qkv(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :])
+        q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))
+        o_c, o_s = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa).split([Tc, Ts], 2)
+        return self._finish(h_c, o_c, False), self._finish(h_s, o_s, True)

@@ -25,6 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from yue.config import YueConfig
 from yue.model.cache import KVCache
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
+from yue.model.inference import lower_linear
 from yue.model.router import Router
 
 
@@ -67,7 +68,9 @@ class MoTModel(nn.Module):
         for i, layer in enumerate(self.layers):
             kv = cache.layer(i) if cache is not None else None
             h_c, h_s = layer(h_c, h_s, cos, sin, mask, kv, start)
-        return self.norm(torch.cat([h_c, h_s], dim=1) if h_s.shape[1] else h_c)
+        if not h_s.shape[1] or not h_c.shape[1]:
+            return self.norm(h_s if h_s.shape[1] else h_c)
+        return self.norm(torch.cat([h_c, h_s], dim=1))
 
 
 @dataclass
@@ -96,6 +99,8 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         self.model = MoTModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.router = Router(config)
+        # Slot rows' head when drafting is lowered (`set_nar_dtype`); None = the LM head for all rows.
+        self.draft_head: nn.Module | None = None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -108,16 +113,29 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def set_nar_dtype(self, dtype: torch.dtype) -> YueForCausalLM:
-        """Store the NAR set's projection and MLP weights in `dtype` (norms stay as they are).
+        """Draft in a lower precision: the NAR set's matmuls and a copy of the LM head for slot rows.
 
-        A decode step with slots reads the whole NAR weight set once; on a CPU that step is bound by
-        memory traffic, so bfloat16 NAR weights make drafting steps cheaper. Only drafts change: the AR
-        path is untouched, so `ar` and `verified` outputs stay exactly what they were.
+        Args:
+            dtype: torch.qint8 (CPU: int8 weights, dynamic int8 GEMMs) or a float dtype (bfloat16).
+        The AR set and the head computing AR logits are untouched, so `ar` and `verified` output stays
+        exactly what it was; only drafts (and what `hybrid`/`nar` commit of them) can change. See
+        `inference.py` for why and for the measured gains. Inference only: save before lowering.
         """
         for layer in self.model.layers:
-            layer.nar_self_attn.to(dtype)
-            layer.nar_mlp.to(dtype)
+            for module in (layer.nar_self_attn, layer.nar_mlp):
+                for name, child in list(module.named_children()):
+                    if isinstance(child, nn.Linear):
+                        setattr(module, name, lower_linear(child, dtype))
+        self.draft_head = lower_linear(self.lm_head, dtype)
         return self
+
+    def save_pretrained(self, *args, **kwargs):
+        if self.draft_head is not None:
+            raise ValueError(
+                "this model's drafting weights were lowered for inference (set_nar_dtype) and cannot be "
+                "saved; save the model as loaded (yue.model.load_model) instead"
+            )
+        return super().save_pretrained(*args, **kwargs)
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """A KV cache for this model, on its device and dtype."""
@@ -146,7 +164,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         Args:
             tokens: (B, T) committed tokens to append, then slot inputs.
             positions: (T,) or (B, T) RoPE positions.
-            n_committed: number of committed tokens at the front.
+            n_committed: number of committed tokens at the front; 0 = a drafting pass (slots only).
             mask: from `masks.decode_mask(cache.length, n_committed, T - n_committed, ...)`.
             cache: the request's KV cache.
             n_logits: AR logits only for the last n_logits committed positions (None = all). The head
@@ -156,9 +174,13 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         """
         hidden = self.model(tokens, positions, n_committed, mask, cache, cache.length)
         first = 0 if n_logits is None else n_committed - n_logits
-        logits = self.lm_head(hidden[:, first:])  # (B, T - first, V)
         n_ar = n_committed - first
-        return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden)
+        if self.draft_head is None:
+            logits = self.lm_head(hidden[:, first:])  # (B, T - first, V): one matmul for all rows
+            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden)
+        # Lowered drafting: AR rows through the LM head as loaded, slot rows through the draft head.
+        ar_logits = self.lm_head(hidden[:, first:n_committed])  # (B, n_ar, V)
+        return StepOutput(ar_logits, self.draft_head(hidden[:, n_committed:]), hidden)
 
     def forward(
         self,

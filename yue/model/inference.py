@@ -1,0 +1,97 @@
+"""Lower-precision copies of the drafting weights: the NAR set's matmuls and a head for slot rows.
+
+Design decisions:
+- Only drafts are lowered. The AR set and the LM head that computes AR logits stay as loaded, so `ar`
+  and `verified` output is unchanged whatever the drafting precision (verification is done by the AR
+  path); `hybrid` and `nar` commit drafts, so their output may shift slightly (the bench measures it).
+- Why: at the default model's size a decode step on a CPU is bound by reading weights from memory
+  (~7 GB/s on one core here, so a 256x688 fp32 matmul costs ~0.1 ms whether it has 1 row or 8). A step
+  with slots reads the NAR set too. int8 weights are a quarter of the bytes and fbgemm's int8 GEMM
+  keeps small row counts cheap: a 256x688 matmul over 8 rows takes ~46 us instead of ~170 us, the
+  head over 8 slot rows ~150 us instead of ~1 ms (1 thread, weights not in cache).
+- int8 is dynamic quantization with per-output-channel weight scales (torch's fbgemm/x86 kernels, CPU
+  only); bfloat16 is a plain cast, for GPUs and bf16-capable CPUs. Either way a `Lowered` wrapper casts
+  inputs and outputs, so the layer code calls every projection alike in the activations' dtype.
+- Lowered models are for inference: quantized modules do not serialize to safetensors, so save (or
+  train) a model before lowering it.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+
+INT8 = torch.qint8
+
+
+class Lowered(nn.Module):
+    """A matmul module run in another precision: input cast to `in_dtype`, output cast back."""
+
+    def __init__(self, inner: nn.Module, in_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner, self.in_dtype = inner, in_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(self.in_dtype)).to(x.dtype)
+
+
+def int8_available() -> bool:
+    """Whether this torch build has eager dynamic quantization and a CPU int8 GEMM engine (fbgemm/x86)."""
+    engines = set(torch.backends.quantized.supported_engines)
+    return hasattr(torch.ao.quantization, "quantize_dynamic") and bool({"fbgemm", "x86"} & engines)
+
+
+def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> Lowered:
+    """A lowered copy of `linear` (the original is left as it is).
+
+    Args:
+        linear: a float nn.Linear, on the CPU for int8.
+        dtype: torch.qint8 (dynamic int8, per-channel weight scales) or a float dtype such as bfloat16.
+    Raises:
+        ValueError: int8 requested for a module on a GPU, or on a torch build without an int8 engine.
+    """
+    if dtype != INT8:
+        return Lowered(copy.deepcopy(linear).to(dtype), dtype)
+    if linear.weight.device.type != "cpu" or not int8_available():
+        raise ValueError("int8 drafting weights need a CPU with torch's fbgemm/x86 engine; use bfloat16")
+    with warnings.catch_warnings():
+        # torch marks its quantized tensors deprecated (moving to torchao), but this CPU kernel is the
+        # fast one for small row counts today; the warning is not actionable for our users.
+        warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=DeprecationWarning)
+        q = torch.ao.quantization.quantize_dynamic(
+            nn.Sequential(copy.deepcopy(linear).float()),
+            {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+            dtype=INT8,
+        )[0]
+    return Lowered(q, torch.float32)
+
+
+def parse_dtype(name: str) -> torch.dtype | None:
+    """A drafting precision's name -> dtype: 'int8', 'bfloat16', 'float32' (None = keep as loaded)."""
+    table = {"int8": INT8, "bfloat16": torch.bfloat16, "float32": None}
+    if name not in table:
+        raise ValueError(f"drafting dtype must be one of int8, bfloat16, float32; got {name!r}")
+    return table[name]
+
+
+def input_major(model: nn.Module) -> nn.Module:
+    """Store every float nn.Linear weight input-major, in place: same (out, in) shape and values, but
+    its storage is the transpose, (in, out) row-major.
+
+    `F.linear(x, W)` multiplies by W.t(); with this layout W.t() is contiguous and MKL's small-row GEMM
+    streams it (one thread, weights not in cache: a 256x688 matmul over 1 row 95 -> 56 us, the 256x4096
+    head 563 -> 212 us). A tied embedding shares the head's storage, so it is re-tied to the new tensor.
+    Inference only: a non-contiguous parameter is re-laid-out on save.
+    """
+    seen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            w = module.weight
+            if id(w) not in seen:
+                seen[id(w)] = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
+            module.weight = seen[id(w)]
+    return model
