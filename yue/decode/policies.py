@@ -37,13 +37,16 @@ from yue.decode.sampling import apply_repetition_penalty, choose, speculative_ac
 from yue.model.mot import StepOutput
 from yue.model.router import Router
 
-# Forward cost model, in "positions" (one position ~ 0.1 ms on 2 CPU cores, DESIGN §7). Measured on the
-# default model's shape (6.9M parameters, 1 thread): 3.2 ms for a one-token AR step; +2.6 ms as soon as
-# any slot is present, because the NAR weight set is read too; +0.1 ms per further position.
-AR_STEP_COST = 32.0
-NAR_PASS_COST = 26.0
-FED_POSITION_COST = 1.0  # each fed token beyond the first (a draft being verified)
-SLOT_POSITION_COST = 1.0  # each slot row
+# Forward cost model, in units of ~0.1 ms: measured on the default model's shape (6.9M parameters) on one
+# CPU thread, fp32 AR set, int8 drafting weights (`inference.py`). A one-token AR step costs 2.5 ms (it
+# streams the AR weights from memory); verifying drafts costs 0.8 ms more as soon as there are two rows
+# (matrix-vector -> matrix-matrix kernels), then ~0.15 ms per fed draft; a NAR pass (separate, or the
+# slots of a fused step) 2.4 ms plus ~0.05 ms per slot row.
+AR_STEP_COST = 25.0
+VERIFY_COST = 8.0  # any drafts fed
+FED_POSITION_COST = 1.5  # each fed draft
+NAR_PASS_COST = 24.0
+SLOT_POSITION_COST = 0.5  # each slot row
 # verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
 MAX_BACKOFF_DOUBLINGS = 3
 
@@ -233,7 +236,8 @@ class VerifiedPolicy(Policy):
                 break
             gain += a_k
             slots = st.cfg.block_size * (k + 1 if st.cfg.drafting == "fused" else 1)
-            rate = gain / (AR_STEP_COST + NAR_PASS_COST + FED_POSITION_COST * k + SLOT_POSITION_COST * slots)
+            cost = AR_STEP_COST + VERIFY_COST + FED_POSITION_COST * k + NAR_PASS_COST + SLOT_POSITION_COST * slots
+            rate = gain / cost
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k

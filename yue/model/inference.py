@@ -79,19 +79,63 @@ def parse_dtype(name: str) -> torch.dtype | None:
 
 
 def input_major(model: nn.Module) -> nn.Module:
-    """Store every float nn.Linear weight input-major, in place: same (out, in) shape and values, but
-    its storage is the transpose, (in, out) row-major.
+    """Store every float nn.Linear / nn.Embedding weight input-major, in place: same (out, in) shape
+    and values, but the storage is the transpose, (in, out) row-major.
 
     `F.linear(x, W)` multiplies by W.t(); with this layout W.t() is contiguous and MKL's small-row GEMM
     streams it (one thread, weights not in cache: a 256x688 matmul over 1 row 95 -> 56 us, the 256x4096
     head 563 -> 212 us). A tied embedding shares the head's storage, so it is re-tied to the new tensor.
-    Inference only: a non-contiguous parameter is re-laid-out on save.
     """
     seen: dict[int, nn.Parameter] = {}
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             w = module.weight
             if id(w) not in seen:
-                seen[id(w)] = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
+                seen[id(w)] = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
             module.weight = seen[id(w)]
     return model
+
+
+def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
+    """One input-major nn.Linear computing `parts` side by side (outputs concatenated, in order);
+    each part's weight becomes a view of the fused storage, so no weight is held twice."""
+    out = sum(p.out_features for p in parts)
+    fused = nn.Linear(parts[0].in_features, out, bias=False, device=parts[0].weight.device)
+    w = torch.cat([p.weight.detach() for p in parts], dim=0).to(parts[0].weight.dtype)  # (out, in)
+    fused.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+    start = 0
+    for p in parts:
+        p.weight = nn.Parameter(fused.weight[start : start + p.out_features], requires_grad=False)
+        start += p.out_features
+    return fused
+
+
+def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
+    """Ready a YueForCausalLM for fast decoding, in place (inference only; see the module docstring).
+
+    - Every matmul weight input-major (`input_major`).
+    - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
+    - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
+      (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
+      `verified` output is the same whatever the drafting precision.
+    """
+    from yue.model.layers import DecodeSet
+
+    input_major(model)
+    for layer in model.model.layers:
+        sets = []
+        for nar in (False, True):
+            _, proj, _, mlp = layer._sets(nar)
+            qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
+            gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
+            if nar and drafting_dtype is not None:
+                qkv, gate_up = lower_linear(qkv, drafting_dtype), lower_linear(gate_up, drafting_dtype)
+                # The separate NAR modules are lowered too: no float copy of the NAR set stays alive.
+                for module in (proj, mlp):
+                    for name, child in list(module.named_children()):
+                        setattr(module, name, lower_linear(child, drafting_dtype))
+            sets.append(DecodeSet(qkv, gate_up))
+        layer.decode_sets = nn.ModuleList(sets)
+    if drafting_dtype is not None:
+        model.draft_head = lower_linear(model.lm_head, drafting_dtype)
+    model.prepared_for_decoding = True

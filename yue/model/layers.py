@@ -108,6 +108,19 @@ class AttentionProjections(nn.Module):
         self.o_proj = nn.Linear(config.num_attention_heads * hd, d, bias=False)
 
 
+class DecodeSet(nn.Module):
+    """One parameter set's input-side matmuls fused for decoding: Q/K/V as one, gate/up as one.
+
+    Built by `inference.prepare_for_decoding`; the separate modules stay (their weights are views of
+    these, or lowered copies), so checkpoints and the training path are unchanged. A decode step is
+    bound by per-call overhead and by streaming weights, so three matmuls become one (and two one).
+    """
+
+    def __init__(self, qkv: nn.Module, gate_up: nn.Module) -> None:
+        super().__init__()
+        self.qkv, self.gate_up = qkv, gate_up
+
+
 class MoTLayer(nn.Module):
     """One transformer layer with an AR and a NAR parameter set sharing one attention."""
 
@@ -128,6 +141,8 @@ class MoTLayer(nn.Module):
         self.nar_self_attn = AttentionProjections(config)
         self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.nar_mlp = MLP(config)
+        # (AR, NAR) fused decode matmuls once the model is prepared for decoding; None = as trained.
+        self.decode_sets: nn.ModuleList | None = None
 
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
         """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
@@ -144,9 +159,14 @@ class MoTLayer(nn.Module):
         norm, proj, _, _ = self._sets(nar)
         x = norm(h)
         B, T, _ = x.shape
-        q = proj.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = proj.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = proj.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        H, Hkv, Dh = self.n_heads, self.n_kv, self.head_dim
+        if self.decode_sets is not None:
+            qkv = self.decode_sets[nar].qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+            qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
+            return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
+        q = proj.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+        k = proj.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+        v = proj.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _finish(self, h: torch.Tensor, o: torch.Tensor, nar: bool) -> torch.Tensor:
@@ -154,7 +174,10 @@ class MoTLayer(nn.Module):
         _, proj, norm, mlp = self._sets(nar)
         B, _, T, _ = o.shape
         h = h + proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-        return h + mlp(norm(h))
+        if self.decode_sets is None:
+            return h + mlp(norm(h))
+        gate, up = self.decode_sets[nar].gate_up(norm(h)).chunk(2, dim=-1)
+        return h + mlp.down_proj(F.silu(gate) * up)
 
     def _decode(self, h, nar, cos, sin, mask, kv, start) -> torch.Tensor:
         """One parameter set's positions in a cached forward: their K/V land at cache indices

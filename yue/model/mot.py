@@ -25,7 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from yue.config import YueConfig
 from yue.model.cache import KVCache
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
-from yue.model.inference import lower_linear
+from yue.model.inference import prepare_for_decoding
 from yue.model.router import Router
 
 
@@ -99,8 +99,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         self.model = MoTModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.router = Router(config)
-        # Slot rows' head when drafting is lowered (`set_nar_dtype`); None = the LM head for all rows.
+        # Slot rows' head when drafting is lowered (`prepare_for_decoding`); None = the LM head for all.
         self.draft_head: nn.Module | None = None
+        self.prepared_for_decoding = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -112,28 +113,23 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def set_nar_dtype(self, dtype: torch.dtype) -> YueForCausalLM:
-        """Draft in a lower precision: the NAR set's matmuls and a copy of the LM head for slot rows.
+    def prepare_for_decoding(self, drafting_dtype: torch.dtype | None = None) -> YueForCausalLM:
+        """Ready the model for fast decoding, in place: matmul weights input-major, fused Q/K/V and
+        gate/up, and optionally drafting in a lower precision (`drafting_dtype`: torch.qint8 on a CPU,
+        or torch.bfloat16) for the NAR set and a copy of the LM head for slot rows.
 
-        Args:
-            dtype: torch.qint8 (CPU: int8 weights, dynamic int8 GEMMs) or a float dtype (bfloat16).
-        The AR set and the head computing AR logits are untouched, so `ar` and `verified` output stays
-        exactly what it was; only drafts (and what `hybrid`/`nar` commit of them) can change. See
-        `inference.py` for why and for the measured gains. Inference only: save before lowering.
+        The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts
+        (and what `hybrid`/`nar` commit of them) can change. See `inference.py` for why and the measured
+        gains. Inference only: a prepared model cannot be saved; save it before preparing it.
         """
-        for layer in self.model.layers:
-            for module in (layer.nar_self_attn, layer.nar_mlp):
-                for name, child in list(module.named_children()):
-                    if isinstance(child, nn.Linear):
-                        setattr(module, name, lower_linear(child, dtype))
-        self.draft_head = lower_linear(self.lm_head, dtype)
+        prepare_for_decoding(self, drafting_dtype)
         return self
 
     def save_pretrained(self, *args, **kwargs):
-        if self.draft_head is not None:
+        if self.prepared_for_decoding:
             raise ValueError(
-                "this model's drafting weights were lowered for inference (set_nar_dtype) and cannot be "
-                "saved; save the model as loaded (yue.model.load_model) instead"
+                "this model was prepared for decoding (prepare_for_decoding: fused, maybe lowered "
+                "weights) and cannot be saved; save the model as loaded (yue.model.load_model) instead"
             )
         return super().save_pretrained(*args, **kwargs)
 
