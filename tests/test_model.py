@@ -88,6 +88,14 @@ def test_a_block_anchored_mid_step_drafts_as_if_anchored_at_the_end(model):
             torch.testing.assert_close(multi[:, b * K : (b + 1) * K], solo, atol=1e-4, rtol=1e-4)
 
 
+def test_drafting_pass_mask_sees_the_whole_cache_and_its_block():
+    assert decode_mask(5, 0, 3) is None  # unpadded: every key, so SDPA needs no mask
+    key_valid = torch.tensor([[False, True, True, True, True, True, True, True, True]])
+    m = decode_mask(5, 0, 3, key_valid)
+    assert m.shape == (1, 1, 3, 8)
+    assert torch.equal(m[0, 0], key_valid[:, :8].expand(3, 8))  # all but the padding key
+
+
 def test_training_mask_matches_the_design_picture():
     m = training_mask(6, torch.tensor([[3]]), 3)[0, 0]  # committed c0..c5, one block anchored at c3
     assert m[:6, :6].equal(torch.ones(6, 6, dtype=torch.bool).tril())  # causal
@@ -191,6 +199,29 @@ def test_input_major_layout_keeps_values_and_the_tie(trained_model_dir):
     assert w is model.model.embed_tokens.weight and w.t().is_contiguous()
     ids = torch.tensor([[5, 6, 7, 8]])
     assert torch.allclose(model(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-5)
+
+
+def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):
+    """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
+    storage, and decode steps give the logits of the model as trained."""
+    plain, prepared = load_model(trained_model_dir), load_model(trained_model_dir).prepare_for_decoding()
+    layer = prepared.model.layers[0]
+    for nar in (False, True):
+        _, proj, _, mlp = layer._sets(nar)
+        fused = layer.decode_sets[nar]
+        assert proj.q_proj.weight.data_ptr() == fused.qkv.weight.data_ptr()
+        assert mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.weight.untyped_storage().data_ptr()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    outs = []
+    for m in (plain, prepared):
+        cache = m.new_cache(1, 32)
+        with torch.inference_mode():
+            m.step(ids[:, :4], torch.arange(4), 4, decode_mask(0, 4, 0), cache)
+            cache.advance(4)
+            outs.append(m.step(ids[:, 4:], torch.arange(4, 10), 2, decode_mask(4, 2, 4), cache))
+    assert torch.allclose(outs[0].ar_logits, outs[1].ar_logits, atol=1e-4)
+    assert torch.allclose(outs[0].slot_logits, outs[1].slot_logits, atol=1e-4)
+    assert torch.allclose(plain(ids).logits, prepared(ids).logits, atol=1e-4)  # the uncached path too
 
 
 def test_unknown_drafting_dtype_is_a_clear_error(trained_model_dir):

@@ -38,14 +38,15 @@ from yue.model.mot import StepOutput
 from yue.model.router import Router
 
 # Forward cost model, in units of ~0.1 ms: measured on the default model's shape (6.9M parameters) on one
-# CPU thread, fp32 AR set, int8 drafting weights (`inference.py`). A one-token AR step costs 2.5 ms (it
-# streams the AR weights from memory); verifying drafts costs 0.8 ms more as soon as there are two rows
-# (matrix-vector -> matrix-matrix kernels), then ~0.15 ms per fed draft; a NAR pass (separate, or the
-# slots of a fused step) 2.4 ms plus ~0.05 ms per slot row.
-AR_STEP_COST = 25.0
+# CPU thread, prepared for decoding (`inference.py`: fused matmuls, int8 drafting weights). A one-token AR
+# step costs ~2.0 ms (it streams the fp32 AR weights from memory); verifying drafts costs ~0.8 ms more as
+# soon as there are two rows (matrix-vector -> matrix-matrix kernels), then ~0.12 ms per fed draft; a
+# NAR pass ~2.0 ms plus ~0.05 ms per slot row (separate drafting: 2.0 ms for K = 8; a fused step's
+# slots cost somewhat more than this model says, 3.0 ms for 8).
+AR_STEP_COST = 20.0
 VERIFY_COST = 8.0  # any drafts fed
-FED_POSITION_COST = 1.5  # each fed draft
-NAR_PASS_COST = 24.0
+FED_POSITION_COST = 1.2  # each fed draft
+NAR_PASS_COST = 20.0
 SLOT_POSITION_COST = 0.5  # each slot row
 # verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
 MAX_BACKOFF_DOUBLINGS = 3
@@ -273,10 +274,13 @@ class VerifiedPolicy(Policy):
         # fixed positions, and often still hold (measured on the dev set: 2.34 -> 2.69 tokens per
         # forward with fused blocks); verification keeps the output exact either way.
         slots, q = draft_slots(st, logits)
-        # The anchor is fed[keep - 1], whose AR logits are row n_acc of the k + 1 verified rows.
-        p_ar = router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
-        adv.p_ar = p_ar[0].tolist()
-        k_next = self.draft_length(st, p_ar)
+        if st.cfg.router_threshold >= 1.0 and not st.cfg.trace:
+            k_next = logits.shape[1] - 1  # every slot is drafted: the router has nothing to decide
+        else:
+            # The anchor is fed[keep - 1], whose AR logits are row n_acc of the k + 1 verified rows.
+            p_ar = router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
+            adv.p_ar = p_ar[0].tolist()
+            k_next = self.draft_length(st, p_ar)
         if k_next == 0:
             # The router sees no draft worth its cost here; a block costs a whole NAR pass, so write
             # plain AR steps for a while and ask again, backing off further after each futile ask.

@@ -41,17 +41,19 @@ def decode_mask(
 
     Args:
         start: cache index of the first new token (= number of positions already cached).
-        n_committed: new committed tokens this step (>= 1).
+        n_committed: new committed tokens this step (>= 1), or 0 for a drafting pass: one block of
+            slots anchored at the cache's last token (cache index start - 1).
         n_slots: slots appended after them (>= 0), len(anchors) blocks of equal size.
         key_valid: (B, S_max) bool, False at left-padding positions of a batch; None when unpadded.
         device: where to build the mask (default: key_valid's device, else CPU).
         anchors: block anchors as indices into the new committed tokens; None = one block at the last.
     Returns:
-        (1|B, 1, T, start + T) bool, or None when every query may see every key (one token, no padding).
+        (1|B, 1, T, start + T) bool, or None when every query may see every key (one token, or a
+        drafting pass, without padding).
     """
     T = n_committed + n_slots
     S = start + T
-    if T == 1 and key_valid is None:
+    if (T == 1 or n_committed == 0) and key_valid is None:
         return None
     if key_valid is not None:
         device = key_valid.device
