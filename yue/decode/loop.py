@@ -156,7 +156,7 @@ def decode(
             slots = st.fed.new_full((B, K), mask_id)
             mask = decode_mask(L, 0, K, cache.key_valid, device)
             draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0)
-            policy.draft(model, st, adv, out, draft.slot_logits)
+            adv = policy.draft(model, st, adv, out, draft.slot_logits)
             forwards = 2
         # 4. Advance: bookkeeping for the next step.
         st.fed, st.n_drafts, st.draft_logprobs = adv.next_fed, adv.next_drafts, adv.next_draft_logprobs

@@ -148,20 +148,48 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
 
 
 class Policy:
-    """Base: where a step's slot blocks go. One block of `n_slots` anchored at the last fed token."""
+    """Base: whether and where a step drafts a block of slots, by `cfg.drafting`.
+
+    "fused": the block rides in the step's own forward (`n_slots` slots, at `anchors`) and `advance`
+    hands its logits to `draft`. "separate": the step's forward has no slots; `advance` sets
+    `Advance.draft_pass` and the loop runs a NAR-only pass over a block anchored at the last kept token,
+    then calls `draft` with its logits. `draft` returns the Advance to use (what to emit and feed).
+    """
+
+    def drafts_now(self, st: LoopState) -> bool:
+        """Whether this step drafts a block (read before `advance` updates the state)."""
+        return False
+
+    def n_slots(self, st: LoopState) -> int:
+        return st.cfg.block_size if st.cfg.drafting == "fused" and self.drafts_now(st) else 0
 
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
-        """Indices into `fed` at which blocks of `n_slots` slots are anchored; None = the last only."""
+        """Indices into `fed` at which fused blocks are anchored; None = one block at the last."""
         return None
+
+    def with_block(self, model, st: LoopState, adv: Advance, out: StepOutput, block: int = 0) -> Advance:
+        """Draft from the step's fused block number `block`, or ask the loop for a drafting pass."""
+        if st.cfg.drafting == "separate":
+            adv.draft_pass = True
+            return adv
+        K = st.cfg.block_size
+        return self.draft(model, st, adv, out, out.slot_logits[:, block * K : (block + 1) * K])
+
+    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
+        """Use a block anchored at the last kept token (fed[adv.keep - 1]). logits: (B, K, V)."""
+        raise NotImplementedError
+
+
+def anchor_p_ar(model, adv: Advance, out: StepOutput, logits: torch.Tensor) -> torch.Tensor:
+    """The router's p_ar for a block anchored at the last kept token, fed[adv.keep - 1]: its AR logits
+    are row `adv.accepted` of the step's AR rows (the last row when nothing was verified). (B, K)."""
+    return router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
 
 
 class ARPolicy(Policy):
     """One token per forward: the reference."""
 
     name = "ar"
-
-    def n_slots(self, st: LoopState) -> int:
-        return 0
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         tok = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
@@ -181,9 +209,6 @@ class VerifiedPolicy(Policy):
     def drafts_now(self, st: LoopState) -> bool:
         """Whether this step drafts a block (not in an AR stretch, drafting not switched off)."""
         return st.cfg.router_threshold > 0 and st.ar_stretch == 0 and st.cfg.block_size >= 2
-
-    def n_slots(self, st: LoopState) -> int:
-        return st.cfg.block_size if st.cfg.drafting == "fused" and self.drafts_now(st) else 0
 
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
         """Fused drafting: a block at every fed position from p0 on; whichever prefix of the drafts the
@@ -255,21 +280,12 @@ class VerifiedPolicy(Policy):
         if not self.drafts_now(st):
             st.ar_stretch = max(st.ar_stretch - 1, 0)
             return adv
-        if st.cfg.drafting == "separate":
-            adv.draft_pass = True  # the loop runs it, then calls `draft`
-            return adv
         # Fused: one block (at the last fed token) when nothing was drafted, else one per fed position,
         # block m at fed[-k-1+m]; block n_acc is anchored on the last accepted token.
-        K = st.cfg.block_size
-        b = n_acc if out.slot_logits.shape[1] > K else 0
-        self.draft(model, st, adv, out, out.slot_logits[:, b * K : (b + 1) * K])
-        return adv
+        return self.with_block(model, st, adv, out, n_acc if out.slot_logits.shape[1] > st.cfg.block_size else 0)
 
-    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> None:
-        """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*.
-
-        out: the verifying step's output; logits: (B, K, V) the block's slot logits.
-        """
+    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
+        """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""
         # Slots 2.. are drafted even where slot 1 guessed another token than the AR path's: they predict
         # fixed positions, and often still hold (measured on the dev set: 2.34 -> 2.69 tokens per
         # forward with fused blocks); verification keeps the output exact either way.
@@ -277,8 +293,7 @@ class VerifiedPolicy(Policy):
         if st.cfg.router_threshold >= 1.0 and not st.cfg.trace:
             k_next = logits.shape[1] - 1  # every slot is drafted: the router has nothing to decide
         else:
-            # The anchor is fed[keep - 1], whose AR logits are row n_acc of the k + 1 verified rows.
-            p_ar = router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
+            p_ar = anchor_p_ar(model, adv, out, logits)
             adv.p_ar = p_ar[0].tolist()
             k_next = self.draft_length(st, p_ar)
         if k_next == 0:
@@ -286,11 +301,12 @@ class VerifiedPolicy(Policy):
             # plain AR steps for a while and ask again, backing off further after each futile ask.
             st.ar_stretch = st.cfg.reeval_every * 2 ** min(st.futile_probes, MAX_BACKOFF_DOUBLINGS)
             st.futile_probes += 1
-            return
+            return adv
         st.futile_probes = 0
         adv.next_fed = torch.cat([adv.next_fed, slots[:, 1 : 1 + k_next]], dim=1)
         adv.next_drafts = k_next
         adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + k_next]
+        return adv
 
 
 class HybridPolicy(Policy):
@@ -298,8 +314,8 @@ class HybridPolicy(Policy):
 
     name = "hybrid"
 
-    def n_slots(self, st: LoopState) -> int:
-        return 0 if st.ar_stretch > 0 else st.cfg.block_size
+    def drafts_now(self, st: LoopState) -> bool:
+        return st.ar_stretch == 0
 
     def committed_slots(self, st: LoopState, p_ar: torch.Tensor) -> int:
         """Leading slots 2.. with p_ar(i) <= threshold (batch minimum). p_ar: (B, n)."""
@@ -308,12 +324,17 @@ class HybridPolicy(Policy):
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
-        if out.slot_logits.shape[1] == 0:
+        adv = commit_unverified(st, bonus)
+        if not self.drafts_now(st):
             st.ar_stretch -= 1
-            return commit_unverified(st, bonus)
-        slots, _ = draft_slots(st, out.slot_logits)
-        n = slots.shape[1]
-        p_ar = router_p_ar(model, out.hidden[:, -n - 1], out.ar_logits[:, -1], out.slot_logits)
+            return adv
+        return self.with_block(model, st, adv, out)
+
+    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
+        """Commit the AR token, then the block's leading slots 2.. the router trusts."""
+        bonus = adv.next_fed[:, 0]
+        slots, _ = draft_slots(st, logits)
+        p_ar = anchor_p_ar(model, adv, out, logits)
         m = 0
         if bool((p_ar[:, 0] > st.cfg.router_threshold).any()):
             st.ar_stretch = st.cfg.reeval_every - 1  # this step already wrote one AR token
@@ -331,13 +352,16 @@ class NARPolicy(Policy):
 
     name = "nar"
 
-    def n_slots(self, st: LoopState) -> int:
-        return st.cfg.block_size
+    def drafts_now(self, st: LoopState) -> bool:
+        return True
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)
-        slots, _ = draft_slots(st, out.slot_logits)
-        return commit_unverified(st, bonus, slots[:, 1:])
+        return self.with_block(model, st, commit_unverified(st, bonus), out)
+
+    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
+        slots, _ = draft_slots(st, logits)
+        return commit_unverified(st, adv.next_fed[:, 0], slots[:, 1:])
 
 
 POLICIES = {p.name: p for p in (ARPolicy, VerifiedPolicy, HybridPolicy, NARPolicy)}

@@ -48,13 +48,13 @@ def decode_mask(
         device: where to build the mask (default: key_valid's device, else CPU).
         anchors: block anchors as indices into the new committed tokens; None = one block at the last.
     Returns:
-        (1|B, 1, T, start + T) bool, or None when every query may see every key (one token, or a
-        drafting pass, without padding).
+        (1|B, 1, T, start + T) bool, or None when every query may see every key (at most one new
+        committed token and one block, without padding).
     """
     T = n_committed + n_slots
     S = start + T
-    if (T == 1 or n_committed == 0) and key_valid is None:
-        return None
+    if n_committed <= 1 and anchors is None and key_valid is None:
+        return None  # at most one new committed token and one block after it: every key is visible
     if key_valid is not None:
         device = key_valid.device
     keys = torch.arange(S, device=device)  # (S,)
