@@ -87,11 +87,18 @@ def test_eos_ends_generation_and_is_not_in_the_output(engine):
         ("mode", "turbo"),
         ("top_k", -1),
         ("repetition_penalty", 0.0),
+        ("drafting", "lazy"),
     ],
 )
 def test_bad_decode_values_raise_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         DecodeConfig(**{field: value})
+
+
+def test_auto_drafting_is_separate_for_verified_and_fused_otherwise(engine):
+    resolve = lambda **kw: DecodeConfig(**kw).resolved(engine.model.config).drafting  # noqa: E731
+    assert [resolve(mode=m) for m in ("verified", "hybrid", "nar")] == ["separate", "fused", "fused"]
+    assert resolve(mode="verified", drafting="fused") == "fused"
 
 
 def test_prompt_longer_than_the_context_is_a_value_error(engine):

@@ -17,7 +17,7 @@ from transformers import PreTrainedConfig
 
 Mode = Literal["ar", "verified", "hybrid", "nar"]
 MODES: tuple[str, ...] = get_args(Mode)
-Drafting = Literal["separate", "fused"]
+Drafting = Literal["auto", "separate", "fused"]
 DRAFTINGS: tuple[str, ...] = get_args(Drafting)
 
 
@@ -93,12 +93,15 @@ class DecodeConfig:
         reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
-        drafting: verified: where the next draft block is computed (DESIGN §2). "separate": after
-            verification, in a NAR-only pass anchored at the last accepted token (two forwards per
-            drafting step, K slot rows; the faster on a CPU, where rows cost time). "fused": in the
-            verifying forward itself, a block at every draft position so that whichever prefix is
-            accepted has one (one forward per step, K slot rows per draft; for GPUs at batch 1,
-            where a forward costs about the same whatever its row count).
+        drafting: where a step's draft block is computed (DESIGN §2). "fused": in the step's own
+            forward, one block at the last fed token (for `verified` one at every fed draft position,
+            so that whichever prefix is accepted has a block; one forward per step, K slot rows per
+            draft). "separate": after the step's forward, in a NAR-only pass anchored at the last kept
+            token (two forwards per drafting step, K slot rows). "auto" (default): separate for
+            `verified` (measured faster on a CPU, where rows cost time), fused for `hybrid` and `nar`
+            (their block is always anchored at the last fed token, and one forward is a little
+            cheaper than two). On a GPU at batch 1 a forward costs about the same whatever its rows,
+            so "fused" should suit `verified` there too (not measured: no GPU was available).
     """
 
     mode: Mode = "hybrid"
@@ -114,7 +117,7 @@ class DecodeConfig:
     reeval_every: int | None = None
     trace: bool = False
     ignore_eos: bool = False
-    drafting: Drafting = "separate"
+    drafting: Drafting = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -158,5 +161,6 @@ class DecodeConfig:
                 self.router_threshold if self.router_threshold is not None else model_config.router_threshold
             ),
             block_size=k,
+            drafting=("separate" if self.mode == "verified" else "fused") if self.drafting == "auto" else self.drafting,
             reeval_every=self.reeval_every if self.reeval_every is not None else model_config.reeval_every,
         )

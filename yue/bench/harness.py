@@ -63,7 +63,7 @@ class BenchConfig:
             every slot is drafted, which shows the drafts' acceptance apart from the router's choices.
         fused_drafts: add "verified+fused" entries (default threshold and each verified threshold):
             drafts computed in the verifying forward, a block per draft position
-            (`DecodeConfig.drafting="fused"`; the plain entries draft in a separate pass).
+            (`DecodeConfig.drafting="fused"`; plain `verified` entries draft in a separate pass).
         batch_sizes: sizes > 1 add "ar@bN" / "verified@bN" throughput entries.
         repeats: timed passes over the prompts (medians pool all of them).
         limit: use only the first `limit` prompts.
@@ -116,7 +116,7 @@ class Entry:
     mode: str
     threshold: float | None = None
     batch: int = 1
-    drafting: str = "separate"  # verified: `DecodeConfig.drafting`
+    drafting: str = "auto"  # `DecodeConfig.drafting`
 
 
 def entries(cfg: BenchConfig) -> list[Entry]:
