@@ -151,9 +151,12 @@ def decode(
         forwards = 1
         if adv.draft_pass:
             # 3b. Drafting pass: K slots anchored at the last kept token, NAR set only; they see the
-            # cache up to that token and each other, and sit in scratch space past it.
+            # cache up to that token and each other, and sit in scratch space past it. Slot 1's token
+            # is known by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's
+            # mask-predict reveals do, and slots 2.. are drafted knowing it.
             L, K = cache.length, cfg.block_size
             slots = st.fed.new_full((B, K), mask_id)
+            slots[:, 0] = adv.next_fed[:, 0]
             mask = decode_mask(L, 0, K, cache.key_valid, device)
             draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0)
             adv = policy.draft(model, st, adv, out, draft.slot_logits)

@@ -176,6 +176,8 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden)
         # Lowered drafting: AR rows through the LM head as loaded, slot rows through the draft head.
         ar_logits = self.lm_head(hidden[:, first:n_committed])  # (B, n_ar, V)
+        if hidden.shape[1] == n_committed:  # no slots: an empty (B, 0, V), without a head call
+            return StepOutput(ar_logits, ar_logits[:, :0], hidden)
         return StepOutput(ar_logits, self.draft_head(hidden[:, n_committed:]), hidden)
 
     def forward(
