@@ -12,7 +12,7 @@ from scipy.stats import rankdata
 from tests.conftest import pattern_corpus, tiny_config
 from yue.model import load_model
 from yue.model.masks import decode_mask
-from yue.model.router import Router
+from yue.model.router import Router, revealed_slot1
 from yue.train.router import (
     RouterExamples,
     RouterTrainConfig,
@@ -65,9 +65,10 @@ def trained(trained_model_dir):
 
 
 def test_training_forward_features_and_labels_equal_the_decode_path(trained):
-    """A block anchored at t in the training forward sees what a decode step anchored at t sees."""
+    """A block anchored at t in the training forward sees what a decode step anchored at t sees: the
+    AR rows up to t, then a drafting pass whose slot 1 is revealed (x[t+1])."""
     model = trained
-    K = model.config.block_size
+    K, mask_id = model.config.block_size, model.config.mask_token_id
     torch.manual_seed(0)
     x = torch.randint(4, model.config.vocab_size, (2, 24))
     anchors = torch.tensor([[3, 10, 15], [0, 7, 15]])
@@ -77,16 +78,18 @@ def test_training_forward_features_and_labels_equal_the_decode_path(trained):
             for m, t in enumerate(anchors[b].tolist()):
                 n_c = t + 1
                 cache = model.new_cache(1, n_c + K)
-                tokens = torch.cat(
-                    [x[b : b + 1, :n_c], torch.full((1, K), model.config.mask_token_id)], dim=1
-                )
-                positions = torch.arange(n_c + K)
-                out = model.step(tokens, positions, n_c, decode_mask(0, n_c, K), cache)
-                feats = model.router.features(out.hidden[:, n_c - 1], out.ar_logits[:, -1], out.slot_logits)
+                out = model.step(x[b : b + 1, :n_c], torch.arange(n_c), n_c, decode_mask(0, n_c, 0), cache)
+                cache.advance(n_c)
+                slots = torch.full((1, K), mask_id)
+                slots[0, 0] = x[b, t + 1]
+                draft = model.step(slots, torch.arange(n_c, n_c + K), 0, decode_mask(n_c, 0, K), cache, 0)
+                logits = revealed_slot1(draft.slot_logits, slots[:, :1])
+                feats = model.router.features(out.hidden[:, n_c - 1], out.ar_logits[:, -1], logits)
                 row = b * anchors.shape[1] + m
                 torch.testing.assert_close(ex.features[row], feats[0], atol=2e-4, rtol=1e-4)
-                labels = acceptance_labels(out.slot_logits.argmax(-1), x[b : b + 1, t + 1 : t + 1 + K])
+                labels = acceptance_labels(logits.argmax(-1), x[b : b + 1, t + 1 : t + 1 + K])
                 assert torch.equal(ex.labels[row], labels[0])
+                assert bool(labels[0, 0])  # a revealed slot 1 is its true token
 
 
 def test_greedy_labels_are_monotone_and_slot1_matches_the_ar_token(trained, tokenizer):

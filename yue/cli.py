@@ -304,6 +304,9 @@ def train_router_cmd(
     thresholds: str = typer.Option(
         "0.1,0.3,0.5,0.65,0.8,0.9", help="Comma-separated thresholds for the table."
     ),
+    draft_dtype: str = typer.Option(
+        "auto", help="Draft in this precision when collecting features, as decoding will (auto: int8 on CPU)."
+    ),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
 ) -> None:
     """Stage 3: train the router on acceptance labels (or fine-tune it on user must-AR spans)."""
@@ -333,6 +336,7 @@ def train_router_cmd(
         user_labels=user_labels,
         cfg=cfg,
         seed=seed,
+        drafting_dtype=draft_dtype,
     )
     typer.echo("router on held-out blocks (a_i vs acceptance label; conf = raw slot max-probability):")
     typer.echo(format_report(report["held_out"]))

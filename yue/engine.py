@@ -24,7 +24,7 @@ from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.hf import CheckpointError, load_model
-from yue.model.inference import INT8, int8_available, parse_dtype
+from yue.model.inference import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
 
@@ -274,12 +274,9 @@ def load(
         raise CheckpointError(
             f"the default model is missing from the package ({folder}); pass a model folder"
         )
-    if isinstance(nar_dtype, str) and nar_dtype != "auto":
-        nar_dtype = parse_dtype(nar_dtype)
+    drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
     model = load_model(folder, device=device, dtype=dtype)
-    if nar_dtype == "auto":
-        nar_dtype = INT8 if model.device.type == "cpu" and int8_available() else None
-    model.prepare_for_decoding(nar_dtype)
+    model.prepare_for_decoding(drafting)
     try:
         c = model.config
         eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id

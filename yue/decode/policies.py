@@ -35,7 +35,7 @@ import torch
 from yue.config import DecodeConfig
 from yue.decode.sampling import apply_repetition_penalty, choose, speculative_accept, warp
 from yue.model.mot import StepOutput
-from yue.model.router import Router
+from yue.model.router import Router, revealed_slot1
 
 # Forward cost model, in units of ~0.1 ms: measured on the default model's shape (6.9M parameters) on one
 # CPU thread, prepared for decoding (`inference.py`: fused matmuls, int8 drafting weights). A one-token AR
@@ -189,8 +189,7 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
     certain, of that token.
     """
     if st.cfg.drafting == "separate":
-        logits = logits.clone()
-        logits[:, 0] = torch.full_like(logits[:, 0], -30.0).scatter_(1, adv.next_fed[:, :1], 30.0)
+        logits = revealed_slot1(logits, adv.next_fed[:, :1])
     return router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
 
 

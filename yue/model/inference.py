@@ -70,11 +70,19 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> Lowered:
     return Lowered(q, torch.float32)
 
 
-def parse_dtype(name: str) -> torch.dtype | None:
-    """A drafting precision's name -> dtype: 'int8', 'bfloat16', 'float32' (None = keep as loaded)."""
+def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype | None:
+    """A drafting precision -> dtype for `prepare_for_decoding` (None = as loaded).
+
+    name: "auto" (int8 on a CPU with torch's int8 engine, else as loaded), "int8", "bfloat16",
+    "float32", or a dtype (torch.qint8, torch.bfloat16) / None as is.
+    """
+    if not isinstance(name, str):
+        return name
+    if name == "auto":
+        return INT8 if torch.device(device).type == "cpu" and int8_available() else None
     table = {"int8": INT8, "bfloat16": torch.bfloat16, "float32": None}
     if name not in table:
-        raise ValueError(f"drafting dtype must be one of int8, bfloat16, float32; got {name!r}")
+        raise ValueError(f"drafting dtype must be one of auto, int8, bfloat16, float32; got {name!r}")
     return table[name]
 
 

@@ -30,6 +30,17 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return entropy_of_logprobs(F.log_softmax(logits.float(), dim=-1))
 
 
+def revealed_slot1(slot_logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Slot logits as the router sees a block whose slot 1 was revealed (its input was its true token):
+    slot 1 certain of `token`. A revealed slot's own output is untrained (it carries no loss).
+
+    slot_logits: (..., K, V); token: (..., 1) long. Returns a new tensor, same shape.
+    """
+    out = slot_logits.clone()
+    out[..., 0, :] = torch.full_like(out[..., 0, :], -30.0).scatter_(-1, token, 30.0)
+    return out
+
+
 class Router(nn.Module):
     """features (B, D + 1 + 3K) -> conditional acceptance logits z (B, K)."""
 

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
-from yue.model.router import Router
+from yue.model.inference import resolve_drafting_dtype
+from yue.model.router import Router, revealed_slot1
 from yue.train.router_eval import evaluate_router
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ def block_examples(
 ) -> RouterExamples:
     """Router features and acceptance labels for M blocks per sequence, in one training-style forward.
 
+    Each block is shown as a decode step's drafting pass shows it (`decode/loop.py`): slot 1 revealed
+    (its input is the true next token x[t+1]) and, for the router, certain of that token.
+
     Args:
         model: the frozen towers.
         x: (B, T) sequences (AR-greedy continuations, or user text).
@@ -117,15 +121,19 @@ def block_examples(
     B, T = x.shape
     M = anchors.shape[1]
     device = x.device
-    # 1. Forward: x through the AR set, M blocks of K mask slots through the NAR set.
-    tokens = torch.cat([x, torch.full((B, M * K), mask_id, dtype=x.dtype, device=device)], dim=1)
+    # 1. Forward: x through the AR set, M blocks of K slots through the NAR set (slot 1 revealed).
+    slots = torch.full((B, M, K), mask_id, dtype=x.dtype, device=device)
+    slots[:, :, 0] = x.gather(1, anchors + 1)
+    tokens = torch.cat([x, slots.flatten(1)], dim=1)
     positions = torch.cat([torch.arange(T, device=device).expand(B, T), slot_positions(anchors, K)], dim=1)
     hidden = model.model(tokens, positions, T, training_mask(T, anchors, K).to(device))  # (B, T+MK, D)
     D = hidden.shape[-1]
     # 2. What a decode step anchored at t sees: hidden[t], AR logits at t, and the block's slot logits.
     h_anchor = hidden[:, :T].gather(1, anchors[:, :, None].expand(B, M, D))  # (B, M, D)
     ar_logits = model.lm_head(h_anchor)  # (B, M, V)
-    slot_logits = model.lm_head(hidden[:, T:]).view(B, M, K, -1)  # (B, M, K, V)
+    head = model.draft_head or model.lm_head  # slot rows' head, lowered when drafting is
+    slot_logits = head(hidden[:, T:]).view(B, M, K, -1)  # (B, M, K, V)
+    slot_logits = revealed_slot1(slot_logits, slots[:, :, :1])
     feats = model.router.features(h_anchor.flatten(0, 1), ar_logits.flatten(0, 1), slot_logits.flatten(0, 1))
     # 3. Labels: slot i of the block at t must equal x[t+i].
     target_idx = anchors[:, :, None] + torch.arange(1, K + 1, device=device)  # (B, M, K)
@@ -353,6 +361,7 @@ def run_train_router(
     cfg: RouterTrainConfig | None = None,
     val_fraction: float = 0.02,
     seed: int = 0,
+    drafting_dtype: str = "auto",
 ) -> dict:
     """Train (or, with `user_labels`, fine-tune) the router of the model in `model_dir`; save it to `out_dir`.
 
@@ -366,6 +375,8 @@ def run_train_router(
             of trained afresh, mixed with AR-greedy examples (from `data`, else from the sequences an
             earlier `train-router` saved in `model_dir/data/`, if any) so it keeps what it knew.
         held_out: share of source sequences held out for the AUC/ECE report.
+        drafting_dtype: collect the features from drafts in this precision, as `yue.load` will draft
+            ("auto": int8 on a CPU with torch's int8 engine; "int8", "bfloat16", "float32").
     Returns:
         the report (also written to `out_dir/router_report.json`).
     """
@@ -384,6 +395,9 @@ def run_train_router(
     model = load_model(model_dir)
     for p in model.parameters():
         p.requires_grad_(False)
+    # Features come from the model as decoding will run it (prepared, drafts maybe lowered); the
+    # router trained is the plain model's, which is saved.
+    drafter = load_model(model_dir).prepare_for_decoding(resolve_drafting_dtype(drafting_dtype, model.device))
     tokenizer = YueTokenizer.load(model_dir)
     cfg = cfg or RouterTrainConfig(reinit=user_labels is None, seed=seed)
 
@@ -403,9 +417,9 @@ def run_train_router(
                 split="validation",
                 seed=str(seed),
             )
-        parts.append(greedy_examples(model, seqs.tokens, seqs.prompt_len, anchors_per_seq, seed=seed))
+        parts.append(greedy_examples(drafter, seqs.tokens, seqs.prompt_len, anchors_per_seq, seed=seed))
     if user_labels is not None:
-        user = user_label_examples(model, tokenizer.tokenizer, load_user_labels(user_labels))
+        user = user_label_examples(drafter, tokenizer.tokenizer, load_user_labels(user_labels))
         user.group += 1_000_000  # keep group ids distinct from the greedy sequences'
         parts.append(user)
     examples = RouterExamples.cat(parts)
@@ -425,6 +439,7 @@ def run_train_router(
     save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
     report = {
         "mode": "user-label fine-tune" if user_labels is not None else "acceptance labels (AR-greedy)",
+        "features": f"separate drafting pass (slot 1 revealed), drafts in {drafting_dtype}",
         "model": str(model_dir),
         "train_blocks": len(train),
         "held_out_blocks": len(held),
