@@ -157,7 +157,7 @@ def test_sweep_and_batch_entries_follow_the_modes():
     cfg = BenchConfig(modes=("verified",), verified_thresholds=(1.0,))
     names = ["verified", "verified@1", "verified+fused", "verified+fused@1"]
     assert [e.name for e in entries(cfg)] == names
-    assert [e.drafting for e in entries(cfg)] == ["auto", "auto", "fused", "fused"]
+    assert [e.drafting for e in entries(cfg)] == ["separate", "separate", "fused", "fused"]
 
 
 @pytest.mark.slow

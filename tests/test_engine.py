@@ -95,10 +95,11 @@ def test_bad_decode_values_raise_value_error_naming_the_field(field, value):
         DecodeConfig(**{field: value})
 
 
-def test_auto_drafting_is_separate_for_verified_and_fused_otherwise(engine):
-    resolve = lambda **kw: DecodeConfig(**kw).resolved(engine.model.config).drafting  # noqa: E731
-    assert [resolve(mode=m) for m in ("verified", "hybrid", "nar")] == ["separate", "fused", "fused"]
-    assert resolve(mode="verified", drafting="fused") == "fused"
+def test_default_threshold_is_the_models_except_verified_which_drafts_every_slot(engine):
+    resolve = lambda **kw: DecodeConfig(**kw).resolved(engine.model.config).router_threshold  # noqa: E731
+    t = engine.model.config.router_threshold
+    assert [resolve(mode=m) for m in ("verified", "hybrid", "nar")] == [1.0, t, t]
+    assert resolve(mode="verified", router_threshold=0.3) == 0.3
 
 
 def test_prompt_longer_than_the_context_is_a_value_error(engine):

@@ -42,7 +42,7 @@ def generate(
     mode: str = typer.Option("hybrid", help="ar | verified | hybrid | nar"),
     router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
     drafting: str = typer.Option(
-        "auto", help="auto | separate (a NAR-only drafting pass) | fused (in the step's forward); auto: separate for verified, fused otherwise."
+        "separate", help="separate (a NAR-only drafting pass, slot 1 revealed) | fused (the block in the step's forward)."
     ),
     draft_dtype: str = typer.Option(
         "auto", help="Drafting weights: auto (int8 on CPU) | int8 | bfloat16 | float32. ar/verified output is the same."

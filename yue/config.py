@@ -17,7 +17,7 @@ from transformers import PreTrainedConfig
 
 Mode = Literal["ar", "verified", "hybrid", "nar"]
 MODES: tuple[str, ...] = get_args(Mode)
-Drafting = Literal["auto", "separate", "fused"]
+Drafting = Literal["separate", "fused"]
 DRAFTINGS: tuple[str, ...] = get_args(Drafting)
 
 
@@ -93,15 +93,15 @@ class DecodeConfig:
         reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
-        drafting: where a step's draft block is computed (DESIGN §2). "fused": in the step's own
-            forward, one block at the last fed token (for `verified` one at every fed draft position,
-            so that whichever prefix is accepted has a block; one forward per step, K slot rows per
-            draft). "separate": after the step's forward, in a NAR-only pass anchored at the last kept
-            token (two forwards per drafting step, K slot rows). "auto" (default): separate for
-            `verified` (measured faster on a CPU, where rows cost time), fused for `hybrid` and `nar`
-            (their block is always anchored at the last fed token, and one forward is a little
-            cheaper than two). On a GPU at batch 1 a forward costs about the same whatever its rows,
-            so "fused" should suit `verified` there too (not measured: no GPU was available).
+        drafting: where a step's draft block is computed (DESIGN §2). "separate" (default): after the
+            step's forward, in a NAR-only pass anchored at the last kept token, with slot 1 revealed
+            (its token, the AR path's, is known by then), so slots 2.. are drafted knowing it: two
+            forwards per drafting step, K slot rows. "fused": in the step's own forward, one block at
+            the last fed token (`verified`: one at every fed draft position, so that whichever prefix
+            is accepted has one), slot 1 a mask: one forward, K slot rows per block. On the 2-core
+            CPU the bench runs on, separate is the faster for every mode (and the better drafts);
+            on a GPU at batch 1, where a forward costs about the same whatever its rows, fused may
+            be (not measured: no GPU was available).
     """
 
     mode: Mode = "hybrid"
@@ -117,7 +117,7 @@ class DecodeConfig:
     reeval_every: int | None = None
     trace: bool = False
     ignore_eos: bool = False
-    drafting: Drafting = "auto"
+    drafting: Drafting = "separate"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -155,12 +155,12 @@ class DecodeConfig:
             raise ValueError(
                 f"block_size must be <= the model's block_size {model_config.block_size}, got {k}"
             )
+        # `verified` is exact whatever it drafts, so its default drafts every slot: on the bench's CPU
+        # that is the fastest (the router's cost model helps where drafts are poor: pass a threshold).
+        default_threshold = 1.0 if self.mode == "verified" else model_config.router_threshold
         return replace(
             self,
-            router_threshold=(
-                self.router_threshold if self.router_threshold is not None else model_config.router_threshold
-            ),
+            router_threshold=self.router_threshold if self.router_threshold is not None else default_threshold,
             block_size=k,
-            drafting=("separate" if self.mode == "verified" else "fused") if self.drafting == "auto" else self.drafting,
             reeval_every=self.reeval_every if self.reeval_every is not None else model_config.reeval_every,
         )

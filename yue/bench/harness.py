@@ -116,7 +116,7 @@ class Entry:
     mode: str
     threshold: float | None = None
     batch: int = 1
-    drafting: str = "auto"  # `DecodeConfig.drafting`
+    drafting: str = "separate"  # `DecodeConfig.drafting`
 
 
 def entries(cfg: BenchConfig) -> list[Entry]:

@@ -52,7 +52,7 @@ class OurRunner:
     """Runs one entry through the public Engine API."""
 
     def __init__(
-        self, engine, mode: str, threshold: float | None, max_new_tokens: int, drafting: str = "auto"
+        self, engine, mode: str, threshold: float | None, max_new_tokens: int, drafting: str = "separate"
     ) -> None:
         self.engine = engine
         self.kw = dict(mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, drafting=drafting)
