@@ -128,7 +128,9 @@ def test_a_second_self_distillation_round_adds_the_first_rounds_training_rows(tr
     corpus.write_text("".join(pattern_corpus(60, seed=3)))
     common = ["--corpus", str(corpus), "--sequences", "20", "--prompt-len", "8", "--new-tokens", "24"]
     common += ["--steps", "2", "--batch-size", "2", "--anchors", "2", "--threads", "1"]
-    r1 = CliRunner().invoke(app, ["self-distill", "--model", trained_model_dir, "--out", str(tmp_path / "r1")] + common)
+    r1 = CliRunner().invoke(
+        app, ["self-distill", "--model", trained_model_dir, "--out", str(tmp_path / "r1")] + common
+    )
     assert r1.exit_code == 0, r1.output
     first = tmp_path / "r1" / "data" / "selfdistill_sequences.safetensors"
     args = ["self-distill", "--model", str(tmp_path / "r1"), "--out", str(tmp_path / "r2"), "--seed", "5"]

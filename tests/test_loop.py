@@ -112,7 +112,9 @@ def _run(stub, cfg, prompt=(1,)):
 def test_always_matching_drafts_need_at_most_n_over_k_plus_2_steps(K, drafting):
     N = 64
     stub = chain_stub(V=12, K=K, slots_match=True)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting)
+    cfg = DecodeConfig(
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting
+    )
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
     steps = stub.forwards - stub.draft_passes
@@ -134,7 +136,9 @@ def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
             s.slot_table[i, a] = -10.0
             s.slot_table[i, a, nxt(a, i + 2)] = 10.0
     ar = _run(chain_stub(V, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting)
+    cfg = DecodeConfig(
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting
+    )
     assert _run(s, cfg) == ar
     assert s.forwards - s.draft_passes <= N // 2 + 2
 
@@ -143,7 +147,9 @@ def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
 def test_never_matching_drafts_cost_about_one_step_per_token(drafting):
     N = 64
     stub = chain_stub(V=12, K=4, slots_match=False)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4, drafting=drafting)
+    cfg = DecodeConfig(
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4, drafting=drafting
+    )
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, 4, False), DecodeConfig(mode="ar", max_new_tokens=N))
     assert N - 1 <= stub.forwards - stub.draft_passes <= N + 1
@@ -231,7 +237,9 @@ def test_a_separate_drafting_pass_reveals_the_next_token_in_slot_1(trained, mode
         return real_step(tokens, positions, n_committed, *args, **kwargs)
 
     monkeypatch.setattr(model, "step", spy)
-    r = trained.generate("def alpha_1(x):\n", mode=mode, drafting="separate", max_new_tokens=30, router_threshold=1.0)
+    r = trained.generate(
+        "def alpha_1(x):\n", mode=mode, drafting="separate", max_new_tokens=30, router_threshold=1.0
+    )
     passes = [i for i, (_, n_c) in enumerate(calls) if n_c == 0]
     assert passes and len(passes) == r.stats.draft_passes
     mask_id = model.config.mask_token_id

@@ -210,7 +210,10 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
         _, proj, _, mlp = layer._sets(nar)
         fused = layer.decode_sets[nar]
         assert proj.q_proj.weight.data_ptr() == fused.qkv.weight.data_ptr()
-        assert mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.weight.untyped_storage().data_ptr()
+        assert (
+            mlp.up_proj.weight.untyped_storage().data_ptr()
+            == fused.gate_up.weight.untyped_storage().data_ptr()
+        )
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     outs = []
     for m in (plain, prepared):

@@ -42,10 +42,12 @@ def generate(
     mode: str = typer.Option("hybrid", help="ar | verified | hybrid | nar"),
     router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
     drafting: str = typer.Option(
-        "separate", help="separate (a NAR-only drafting pass, slot 1 revealed) | fused (the block in the step's forward)."
+        "separate",
+        help="separate (a NAR-only drafting pass, slot 1 revealed) | fused (the block in the step's forward).",
     ),
     draft_dtype: str = typer.Option(
-        "auto", help="Drafting weights: auto (int8 on CPU) | int8 | bfloat16 | float32. ar/verified output is the same."
+        "auto",
+        help="Drafting weights: auto (int8 on CPU) | int8 | bfloat16 | float32. ar/verified output is the same.",
     ),
     max_new_tokens: int = typer.Option(128, help="Maximum tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),

@@ -160,7 +160,9 @@ class DecodeConfig:
         default_threshold = 1.0 if self.mode == "verified" else model_config.router_threshold
         return replace(
             self,
-            router_threshold=self.router_threshold if self.router_threshold is not None else default_threshold,
+            router_threshold=self.router_threshold
+            if self.router_threshold is not None
+            else default_threshold,
             block_size=k,
             reeval_every=self.reeval_every if self.reeval_every is not None else model_config.reeval_every,
         )

@@ -122,9 +122,7 @@ def plot(result: BenchResult, out: str | Path) -> Path:
         return (x, y) if x is not None and y is not None else None
 
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
-    sweep = sorted(
-        (e.threshold, xy(e.name)) for e in result.entries if _in_sweep(e) and xy(e.name)
-    )
+    sweep = sorted((e.threshold, xy(e.name)) for e in result.entries if _in_sweep(e) and xy(e.name))
     if sweep:
         ax.plot(
             [p[0] for _, p in sweep], [p[1] for _, p in sweep], "o-", color="tab:orange", label="hybrid sweep"

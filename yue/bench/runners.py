@@ -55,7 +55,9 @@ class OurRunner:
         self, engine, mode: str, threshold: float | None, max_new_tokens: int, drafting: str = "separate"
     ) -> None:
         self.engine = engine
-        self.kw = dict(mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, drafting=drafting)
+        self.kw = dict(
+            mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, drafting=drafting
+        )
 
     def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
         if len(batch) > 1:

@@ -1,26 +1,31 @@
 """The four decode policies, chosen by name: `ar`, `verified`, `hybrid`, `nar` (DESIGN §2).
 
-Every step of the loop is ONE forward over `fed` (committed tokens whose K/V are not cached yet) plus
-an optional block of n mask slots anchored at the last fed token. Slot i sits i positions after the
-anchor, so slot 1 predicts the same position as the AR path's next token (the "bonus"), and the
-usable drafts are slots 2..n: they guess the tokens after the bonus.
+Every step of the loop is one forward over `fed` (committed tokens whose K/V are not cached yet), and,
+when the step drafts, a block of K slots anchored at the last kept token. Slot i sits i positions after
+the anchor, so slot 1 is at the position of the AR path's next token (the "bonus") and the usable
+drafts are slots 2..K: they guess the tokens after it. Where the block is computed is
+`cfg.drafting`:
+  "separate" (default)  after the step's forward, in a NAR-only drafting pass (the loop runs it when
+                        `Advance.draft_pass` is set). The bonus is known by then, so slot 1 goes in
+                        revealed and slots 2.. are drafted knowing it.
+  "fused"               in the step's own forward (`n_slots`, `anchors`), slot 1 a mask.
 
-A policy does two things around that forward:
-  `n_slots(state)`        how many slots to append this step (0 = a plain AR step);
-  `advance(state, out)`   from the step's logits, which fed tokens to keep, which tokens to emit,
-                          and what to feed next.
+A policy decides around the forward(s):
+  `drafts_now(state)`     whether this step drafts a block;
+  `advance(state, out)`   from the step's logits, which fed tokens to keep, which tokens to emit, and
+                          what to feed next;
+  `draft(..., logits)`    from the block's logits, what to draft or commit next.
 
 The verification rule (greedy): fed = [p0, d1..dk]; AR row i predicts the token after fed[i];
 accept the longest prefix of drafts equal to the AR choices, then emit the AR's own token at the
 first mismatch (or the bonus after dk). Sampling uses `sampling.speculative_accept` instead. Either
 way the output equals `ar` decoding: exactly (greedy) or in distribution (sampling).
 
-`verified` drafts from a block anchored at the last fed token, which is a valid draft only when every
-draft was accepted; after a partial rejection the next step has nothing to verify. With
-`fallback_drafts` it appends a block at every fed position instead (k + 1 blocks of K slots, each
-seeing the committed tokens up to its anchor), so the block on the last accepted token is always there.
-That buys tokens per forward with slot rows: worth it where a forward's cost hardly depends on its row
-count (a GPU at batch 1), not on a small CPU, where each row costs about 0.1 ms.
+`verified` needs a block anchored at the last *accepted* token. A separate pass is anchored there by
+construction. Fused, the step appends a block at every fed position (k + 1 blocks of K slots, each
+seeing the committed tokens up to its anchor), so the block on the last accepted token is there
+whatever is accepted: one forward per step, but K slot rows per draft, which only pays where a
+forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU.
 
 A batch decodes in lockstep: each row accepts the batch minimum, which keeps every row exact (a
 prefix of an exactly-decoded continuation is exactly decoded) at the cost of some speed.
@@ -269,7 +274,13 @@ class VerifiedPolicy(Policy):
                 break
             gain += a_k
             slots = st.cfg.block_size * (k + 1 if st.cfg.drafting == "fused" else 1)
-            cost = AR_STEP_COST + VERIFY_COST + FED_POSITION_COST * k + NAR_PASS_COST + SLOT_POSITION_COST * slots
+            cost = (
+                AR_STEP_COST
+                + VERIFY_COST
+                + FED_POSITION_COST * k
+                + NAR_PASS_COST
+                + SLOT_POSITION_COST * slots
+            )
             rate = gain / cost
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -289,7 +300,9 @@ class VerifiedPolicy(Policy):
             return adv
         # Fused: one block (at the last fed token) when nothing was drafted, else one per fed position,
         # block m at fed[-k-1+m]; block n_acc is anchored on the last accepted token.
-        return self.with_block(model, st, adv, out, n_acc if out.slot_logits.shape[1] > st.cfg.block_size else 0)
+        return self.with_block(
+            model, st, adv, out, n_acc if out.slot_logits.shape[1] > st.cfg.block_size else 0
+        )
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""

@@ -147,7 +147,12 @@ class MoTLayer(nn.Module):
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
         """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
         if nar:
-            return self.nar_input_layernorm, self.nar_self_attn, self.nar_post_attention_layernorm, self.nar_mlp
+            return (
+                self.nar_input_layernorm,
+                self.nar_self_attn,
+                self.nar_post_attention_layernorm,
+                self.nar_mlp,
+            )
         return self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp
 
     def _qkv(self, h: torch.Tensor, nar: bool, cos: torch.Tensor, sin: torch.Tensor):

@@ -24,8 +24,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from yue.config import YueConfig
 from yue.model.cache import KVCache
-from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.inference import prepare_for_decoding
+from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.router import Router
 
 

@@ -40,7 +40,9 @@ def _router_section(router: dict | None) -> list[str]:
     if router is None:
         return ["(no router report)"]
     held = router["held_out"]
+    f3 = lambda v: "-" if v != v else f"{v:.3f}"  # noqa: E731 (NaN: a slot whose label never varies)
     lines = [
+        f"Features: {router.get('features', 'fused blocks (slot 1 a mask), float drafts')}. "
         f"Held-out blocks: {router['held_out_blocks']}; mean accepted prefix {held['mean_accepted_prefix']:.3f}.",
         "",
         "| slot | positive rate | router AUC | router ECE | raw-confidence AUC | raw-confidence ECE |",
@@ -48,8 +50,8 @@ def _router_section(router: dict | None) -> list[str]:
     ]
     for r in held["per_slot"]:
         lines.append(
-            f"| {r['slot']} | {r['positive_rate']:.3f} | {r['router_auc']:.3f} | {r['router_ece']:.3f} | "
-            f"{r['conf_auc']:.3f} | {r['conf_ece']:.3f} |"
+            f"| {r['slot']} | {r['positive_rate']:.3f} | {f3(r['router_auc'])} | {f3(r['router_ece'])} | "
+            f"{f3(r['conf_auc'])} | {f3(r['conf_ece'])} |"
         )
     lines.append(
         f"| all | | {held['router_auc']:.3f} | {held['router_ece']:.3f} | {held['conf_auc']:.3f} | "
@@ -110,7 +112,7 @@ def write_card(
         out += [
             f"3. Router on acceptance labels of the final towers ({router['train_blocks']} blocks, "
             f"{(router['collect_s'] + router['train_s']) / 60:.1f} min):",
-            "   `yue train-router --model <stage-2 model>`",
+            "   `yue train-router --model <stage-2 model> --data <round-3 model>/data/router_sequences.safetensors`",
         ]
     out += [
         "",

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from yue.model.inference import resolve_drafting_dtype
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
-from yue.model.inference import resolve_drafting_dtype
 from yue.model.router import Router, revealed_slot1
 from yue.train.router_eval import evaluate_router
 
