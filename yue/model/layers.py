@@ -109,16 +109,40 @@ class AttentionProjections(nn.Module):
 
 
 class DecodeSet(nn.Module):
-    """One parameter set's input-side matmuls fused for decoding: Q/K/V as one, gate/up as one.
+    """One parameter set's cached decode computation, with Q/K/V and gate/up as one matmul each.
 
-    Built by `inference.prepare_for_decoding`; the separate modules stay (their weights are views of
-    these, or lowered copies), so checkpoints and the training path are unchanged. A decode step is
-    bound by per-call overhead and by streaming weights, so three matmuls become one (and two one).
+    Built by `inference.prepare_for_decoding`. A decode step on a CPU is bound by per-call overhead and
+    by streaming weights, so this path makes as few calls as it can: three matmuls become one (and
+    two one), the norms are direct `F.rms_norm` calls, and Q and K rotate in one RoPE pass. The
+    layer's own modules stay (their weights are views of the fused storage, or lowered copies), so
+    checkpoints, names and the uncached (training) path are unchanged.
     """
 
-    def __init__(self, qkv: nn.Module, gate_up: nn.Module) -> None:
+    def __init__(self, layer: MoTLayer, nar: bool, qkv: nn.Module, gate_up: nn.Module) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
+        norm, proj, post_norm, mlp = layer._sets(nar)
+        # The layer's modules, held in a tuple so that they are not registered twice.
+        self.shared = (norm, proj.o_proj, post_norm, mlp.down_proj)
+        self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
+
+    def decode(self, h, cos, sin, mask, kv, start) -> torch.Tensor:
+        """As `MoTLayer._decode` (same arguments and result), with the fused matmuls."""
+        norm, o_proj, post_norm, down_proj = self.shared
+        H, Hkv, Dh = self.heads
+        B, T, D = h.shape
+        x = F.rms_norm(h, (D,), norm.weight, norm.eps)
+        qkv = self.qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
+        k_buf, v_buf = kv
+        S = start + T
+        k_buf[:, :, start:S], v_buf[:, :, start:S] = qk[:, H:], qkv[:, H + Hkv :]
+        o = F.scaled_dot_product_attention(
+            qk[:, :H], k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=Hkv != H
+        )
+        h = h + o_proj(o.transpose(1, 2).reshape(B, T, H * Dh))
+        gate, up = self.gate_up(F.rms_norm(h, (D,), post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
+        return h + down_proj(F.silu(gate) * up)
 
 
 class MoTLayer(nn.Module):
@@ -141,7 +165,7 @@ class MoTLayer(nn.Module):
         self.nar_self_attn = AttentionProjections(config)
         self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.nar_mlp = MLP(config)
-        # (AR, NAR) fused decode matmuls once the model is prepared for decoding; None = as trained.
+        # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
         self.decode_sets: nn.ModuleList | None = None
 
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
@@ -165,10 +189,6 @@ class MoTLayer(nn.Module):
         x = norm(h)
         B, T, _ = x.shape
         H, Hkv, Dh = self.n_heads, self.n_kv, self.head_dim
-        if self.decode_sets is not None:
-            qkv = self.decode_sets[nar].qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
-            qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
-            return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
         q = proj.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
         k = proj.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
         v = proj.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
@@ -179,15 +199,14 @@ class MoTLayer(nn.Module):
         _, proj, norm, mlp = self._sets(nar)
         B, _, T, _ = o.shape
         h = h + proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-        if self.decode_sets is None:
-            return h + mlp(norm(h))
-        gate, up = self.decode_sets[nar].gate_up(norm(h)).chunk(2, dim=-1)
-        return h + mlp.down_proj(F.silu(gate) * up)
+        return h + mlp(norm(h))
 
     def _decode(self, h, nar, cos, sin, mask, kv, start) -> torch.Tensor:
         """One parameter set's positions in a cached forward: their K/V land at cache indices
         [start, start + T) and they attend over the cache up to there, under `mask` (1|B, 1, T, start + T)
         or None (every key)."""
+        if self.decode_sets is not None:
+            return self.decode_sets[nar].decode(h, cos, sin, mask, kv, start)
         q, k, v = self._qkv(h, nar, cos, sin)
         k_buf, v_buf = kv
         S = start + h.shape[1]
