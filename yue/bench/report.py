@@ -129,13 +129,33 @@ def plot(result: BenchResult, out: str | Path) -> Path:
         )
         for thr, (x, y) in sweep:
             ax.annotate(f"{thr:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    for e in result.entries:
-        if _in_sweep(e) or e.batch > 1 or xy(e.name) is None:
-            continue
-        x, y = xy(e.name)
+    points = sorted(
+        (xy(e.name)[1], xy(e.name)[0], e)
+        for e in result.entries
+        if not _in_sweep(e) and e.batch == 1 and xy(e.name) is not None
+    )
+    ys = [y for y, _, _ in points] + [1.0]
+    gap = 0.045 * (max(ys) - min(ys) or 1.0)  # least vertical distance between labels at one x
+    placed: list[tuple[float, float]] = []  # (x, label y) of the labels written so far
+    for y, x, e in points:
         peer = e.mode.startswith("hf-")
         ax.scatter([x], [y], marker="s" if peer else "o", color="tab:gray" if peer else "tab:blue", zorder=3)
-        ax.annotate(e.name, (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+        # Lossless entries share x = 1.0: lift a label above the ones already placed near it.
+        label_y = y - gap / 2
+        for px, py in placed:
+            if abs(px - x) < 0.02 and label_y < py + gap:
+                label_y = py + gap
+        placed.append((x, label_y))
+        lift = label_y - (y - gap / 2) > 1e-9
+        ax.annotate(
+            e.name,
+            (x, y),
+            xytext=(x + 0.004, label_y),
+            textcoords="data",
+            fontsize=8,
+            va="center",
+            arrowprops={"arrowstyle": "-", "color": "lightgray", "lw": 0.6} if lift else None,
+        )
     if not any(xy(e.name) for e in result.entries):
         ax.text(
             0.5,
