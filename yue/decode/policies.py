@@ -352,12 +352,15 @@ class HybridPolicy(Policy):
         return self.with_block(model, st, adv, out)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
-        """Commit the AR token, then the block's leading slots 2.. the router trusts."""
+        """Commit the AR token, then the block's leading slots 2.. the router trusts. Where the router
+        distrusts the first slot whose token is not known (slot 1 fused; slot 2 after a separate pass
+        revealed slot 1), write an AR stretch instead, without drafting."""
         bonus = adv.next_fed[:, 0]
         slots, _ = draft_slots(st, logits)
         p_ar = anchor_p_ar(model, st, adv, out, logits)
+        first_unknown = 1 if st.cfg.drafting == "separate" else 0
         m = 0
-        if bool((p_ar[:, 0] > st.cfg.router_threshold).any()):
+        if bool((p_ar[:, first_unknown] > st.cfg.router_threshold).any()):
             st.ar_stretch = st.cfg.reeval_every - 1  # this step already wrote one AR token
         elif not st.cfg.greedy or st.cfg.drafting == "separate" or bool((slots[:, 0] == bonus).all()):
             # (greedy, fused: a slot 1 that disagrees with the AR token means the block was drafted
