@@ -249,3 +249,40 @@ def test_a_separate_drafting_pass_reveals_the_next_token_in_slot_1(trained, mode
         if i + 1 < len(calls):  # the next step feeds that token first
             assert torch.equal(calls[i + 1][0][:, 0], slots[:, 0])
     assert r.stats.nar_tokens > 0
+
+
+class _TrustSlot1Only:
+    """Router stand-in: slot 1 certain, every later slot hopeless (p_ar(1) ~ 0, p_ar(2..) ~ 1)."""
+
+    def features(self, hidden_last, ar_logits_last, slot_logits):
+        return torch.zeros(slot_logits.shape[0], slot_logits.shape[1])
+
+    def __call__(self, features):
+        z = torch.full_like(features, -30.0)
+        z[:, 0] = 30.0
+        return z
+
+
+def test_hybrid_stretches_on_the_first_slot_whose_token_is_unknown():
+    """A separate pass reveals slot 1, so hybrid reads slot 2's p_ar as its AR-stretch signal: with
+    slot 2 hopeless it writes stretches of reeval_every tokens, one drafting pass each. Fused, slot 1
+    is the unknown one; trusted, so every step drafts, and commits nothing past the AR token."""
+    N, K = 40, 4
+    runs = {}
+    for drafting in ("separate", "fused"):
+        stub = chain_stub(V=12, K=K, slots_match=True)
+        stub.router = _TrustSlot1Only()
+        cfg = DecodeConfig(
+            mode="hybrid",
+            max_new_tokens=N,
+            router_threshold=0.5,
+            block_size=K,
+            reeval_every=5,
+            drafting=drafting,
+        )
+        tokens = _run(stub, cfg)
+        assert tokens == _run(chain_stub(12, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
+        runs[drafting] = stub
+    assert runs["separate"].draft_passes <= N // 5 + 1  # one probe per stretch of 5 tokens
+    assert runs["separate"].forwards - runs["separate"].draft_passes >= N - 1  # one token per step
+    assert runs["fused"].draft_passes == 0 and runs["fused"].forwards >= N - 1

@@ -78,6 +78,14 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
     return q if linear.weight.dtype == torch.float32 else Lowered(q, torch.float32)
 
 
+DRAFTING_DTYPES = {"int8": INT8, "bfloat16": torch.bfloat16, "float32": None}
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """A drafting dtype's name, as `resolve_drafting_dtype` reads it (None: "float32", as loaded)."""
+    return next(k for k, v in DRAFTING_DTYPES.items() if v == dtype)
+
+
 def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype | None:
     """A drafting precision -> dtype for `prepare_for_decoding` (None = as loaded).
 
@@ -88,10 +96,9 @@ def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device 
         return name
     if name == "auto":
         return INT8 if torch.device(device).type == "cpu" and int8_available() else None
-    table = {"int8": INT8, "bfloat16": torch.bfloat16, "float32": None}
-    if name not in table:
+    if name not in DRAFTING_DTYPES:
         raise ValueError(f"drafting dtype must be one of auto, int8, bfloat16, float32; got {name!r}")
-    return table[name]
+    return DRAFTING_DTYPES[name]
 
 
 def input_major(model: nn.Module) -> nn.Module:

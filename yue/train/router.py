@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from yue.model.inference import resolve_drafting_dtype
+from yue.model.inference import dtype_name, resolve_drafting_dtype
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import Router, revealed_slot1
@@ -397,7 +397,8 @@ def run_train_router(
         p.requires_grad_(False)
     # Features come from the model as decoding will run it (prepared, drafts maybe lowered); the
     # router trained is the plain model's, which is saved.
-    drafter = load_model(model_dir).prepare_for_decoding(resolve_drafting_dtype(drafting_dtype, model.device))
+    lowered = resolve_drafting_dtype(drafting_dtype, model.device)
+    drafter = load_model(model_dir).prepare_for_decoding(lowered)
     tokenizer = YueTokenizer.load(model_dir)
     cfg = cfg or RouterTrainConfig(reinit=user_labels is None, seed=seed)
 
@@ -439,7 +440,7 @@ def run_train_router(
     save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
     report = {
         "mode": "user-label fine-tune" if user_labels is not None else "acceptance labels (AR-greedy)",
-        "features": f"separate drafting pass (slot 1 revealed), drafts in {drafting_dtype}",
+        "features": f"separate drafting pass (slot 1 revealed), drafts in {dtype_name(lowered)}",
         "model": str(model_dir),
         "train_blocks": len(train),
         "held_out_blocks": len(held),
