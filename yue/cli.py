@@ -103,7 +103,8 @@ def generate(
     if trace and stats is not None:
         typer.echo(
             f"[stats] {stats.new_tokens} tokens in {stats.forwards} forwards "
-            f"({stats.tokens_per_forward:.2f}/forward), ar={stats.ar_tokens} nar={stats.nar_tokens}, "
+            f"({stats.draft_passes} of them drafting passes; {stats.tokens_per_forward:.2f}/forward, "
+            f"{stats.tokens_per_step:.2f}/step), ar={stats.ar_tokens} nar={stats.nar_tokens}, "
             f"{stats.new_tokens / max(stats.total_s, 1e-9):.1f} tok/s",
             err=True,
         )

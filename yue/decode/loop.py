@@ -3,10 +3,11 @@
 Design decisions:
 - Token level only: the loop yields, per step, the tokens each row committed and who wrote them. Text
   (detokenizing, stop strings) is the engine's business; it simply stops iterating.
-- One forward per step over `fed` + n mask slots, and for `verified` with separate drafting a second,
-  NAR-only forward after verification, over a block anchored at the last accepted token. The KV cache is allocated once; after the forward,
-  `cache.advance(keep)` commits the kept positions and everything past them (rejected drafts, slots)
-  is scratch that the next write overwrites: rollback is a pointer move.
+- One forward per step over `fed` (+ a fused block of mask slots), and, with separate drafting (the
+  default), a second, NAR-only forward over a block anchored at the last kept token. The KV cache is
+  allocated once; after the forward, `cache.advance(keep)` commits the kept positions and everything
+  past them (rejected drafts, slots) is scratch that the next write overwrites: rollback is a pointer
+  move.
 - Per-step work outside the forward is kept small: positions are slices of a precomputed table, the
   mask is built from two aranges (or skipped for a single unpadded token), and tracing is opt-in.
 - A batch is left-padded and decoded in lockstep (see policies.py); `key_valid` hides padding keys.

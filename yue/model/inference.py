@@ -30,6 +30,8 @@ import warnings
 import torch
 from torch import nn
 
+from yue.model.layers import DecodeSet
+
 INT8 = torch.qint8
 
 
@@ -142,8 +144,8 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
       (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.
     """
-    from yue.model.layers import DecodeSet
-
+    if model.prepared_for_decoding:
+        raise ValueError("the model is already prepared for decoding")
     input_major(model)
     for layer in model.model.layers:
         sets = []

@@ -242,10 +242,12 @@ class MoTLayer(nn.Module):
         """
         Tc, Ts = h_c.shape[1], h_s.shape[1]
         if kv is not None:
-            # Decoding. Committed positions go first, attending over committed keys only, in a call of
-            # their own: their numbers are bit-identical to a step without slots (same shapes, same
-            # kernel), so `verified` == `ar` exactly, even at ties. Slots follow, in scratch space past
-            # the committed length that the next committed write overwrites.
+            # Decoding. Committed positions go first, attending over committed keys only, in calls of
+            # their own: their numbers do not depend on the slots (same shapes, same kernels). They can
+            # differ in the last bits from a one-row AR step (a matrix-matrix kernel over k + 1 rows
+            # instead of matrix-vector), which could only matter at an exact tie of the top two
+            # logits. Slots follow, in scratch space past the committed length that the next
+            # committed write overwrites.
             if Tc:
                 m_c = None if mask is None else mask[..., :Tc, : start + Tc]
                 h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], m_c, kv, start)
