@@ -190,6 +190,20 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
     assert (tmp_path / "llama" / "model.safetensors").is_file()
 
 
+def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir):
+    engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # drafting: int8 behind casts
+    assert isinstance(engine.model.draft_head, Lowered) and engine.model.dtype == torch.bfloat16
+    drafted = 0
+    for prompt in ["def alpha_1(x):\n", "class "]:
+        kw = dict(max_new_tokens=30, ignore_eos=True)
+        ar = engine.generate(prompt, mode="ar", **kw)
+        ver = engine.generate(prompt, mode="verified", **kw)
+        assert ver.token_ids == ar.token_ids and len(ar.token_ids) == 30
+        drafted += ver.stats.drafted
+        assert len(engine.generate(prompt, mode="hybrid", **kw).token_ids) == 30
+    assert drafted > 0
+
+
 def test_input_major_layout_keeps_values_and_the_tie(trained_model_dir):
     model = load_model(trained_model_dir)
     ref = {k: v.clone() for k, v in model.state_dict().items()}

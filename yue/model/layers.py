@@ -113,7 +113,8 @@ class DecodeSet(nn.Module):
 
     Built by `inference.prepare_for_decoding`. A decode step on a CPU is bound by per-call overhead and
     by streaming weights, so this path makes as few calls as it can: three matmuls become one (and
-    two one), the norms are direct `F.rms_norm` calls, and Q and K rotate in one RoPE pass. The
+    two one), the norms are direct `F.rms_norm` calls (float32; other dtypes go through `RMSNorm`,
+    which computes in float32), and Q and K rotate in one RoPE pass. The
     layer's own modules stay (their weights are views of the fused storage, or lowered copies), so
     checkpoints, names and the uncached (training) path are unchanged.
     """
@@ -131,7 +132,7 @@ class DecodeSet(nn.Module):
         norm, o_proj, post_norm, down_proj = self.shared
         H, Hkv, Dh = self.heads
         B, T, D = h.shape
-        x = F.rms_norm(h, (D,), norm.weight, norm.eps)
+        x = F.rms_norm(h, (D,), norm.weight, norm.eps) if h.dtype == torch.float32 else norm(h)
         qkv = self.qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
         k_buf, v_buf = kv
@@ -141,7 +142,8 @@ class DecodeSet(nn.Module):
             qk[:, :H], k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=Hkv != H
         )
         h = h + o_proj(o.transpose(1, 2).reshape(B, T, H * Dh))
-        gate, up = self.gate_up(F.rms_norm(h, (D,), post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
+        x = F.rms_norm(h, (D,), post_norm.weight, post_norm.eps) if h.dtype == torch.float32 else post_norm(h)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         return h + down_proj(F.silu(gate) * up)
 
 
