@@ -139,3 +139,37 @@ def test_ignore_eos_writes_exactly_max_new_tokens(engine):
     full = engine.generate("def alpha_1(x):\n", mode="ar", max_new_tokens=60, ignore_eos=True)
     assert full.finish_reason == "length" and len(full.token_ids) == 60
     assert full.token_ids[: len(stopped.token_ids)] == stopped.token_ids
+
+
+def test_cli_generate_takes_drafting_options_and_names_bad_ones(trained_model_dir):
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+
+    base = [
+        "generate",
+        "def alpha",
+        "--model",
+        trained_model_dir,
+        "--mode",
+        "verified",
+        "--max-new-tokens",
+        "12",
+    ]
+    outs = []
+    for extra in (["--drafting", "fused"], ["--draft-dtype", "float32"], ["--draft-dtype", "bfloat16"]):
+        res = CliRunner().invoke(app, [*base, *extra])
+        assert res.exit_code == 0, res.output
+        outs.append(res.output)
+    assert len(set(outs)) == 1  # verified: the same text however it drafts
+    for bad in (["--drafting", "lazy"], ["--draft-dtype", "int4"]):
+        res = CliRunner().invoke(app, [*base, *bad])
+        assert res.exit_code == 2 and bad[1] in res.output
+
+
+def test_a_model_is_prepared_for_decoding_once(trained_model_dir):
+    from yue.model import load_model
+
+    model = load_model(trained_model_dir).prepare_for_decoding()
+    with pytest.raises(ValueError, match="already prepared"):
+        model.prepare_for_decoding()
