@@ -261,10 +261,8 @@ class VerifiedPolicy(Policy):
         position when fused), where a plain AR step writes one token for AR_STEP_COST. We take the k
         with the most expected tokens per unit of cost among the leading drafts with
         p_ar(i) <= router_threshold (DESIGN's one rule), and draft only if that beats plain AR steps.
-        At threshold 1 ("pure NAR") every slot is drafted.
+        (At threshold 1 every slot is drafted, without asking: see `draft`.)
         """
-        if st.cfg.router_threshold >= 1.0:
-            return p_ar.shape[1] - 1
         acc = 1.0 - p_ar  # (B, n)
         A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).min(0).values.tolist()
         allowed = (p_ar[:, 1:] <= st.cfg.router_threshold).all(0).tolist()
@@ -311,12 +309,11 @@ class VerifiedPolicy(Policy):
         # 2.69 tokens per forward); verification keeps the output exact either way. A separate pass
         # revealed slot 1, so its slots 2.. already know the AR token (3.63 -> 4.38 tokens per step).
         slots, q = draft_slots(st, logits)
-        if st.cfg.router_threshold >= 1.0 and not st.cfg.trace:
-            k_next = logits.shape[1] - 1  # every slot is drafted: the router has nothing to decide
-        else:
+        every_slot = st.cfg.router_threshold >= 1.0  # "pure NAR": the router has nothing to decide
+        if not every_slot or st.cfg.trace:  # (a trace still records the router's p_ar)
             p_ar = anchor_p_ar(model, st, adv, out, logits)
             adv.p_ar = p_ar[0].tolist()
-            k_next = self.draft_length(st, p_ar)
+        k_next = logits.shape[1] - 1 if every_slot else self.draft_length(st, p_ar)
         if k_next == 0:
             # The router sees no draft worth its cost here; a block costs a whole NAR pass, so write
             # plain AR steps for a while and ask again, backing off further after each futile ask.
@@ -362,7 +359,7 @@ class HybridPolicy(Policy):
         m = 0
         if bool((p_ar[:, first_unknown] > st.cfg.router_threshold).any()):
             st.ar_stretch = st.cfg.reeval_every - 1  # this step already wrote one AR token
-        elif not st.cfg.greedy or st.cfg.drafting == "separate" or bool((slots[:, 0] == bonus).all()):
+        elif first_unknown or not st.cfg.greedy or bool((slots[:, 0] == bonus).all()):
             # (greedy, fused: a slot 1 that disagrees with the AR token means the block was drafted
             # for another context, so nothing is committed from it; a separate pass revealed it)
             m = self.committed_slots(st, p_ar)

@@ -163,4 +163,3 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
         layer.decode_sets = nn.ModuleList(sets)
     if drafting_dtype is not None:
         model.draft_head = lower_linear(model.lm_head, drafting_dtype)
-    model.prepared_for_decoding = True

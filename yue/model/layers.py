@@ -24,8 +24,18 @@ from torch import nn
 from yue.config import YueConfig
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Root-mean-square norm over the last dim, computed in float32 as Llama does."""
+    if x.dtype == torch.float32:  # one fused op; the same numbers as the three-step form below
+        return F.rms_norm(x, weight.shape, weight, eps)
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019), computed in float32 as Llama does."""
+    """Root-mean-square norm (Zhang & Sennrich 2019), `rms_norm` with a learned weight."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -33,12 +43,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op; the same numbers as the three-step form below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryTable:
@@ -109,14 +114,13 @@ class AttentionProjections(nn.Module):
 
 
 class DecodeSet(nn.Module):
-    """One parameter set's cached decode computation, with Q/K/V and gate/up as one matmul each.
+    """One parameter set's decode-time matmuls: Q/K/V as one, gate/up as one (`MoTLayer._decode`).
 
     Built by `inference.prepare_for_decoding`. A decode step on a CPU is bound by per-call overhead and
     by streaming weights, so this path makes as few calls as it can: three matmuls become one (and
-    two one), the norms are direct `F.rms_norm` calls (float32; other dtypes go through `RMSNorm`,
-    which computes in float32), and Q and K rotate in one RoPE pass. The
-    layer's own modules stay (their weights are views of the fused storage, or lowered copies), so
-    checkpoints, names and the uncached (training) path are unchanged.
+    two one), the norms are plain `rms_norm` calls (no module call), and Q and K rotate in one RoPE
+    pass. The layer's own modules stay (their weights are views of the fused storage, or lowered
+    copies), so checkpoints, names and the uncached (training) path are unchanged.
     """
 
     def __init__(self, layer: MoTLayer, nar: bool, qkv: nn.Module, gate_up: nn.Module) -> None:
@@ -127,23 +131,21 @@ class DecodeSet(nn.Module):
         self.shared = (norm, proj.o_proj, post_norm, mlp.down_proj)
         self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
 
-    def decode(self, h, cos, sin, mask, kv, start) -> torch.Tensor:
-        """As `MoTLayer._decode` (same arguments and result), with the fused matmuls."""
-        norm, o_proj, post_norm, down_proj = self.shared
+    def qkv_rope(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """As `MoTLayer._qkv`, with one matmul and one rotation: (q, k, v) from h (B, T, D)."""
+        norm = self.shared[0]
         H, Hkv, Dh = self.heads
-        B, T, D = h.shape
-        x = F.rms_norm(h, (D,), norm.weight, norm.eps) if h.dtype == torch.float32 else norm(h)
-        qkv = self.qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        B, T, _ = h.shape
+        qkv = self.qkv(rms_norm(h, norm.weight, norm.eps)).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
-        k_buf, v_buf = kv
-        S = start + T
-        k_buf[:, :, start:S], v_buf[:, :, start:S] = qk[:, H:], qkv[:, H + Hkv :]
-        o = F.scaled_dot_product_attention(
-            qk[:, :H], k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=Hkv != H
-        )
+        return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
+
+    def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """As `MoTLayer._finish`, with gate/up as one matmul."""
+        _, o_proj, post_norm, down_proj = self.shared
+        B, H, T, Dh = o.shape
         h = h + o_proj(o.transpose(1, 2).reshape(B, T, H * Dh))
-        x = F.rms_norm(h, (D,), post_norm.weight, post_norm.eps) if h.dtype == torch.float32 else post_norm(h)
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate, up = self.gate_up(rms_norm(h, post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
         return h + down_proj(F.silu(gate) * up)
 
 
@@ -207,16 +209,15 @@ class MoTLayer(nn.Module):
         """One parameter set's positions in a cached forward: their K/V land at cache indices
         [start, start + T) and they attend over the cache up to there, under `mask` (1|B, 1, T, start + T)
         or None (every key)."""
-        if self.decode_sets is not None:
-            return self.decode_sets[nar].decode(h, cos, sin, mask, kv, start)
-        q, k, v = self._qkv(h, nar, cos, sin)
+        fused = None if self.decode_sets is None else self.decode_sets[nar]
+        q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
         S = start + h.shape[1]
         k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v
         o = F.scaled_dot_product_attention(
             q, k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=self.n_kv != self.n_heads
         )
-        return self._finish(h, o, nar)
+        return self._finish(h, o, nar) if fused is None else fused.finish(h, o)
 
     def forward(
         self,

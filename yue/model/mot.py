@@ -101,7 +101,6 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         self.router = Router(config)
         # Slot rows' head when drafting is lowered (`prepare_for_decoding`); None = the LM head for all.
         self.draft_head: nn.Module | None = None
-        self.prepared_for_decoding = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -124,6 +123,11 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         """
         prepare_for_decoding(self, drafting_dtype)
         return self
+
+    @property
+    def prepared_for_decoding(self) -> bool:
+        """Whether `prepare_for_decoding` has run (the layers then hold their `DecodeSet`s)."""
+        return self.model.layers[0].decode_sets is not None
 
     def save_pretrained(self, *args, **kwargs):
         if self.prepared_for_decoding:

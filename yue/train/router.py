@@ -23,6 +23,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -398,7 +399,7 @@ def run_train_router(
     # Features come from the model as decoding will run it (prepared, drafts maybe lowered); the
     # router trained is the plain model's, which is saved.
     lowered = resolve_drafting_dtype(drafting_dtype, model.device)
-    drafter = load_model(model_dir).prepare_for_decoding(lowered)
+    drafter = copy.deepcopy(model).prepare_for_decoding(lowered)
     tokenizer = YueTokenizer.load(model_dir)
     cfg = cfg or RouterTrainConfig(reinit=user_labels is None, seed=seed)
 
