@@ -134,6 +134,7 @@ def test_a_second_self_distillation_round_adds_the_first_rounds_training_rows(tr
     assert r1.exit_code == 0, r1.output
     first = tmp_path / "r1" / "data" / "selfdistill_sequences.safetensors"
     args = ["self-distill", "--model", str(tmp_path / "r1"), "--out", str(tmp_path / "r2"), "--seed", "5"]
+    args += ["--reveal-first", "1.0"]
     r2 = CliRunner().invoke(app, args + ["--extra-sequences", str(first)] + common)
     assert r2.exit_code == 0, r2.output
     report = json.loads((tmp_path / "r2" / "selfdistill_report.json").read_text())
@@ -142,3 +143,7 @@ def test_a_second_self_distillation_round_adds_the_first_rounds_training_rows(tr
     assert report["sequences"] == 20 and report["train_sequences"] == 19 + 19
     assert [p["model"] for p in report["previous"]] == [trained_model_dir]
     assert "--extra-sequences" in report["command"] and "--seed 5" in report["command"]
+    # Slot 1 revealed: trained that way, and measured that way too (slot 1 itself is never predicted).
+    assert report["config"]["reveal_first"] == 1.0 and report["previous"][0]["config"]["reveal_first"] is None
+    revealed = report["held_out_nar_acc_slot1_revealed_after"]
+    assert revealed[0] is None and all(0.0 <= a <= 1.0 for a in revealed[1:])

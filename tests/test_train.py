@@ -213,6 +213,23 @@ def test_kl_is_zero_when_slots_copy_the_ar_distribution(tokenizer, monkeypatch):
     assert float(out.kl) == pytest.approx(0.0, abs=1e-5)
 
 
+def test_reveal_first_sets_slot_ones_reveal_chance_alone(tokenizer):
+    """Revealed slots carry no NAR loss (count 0): reveal_first=1 with reveal_prob=0 leaves only slot 1
+    out; reveal_first=0 with reveal_prob=1 leaves only slot 1 in; None keeps slot 1 like the others."""
+    torch.manual_seed(0)
+    model = YueForCausalLM(tiny_config(tokenizer))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(4, tokenizer.vocab_size, (2, 24), generator=g)
+    anchors = sample_anchors(2, 24, 3, 4, g)
+    with torch.no_grad():
+        first_only = joint_loss(model, x, anchors, 4, reveal_prob=0.0, generator=g, reveal_first=1.0)
+        rest = joint_loss(model, x, anchors, 4, reveal_prob=1.0, generator=g, reveal_first=0.0)
+        like_others = joint_loss(model, x, anchors, 4, reveal_prob=0.0, generator=g, reveal_first=None)
+    assert first_only.nar_count_per_slot.tolist() == [0.0, 6.0, 6.0, 6.0]
+    assert rest.nar_count_per_slot.tolist() == [6.0, 0.0, 0.0, 0.0]
+    assert like_others.nar_count_per_slot.tolist() == [6.0] * 4
+
+
 # ---------------------------------------------------------------------------------------------- loop
 
 

@@ -246,6 +246,10 @@ def self_distill_cmd(
     warmup_steps: int = typer.Option(20, help="Linear warm-up steps."),
     beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
     gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
+    reveal_first: float | None = typer.Option(
+        None,
+        help="Chance slot 1 shows its true token, as the drafting pass shows it (default: 0.1, as any slot).",
+    ),
     seed: int = typer.Option(0, help="Seed for prompts, anchors and reveals."),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
 ) -> None:
@@ -266,6 +270,7 @@ def self_distill_cmd(
         warmup_steps=warmup_steps,
         beta=beta,
         gamma=gamma,
+        reveal_first=reveal_first,
         seed=seed,
     )
     report = self_distill(

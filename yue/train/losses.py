@@ -115,6 +115,7 @@ def joint_loss(
     weights: LossWeights = LossWeights(),
     reveal_prob: float = 0.1,
     generator: torch.Generator | None = None,
+    reveal_first: float | None = None,
 ) -> JointLoss:
     """The joint loss on one batch, in one forward.
 
@@ -126,6 +127,9 @@ def joint_loss(
         weights: α, β, γ. A zero weight skips that term's work where it can.
         reveal_prob: chance a slot's input is its true token (mask-predict); 0 in evaluation.
         generator: CPU generator for the reveals (pass one for determinism).
+        reveal_first: chance slot 1 is revealed (None: `reveal_prob`, like the other slots). The decode
+            loop's drafting pass always reveals slot 1 (the AR path's token, known by then), so
+            self-distillation can train mostly on that case.
     Returns:
         JointLoss with the weighted total and each term.
     """
@@ -141,7 +145,10 @@ def joint_loss(
     targets = tokens.gather(1, target_idx)  # (B, M*K)
 
     # 2. Slot inputs: <|mask|>, or the true token where revealed.
-    reveal = torch.rand(B, M * K, generator=generator).to(device) < reveal_prob  # (B, M*K)
+    chance = torch.full((K,), float(reveal_prob))
+    if reveal_first is not None:
+        chance[0] = reveal_first
+    reveal = (torch.rand(B, M, K, generator=generator) < chance).flatten(1).to(device)  # (B, M*K)
     slot_in = torch.where(reveal, targets, torch.full_like(targets, inner.config.mask_token_id))
 
     # 3. One forward: committed tokens then the slots, with the training mask.
