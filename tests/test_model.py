@@ -242,6 +242,20 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
     assert torch.allclose(plain(ids).logits, prepared(ids).logits, atol=1e-4)  # the uncached path too
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 16), (1, 2, 16), (3, 1, 16), (1, 9, 16), (40, 16)])
+def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape):
+    from yue.model.inference import RowAdaptiveLinear, row_adaptive
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 24, bias=False)
+    fast = row_adaptive(linear)
+    assert isinstance(fast, RowAdaptiveLinear) and fast.weight is not None and not fast.state_dict()
+    x = torch.randn(shape)
+    assert torch.allclose(fast(x), linear(x), atol=1e-5)
+    with_bias = torch.nn.Linear(16, 24)
+    assert row_adaptive(with_bias) is with_bias  # left as it is
+
+
 def test_unknown_drafting_dtype_is_a_clear_error(trained_model_dir):
     with pytest.raises(ValueError, match="drafting dtype must be one of"):
         yue.load(trained_model_dir, nar_dtype="int4")

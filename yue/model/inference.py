@@ -28,11 +28,13 @@ import copy
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from yue.model.layers import DecodeSet
 
 INT8 = torch.qint8
+PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 
 
 class Lowered(nn.Module):
@@ -44,6 +46,52 @@ class Lowered(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x.to(self.in_dtype)).to(x.dtype)
+
+
+class RowAdaptiveLinear(nn.Module):
+    """A float matmul that picks its CPU kernel by row count: one row through MKL on the input-major
+    weight (`input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
+    blocked GEMM (`torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
+
+    MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
+    prefill or a batch pays per matmul: one thread, 8 rows, weights not in cache, a 256x1376 matmul
+    ~175 -> ~85 us and the 256x4096 head ~800 -> ~350 us; for one row MKL's GEMV stays faster (30 vs 40
+    us), hence both. Same values, other kernels: results may differ in the last float bits (as any
+    two GEMM kernels do).
+
+    The tensors are held in a tuple, not registered, so the module adds nothing to a state dict and
+    moves with no `.to()`: it belongs to a model prepared for decoding on its device.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach()
+        self.weights = (w, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (out, in) weight, as nn.Linear's."""
+        return self.weights[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, packed = self.weights
+        if x.numel() == x.shape[-1]:  # one row
+            return F.linear(x, weight)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def row_adaptive(linear: nn.Module) -> nn.Module:
+    """`RowAdaptiveLinear(linear)` where it applies (a bias-free float32/bfloat16 nn.Linear on a CPU
+    with oneDNN), else `linear` itself."""
+    usable = (
+        isinstance(linear, nn.Linear)
+        and linear.bias is None
+        and linear.weight.device.type == "cpu"
+        and linear.weight.dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+    return RowAdaptiveLinear(linear) if usable else linear
 
 
 def int8_available() -> bool:
@@ -140,6 +188,8 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
 
     - Every matmul weight input-major (`input_major`).
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
+    - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `model.ar_head`)
+      with a oneDNN-packed copy for steps of two or more rows (`RowAdaptiveLinear`).
     - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
       (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.
@@ -159,7 +209,10 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
                 for module in (proj, mlp):
                     for name, child in list(module.named_children()):
                         setattr(module, name, lower_linear(child, drafting_dtype))
-            sets.append(DecodeSet(layer, nar, qkv, gate_up))
+            matmuls = (qkv, proj.o_proj, gate_up, mlp.down_proj)
+            sets.append(DecodeSet(layer, nar, *(row_adaptive(m) for m in matmuls)))
         layer.decode_sets = nn.ModuleList(sets)
+    head = row_adaptive(model.lm_head)
+    model.ar_head = head if head is not model.lm_head else None
     if drafting_dtype is not None:
         model.draft_head = lower_linear(model.lm_head, drafting_dtype)

@@ -123,12 +123,21 @@ class DecodeSet(nn.Module):
     copies), so checkpoints, names and the uncached (training) path are unchanged.
     """
 
-    def __init__(self, layer: MoTLayer, nar: bool, qkv: nn.Module, gate_up: nn.Module) -> None:
+    def __init__(
+        self,
+        layer: MoTLayer,
+        nar: bool,
+        qkv: nn.Module,
+        o_proj: nn.Module,
+        gate_up: nn.Module,
+        down: nn.Module,
+    ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
-        norm, proj, post_norm, mlp = layer._sets(nar)
-        # The layer's modules, held in a tuple so that they are not registered twice.
-        self.shared = (norm, proj.o_proj, post_norm, mlp.down_proj)
+        norm, _, post_norm, _ = layer._sets(nar)
+        # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
+        # them), held in a tuple so that they are not registered twice.
+        self.shared = (norm, o_proj, post_norm, down)
         self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
 
     def qkv_rope(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -99,7 +99,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         self.model = MoTModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.router = Router(config)
-        # Slot rows' head when drafting is lowered (`prepare_for_decoding`); None = the LM head for all.
+        # Decode-time heads (`prepare_for_decoding`): for AR rows, the LM head with a kernel per row
+        # count; for slot rows when drafting is lowered. None = the LM head.
+        self.ar_head: nn.Module | None = None
         self.draft_head: nn.Module | None = None
         self.post_init()
 
@@ -175,11 +177,12 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         hidden = self.model(tokens, positions, n_committed, mask, cache, cache.length)
         first = 0 if n_logits is None else n_committed - n_logits
         n_ar = n_committed - first
+        head = self.ar_head or self.lm_head
         if self.draft_head is None:
-            logits = self.lm_head(hidden[:, first:])  # (B, T - first, V): one matmul for all rows
+            logits = head(hidden[:, first:])  # (B, T - first, V): one matmul for all rows
             return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden)
         # Lowered drafting: AR rows through the LM head as loaded, slot rows through the draft head.
-        ar_logits = self.lm_head(hidden[:, first:n_committed])  # (B, n_ar, V)
+        ar_logits = head(hidden[:, first:n_committed])  # (B, n_ar, V)
         if hidden.shape[1] == n_committed:  # no slots: an empty (B, 0, V), without a head call
             return StepOutput(ar_logits, ar_logits[:, :0], hidden)
         return StepOutput(ar_logits, self.draft_head(hidden[:, n_committed:]), hidden)
