@@ -69,7 +69,8 @@ class LoopState:
         n_drafts: how many trailing tokens of `fed` are unverified drafts (verified mode only).
         draft_logprobs: (B, n_drafts, V) warped NAR log-probs the drafts were sampled from (sampling).
         seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
-        ar_stretch: hybrid: AR-only steps left before the router is asked again.
+        ar_stretch: AR-only steps (verified) or AR-written tokens (hybrid) left before the router is
+            asked again.
         futile_probes: verified: consecutive steps whose slots the router found not worth drafting;
             each doubles the next AR stretch (capped), since a probe costs a whole NAR pass.
     """
@@ -327,45 +328,54 @@ class VerifiedPolicy(Policy):
         return adv
 
 
-class HybridPolicy(Policy):
-    """Router-gated: AR stretches where p_ar(1) is high, else commit confident slots unverified; lossy."""
+class HybridPolicy(VerifiedPolicy):
+    """Router-gated, lossy: `verified`, except that the leading slots of a block that the router
+    trusts (p_ar(i) <= threshold) are committed without verification.
+
+    The rest of each block goes to the AR path the way `verified` sends drafts there: fed as drafts in
+    the next forward, which accepts those equal to the AR path's choices and writes its own token at the
+    first that is not. Where the router distrusts the block's first unknown slot (slot 2 after a
+    separate pass revealed slot 1; slot 1 fused), the AR path writes the next `reeval_every` tokens
+    before the router is asked again (DESIGN §2's AR stretch), by verification, so the stretch costs
+    no more forwards than `verified`. Threshold 0 is `verified` (exact); 1 commits whole blocks.
+    """
 
     name = "hybrid"
 
     def drafts_now(self, st: LoopState) -> bool:
-        return st.ar_stretch == 0
+        return st.cfg.block_size >= 2
 
-    def committed_slots(self, st: LoopState, p_ar: torch.Tensor) -> int:
+    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
+        """After the AR token: commit the trusted leading slots, feed the rest as drafts; sets adv.next_*."""
+        slots, q = draft_slots(st, logits)
+        st.ar_stretch = max(st.ar_stretch - len(adv.emitted[0]), 0)  # this step's tokens were the AR path's
+        m = 0
+        if st.ar_stretch == 0 or st.cfg.trace:
+            p_ar = anchor_p_ar(model, st, adv, out, logits)
+            adv.p_ar = p_ar[0].tolist()
+        if st.ar_stretch == 0:
+            first_unknown = 1 if st.cfg.drafting == "separate" else 0
+            if bool((p_ar[:, first_unknown] > st.cfg.router_threshold).any()):
+                st.ar_stretch = st.cfg.reeval_every
+            elif first_unknown or not st.cfg.greedy or bool((slots[:, 0] == adv.next_fed[:, 0]).all()):
+                # (greedy, fused: a slot 1 that disagrees with the AR token means the block was drafted
+                # for another context, so none of it is trusted; it is still verified)
+                m = self.committed_slots(st, p_ar)
+        for row, sources, trusted in zip(adv.emitted, adv.sources, slots[:, 1 : 1 + m].tolist(), strict=True):
+            row.extend(trusted)
+            sources.extend(["nar"] * m)
+        adv.next_fed = torch.cat([adv.next_fed, slots[:, 1:]], dim=1)  # AR token, trusted, drafts
+        adv.next_drafts = slots.shape[1] - 1 - m
+        adv.next_draft_logprobs = None if q is None else q[:, 1 + m :]
+        adv.drafted, adv.accepted = adv.drafted + m, adv.accepted + m
+        adv.mode = "NAR" if m else "AR"  # the router's decision for this block
+        return adv
+
+    @staticmethod
+    def committed_slots(st: LoopState, p_ar: torch.Tensor) -> int:
         """Leading slots 2.. with p_ar(i) <= threshold (batch minimum). p_ar: (B, n)."""
         ok = (p_ar[:, 1:] <= st.cfg.router_threshold).int().cumprod(-1).sum(-1)
         return int(ok.min()) if ok.numel() else 0
-
-    def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
-        adv = commit_unverified(st, bonus)
-        if not self.drafts_now(st):
-            st.ar_stretch -= 1
-            return adv
-        return self.with_block(model, st, adv, out)
-
-    def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
-        """Commit the AR token, then the block's leading slots 2.. the router trusts. Where the router
-        distrusts the first slot whose token is not known (slot 1 fused; slot 2 after a separate pass
-        revealed slot 1), write an AR stretch instead, without drafting."""
-        bonus = adv.next_fed[:, 0]
-        slots, _ = draft_slots(st, logits)
-        p_ar = anchor_p_ar(model, st, adv, out, logits)
-        first_unknown = 1 if st.cfg.drafting == "separate" else 0
-        m = 0
-        if bool((p_ar[:, first_unknown] > st.cfg.router_threshold).any()):
-            st.ar_stretch = st.cfg.reeval_every - 1  # this step already wrote one AR token
-        elif first_unknown or not st.cfg.greedy or bool((slots[:, 0] == bonus).all()):
-            # (greedy, fused: a slot 1 that disagrees with the AR token means the block was drafted
-            # for another context, so nothing is committed from it; a separate pass revealed it)
-            m = self.committed_slots(st, p_ar)
-        adv = commit_unverified(st, bonus, slots[:, 1 : 1 + m])
-        adv.p_ar = p_ar[0].tolist()
-        return adv
 
 
 class NARPolicy(Policy):
