@@ -90,7 +90,8 @@ class DecodeConfig:
         stop: strings that end generation; the text is cut before the first one.
         router_threshold: position goes AR when p_ar > threshold; None = the model's calibrated default.
         block_size: slots drafted per step, at most the model's K; None = the model's K.
-        reeval_every: hybrid: AR tokens written before the router is asked again; None = model default.
+        reeval_every: hybrid: tokens the AR path writes (by verification) after the router distrusts a
+            block, before it is asked again; None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
         drafting: where a step's draft block is computed (DESIGN §2). "separate" (default): after the
