@@ -219,8 +219,15 @@ def test_input_major_layout_keeps_values_and_the_tie(trained_model_dir):
 def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):
     """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
     storage, and decode steps give the logits of the model as trained."""
+    from yue.model.inference import RowAdaptiveLinear
+
     plain, prepared = load_model(trained_model_dir), load_model(trained_model_dir).prepare_for_decoding()
     layer = prepared.model.layers[0]
+    # On a CPU the decode path's float matmuls and the AR head pick their kernel by row count; the
+    # two-row step below goes through the packed (oneDNN) kernels, the prefill's last row through MKL.
+    assert isinstance(prepared.ar_head, RowAdaptiveLinear) and isinstance(
+        layer.decode_sets[0].qkv, RowAdaptiveLinear
+    )
     for nar in (False, True):
         _, proj, _, mlp = layer._sets(nar)
         fused = layer.decode_sets[nar]
