@@ -308,3 +308,32 @@ def test_hybrid_commits_trusted_slots_unverified_and_verifies_the_rest(drafting)
     lossy, _ = run(_TrustAll, slots_match=False)
     assert len(lossy) == N
     assert (lossy != ar) if drafting == "separate" else (lossy == ar)
+
+
+class _TrustFirstThree(_TrustSlot1Only):
+    """Router stand-in: slots 1..3 certain, later slots hopeless."""
+
+    def __call__(self, features):
+        z = torch.full_like(features, -30.0)
+        z[:, :3] = 30.0
+        return z
+
+
+@pytest.mark.parametrize(
+    "router, collapsed", [(_TrustAll, "NAR"), (_TrustSlot1Only, "AR"), (_TrustFirstThree, None)]
+)
+def test_router_collapse_warning_counts_block_positions(trained, monkeypatch, caplog, router, collapsed):
+    """hybrid at a mid-range threshold: a router that sends every block position one way is flagged;
+    one that trusts slots 2..3 and not the rest of each block is not."""
+    monkeypatch.setitem(trained.model._modules, "router", router())  # (a stand-in, not a Module)
+    with caplog.at_level("WARNING", logger="yue"):
+        r = trained.generate(
+            "def alpha_1(x):\n", mode="hybrid", max_new_tokens=120, router_threshold=0.5, ignore_eos=True
+        )
+    d = r.stats.router_decisions
+    assert d["ar"] + d["nar"] >= 56
+    warned = [rec.getMessage() for rec in caplog.records if "collapsed" in rec.getMessage()]
+    if collapsed is None:
+        assert d["ar"] > 0 and d["nar"] > 0 and not warned
+    else:
+        assert len(warned) == 1 and f"collapsed to {collapsed} " in warned[0]

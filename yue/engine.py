@@ -32,9 +32,9 @@ logger = logging.getLogger("yue")
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "yue-code-mini"
 
-# Router-collapse warning: at a threshold in this range, a router that sends every step one way
-# (over at least this many decisions) is probably miscalibrated for the input.
-COLLAPSE_RANGE, COLLAPSE_MIN_DECISIONS = (0.2, 0.8), 16
+# Router-collapse warning: at a threshold in this range, a router that sends every drafted block
+# position one way (over at least this many: 8 blocks of K = 8) is probably miscalibrated for the input.
+COLLAPSE_RANGE, COLLAPSE_MIN_DECISIONS = (0.2, 0.8), 56
 
 
 class _TextTracker:
@@ -175,7 +175,9 @@ class Engine:
                 stats.accept_lengths.append(em.accepted)
                 for i in range(min(em.accepted, len(stats.accepted_per_pos))):
                     stats.accepted_per_pos[i] += 1
-            stats.router_decisions[em.mode.lower()] = stats.router_decisions.get(em.mode.lower(), 0) + 1
+            to_ar, to_nar = em.routed
+            stats.router_decisions["ar"] = stats.router_decisions.get("ar", 0) + to_ar
+            stats.router_decisions["nar"] = stats.router_decisions.get("nar", 0) + to_nar
 
     @staticmethod
     def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig) -> None:
@@ -188,7 +190,7 @@ class Engine:
             for mode, other in (("ar", "nar"), ("nar", "ar")):
                 if d.get(other, 0) == 0:
                     logger.warning(
-                        "router decisions collapsed to %s for all %d steps at router_threshold=%.2f; "
+                        "router decisions collapsed to %s for all %d block positions at router_threshold=%.2f; "
                         "the router may be miscalibrated for this input",
                         mode.upper(),
                         total,

@@ -41,6 +41,7 @@ class StepEmission:
     accepted: int
     mode: str
     forwards: int = 1  # 2 when a drafting pass followed the step's forward
+    routed: tuple[int, int] = (0, 0)  # the step's block positions by the path chosen: (to AR, to NAR)
 
 
 @dataclass
@@ -173,7 +174,9 @@ def decode(
             h = float(entropy(out.ar_logits[0, -1]))
             dt = (time.perf_counter() - t0) * 1e3
             step = Step(index, adv.mode, adv.drafted, adv.accepted, adv.p_ar, h, dt)
-        yield StepEmission(toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode, forwards)
+        yield StepEmission(
+            toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode, forwards, adv.routed
+        )
         index += 1
         if all(f is not None for f in rows.finish):
             return

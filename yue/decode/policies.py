@@ -100,6 +100,8 @@ class Advance:
     drafted: int = 0
     accepted: int = 0
     p_ar: list[float] = field(default_factory=list)
+    # Slots 2..K of the block drafted this step, by the path chosen for them: (to AR, to NAR).
+    routed: tuple[int, int] = (0, 0)
 
 
 def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
@@ -315,6 +317,7 @@ class VerifiedPolicy(Policy):
             p_ar = anchor_p_ar(model, st, adv, out, logits)
             adv.p_ar = p_ar[0].tolist()
         k_next = logits.shape[1] - 1 if every_slot else self.draft_length(st, p_ar)
+        adv.routed = (logits.shape[1] - 1 - k_next, k_next)
         if k_next == 0:
             # The router sees no draft worth its cost here; a block costs a whole NAR pass, so write
             # plain AR steps for a while and ask again, backing off further after each futile ask.
@@ -361,6 +364,7 @@ class HybridPolicy(VerifiedPolicy):
                 # (greedy, fused: a slot 1 that disagrees with the AR token means the block was drafted
                 # for another context, so none of it is trusted; it is still verified)
                 m = self.committed_slots(st, p_ar)
+            adv.routed = (slots.shape[1] - 1 - m, m)
         for row, sources, trusted in zip(adv.emitted, adv.sources, slots[:, 1 : 1 + m].tolist(), strict=True):
             row.extend(trusted)
             sources.extend(["nar"] * m)
@@ -392,7 +396,9 @@ class NARPolicy(Policy):
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         slots, _ = draft_slots(st, logits)
-        return commit_unverified(st, adv.next_fed[:, 0], slots[:, 1:])
+        adv = commit_unverified(st, adv.next_fed[:, 0], slots[:, 1:])
+        adv.routed = (0, slots.shape[1] - 1)
+        return adv
 
 
 POLICIES = {p.name: p for p in (ARPolicy, VerifiedPolicy, HybridPolicy, NARPolicy)}

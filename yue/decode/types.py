@@ -61,7 +61,9 @@ class GenerationStats:
         drafted / accepted: draft tokens proposed for verification (or unverified commit) and kept.
         accepted_per_pos: accepted_per_pos[i] counts steps whose (i+1)-th draft token was accepted.
         accept_lengths: per drafting step, the number of draft tokens accepted (for histograms).
-        router_decisions: steps by the path the router chose, {"ar": n, "nar": m}.
+        router_decisions: block positions (slots 2..K of each drafted block) by the path chosen for
+            them, {"ar": n, "nar": m}: "nar" = drafted (`verified`) or committed unverified
+            (`hybrid`, `nar`), "ar" = left to the AR path.
         ttft_s: seconds to the first generated token; total_s: seconds for the whole request.
     """
 

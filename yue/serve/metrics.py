@@ -65,7 +65,7 @@ class Metrics:
             registry=r,
         )
         self.router = Counter(
-            "yue_router_decisions", "Decode steps by the path chosen.", ["mode"], registry=r
+            "yue_router_decisions", "Drafted block positions by the path chosen.", ["mode"], registry=r
         )
 
     def render(self) -> bytes:
