@@ -102,8 +102,8 @@ def write_card(
         gen = "reused" if r["generation_s"] is None else f"{r['generation_s'] / 60:.1f} min"
         out += [
             f"2.{i}. Self-distillation round {i} of the NAR set: {r['config']['steps']} steps on "
-            f"{r.get('train_sequences', r['sequences'])} AR-greedy continuations, {r['sequences']} of them "
-            f"new (generation {gen}, training {r['train_s'] / 60:.1f} min):",
+            f"{r.get('train_sequences', r['sequences'])} AR-greedy continuations (its sequence file: "
+            f"{r['sequences']}; generation {gen}, training {r['train_s'] / 60:.1f} min):",
             f"   `{command}`",
         ]
         if r.get("note"):
@@ -140,6 +140,13 @@ def write_card(
                 f"- round {i} before: {_pct(r['held_out_nar_acc_before'])}",
                 f"- round {i} after:  {_pct(r['held_out_nar_acc_after'])}",
             ]
+            revealed = r.get("held_out_nar_acc_slot1_revealed_after")
+            if revealed:  # slot 1 is never predicted when revealed: its entry is null
+                before = r["held_out_nar_acc_slot1_revealed_before"]
+                out.append(
+                    f"- round {i}, slot 1 revealed as decoding's drafting pass shows it, slots 2..K: "
+                    f"{_pct(before[1:])} → {_pct(revealed[1:])}"
+                )
     out += ["", "### Router calibration", "", *_router_section(router)]
     if calibration:
         out += ["", "### Default router threshold", "", calibration["text"]]
