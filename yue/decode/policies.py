@@ -43,15 +43,14 @@ from yue.model.mot import StepOutput
 from yue.model.router import Router, revealed_slot1
 
 # Forward cost model, in units of ~0.1 ms: measured on the default model's shape (6.9M parameters) on one
-# CPU thread, prepared for decoding (`inference.py`: fused matmuls, int8 drafting weights). A one-token AR
-# step costs ~2.0 ms (it streams the fp32 AR weights from memory); verifying drafts costs ~0.8 ms more as
-# soon as there are two rows (matrix-vector -> matrix-matrix kernels), then ~0.12 ms per fed draft; a
-# NAR pass ~2.0 ms plus ~0.05 ms per slot row (separate drafting: 2.0 ms for K = 8; a fused step's
-# slots cost somewhat more than this model says, 3.0 ms for 8).
-AR_STEP_COST = 20.0
-VERIFY_COST = 8.0  # any drafts fed
-FED_POSITION_COST = 1.2  # each fed draft
-NAR_PASS_COST = 20.0
+# CPU thread, prepared for decoding (`inference.py`: fused matmuls, int8 drafting weights, oneDNN
+# kernels for two or more rows). A one-token AR step costs ~2.4 ms (it streams the fp32 AR weights);
+# verifying drafts costs ~0.7 ms more as soon as there are a few rows, then ~0.09 ms per fed draft (8
+# rows: ~3.6 ms); a NAR pass ~1.9 ms plus ~0.05 ms per slot row (separate drafting: ~2.3 ms for K = 8).
+AR_STEP_COST = 24.0
+VERIFY_COST = 7.0  # any drafts fed
+FED_POSITION_COST = 0.9  # each fed draft
+NAR_PASS_COST = 19.0
 SLOT_POSITION_COST = 0.5  # each slot row
 # verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
 MAX_BACKOFF_DOUBLINGS = 3
