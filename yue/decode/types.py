@@ -24,7 +24,8 @@ class Step:
 
     Attributes:
         index: 0-based step number.
-        mode: "AR" when the step drafted nothing, "NAR" when it drafted (or committed) slots.
+        mode: "AR" when the step drafted nothing, "NAR" when it drafted (or committed) slots; in
+            `hybrid`, "NAR" when the router trusted slots of the block drafted this step.
         drafted: draft tokens this step verified (verified) or slots it committed unverified (hybrid/nar).
         accepted: of those, how many were kept.
         p_ar: the router's p_ar(i) for the block drafted this step (empty when no block).
