@@ -175,9 +175,8 @@ class Engine:
                 stats.accept_lengths.append(em.accepted)
                 for i in range(min(em.accepted, len(stats.accepted_per_pos))):
                     stats.accepted_per_pos[i] += 1
-            to_ar, to_nar = em.routed
-            stats.router_decisions["ar"] = stats.router_decisions.get("ar", 0) + to_ar
-            stats.router_decisions["nar"] = stats.router_decisions.get("nar", 0) + to_nar
+            stats.router_decisions["ar"] += em.routed[0]
+            stats.router_decisions["nar"] += em.routed[1]
 
     @staticmethod
     def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig) -> None:

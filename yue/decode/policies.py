@@ -312,9 +312,7 @@ class VerifiedPolicy(Policy):
         # revealed slot 1, so its slots 2.. already know the AR token (3.63 -> 4.38 tokens per step).
         slots, q = draft_slots(st, logits)
         every_slot = st.cfg.router_threshold >= 1.0  # "pure NAR": the router has nothing to decide
-        if not every_slot or st.cfg.trace:  # (a trace still records the router's p_ar)
-            p_ar = anchor_p_ar(model, st, adv, out, logits)
-            adv.p_ar = p_ar[0].tolist()
+        p_ar = self.ask_router(model, st, adv, out, logits, needed=not every_slot)
         k_next = logits.shape[1] - 1 if every_slot else self.draft_length(st, p_ar)
         adv.routed = (logits.shape[1] - 1 - k_next, k_next)
         if k_next == 0:
@@ -324,10 +322,26 @@ class VerifiedPolicy(Policy):
             st.futile_probes += 1
             return adv
         st.futile_probes = 0
-        adv.next_fed = torch.cat([adv.next_fed, slots[:, 1 : 1 + k_next]], dim=1)
-        adv.next_drafts = k_next
-        adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + k_next]
+        self.feed(adv, slots, q, 0, k_next)
         return adv
+
+    @staticmethod
+    def ask_router(model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor, needed: bool):
+        """The block's p_ar (B, K) when the policy `needed` it, or a trace records it (adv.p_ar); else None."""
+        if not (needed or st.cfg.trace):
+            return None
+        p_ar = anchor_p_ar(model, st, adv, out, logits)
+        adv.p_ar = p_ar[0].tolist()
+        return p_ar
+
+    @staticmethod
+    def feed(adv: Advance, slots: torch.Tensor, q: torch.Tensor | None, trusted: int, drafts: int) -> None:
+        """Feed next, after the AR token: slots 2..1+trusted (already committed), then the next `drafts`
+        slots as drafts to verify (with their sampling log-probs q, if sampled). slots: (B, K)."""
+        end = 1 + trusted + drafts
+        adv.next_fed = torch.cat([adv.next_fed, slots[:, 1:end]], dim=1)
+        adv.next_drafts = drafts
+        adv.next_draft_logprobs = None if q is None else q[:, 1 + trusted : end]
 
 
 class HybridPolicy(VerifiedPolicy):
@@ -352,9 +366,7 @@ class HybridPolicy(VerifiedPolicy):
         slots, q = draft_slots(st, logits)
         st.ar_stretch = max(st.ar_stretch - len(adv.emitted[0]), 0)  # this step's tokens were the AR path's
         m = 0
-        if st.ar_stretch == 0 or st.cfg.trace:
-            p_ar = anchor_p_ar(model, st, adv, out, logits)
-            adv.p_ar = p_ar[0].tolist()
+        p_ar = self.ask_router(model, st, adv, out, logits, needed=st.ar_stretch == 0)
         if st.ar_stretch == 0:
             first_unknown = 1 if st.cfg.drafting == "separate" else 0
             if bool((p_ar[:, first_unknown] > st.cfg.router_threshold).any()):
@@ -367,9 +379,7 @@ class HybridPolicy(VerifiedPolicy):
         for row, sources, trusted in zip(adv.emitted, adv.sources, slots[:, 1 : 1 + m].tolist(), strict=True):
             row.extend(trusted)
             sources.extend(["nar"] * m)
-        adv.next_fed = torch.cat([adv.next_fed, slots[:, 1:]], dim=1)  # AR token, trusted, drafts
-        adv.next_drafts = slots.shape[1] - 1 - m
-        adv.next_draft_logprobs = None if q is None else q[:, 1 + m :]
+        self.feed(adv, slots, q, m, slots.shape[1] - 1 - m)
         adv.drafted, adv.accepted = adv.drafted + m, adv.accepted + m
         adv.mode = "NAR" if m else "AR"  # the router's decision for this block
         return adv
