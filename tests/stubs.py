@@ -22,7 +22,7 @@ from yue.model.mot import StepOutput
 class AcceptAllRouter:
     """Router stand-in: every slot's acceptance is ~1 (p_ar ~ 0)."""
 
-    def features(self, hidden_last, ar_logits_last, slot_logits):
+    def features(self, hidden_last, ar_logits_last, slot_logits, slot1_revealed=False):
         return torch.zeros(slot_logits.shape[0], slot_logits.shape[1])
 
     def __call__(self, features):

@@ -84,7 +84,7 @@ def test_training_forward_features_and_labels_equal_the_decode_path(trained):
                 slots[0, 0] = x[b, t + 1]
                 draft = model.step(slots, torch.arange(n_c, n_c + K), 0, decode_mask(n_c, 0, K), cache, 0)
                 logits = revealed_slot1(draft.slot_logits, slots[:, :1])
-                feats = model.router.features(out.hidden[:, n_c - 1], out.ar_logits[:, -1], logits)
+                feats = model.router.features(out.hidden[:, n_c - 1], out.ar_logits[:, -1], logits, True)
                 row = b * anchors.shape[1] + m
                 torch.testing.assert_close(ex.features[row], feats[0], atol=2e-4, rtol=1e-4)
                 labels = acceptance_labels(logits.argmax(-1), x[b : b + 1, t + 1 : t + 1 + K])

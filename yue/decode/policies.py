@@ -40,7 +40,7 @@ import torch
 from yue.config import DecodeConfig
 from yue.decode.sampling import apply_repetition_penalty, choose, speculative_accept, warp
 from yue.model.mot import StepOutput
-from yue.model.router import Router, revealed_slot1
+from yue.model.router import Router
 
 # Forward cost model, in units of ~0.1 ms: measured on the default model's shape (6.9M parameters) on one
 # CPU thread, prepared for decoding (`inference.py`: fused matmuls, int8 drafting weights, oneDNN
@@ -120,14 +120,19 @@ def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> tor
 
 
 def router_p_ar(
-    model, anchor_hidden: torch.Tensor, anchor_logits: torch.Tensor, slot_logits: torch.Tensor
+    model,
+    anchor_hidden: torch.Tensor,
+    anchor_logits: torch.Tensor,
+    slot_logits: torch.Tensor,
+    slot1_revealed: bool = False,
 ) -> torch.Tensor:
     """p_ar(i) = 1 - a_i for one block's slots. (B, n).
 
-    anchor_hidden: (B, D) and anchor_logits: (B, V), the block's anchor row; slot_logits: (B, n, V).
+    anchor_hidden: (B, D) and anchor_logits: (B, V), the block's anchor row; slot_logits: (B, n, V);
+    slot1_revealed: see `Router.features`.
     """
     n = slot_logits.shape[1]
-    feats = model.router.features(anchor_hidden, anchor_logits, slot_logits)
+    feats = model.router.features(anchor_hidden, anchor_logits, slot_logits, slot1_revealed)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, :n]
 
 
@@ -193,11 +198,10 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
 
     A separate drafting pass reveals slot 1 (its token, next_fed[:, 0], is known; see loop.py). A
     revealed slot's own output is untrained, so the router is shown what is true of it instead:
-    certain, of that token.
+    certain (`Router.features`' slot1_revealed).
     """
-    if st.cfg.drafting == "separate":
-        logits = revealed_slot1(logits, adv.next_fed[:, :1])
-    return router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits)
+    revealed = st.cfg.drafting == "separate"
+    return router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits, revealed)
 
 
 class ARPolicy(Policy):

@@ -52,7 +52,11 @@ class Router(nn.Module):
         self.fc2 = nn.Linear(config.router_hidden_size, config.block_size)
 
     def features(
-        self, hidden_last: torch.Tensor, ar_logits_last: torch.Tensor, slot_logits: torch.Tensor
+        self,
+        hidden_last: torch.Tensor,
+        ar_logits_last: torch.Tensor,
+        slot_logits: torch.Tensor,
+        slot1_revealed: bool = False,
     ) -> torch.Tensor:
         """Assemble router inputs.
 
@@ -60,18 +64,24 @@ class Router(nn.Module):
             hidden_last: (B, D) final-norm hidden state of the block's anchor (last committed position).
             ar_logits_last: (B, V) AR logits at that position.
             slot_logits: (B, n, V) NAR logits of the block's n <= K slots.
+            slot1_revealed: slot 1's input was its true token (a drafting pass; `revealed_slot1`). Its
+                own output is untrained, so it reads as certain (max probability 1, entropy 0, what
+                `revealed_slot1`'s logits give to float precision) and its logits are not computed on.
         Returns:
             (B, D + 1 + 3K) float32 features; slots past n are zero with their "present" flag off.
         """
         B, n, _ = slot_logits.shape
-        K = self.block_size
-        logp = F.log_softmax(slot_logits.float(), dim=-1)  # (B, n, V)
+        K, r = self.block_size, int(slot1_revealed)
+        # The AR row and the slots computed on, in one log-softmax (a decode step pays per call).
+        rows = torch.cat([ar_logits_last[:, None], slot_logits[:, r:]], dim=1)  # (B, 1 + n - r, V)
+        logp = F.log_softmax(rows.float(), dim=-1)
+        ent = entropy_of_logprobs(logp)  # (B, 1 + n - r): the AR path's, then the slots'
         per_slot = torch.zeros(B, 3, K, device=slot_logits.device)
-        per_slot[:, 0, :n] = logp.max(-1).values.exp()  # max probability
-        per_slot[:, 1, :n] = entropy_of_logprobs(logp)
+        per_slot[:, 0, :r] = 1.0
+        per_slot[:, 0, r:n] = logp[:, 1:].amax(-1).exp()  # max probability
+        per_slot[:, 1, r:n] = ent[:, 1:]
         per_slot[:, 2, :n] = 1.0  # present
-        h_ar = entropy(ar_logits_last)[:, None]  # (B, 1)
-        return torch.cat([hidden_last.float(), h_ar, per_slot.flatten(1)], dim=-1)
+        return torch.cat([hidden_last.float(), ent[:, :1], per_slot.flatten(1)], dim=-1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Conditional logits z: sigmoid(z_i) = P(slot i matches | slots 1..i-1 matched). (B, K)."""

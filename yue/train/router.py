@@ -135,7 +135,9 @@ def block_examples(
     head = model.draft_head or model.lm_head  # slot rows' head, lowered when drafting is
     slot_logits = head(hidden[:, T:]).view(B, M, K, -1)  # (B, M, K, V)
     slot_logits = revealed_slot1(slot_logits, slots[:, :, :1])
-    feats = model.router.features(h_anchor.flatten(0, 1), ar_logits.flatten(0, 1), slot_logits.flatten(0, 1))
+    feats = model.router.features(
+        h_anchor.flatten(0, 1), ar_logits.flatten(0, 1), slot_logits.flatten(0, 1), slot1_revealed=True
+    )
     # 3. Labels: slot i of the block at t must equal x[t+i].
     target_idx = anchors[:, :, None] + torch.arange(1, K + 1, device=device)  # (B, M, K)
     targets = x.gather(1, target_idx.flatten(1)).view(B, M, K)
