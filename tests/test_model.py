@@ -204,14 +204,15 @@ def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir)
     assert drafted > 0
 
 
-def test_input_major_layout_keeps_values_and_the_tie(trained_model_dir):
+def test_input_major_layout_keeps_values_and_embedding_rows(trained_model_dir):
     model = load_model(trained_model_dir)
     ref = {k: v.clone() for k, v in model.state_dict().items()}
     input_major(model)
     for k, v in model.state_dict().items():
         assert torch.equal(v, ref[k]), k
-    w = model.lm_head.weight
-    assert w is model.model.embed_tokens.weight and w.t().is_contiguous()
+    head, emb = model.lm_head.weight, model.model.embed_tokens.weight
+    assert head.t().is_contiguous() and model.model.layers[0].mlp.down_proj.weight.t().is_contiguous()
+    assert emb.is_contiguous() and emb.data_ptr() != head.data_ptr()  # lookups gather contiguous rows
     ids = torch.tensor([[5, 6, 7, 8]])
     assert torch.allclose(model(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-5)
 

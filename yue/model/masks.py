@@ -57,12 +57,11 @@ def decode_mask(
         return None  # at most one new committed token and one block after it: every key is visible
     if key_valid is not None:
         device = key_valid.device
-    keys = torch.arange(S, device=device)  # (S,)
-    # Last key index each query may see: its own index if committed, the block's end if a slot.
-    limit = torch.arange(start, start + T, device=device)  # (T,)
-    limit[n_committed:] = S - 1
-    mask = keys[None, :] <= limit[:, None]  # (T, S)
+    # Committed query i (cache index start + i) sees keys up to its own: a lower triangle offset by
+    # start (two calls; a decode step pays per call). Slots see every key, or, in blocks, as below.
+    mask = torch.ones(T, S, dtype=torch.bool, device=device).tril_(start)  # (T, S)
     if anchors is not None:
+        keys = torch.arange(S, device=device)  # (S,)
         if not anchors or n_slots % len(anchors):
             raise ValueError(f"{n_slots} slots do not split into {len(anchors)} equal blocks")
         size = n_slots // len(anchors)
@@ -71,6 +70,8 @@ def decode_mask(
         key_block = (keys - start - n_committed).div(size, rounding_mode="floor")  # (S,), < 0: committed
         committed_ok = keys[None, :] <= anchor_key[:, None]
         mask[n_committed:] = committed_ok | (key_block[None, :] == block[:, None])
+    elif n_slots:
+        mask[n_committed:] = True
     if key_valid is None:
         return mask[None, None]
     return mask[None, None] & key_valid[:, None, None, :S]
