@@ -33,3 +33,46 @@ def test_special_tokens_have_the_ids_the_model_config_expects(tokenizer):
 def test_vocab_size_below_the_byte_alphabet_is_refused():
     with pytest.raises(ValueError, match="vocab_size"):
         YueTokenizer.train(["abc"], vocab_size=100)
+
+
+@given(
+    text=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\ufffd")),
+    cuts=st.lists(st.integers(1, 5), min_size=1, max_size=40),
+)
+@settings(max_examples=100, deadline=None)
+def test_incremental_detokenizing_over_any_chunking_gives_the_text(tokenizer, text, cuts):
+    """Deltas over any chunking join to the text and never split a character."""
+    from yue.tokenizer import IncrementalDetokenizer
+
+    detok = IncrementalDetokenizer(tokenizer)
+    ids = tokenizer.encode(text + "def f(x):\n    return x  # 中文 🎉")
+    deltas, i = [], 0
+    for n in cuts * (len(ids) // len(cuts) + 1):
+        if i >= len(ids):
+            break
+        deltas.append(detok.push(ids[i : i + n]))
+        i += n
+    deltas.append(detok.flush())
+    assert "".join(deltas) == tokenizer.decode(ids) == detok.text
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_incremental_detokenizing_decodes_short_windows_however_long_the_text(tokenizer):
+    """Each push decodes the last delta's tokens and the new ones, not every id so far (which made a
+    long stream quadratic)."""
+    from yue.tokenizer import IncrementalDetokenizer
+
+    class Counting:
+        longest = 0
+
+        def decode(self, ids):
+            self.longest = max(self.longest, len(ids))
+            return tokenizer.decode(ids)
+
+    counting = Counting()
+    detok = IncrementalDetokenizer(counting)
+    ids = tokenizer.encode("def f(x):\n    return x + 1  # 中文文本 🎉\n" * 100)
+    assert len(ids) > 1000
+    deltas = [detok.push([i]) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == tokenizer.decode(ids)
+    assert counting.longest <= 8  # a 4-byte character's byte tokens, twice

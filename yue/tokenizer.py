@@ -97,28 +97,38 @@ class IncrementalDetokenizer:
 
     Byte-level BPE tokens can end inside a multi-byte character; decoding such a prefix yields U+FFFD
     at the end. We hold those bytes back until the character completes.
+
+    Each push decodes a short window, not the whole list (the prefix/read offsets of Hugging Face's
+    text-generation-inference): ids[prefix:read] are the tokens of the last emitted delta, ids[read:]
+    the ones not emitted yet. The delta is what decoding ids[prefix:] adds to decoding ids[prefix:read];
+    both start at the same token, so whatever a decoder does at a window's start cancels out. A push
+    costs O(1) however long the generation (decoding all ids each time made a stream O(n^2)).
     """
 
     def __init__(self, tokenizer: YueTokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""  # text emitted so far
+        self.prefix = 0  # ids[prefix:read]: the tokens of the last delta emitted
+        self.read = 0  # ids[:read] are in self.text
 
     def push(self, new_ids: Iterable[int]) -> str:
         """Append tokens; return the newly completed text (possibly empty)."""
         self.ids.extend(new_ids)
-        full = self.tokenizer.decode(self.ids)
-        if full.endswith("\ufffd"):
-            return ""
-        delta = full[len(self.text) :]
-        self.text = full
-        return delta
+        return self._advance(final=False)
 
     def flush(self) -> str:
         """Emit whatever is held back at the end of generation (a dangling partial character)."""
-        full = self.tokenizer.decode(self.ids)
-        delta = full[len(self.text) :]
-        self.text = full
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        head = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        window = self.tokenizer.decode(self.ids[self.prefix :])
+        if not final and (len(window) <= len(head) or window.endswith("\ufffd")):
+            return ""  # nothing new, or a character still incomplete: wait for more tokens
+        delta = window[len(head) :]
+        self.text += delta
+        self.prefix, self.read = self.read, len(self.ids)
         return delta
 
 
