@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 import yue
 from tests.conftest import tiny_config
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
-from yue.model.inference import Lowered, input_major
+from yue.model.inference import Int8Linear, Lowered, input_major
 from yue.model.masks import decode_mask, training_mask
 
 
@@ -167,8 +167,13 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
     engine = yue.load(trained_model_dir, nar_dtype=name)
     plain = yue.load(trained_model_dir, nar_dtype="float32")
     layer = engine.model.model.layers[0]
-    lowered = Lowered if name == "bfloat16" else torch.ao.nn.quantized.dynamic.Linear
+    lowered = Lowered if name == "bfloat16" else Int8Linear
     assert isinstance(layer.nar_mlp.up_proj, lowered) and isinstance(engine.model.draft_head, lowered)
+    if name == "int8":  # the lean forward computes what torch's dynamic int8 module computes
+        x = torch.randn(2, 5, engine.model.config.hidden_size)
+        head = engine.model.draft_head
+        assert isinstance(head.quantized, torch.ao.nn.quantized.dynamic.Linear)
+        assert torch.equal(head(x), head.quantized(x))
     assert isinstance(layer.mlp.up_proj, torch.nn.Linear) and layer.mlp.up_proj.weight.dtype == torch.float32
     assert plain.model.draft_head is None
     drafted = 0

@@ -83,6 +83,24 @@ class RowAdaptiveLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+class Int8Linear(nn.Module):
+    """torch's dynamic int8 Linear (`quantize_dynamic`) with its Python forward cut to the kernel call.
+
+    The stock module's forward reads its packed params through two attribute lookups, checks their
+    dtype and casts the output to the input's dtype (float32 already) on every call: ~8 us around a
+    ~30 us kernel, 17 times in a drafting pass. Same kernel, same arguments (reduce_range as the stock
+    module's version 4), same outputs.
+    """
+
+    def __init__(self, quantized: nn.Module) -> None:
+        super().__init__()
+        self.quantized = quantized  # owns the packed weight; registered, so it prints and moves as before
+        self.packed = (quantized._packed_params._packed_params,)  # held in a tuple: no second registration
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed[0], reduce_range=True)
+
+
 def row_adaptive(linear: nn.Module) -> nn.Module:
     """`RowAdaptiveLinear(linear)` where it applies (a bias-free float32/bfloat16 nn.Linear on a CPU
     with oneDNN), else `linear` itself."""
@@ -123,11 +141,13 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
         # fast one for small row counts today; the warning is not actionable for our users.
         warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=DeprecationWarning)
-        q = torch.ao.quantization.quantize_dynamic(
-            nn.Sequential(copy.deepcopy(linear).float()),
-            {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
-            dtype=INT8,
-        )[0]
+        q = Int8Linear(
+            torch.ao.quantization.quantize_dynamic(
+                nn.Sequential(copy.deepcopy(linear).float()),
+                {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+                dtype=INT8,
+            )[0]
+        )
     return q if linear.weight.dtype == torch.float32 else Lowered(q, torch.float32)
 
 
