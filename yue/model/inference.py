@@ -6,6 +6,7 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
 
 - Input-major weights (`input_major`): same values, storage transposed, so `F.linear` hands MKL a
   contiguous (in, out) matrix; a 256x688 matmul over 1 row 95 -> 56 us, the 256x4096 head 563 -> 212 us.
+  Embeddings stay row-major (a lookup gathers rows).
 - Fused matmuls (`fuse_linears`, `layers.DecodeSet`): Q/K/V as one and gate/up as one per layer and
   parameter set. The separate modules' weights become views of the fused storage (no copy), so
   checkpoints, names and the training path are unchanged.
@@ -13,7 +14,8 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
   rows (`draft_head`) in int8 (CPU: dynamic quantization with per-output-channel weight scales, torch's
   fbgemm/x86 kernels) or bfloat16. int8 is a quarter of the bytes and fbgemm keeps small row counts
   cheap: a 256x688 matmul over 8 rows ~46 us instead of ~170 us, the head over 8 slot rows ~150 us
-  instead of ~1 ms. Only drafts change: the AR set and the head computing AR logits keep their values,
+  instead of ~1 ms; `Int8Linear` calls the kernel without the stock module's per-call Python (~2%
+  on `verified`). Only drafts change: the AR set and the head computing AR logits keep their values,
   so `ar` and `verified` output is the same whatever the drafting precision; `hybrid`/`nar` commit
   drafts, so theirs may shift slightly (the bench measures it).
 - Kernels by row count (`RowAdaptiveLinear`): float matmuls over two or more rows (a verifying step's
