@@ -92,6 +92,23 @@ def test_training_forward_features_and_labels_equal_the_decode_path(trained):
                 assert bool(labels[0, 0])  # a revealed slot 1 is its true token
 
 
+def test_a_revealed_slot1_reads_as_certain_without_its_logits(tokenizer):
+    """slot1_revealed gives the features of `revealed_slot1`'s logits (max probability 1, entropy ~0)
+    whatever slot 1's own logits are, and leaves the other slots and the AR entropy as they were."""
+    config = tiny_config(tokenizer)
+    router = Router(config)
+    B, K, V = 3, config.block_size, config.vocab_size
+    h, ar, slots = torch.randn(B, config.hidden_size), torch.randn(B, V) * 3, torch.randn(B, K, V) * 3
+    token = torch.randint(0, V, (B, 1))
+    shown = router.features(h, ar, revealed_slot1(slots, token))
+    flagged = router.features(h, ar, slots, slot1_revealed=True)
+    torch.testing.assert_close(flagged, shown, atol=1e-6, rtol=0)
+    plain = router.features(h, ar, slots)
+    assert not torch.allclose(plain, flagged)  # slot 1's own (random) logits do count without the flag
+    short = router.features(h, ar, slots[:, :3], slot1_revealed=True).view(B, -1)[:, -3 * K :]
+    assert torch.equal(short.view(B, 3, K)[:, :, 3:], torch.zeros(B, 3, K - 3))  # slots past the block: zero
+
+
 def test_greedy_labels_are_monotone_and_slot1_matches_the_ar_token(trained, tokenizer):
     model = trained
     docs = [tokenizer.encode("".join(pattern_corpus(6, seed=s))) for s in range(3)]
