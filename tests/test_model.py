@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 import yue
 from tests.conftest import tiny_config
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
-from yue.model.inference import Int8Linear, Lowered, input_major
+from yue.model.inference import Int8Linear, Lowered, RowAdaptiveLinear, input_major, row_adaptive
 from yue.model.masks import decode_mask, training_mask
 
 
@@ -225,8 +225,6 @@ def test_input_major_layout_keeps_values_and_embedding_rows(trained_model_dir):
 def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):
     """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
     storage, and decode steps give the logits of the model as trained."""
-    from yue.model.inference import RowAdaptiveLinear
-
     plain, prepared = load_model(trained_model_dir), load_model(trained_model_dir).prepare_for_decoding()
     layer = prepared.model.layers[0]
     # On a CPU the decode path's float matmuls and the AR head pick their kernel by row count; the
@@ -257,8 +255,6 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
 
 @pytest.mark.parametrize("shape", [(1, 1, 16), (1, 2, 16), (3, 1, 16), (1, 9, 16), (40, 16)])
 def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape):
-    from yue.model.inference import RowAdaptiveLinear, row_adaptive
-
     torch.manual_seed(0)
     linear = torch.nn.Linear(16, 24, bias=False)
     fast = row_adaptive(linear)

@@ -184,10 +184,10 @@ class Engine:
             return
         lo, hi = COLLAPSE_RANGE
         d = stats.router_decisions
-        total = d.get("ar", 0) + d.get("nar", 0)
+        total = d["ar"] + d["nar"]
         if lo <= cfg.router_threshold <= hi and total >= COLLAPSE_MIN_DECISIONS:
             for mode, other in (("ar", "nar"), ("nar", "ar")):
-                if d.get(other, 0) == 0:
+                if d[other] == 0:
                     logger.warning(
                         "router decisions collapsed to %s for all %d block positions at router_threshold=%.2f; "
                         "the router may be miscalibrated for this input",

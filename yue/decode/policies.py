@@ -119,23 +119,6 @@ def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> tor
     return apply_repetition_penalty(logits, seen, st.cfg.repetition_penalty)
 
 
-def router_p_ar(
-    model,
-    anchor_hidden: torch.Tensor,
-    anchor_logits: torch.Tensor,
-    slot_logits: torch.Tensor,
-    slot1_revealed: bool = False,
-) -> torch.Tensor:
-    """p_ar(i) = 1 - a_i for one block's slots. (B, n).
-
-    anchor_hidden: (B, D) and anchor_logits: (B, V), the block's anchor row; slot_logits: (B, n, V);
-    slot1_revealed: see `Router.features`.
-    """
-    n = slot_logits.shape[1]
-    feats = model.router.features(anchor_hidden, anchor_logits, slot_logits, slot1_revealed)
-    return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, :n]
-
-
 def draft_slots(st: LoopState, slot_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Slot tokens (B, n): argmax when greedy, else samples of the warped slot distribution q."""
     if st.cfg.greedy:
@@ -193,15 +176,19 @@ class Policy:
 
 
 def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> torch.Tensor:
-    """The router's p_ar for a block anchored at the last kept token, fed[adv.keep - 1]: its AR logits
-    are row `adv.accepted` of the step's AR rows (the last row when nothing was verified). (B, K).
+    """The router's p_ar(i) = 1 - a_i for a block anchored at the last kept token, fed[adv.keep - 1]:
+    its AR logits are row `adv.accepted` of the step's AR rows (the last row when nothing was
+    verified). logits: (B, n, V), the block's slots -> (B, n).
 
     A separate drafting pass reveals slot 1 (its token, next_fed[:, 0], is known; see loop.py). A
     revealed slot's own output is untrained, so the router is shown what is true of it instead:
     certain (`Router.features`' slot1_revealed).
     """
     revealed = st.cfg.drafting == "separate"
-    return router_p_ar(model, out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits, revealed)
+    feats = model.router.features(
+        out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits, revealed
+    )
+    return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 
 
 class ARPolicy(Policy):
