@@ -14,10 +14,10 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
   rows (`draft_head`) in int8 (CPU: dynamic quantization with per-output-channel weight scales, torch's
   fbgemm/x86 kernels) or bfloat16. int8 is a quarter of the bytes and fbgemm keeps small row counts
   cheap: a 256x688 matmul over 8 rows ~46 us instead of ~170 us, the head over 8 slot rows ~150 us
-  instead of ~1 ms; `Int8Linear` calls the kernel without the stock module's per-call Python (~2%
-  on `verified`). Only drafts change: the AR set and the head computing AR logits keep their values,
-  so `ar` and `verified` output is the same whatever the drafting precision; `hybrid`/`nar` commit
-  drafts, so theirs may shift slightly (the bench measures it).
+  instead of ~1 ms; `Int8Linear` calls the kernel without the stock module's per-call Python (~8 us
+  a call, 17 calls a drafting pass). Only drafts change: the AR set and the head computing AR logits
+  keep their values, so `ar` and `verified` output is the same whatever the drafting precision;
+  `hybrid`/`nar` commit drafts, so theirs may shift slightly (the bench measures it).
 - Kernels by row count (`RowAdaptiveLinear`): float matmuls over two or more rows (a verifying step's
   k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
   8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
