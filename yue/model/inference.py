@@ -222,7 +222,8 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
     """
     if model.prepared_for_decoding:
         raise ValueError("the model is already prepared for decoding")
-    logger.info("kernels: %s", kernels.describe())
+    if model.device.type == "cpu":
+        logger.info("kernels: %s", kernels.describe())
     input_major(model)
     for layer in model.model.layers:
         sets = []

@@ -157,7 +157,8 @@ def _probe_packed(dtype: torch.dtype) -> str:
     if dtype == torch.bfloat16 and check is not None and not check():
         return "oneDNN reports no bf16 support (needs avx512bw/vl/dq or avx_ne_convert)"
     g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(24, 16, generator=g).to(dtype), torch.randn(1, 3, 16, generator=g).to(dtype)
+    w = torch.randn(24, 16, generator=g, dtype=torch.float32).to(dtype)
+    x = torch.randn(1, 3, 16, generator=g, dtype=torch.float32).to(dtype)
     return _tried(lambda: packed_linear(x, pack_weight(w)), F.linear(x.float(), w.float()), 0.05)
 
 
@@ -168,10 +169,10 @@ def _probe_int8(engine: str) -> str:
     if engine not in torch.backends.quantized.supported_engines:
         return "not in torch.backends.quantized.supported_engines"
     g = torch.Generator().manual_seed(0)
-    linear = nn.Linear(16, 24, bias=False)
+    linear = nn.Linear(16, 24, bias=False, dtype=torch.float32)
     with torch.no_grad():
-        linear.weight.copy_(torch.randn(24, 16, generator=g))
-    x = torch.randn(1, 3, 16, generator=g)
+        linear.weight.copy_(torch.randn(24, 16, generator=g, dtype=torch.float32))
+    x = torch.randn(1, 3, 16, generator=g, dtype=torch.float32)
 
     def run() -> torch.Tensor:
         return int8_linear(x, quantize_int8(linear, engine)._packed_params._packed_params)
