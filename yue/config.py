@@ -57,6 +57,9 @@ class YueConfig(PreTrainedConfig):
     reeval_every: int = 5
     # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
     loss_weights: dict | None = None
+    # Layers holding a NAR set: None = every layer; N = the top N; 0 = none (a plain Llama or GGUF
+    # loaded as an AR set: only mode "ar" works).
+    nar_layers: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -72,6 +75,8 @@ class YueConfig(PreTrainedConfig):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 <= self.router_threshold <= 1.0:
             raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold}")
+        if self.nar_layers is not None and not 0 <= self.nar_layers <= self.num_hidden_layers:
+            raise ValueError(f"nar_layers must be in [0, num_hidden_layers], got {self.nar_layers}")
 
 
 @dataclass(frozen=True)
