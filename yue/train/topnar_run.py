@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from yue.model.hf import from_llama, is_nar_or_router
 from yue.model.mot import YueForCausalLM
-from yue.serve.chat import ChatTemplate, find_chat_template
+from yue.chat import ChatTemplate, find_chat_template
 from yue.train.distill import load_llama
 from yue.train.router import RouterTrainConfig, train_router
 from yue.train.router_eval import evaluate_router
