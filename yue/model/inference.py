@@ -275,7 +275,7 @@ class DraftVocabHead(nn.Module):
 def draft_head(model, drafting_dtype: torch.dtype | None) -> nn.Module | None:
     """The head for slot rows: the LM head's rows over `model.draft_vocab` (if any), lowered to
     `drafting_dtype` (if any); None where the LM head itself serves."""
-    vocab = model.draft_vocab
+    vocab = None if model.draft_vocab is None else model.draft_vocab.long()
     if vocab is None:
         return None if drafting_dtype is None else lower_linear(model.lm_head, drafting_dtype)
     sub = nn.Linear(model.config.hidden_size, len(vocab), bias=False, device=vocab.device)

@@ -124,17 +124,21 @@ def greedy_answers(
     """
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: dict[int, list[int]] = {}
-    cfg = DecodeConfig(mode="ar", max_new_tokens=max_new_tokens).resolved(model.config)
+    context = model.config.max_position_embeddings
     bar = tqdm(total=len(prompts), desc="greedy answers", unit="prompt", disable=not progress)
     for s in range(0, len(order), batch_size):
         batch = order[s : s + batch_size]
+        room = context - max(len(prompts[i]) for i in batch)
+        if room < 2:
+            raise ValueError(f"a prompt of {context - room} tokens leaves no room in a {context}-token context")
+        cfg = DecodeConfig(mode="ar", max_new_tokens=min(max_new_tokens, room)).resolved(model.config)
         out: list[list[int]] = [[] for _ in batch]
         for em in decode(model, [list(prompts[i]) for i in batch], cfg):
             for row, toks in zip(out, em.tokens, strict=True):
                 row.extend(toks)
         eos = model.config.eos_token_id
         for i, row in zip(batch, out, strict=True):
-            answers[i] = row + ([eos] if len(row) < max_new_tokens and isinstance(eos, int) else [])
+            answers[i] = row + ([eos] if len(row) < cfg.max_new_tokens and isinstance(eos, int) else [])
         bar.update(len(batch))
     bar.close()
     ids = [list(prompts[i]) + answers[i] for i in range(len(prompts))]
