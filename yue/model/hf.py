@@ -11,6 +11,7 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,12 +209,13 @@ def _check_llama(config, folder: Path) -> None:
 
 
 def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_dir: Path) -> None:
-    """A yue folder's config must describe the AR set its ar_source provides, field by field."""
+    """A yue folder's config must describe the AR set its ar_source provides, field by field (floats to
+    float32 precision: a GGUF stores rms_norm_eps 1e-5 as 9.99999975e-06)."""
     for field in _AR_SHAPE_FIELDS:
-        if getattr(config, field) != getattr(llama, field):
+        ours, theirs = getattr(config, field), getattr(llama, field)
+        if ours != theirs and not (isinstance(ours, float) and math.isclose(ours, theirs, rel_tol=1e-6)):
             raise CheckpointError(
-                f"{yue_dir / 'config.json'}: {field} = {getattr(config, field)}, but its AR set "
-                f"({ar_dir}) has {getattr(llama, field)}"
+                f"{yue_dir / 'config.json'}: {field} = {ours}, but its AR set ({ar_dir}) has {theirs}"
             )
 
 
