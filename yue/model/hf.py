@@ -6,6 +6,11 @@ Design decisions:
 - Loading goes through `from_pretrained(use_safetensors=True)` after checking the files ourselves, so
   a missing, truncated or corrupt checkpoint fails with a message naming the file, and no pickle
   (`*.bin`) is ever read.
+- A model may come in parts (`model_files`): a yue folder whose ar_source.json names a GGUF (the AR
+  set, converted once by `gguf.py`) and which holds the rest; or a plain Llama folder or GGUF file,
+  loaded as an AR set alone (`nar_layers=0`). `assemble` builds the model on the meta device and
+  assigns the tensors (no copy, no random init), after checking that the parts give every parameter
+  exactly once.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from transformers.utils import logging as hf_logging
 
 from yue.config import YueConfig
 from yue.errors import CheckpointError
+from yue.model.gguf import convert_gguf, source_sha256
 from yue.model.mot import YueForCausalLM
 from yue.registry import ar_source
 
@@ -93,8 +99,6 @@ def model_files(path: str | Path) -> ModelFiles:
         CheckpointError: a missing, corrupt or unsupported folder or file (named in the message).
         ModelNotInstalledError: an ar_source.json naming a package that is not installed.
     """
-    from yue.model.gguf import convert_gguf, source_sha256
-
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
         ar = convert_gguf(path)
