@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
@@ -158,8 +159,8 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
     """A yue model whose AR set is read from `files.ar_dir` (a Llama folder) and everything else from
     `files.yue_dir` (None: an AR set only, `nar_layers=0`).
 
-    The model is built on the meta device and its tensors assigned, not copied (a 135M-parameter model
-    loads in well under a second). Together the two sources must give every parameter exactly once.
+    The model's parameters are built on the meta device and the tensors assigned, not copied (a
+    135M-parameter model loads in well under a second). Together the two sources must give every parameter exactly once.
 
     Raises:
         CheckpointError: shapes that disagree, or parameters missing or given twice (named).
@@ -179,7 +180,7 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
         if twice := sorted(state.keys() & rest.keys()):
             raise CheckpointError(f"{files.yue_dir} and {ar_dir} both give {', '.join(twice[:3])}")
         state |= rest
-    with torch.device("meta"):
+    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers computed as usual
         model = YueForCausalLM(config)
     expected = {k for k in model.state_dict() if not (k == "lm_head.weight" and config.tie_word_embeddings)}
     if unexpected := sorted(state.keys() - expected):
@@ -238,10 +239,11 @@ _AR_SHAPE_FIELDS = (
 
 
 def _read_weights(folder: Path, dtype: torch.dtype, drop_lm_head: bool = False) -> dict[str, torch.Tensor]:
-    """Every tensor of a folder's safetensors files, in `dtype` (no copy when already so)."""
+    """Every tensor of a folder's safetensors files, floats in `dtype` (no copy when already so); integer
+    tensors (token-id tables) as stored."""
     state = {}
     for file in sorted(folder.glob("*.safetensors")):
-        state |= {k: v.to(dtype) for k, v in load_file(str(file)).items()}
+        state |= {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(file)).items()}
     if drop_lm_head:  # a tied head some checkpoints store anyway: the embedding is the head
         state.pop("lm_head.weight", None)
     return state
