@@ -42,7 +42,11 @@ AutoModelForCausalLM.register(YueConfig, YueForCausalLM, exist_ok=True)
 def is_nar_or_router(name: str) -> bool:
     """Entries outside the AR set's checkpoint: the NAR set, the router, and what
     `prepare_for_decoding` adds (fused decode matmuls, a lowered drafting head)."""
-    return name.startswith(("router.", "draft_head.")) or ".nar_" in name or ".decode_sets." in name
+    return (
+        name.startswith(("router.", "draft_head.", "draft_vocab", "model.slot_entry."))
+        or ".nar_" in name
+        or ".decode_sets." in name
+    )
 
 
 def check_checkpoint(path: str | Path) -> Path:
