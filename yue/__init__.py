@@ -1,7 +1,7 @@
 """yue: fast text generation with an AR-NAR Mixture-of-Transformers.
 
 import yue
-engine = yue.load()                      # the shipped yue-code-mini, or yue.load("path/to/model")
+engine = yue.load()                      # the default model; or a name ("yue-code-mini"), a folder, a .gguf
 print(engine.generate("def fibonacci(n):", mode="verified").text)
 """
 

@@ -46,7 +46,11 @@ def resolve(name_or_path: str | Path | None = None) -> Path:
             raise CheckpointError(f"the model {name_or_path} is missing from the package ({folder})")
         return folder
     path = Path(name_or_path).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"no model at {path}: config.json missing")
+        return path
+    if path.is_file() and path.suffix.lower() == ".gguf":
         return path
     if path.is_file():
         raise CheckpointError(

@@ -6,16 +6,23 @@ Design decisions:
 - Loading goes through `from_pretrained(use_safetensors=True)` after checking the files ourselves, so
   a missing, truncated or corrupt checkpoint fails with a message naming the file, and no pickle
   (`*.bin`) is ever read.
+- A model may come in parts (`model_files`): a yue folder whose ar_source.json names a GGUF (the AR
+  set, converted once by `gguf.py`) and which holds the rest; or a plain Llama folder or GGUF file,
+  loaded as an AR set alone (`nar_layers=0`). `assemble` builds the model on the meta device and
+  assigns the tensors (no copy, no random init), after checking that the parts give every parameter
+  exactly once.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
@@ -24,6 +31,7 @@ from transformers.utils import logging as hf_logging
 
 from yue.config import YueConfig
 from yue.errors import CheckpointError
+from yue.model.gguf import convert_gguf, source_sha256
 from yue.model.mot import YueForCausalLM
 from yue.registry import ar_source
 
@@ -96,8 +104,6 @@ def model_files(path: str | Path) -> ModelFiles:
         CheckpointError: a missing, corrupt or unsupported folder or file (named in the message).
         ModelNotInstalledError: an ar_source.json naming a package that is not installed.
     """
-    from yue.model.gguf import convert_gguf, source_sha256
-
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
         ar = convert_gguf(path)
@@ -157,8 +163,8 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
     """A yue model whose AR set is read from `files.ar_dir` (a Llama folder) and everything else from
     `files.yue_dir` (None: an AR set only, `nar_layers=0`).
 
-    The model is built on the meta device and its tensors assigned, not copied (a 135M-parameter model
-    loads in well under a second). Together the two sources must give every parameter exactly once.
+    The model's parameters are built on the meta device and the tensors assigned, not copied (a
+    135M-parameter model loads in well under a second). Together the two sources must give every parameter exactly once.
 
     Raises:
         CheckpointError: shapes that disagree, or parameters missing or given twice (named).
@@ -178,7 +184,7 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
         if twice := sorted(state.keys() & rest.keys()):
             raise CheckpointError(f"{files.yue_dir} and {ar_dir} both give {', '.join(twice[:3])}")
         state |= rest
-    with torch.device("meta"):
+    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers computed as usual
         model = YueForCausalLM(config)
     expected = {k for k in model.state_dict() if not (k == "lm_head.weight" and config.tie_word_embeddings)}
     if unexpected := sorted(state.keys() - expected):
@@ -212,12 +218,13 @@ def _check_llama(config, folder: Path) -> None:
 
 
 def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_dir: Path) -> None:
-    """A yue folder's config must describe the AR set its ar_source provides, field by field."""
+    """A yue folder's config must describe the AR set its ar_source provides, field by field (floats to
+    float32 precision: a GGUF stores rms_norm_eps 1e-5 as 9.99999975e-06)."""
     for field in _AR_SHAPE_FIELDS:
-        if getattr(config, field) != getattr(llama, field):
+        ours, theirs = getattr(config, field), getattr(llama, field)
+        if ours != theirs and not (isinstance(ours, float) and math.isclose(ours, theirs, rel_tol=1e-6)):
             raise CheckpointError(
-                f"{yue_dir / 'config.json'}: {field} = {getattr(config, field)}, but its AR set "
-                f"({ar_dir}) has {getattr(llama, field)}"
+                f"{yue_dir / 'config.json'}: {field} = {ours}, but its AR set ({ar_dir}) has {theirs}"
             )
 
 
@@ -236,10 +243,11 @@ _AR_SHAPE_FIELDS = (
 
 
 def _read_weights(folder: Path, dtype: torch.dtype, drop_lm_head: bool = False) -> dict[str, torch.Tensor]:
-    """Every tensor of a folder's safetensors files, in `dtype` (no copy when already so)."""
+    """Every tensor of a folder's safetensors files, floats in `dtype` (no copy when already so); integer
+    tensors (token-id tables) as stored."""
     state = {}
     for file in sorted(folder.glob("*.safetensors")):
-        state |= {k: v.to(dtype) for k, v in load_file(str(file)).items()}
+        state |= {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(file)).items()}
     if drop_lm_head:  # a tied head some checkpoints store anyway: the embedding is the head
         state.pop("lm_head.weight", None)
     return state

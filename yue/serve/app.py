@@ -275,7 +275,7 @@ def _prepare(
     if max_tokens is None:  # a default never overflows the context; an explicit value may (and 400s)
         max_tokens = max(1, min(default_max_tokens, engine.context_length - n))
     stop = () if body.stop is None else (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
-    fields = {"max_new_tokens": max_tokens, "stop": stop}
+    fields = {"max_new_tokens": max_tokens, "stop": stop, "mode": engine.default_mode}
     if temperature is not None:
         fields["temperature"] = temperature
     for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "mode", "router_threshold"):
@@ -289,6 +289,13 @@ def _prepare(
         raise ApiError(
             400, str(e).replace("max_new_tokens", "max_tokens"), param=param, code="invalid_value"
         ) from e
+    if decode.mode != "ar" and not engine.has_nar_set:
+        raise ApiError(
+            400,
+            f"mode {decode.mode!r} needs a NAR set; {engine.name} has none: use mode 'ar'",
+            param="mode",
+            code="invalid_value",
+        )
     check_limits(
         state.config,
         prompt_tokens=n,
