@@ -7,11 +7,13 @@ Benchmarks are not timed tests: nothing here asserts a speed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import yue
@@ -382,3 +384,84 @@ def test_every_mode_and_peer_is_fed_the_same_templated_ids(
 def test_llamacpp_reports_why_it_cannot_run_for_a_model_without_a_gguf(tiny_model_dir):
     why = llamacpp.unavailable(tiny_model_dir)
     assert why is not None and "\n" not in why and "GGUF" in why
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_model(tmp_path_factory):
+    """A tiny random Llama written as a GGUF with float32 matmul weights (its embedding/head Q8_0, as
+    SmolLM2's), and a yue model folder whose AR set holds exactly the values a reader recovers from it."""
+    from tests.gguf_utils import write_tiny_llama_gguf
+    from yue.model.hf import from_llama
+
+    root = tmp_path_factory.mktemp("tiny_gguf")
+    tiny = write_tiny_llama_gguf(root / "tiny.gguf", quant="F32")
+    torch.manual_seed(0)
+    model = from_llama(tiny.reference_model(), block_size=4, mask_token_id=2)
+    folder = root / "yue"
+    model.save_pretrained(folder)
+    tiny.tokenizer.save(str(folder / "tokenizer.json"))
+    return tiny.path, str(folder)
+
+
+needs_llama_cpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (pip install 'yue[llamacpp]')",
+)
+
+
+@needs_llama_cpp
+def test_llamacpp_peer_writes_our_ar_tokens_on_a_float32_tiny_gguf(tiny_gguf_model, monkeypatch):
+    """Through run_bench, on the GGUF our AR set was read from: greedy llama.cpp and our `ar` agree
+    token for token (float32 matmuls; the Q8_0 head costs llama.cpp 8-bit activations there, too
+    little to flip a greedy choice on these prompts)."""
+    gguf_path, folder = tiny_gguf_model
+    monkeypatch.setattr(llamacpp, "gguf_source", lambda model: (gguf_path, ""))
+    prompts = [{"prompt": t} for t in ("The sea is calm", "def add(a, b):", "Hello, world!")]
+    file = Path(folder) / "prompts.jsonl"
+    file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    cfg = BenchConfig(
+        model=folder,
+        prompts=str(file),
+        max_new_tokens=24,
+        modes=("llamacpp-greedy", "ar"),
+        memory=False,
+        cost_curve=False,
+    )
+    result = run_bench(cfg)
+    assert not result.skipped
+    lc = result.summaries["llamacpp-greedy"].values
+    assert lc["exact_match_vs_ar"] == 1.0 and lc["nll_ratio_vs_ar"] == pytest.approx(1.0)
+    assert lc["forwards_per_token"] >= 1.0 and lc["ttft_ms"] > 0
+    assert "ALL_F32" in result.settings["llamacpp"] or "F32" in result.settings["llamacpp"]
+    assert result.summaries["ar"].values["speedup_vs_llamacpp_greedy"] > 0
+
+
+@needs_llama_cpp
+def test_llamacpp_runner_is_fed_the_prompt_ids_and_stops_at_eos_or_the_budget(tiny_gguf_model):
+    gguf_path, folder = tiny_gguf_model
+    engine = yue.load(folder)
+    llm = llamacpp.load(gguf_path, 128, threads=1)
+    fed = []
+    real = llm.generate
+    llm.generate = lambda ids, **kw: (fed.append(list(ids)), real(ids, **kw))[1]
+    p = Prompt("The sea", None, engine.encode("The sea"))
+    for budget in (1, 16):
+        s = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {2}, budget)([(0, p)])
+        tokens = s.rows[0][1]
+        assert fed[-1] == p.ids and 2 not in tokens and len(tokens) <= budget
+        assert s.forwards == len(tokens) + (len(tokens) < budget)  # the EOS's forward counts
+        assert s.ttft_s is not None and 0 < s.ttft_s <= s.wall_s
+    # A second call starts from an empty context: the same tokens (no prefix-cache reuse changes them).
+    again = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {2}, 16)([(0, p)])
+    assert again.rows[0][1] == tokens
+
+
+def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatch):
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
+    )
+    why = llamacpp.unavailable(str(gguf_file))
+    assert why is not None and "\n" not in why and "pip install 'yue[llamacpp]'" in why
