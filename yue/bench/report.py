@@ -28,7 +28,7 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def _set_title(result: BenchResult, s: SetResult) -> str:
+def _set_title(s: SetResult) -> str:
     label = SPLIT_LABELS.get(s.split, s.split)
     return f"{label}: {s.name} ({s.prompts} prompts)"
 
@@ -37,7 +37,7 @@ def table(result: BenchResult, s: SetResult | None = None) -> Table:
     """The per-entry comparison table of one prompt set (default: the first, held-out one)."""
     s = s or result.sets[0]
     t = Table(
-        title=f"yue bench: {result.model}, {_set_title(result, s)}, {result.max_new_tokens} new tokens "
+        title=f"yue bench: {result.model}, {_set_title(s)}, {result.max_new_tokens} new tokens "
         f"({', '.join(f'{k}={v}' for k, v in result.settings.items())})",
         title_justify="left",
     )
@@ -118,7 +118,7 @@ def histogram_table(result: BenchResult, s: SetResult | None = None) -> Table | 
         return None
     top = max(max(h) for h in rows.values())
     t = Table(
-        title=f"accepted draft tokens per drafting step (count of steps), {_set_title(result, s)}",
+        title=f"accepted draft tokens per drafting step (count of steps): {s.name} ({s.split})",
         title_justify="left",
     )
     t.add_column("entry")
@@ -193,7 +193,7 @@ def plot(result: BenchResult, out: str | Path) -> Path:
     ax.set_xlabel("fidelity: chrF ratio vs ar")
     ax.set_ylabel("speed: tokens/s x hf-greedy")
     ax.set_title(
-        f"{result.model}: {_set_title(result, result.sets[0])}, {result.max_new_tokens} new tokens",
+        f"{result.model}: {_set_title(result.sets[0])}, {result.max_new_tokens} new tokens",
         fontsize=10,
     )
     if sweep:
@@ -218,7 +218,7 @@ def cost_table(result: BenchResult) -> Table | None:
     )
     t.add_column("")
     for n in c.rows:
-        t.add_column(f"{n} rows", justify="right")
+        t.add_column(f"{n} row{'s' if n > 1 else ''}", justify="right")
     if c.draft_s is not None:
         t.add_column(f"drafting pass ({c.draft_slots} slots)", justify="right")
     draft = [f"{c.draft_s / c.step_s[0]:.2f}"] if c.draft_s is not None else []
