@@ -327,14 +327,38 @@ def test_bad_prompt_lines_name_the_file_and_line(chat_engine, tmp_path, line, me
     assert f"{path}:2" in str(e.value)
 
 
-def test_chat_messages_for_a_model_without_a_chat_template_are_a_user_error(tiny_engine, chat_file):
-    with pytest.raises(ValueError, match="chat template"):
-        load_prompts(chat_file, tiny_engine)
+def test_chat_messages_for_an_engine_that_cannot_template_are_a_user_error(chat_file):
+    class Bare:  # an engine without chat_prompt
+        name = "bare"
+
+        def encode(self, text: str) -> list[int]:
+            return [len(text)]
+
+    with pytest.raises(ValueError, match=f"{chat_file}:1: chat messages need a chat template"):
+        load_prompts(chat_file, Bare())
 
 
-def test_default_sets_are_the_code_dev_set_for_a_model_without_a_chat_template(tiny_engine):
+def test_default_sets_are_the_code_dev_set_for_a_completion_model(tiny_engine):
     sets = prompt_sets(tiny_engine, None, None, limit=2)
     assert [(s.name, s.split, len(s.prompts)) for s in sets] == [("devset", "dev", 2)]
+
+
+def test_default_sets_of_an_instruct_model_are_held_out_chat_then_calibration(
+    chat_engine, chat_file, monkeypatch, tmp_path
+):
+    import yue.bench.prompts as bench_prompts
+
+    test, calib = tmp_path / "chat_test.jsonl", tmp_path / "chat_calibration.jsonl"
+    shutil.copy(chat_file, test), shutil.copy(chat_file, calib)
+    monkeypatch.setattr(bench_prompts, "CHAT_TEST", test)
+    monkeypatch.setattr(bench_prompts, "CHAT_CALIBRATION", calib)
+    monkeypatch.setattr(Engine, "instruct", True, raising=False)
+    sets = prompt_sets(chat_engine, None, None, limit=None)
+    assert [(s.name, s.split) for s in sets] == [("chat_test", "held-out"), ("chat_calibration", "dev")]
+    assert sets[0].prompts[0].text == "<user>def alpha_1(x):\n<assistant>"
+    # Files given: exactly those, held-out first, whatever the model.
+    sets = prompt_sets(chat_engine, None, calib, limit=1)
+    assert [(s.name, s.split, len(s.prompts)) for s in sets] == [("chat_calibration", "dev", 1)]
 
 
 def test_every_mode_and_peer_is_fed_the_same_templated_ids(

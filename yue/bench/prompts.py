@@ -6,8 +6,7 @@ Design decisions:
   source, an id) are ignored. Messages go through the model's chat template (`Engine.chat_prompt`,
   generation prompt included) ONCE, here; every mode and every peer is then fed that prompt's ids
   (`Prompt.ids = Engine.encode(text)`), so all entries decode from the same tokens.
-- Messages for a model without a chat template are a user error (ValueError naming the line), not a
-  silent fallback to raw text: the numbers would describe a different prompt.
+- Raw prompts stay raw, even for an instruct model (as completions do).
 - A run reports one or more sets: the held-out set first, then a development set labelled as such
   (the split defaults such as the router threshold were chosen on; DESIGN §6). Defaults: a chat model
   gets the shipped held-out chat prompts plus the calibration split; any other model (yue-code-mini)
@@ -45,16 +44,11 @@ class PromptSet:
     prompts: list[Prompt]
 
 
-def has_chat_template(engine) -> bool:
-    """Whether the engine's model is an instruct model with a chat template of its own."""
-    chat = getattr(engine, "chat_prompt", None)
-    if chat is None:
-        return False
-    try:
-        chat([{"role": "user", "content": "hi"}])
-    except (ValueError, NotImplementedError, AttributeError, KeyError):
-        return False
-    return True
+def is_instruct(engine) -> bool:
+    """Whether the engine's model is an instruct model: one with a chat template of its own
+    (`Engine.instruct`). It decides the default prompt sets; chat lines are templated for any model
+    that can render them (`Engine.chat_prompt`)."""
+    return bool(getattr(engine, "instruct", False))
 
 
 def _messages(value: object, where: str) -> list[dict[str, str]]:
@@ -72,24 +66,20 @@ def _messages(value: object, where: str) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def prompt_text(row: object, engine, chat: bool, where: str) -> str:
+def prompt_text(row: object, engine, where: str) -> str:
     """The text a JSONL row asks the model to continue: raw, or its messages through the chat template.
 
     Args:
         row: the parsed JSONL line.
         engine: the loaded Engine (`chat_prompt` applies its template, generation prompt included).
-        chat: whether the engine has a chat template (`has_chat_template`, asked once per file).
         where: "file:line", for error messages.
     """
     if isinstance(row, dict) and isinstance(row.get("prompt"), str):
         return row["prompt"]
     if isinstance(row, dict) and "messages" in row:
         messages = _messages(row["messages"], where)
-        if not chat:
-            raise ValueError(
-                f"{where}: chat messages need a model with a chat template; {engine.name} has none "
-                '(use {"prompt": ...} lines)'
-            )
+        if not hasattr(engine, "chat_prompt"):
+            raise ValueError(f"{where}: chat messages need a chat template; {engine.name} cannot render one")
         return engine.chat_prompt(messages)
     raise ValueError(f'{where}: each line must be an object with a string "prompt" or a "messages" list')
 
@@ -107,7 +97,7 @@ def load_prompts(path: str | Path, engine, limit: int | None = None) -> list[Pro
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}")
-    out, chat = [], has_chat_template(engine)
+    out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -116,7 +106,7 @@ def load_prompts(path: str | Path, engine, limit: int | None = None) -> list[Pro
             row = json.loads(line)
         except ValueError as e:
             raise ValueError(f"{where}: not JSON ({e})") from None
-        text = prompt_text(row, engine, chat, where)
+        text = prompt_text(row, engine, where)
         reference = row.get("reference")
         if reference is not None and not isinstance(reference, str):
             raise ValueError(f'{where}: "reference" must be a string')
@@ -131,7 +121,7 @@ def load_prompts(path: str | Path, engine, limit: int | None = None) -> list[Pro
 def default_files(engine) -> list[tuple[Split, Path]]:
     """The sets a run uses when none is given: held-out + calibration chat prompts for a chat model
     (those that ship), else the code development set."""
-    if has_chat_template(engine):
+    if is_instruct(engine):
         chat = [(s, p) for s, p in (("held-out", CHAT_TEST), ("dev", CHAT_CALIBRATION)) if p.is_file()]
         if chat:
             return chat
