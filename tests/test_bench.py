@@ -456,7 +456,7 @@ def test_llamacpp_peer_writes_our_ar_tokens_on_a_float32_tiny_gguf(tiny_gguf_mod
     lc = result.summaries["llamacpp-greedy"].values
     assert lc["exact_match_vs_ar"] == 1.0 and lc["nll_ratio_vs_ar"] == pytest.approx(1.0)
     assert lc["forwards_per_token"] >= 1.0 and lc["ttft_ms"] > 0
-    assert "ALL_F32" in result.settings["llamacpp"] or "F32" in result.settings["llamacpp"]
+    assert "tiny.gguf (ALL_F32 weights, llama.cpp kernels" in result.settings["llamacpp"]
     assert result.summaries["ar"].values["speedup_vs_llamacpp_greedy"] > 0
 
 
@@ -489,3 +489,14 @@ def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatc
     )
     why = llamacpp.unavailable(str(gguf_file))
     assert why is not None and "\n" not in why and "pip install 'yue[llamacpp]'" in why
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+def test_llamacpp_peak_memory_is_measured_in_a_process_of_its_own(tiny_gguf_model):
+    from yue.bench.memory import MemorySpec, measure
+
+    gguf_path, folder = tiny_gguf_model
+    ids = yue.load(folder).encode("The sea")
+    mem = measure(MemorySpec("llamacpp-greedy", None, None, "The sea", ids, 8, 1, gguf=str(gguf_path)))
+    assert 0 < mem["base_rss_mb"] <= mem["peak_rss_mb"]
