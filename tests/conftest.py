@@ -99,3 +99,19 @@ def tiny_engine(tiny_model_dir):
     import yue
 
     return yue.load(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A tiny random Llama GGUF (Q4_1, GQA, tied, ChatML tokenizer and template): `gguf_utils.TinyGGUF`."""
+    from tests.gguf_utils import write_tiny_llama_gguf
+
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture
+def gguf_cache(tmp_path, monkeypatch):
+    """GGUF conversions go to a fresh cache under tmp_path ($YUE_CACHE_DIR), never the user's."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("YUE_CACHE_DIR", str(cache))
+    return cache

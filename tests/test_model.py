@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import yue
 from tests.conftest import tiny_config
-from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
+from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, kernels, load_model
 from yue.model.inference import Int8Linear, Lowered, RowAdaptiveLinear, input_major, row_adaptive
 from yue.model.masks import decode_mask, training_mask
 
@@ -164,6 +164,8 @@ def test_corrupt_config_is_named(model, tmp_path):
 
 @pytest.mark.parametrize("name", ["int8", "bfloat16"])
 def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_model_dir, name, tmp_path):
+    if name == "int8" and kernels.int8_engine() is None:
+        pytest.skip(f"no int8 engine works here: {kernels.describe()}")  # test_kernels forces that path
     engine = yue.load(trained_model_dir, nar_dtype=name)
     plain = yue.load(trained_model_dir, nar_dtype="float32")
     layer = engine.model.model.layers[0]
@@ -195,9 +197,13 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
     assert (tmp_path / "llama" / "model.safetensors").is_file()
 
 
-def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir):
-    engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # drafting: int8 behind casts
-    assert isinstance(engine.model.draft_head, Lowered) and engine.model.dtype == torch.bfloat16
+@pytest.mark.parametrize("off", [(), ("onednn-bf16",)])  # as here, and as a CPU without AVX512
+def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir, off):
+    with kernels.forced(*off) as choice:
+        engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # drafting: int8 behind casts
+    assert engine.model.dtype == torch.bfloat16
+    assert isinstance(engine.model.ar_head, RowAdaptiveLinear) == choice.ok("onednn-bf16")
+    assert isinstance(engine.model.draft_head, Lowered) or choice.int8_engine is None
     drafted = 0
     for prompt in ["def alpha_1(x):\n", "class "]:
         kw = dict(max_new_tokens=30, ignore_eos=True)
@@ -228,10 +234,11 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
     plain, prepared = load_model(trained_model_dir), load_model(trained_model_dir).prepare_for_decoding()
     layer = prepared.model.layers[0]
     # On a CPU the decode path's float matmuls and the AR head pick their kernel by row count; the
-    # two-row step below goes through the packed (oneDNN) kernels, the prefill's last row through MKL.
-    assert isinstance(prepared.ar_head, RowAdaptiveLinear) and isinstance(
-        layer.decode_sets[0].qkv, RowAdaptiveLinear
-    )
+    # two-row step below goes through the packed (oneDNN) kernels, the prefill's last row through MKL
+    # (where `kernels` found oneDNN's packing working; test_kernels forces the other case).
+    packed = kernels.packed_rows(torch.float32)
+    assert isinstance(prepared.ar_head, RowAdaptiveLinear) == packed
+    assert isinstance(layer.decode_sets[0].qkv, RowAdaptiveLinear) == packed
     for nar in (False, True):
         _, proj, _, mlp = layer._sets(nar)
         fused = layer.decode_sets[nar]
@@ -257,7 +264,10 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
 def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape):
     torch.manual_seed(0)
     linear = torch.nn.Linear(16, 24, bias=False)
-    fast = row_adaptive(linear)
+    with kernels.forced() as choice:  # the packed kernel wherever it works, whatever YUE_KERNELS says
+        fast = row_adaptive(linear)
+    if not choice.ok("onednn-f32"):
+        pytest.skip(f"oneDNN's float32 packing does not work here: {kernels.describe()}")
     assert isinstance(fast, RowAdaptiveLinear) and fast.weight is not None and not fast.state_dict()
     x = torch.randn(shape)
     assert torch.allclose(fast(x), linear(x), atol=1e-5)

@@ -23,9 +23,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve_utils import FailsMidStream, LiveServer, parse_sse
+from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig
 from yue.serve import ServeConfig, create_app
-from yue.serve.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.serve.streaming import SourceSplitter
 
 PROMPT = "def add(a, b):"

@@ -34,12 +34,22 @@ def user_errors(fn):
     return wrapper
 
 
+MODEL_HELP = (
+    "A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the default model)."
+)
+
+
 @app.command()
 @user_errors
 def generate(
-    prompt: str = typer.Argument(..., help="Text to continue."),
-    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
-    mode: str = typer.Option("hybrid", help="ar | verified | hybrid | nar"),
+    prompt: str = typer.Argument(..., help="Text to continue, or an instruct model's user message."),
+    model: str | None = typer.Option(None, help=MODEL_HELP),
+    mode: str | None = typer.Option(
+        None, help="ar | verified | hybrid | nar (default: hybrid; ar for a model without a NAR set)."
+    ),
+    raw: bool = typer.Option(
+        False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
+    ),
     router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
     drafting: str = typer.Option(
         "separate",
@@ -61,15 +71,15 @@ def generate(
     trace: bool = typer.Option(False, help="Print the router's per-step trace to stderr."),
     trace_json: Path | None = typer.Option(None, help="Write the per-step trace as JSON to this file."),
 ) -> None:
-    """Continue PROMPT and print the completion."""
+    """Continue PROMPT and print the completion (an instruct model answers it through its chat template)."""
     import json
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     import yue
     from yue.config import DecodeConfig
 
     cfg = DecodeConfig(
-        mode=mode,
+        mode=mode or "hybrid",
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_k=top_k,
@@ -82,6 +92,10 @@ def generate(
         trace=trace or trace_json is not None,
     )
     engine = yue.load(model, device=device, nar_dtype=draft_dtype)
+    if mode is None:
+        cfg = replace(cfg, mode=engine.default_mode)
+    if engine.instruct and not raw:
+        prompt = engine.chat_prompt([{"role": "user", "content": prompt}])
     steps, stats = [], None
     if stream:
         for ev in engine.stream(prompt, cfg):
@@ -112,6 +126,59 @@ def generate(
         trace_json.write_text(
             json.dumps({"steps": [asdict(s) for s in steps], "stats": stats.to_dict()}, indent=1)
         )
+
+
+@app.command()
+@user_errors
+def chat(
+    model: str | None = typer.Option(None, help=MODEL_HELP),
+    mode: str | None = typer.Option(
+        None, help="ar | verified | hybrid | nar (default: hybrid; ar for a model without a NAR set)."
+    ),
+    system: str | None = typer.Option(None, help="A system message opening the conversation."),
+    max_new_tokens: int = typer.Option(512, help="Longest reply, in tokens."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
+    seed: int | None = typer.Option(None, help="Random seed for sampling."),
+    draft_dtype: str = typer.Option("auto", help="Drafting weights: auto | int8 | bfloat16 | float32."),
+    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
+) -> None:
+    """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF ends."""
+    from dataclasses import replace
+
+    import yue
+    from yue.config import DecodeConfig
+
+    cfg = DecodeConfig(
+        mode=mode or "hybrid", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
+    engine = yue.load(model, device=device, nar_dtype=draft_dtype)
+    cfg = replace(cfg, mode=mode or engine.default_mode)
+    messages = [{"role": "system", "content": system}] if system else []
+    typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends.", err=True)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            typer.echo("", err=True)
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        try:
+            reply = []
+            for ev in engine.stream(engine.chat_prompt(messages), cfg):
+                sys.stdout.write(ev.delta)
+                sys.stdout.flush()
+                reply.append(ev.delta)
+        except ValueError as e:  # the conversation outgrew the context: say so, keep the session
+            messages.pop()
+            typer.echo(f"error: {e}", err=True)
+            continue
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": "".join(reply)})
 
 
 @app.command("export-ar")
@@ -407,9 +474,7 @@ def distill_cmd(
 @app.command("bench")
 @user_errors
 def bench_cmd(
-    model: str | None = typer.Option(
-        None, help="Model name (yue-smol, yue-code-mini) or path (default: the default model)."
-    ),
+    model: str | None = typer.Option(None, help=MODEL_HELP),
     prompts: Path | None = typer.Option(
         None,
         help='Held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role", "content"}]} '
@@ -487,7 +552,7 @@ def bench_cmd(
 @app.command("serve")
 @user_errors
 def serve_cmd(
-    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
+    model: str | None = typer.Option(None, help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; localhost unless told otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: str | None = typer.Option(
@@ -504,9 +569,8 @@ def serve_cmd(
 ) -> None:
     """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
     import yue
-    from yue.engine import DEFAULT_MODEL
+    from yue.registry import ar_source, resolve
     from yue.serve import ServeConfig, serve
-    from yue.serve.chat import find_chat_template
 
     config = ServeConfig(
         host=host,
@@ -517,19 +581,19 @@ def serve_cmd(
         max_prompt_tokens=max_prompt_tokens,
         max_body_bytes=max_body_bytes,
     )
-    folder = model if model is not None else DEFAULT_MODEL
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no model at {folder} (config.json missing); pass --model DIR")
+    folder = resolve(model)  # an unknown name or a missing package fails here, before the server starts
+    if folder.is_dir():
+        ar_source(folder)
     # The model loads in the background while /health answers 503; a load failure exits with status 1.
-    template = find_chat_template(folder)
-    code = serve(lambda: yue.load(model, device=device), config, chat_template=template, log_level=log_level)
+    # Chat requests use the model's own template (`Engine.chat_prompt`).
+    code = serve(lambda: yue.load(model, device=device), config, log_level=log_level)
     raise typer.Exit(code=code)
 
 
 @app.command("eval")
 @user_errors
 def eval_cmd(
-    model: Path | None = typer.Option(None, help="Model folder (default: the shipped yue-code-mini)."),
+    model: str | None = typer.Option(None, help=MODEL_HELP),
     corpus: str = typer.Option("stdlib", help="'stdlib', a .txt/.jsonl file or a folder of sources."),
     batches: int = typer.Option(8, help="Validation batches to score."),
     batch_size: int = typer.Option(8, help="Sequences per batch."),
@@ -538,10 +602,10 @@ def eval_cmd(
     """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON)."""
     import json
 
-    from yue.engine import DEFAULT_MODEL
+    from yue.registry import resolve
     from yue.train.evaluate import evaluate_model
 
-    result = evaluate_model(model or DEFAULT_MODEL, corpus, batches, batch_size, seq_len)
+    result = evaluate_model(resolve(model), corpus, batches, batch_size, seq_len)
     typer.echo(json.dumps(result))
 
 

@@ -57,6 +57,13 @@ class YueConfig(PreTrainedConfig):
     reeval_every: int = 5
     # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
     loss_weights: dict | None = None
+    # Layers holding a NAR set: None = every layer (slots enter at the embedding); N = the top N only,
+    # slots entering there from the anchor's hidden state (`mot.SlotEntry`), so a large pretrained AR
+    # set needs a NAR set of N layers, not L (DESIGN §8); 0 = no NAR set (an AR-only model: mode "ar").
+    nar_layers: int | None = None
+    # Slot rows' head over this many of the most frequent output tokens (FR-Spec, Zhao et al. 2025),
+    # their ids in the checkpoint's `draft_vocab`; None = the full LM head.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -72,6 +79,20 @@ class YueConfig(PreTrainedConfig):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 <= self.router_threshold <= 1.0:
             raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold}")
+        if self.nar_layers is not None and not 0 <= self.nar_layers <= self.num_hidden_layers:
+            raise ValueError(f"nar_layers must be in [0, num_hidden_layers], got {self.nar_layers}")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in (0, vocab_size], got {self.draft_vocab_size}")
+
+    @property
+    def nar_start(self) -> int:
+        """Index of the first layer with a NAR set: where slots enter the stack."""
+        n = self.num_hidden_layers if self.nar_layers is None else self.nar_layers
+        return self.num_hidden_layers - n
+
+    @property
+    def has_nar(self) -> bool:
+        return self.nar_layers != 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,13 @@ class DecodeConfig:
 
     def resolved(self, model_config: YueConfig) -> DecodeConfig:
         """Fill the model-dependent defaults (threshold, K, reeval) from the checkpoint's config."""
+        if self.mode != "ar" and not model_config.has_nar:
+            raise ValueError(f"mode {self.mode!r} needs a NAR set; this model has none (use mode 'ar')")
+        if self.drafting == "fused" and model_config.nar_start > 0 and self.mode != "ar":
+            raise ValueError(
+                "drafting 'fused' needs a NAR set in every layer; this model's slots enter at layer "
+                f"{model_config.nar_start} (use drafting 'separate')"
+            )
         k = self.block_size if self.block_size is not None else model_config.block_size
         if k > model_config.block_size:
             raise ValueError(

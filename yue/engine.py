@@ -8,6 +8,10 @@ Design decisions:
   while it could still be the start of one), and finish reasons.
 - User mistakes (bad DecodeConfig values, a prompt that does not fit the context) raise ValueError
   naming the field before any model work starts.
+- How text becomes prompt ids is the model's (`YueTokenizer.prompt_prefix`): yue-code-mini was trained
+  with documents after <|eos|>; a Llama or GGUF model starts with BOS only if its tokenizer adds one.
+  Chat messages go through the model's template in one place, `chat_prompt`, for the CLI, the server
+  and the bench alike.
 """
 
 from __future__ import annotations
@@ -20,17 +24,19 @@ from pathlib import Path
 
 import torch
 
+from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
-from yue.model.hf import CheckpointError, load_model
+from yue.model.hf import CheckpointError, load_model, model_files
 from yue.model.inference import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
+from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
 
 logger = logging.getLogger("yue")
 
-DEFAULT_MODEL = Path(__file__).parent / "assets" / "yue-code-mini"
+__all__ = ["DEFAULT_MODEL", "Engine", "load"]
 
 # Router-collapse warning: at a threshold in this range, a router that sends every drafted block
 # position one way (over at least this many: 8 blocks of K = 8) is probably miscalibrated for the input.
@@ -69,13 +75,56 @@ class Engine:
     Attributes:
         model: the YueForCausalLM, in eval mode on `device`.
         tokenizer: its YueTokenizer.
-        name: model id reported by the CLI and the server (the folder name).
+        name: model id reported by the CLI and the server (its name, or the folder's / file's).
+        chat_template: the Jinja source `chat_prompt` renders: the tokenizer's own (an instruct
+            model's), else one stored in the model folder, else the built-in default.
     """
 
-    def __init__(self, model: YueForCausalLM, tokenizer: YueTokenizer, name: str = "yue") -> None:
+    def __init__(
+        self,
+        model: YueForCausalLM,
+        tokenizer: YueTokenizer,
+        name: str = "yue",
+        chat_template: str | None = None,
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE
+        self._template = ChatTemplate(self.chat_template)
+
+    @property
+    def instruct(self) -> bool:
+        """Whether the model is an instruct model: its tokenizer brings a chat template (a GGUF's, an HF
+        tokenizer_config's). `yue generate` then templates a plain prompt; a completion model (the
+        template, if any, only adapts it to the chat endpoint) continues the prompt as written."""
+        return self.tokenizer.chat_template is not None
+
+    @property
+    def has_nar_set(self) -> bool:
+        """False for a plain Llama or GGUF loaded as an AR set (`nar_layers=0`): only mode "ar" runs."""
+        return self.model.config.nar_layers != 0
+
+    @property
+    def default_mode(self) -> str:
+        """The mode a caller who names none gets: DecodeConfig's default, or "ar" without a NAR set."""
+        return DecodeConfig().mode if self.has_nar_set else "ar"
+
+    def chat_prompt(self, messages: list[dict[str, str]], template: ChatTemplate | None = None) -> str:
+        """The prompt text for a conversation: the chat template rendered with the generation prompt,
+        ending where the assistant's reply begins. Encoded by `encode`, its ids equal transformers'
+        `apply_chat_template(messages, add_generation_prompt=True, tokenize=True)` for the same tokenizer.
+
+        Args:
+            messages: [{"role": ..., "content": ...}, ...].
+            template: another template to render instead (the server's --chat-template override).
+        """
+        tok = self.tokenizer.tokenizer
+        return (template or self._template).render(
+            messages,
+            bos_token=tok.id_to_token(self.tokenizer.bos_id),
+            eos_token=tok.id_to_token(self.tokenizer.eos_id),
+        )
 
     @property
     def model_config(self) -> YueConfig:
@@ -94,9 +143,14 @@ class Engine:
         return len(self.encode(text))
 
     def encode(self, text: str) -> list[int]:
-        """Prompt ids: the text's tokens after an <|eos|> separator, which marks a document start as in
-        training (and gives an empty prompt one token to condition on)."""
-        return [self.tokenizer.eos_id] + self.tokenizer.encode(text)
+        """Prompt ids: the tokenizer's prompt prefix (yue-code-mini: an <|eos|> separator, marking a
+        document start as in training; a Llama: BOS if its tokenizer adds one), then the text's tokens.
+        A text that already starts with the prefix (a chat template that writes BOS) gets no second
+        one, and an empty prompt gets one token to condition on (BOS, if there is no prefix)."""
+        ids, prefix = self.tokenizer.encode(text), self.tokenizer.prompt_prefix
+        if prefix and ids[: len(prefix)] == prefix:
+            return ids
+        return prefix + ids if prefix or ids else [self.tokenizer.bos_id]
 
     def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
         cfg = config or DecodeConfig()
@@ -105,6 +159,10 @@ class Engine:
             if unknown:
                 raise ValueError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
             cfg = replace(cfg, **overrides)
+        if cfg.mode != "ar" and not self.has_nar_set:
+            raise ValueError(
+                f"mode {cfg.mode!r} needs a NAR set, and {self.name} has none (an AR set only): use mode 'ar'"
+            )
         return cfg.resolved(self.model.config)
 
     def _check_fits(self, n_prompt: int, cfg: DecodeConfig) -> None:
@@ -250,10 +308,12 @@ def load(
     dtype: torch.dtype | None = None,
     nar_dtype: torch.dtype | str | None = "auto",
 ) -> Engine:
-    """Load a model folder (default: the shipped `yue-code-mini`) into an Engine.
+    """Load a model (default: `registry.DEFAULT_MODEL`) into an Engine.
 
     Args:
-        path: a folder written by `save_pretrained` with a tokenizer.json; None = the default model.
+        path: a shipped model's name ("yue-smol", "yue-code-mini"), a model folder (a yue folder, or a
+            Llama folder with safetensors + tokenizer.json), or a .gguf file (converted once and cached,
+            `model/gguf.py`); None = the default model.
         device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
         dtype: weights dtype (default: as saved, float32).
         nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
@@ -261,7 +321,8 @@ def load(
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
             whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
     Raises:
-        CheckpointError: missing, truncated or corrupt files (the message names the file).
+        CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the file).
+        ModelNotInstalledError: a named model whose weights come from a package that is not installed.
         ValueError: an unavailable device.
     """
     if device == "auto":
@@ -270,14 +331,10 @@ def load(
         raise ValueError(f"device: {device!r} requested but CUDA is not available")
     if device != "cpu" and not str(device).startswith("cuda"):
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
-    folder = Path(path) if path is not None else DEFAULT_MODEL
-    if path is None and not (folder / "config.json").is_file():
-        raise CheckpointError(
-            f"the default model is missing from the package ({folder}); pass a model folder"
-        )
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
-    model = load_model(folder, device=device, dtype=dtype)
-    model.prepare_for_decoding(drafting)
+    files = model_files(resolve(path))
+    model = load_model(files, device=device, dtype=dtype)
+    model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None)
     try:
         c = model.config
         eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
@@ -286,7 +343,8 @@ def load(
             "bos": c.bos_token_id,
             "eos": eos,
         }
-        tokenizer = YueTokenizer.load(folder, special_ids=ids | {"mask": c.mask_token_id})
+        tokenizer = YueTokenizer.load(files.tokenizer_dir, special_ids=ids | {"mask": c.mask_token_id})
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(str(e)) from e
-    return Engine(model, tokenizer, name=folder.name)
+    template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
+    return Engine(model, tokenizer, name=model_name(path), chat_template=template)

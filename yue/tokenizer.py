@@ -5,12 +5,18 @@ Design decisions:
   unknown token. Saved as a single `tokenizer.json` beside the weights.
 - Special tokens have fixed ids 0..3 (`<|pad|>`, `<|bos|>`, `<|eos|>`, `<|mask|>`), matching the
   defaults of `YueConfig`, so a config never disagrees with its tokenizer.
+- Two conventions for prompts. A yue-trained tokenizer (a folder with tokenizer.json only): prompts
+  start after `<|eos|>`, as documents did in training, and control-token names in text stay text.
+  A Hugging Face tokenizer (a tokenizer_config.json beside it: a Llama folder, a converted GGUF):
+  encoding follows transformers' exactly (control tokens in text are parsed, BOS first only where
+  the tokenizer adds it), and its chat template, if any, makes the model an instruct model.
 - Streaming decodes the whole generated suffix each step and holds back text while it ends in an
   incomplete UTF-8 sequence (U+FFFD), so a delta never splits a character.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -23,17 +29,28 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, MASK]  # ids 0, 1, 2, 3
 class YueTokenizer:
     """A thin wrapper over `tokenizers.Tokenizer` with the special ids the model expects."""
 
-    def __init__(self, tokenizer: Tokenizer, special_ids: dict[str, int | None] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        special_ids: dict[str, int | None] | None = None,
+        *,
+        parse_special: bool = False,
+        prompt_prefix: list[int] | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         """Wrap a `tokenizers.Tokenizer`.
 
         Args:
             tokenizer: must contain the special tokens by name, unless `special_ids` supplies the ids
                 (a distilled Llama's tokenizer names them its own way; its model config knows the ids).
             special_ids: fallback ids for missing names, keys "pad", "bos", "eos", "mask".
+            parse_special: read control tokens written in text as those tokens (transformers' default);
+                False keeps them text (yue's: a prompt cannot forge `<|eos|>`).
+            prompt_prefix: ids a prompt starts with (default: `[eos_id]`, yue's document separator).
+            chat_template: the tokenizer's own chat template (an instruct model's), or None.
         """
         self.tokenizer = tokenizer
-        # Text that merely contains "<|eos|>" etc. is ordinary text, never a control token.
-        self.tokenizer.encode_special_tokens = True
+        self.tokenizer.encode_special_tokens = not parse_special
         fallback = special_ids or {}
         ids = []
         for key, name in zip(("pad", "bos", "eos", "mask"), SPECIAL_TOKENS, strict=True):
@@ -42,6 +59,8 @@ class YueTokenizer:
         if any(i is None for i in ids):
             raise ValueError(f"tokenizer lacks special tokens {SPECIAL_TOKENS}")
         self.pad_id, self.bos_id, self.eos_id, self.mask_id = ids
+        self.prompt_prefix = [self.eos_id] if prompt_prefix is None else list(prompt_prefix)
+        self.chat_template = chat_template
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8192, show_progress: bool = False) -> YueTokenizer:
@@ -62,7 +81,12 @@ class YueTokenizer:
 
     @classmethod
     def load(cls, path: str | Path, special_ids: dict[str, int | None] | None = None) -> YueTokenizer:
-        """Load `tokenizer.json` from a file or a model folder (see `__init__` for `special_ids`)."""
+        """Load `tokenizer.json` from a file or a model folder (see `__init__` for `special_ids`).
+
+        A `tokenizer_config.json` beside it marks a Hugging Face tokenizer (see the module docstring):
+        control tokens are parsed, the prompt prefix is BOS if it says `add_bos_token` (else whatever
+        the tokenizer's post-processor puts first), and its chat template is the model's.
+        """
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
@@ -71,7 +95,21 @@ class YueTokenizer:
             tok = Tokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
             raise ValueError(f"corrupt tokenizer file {file}: {e}") from e
-        return cls(tok, special_ids)
+        hf_config = file.parent / "tokenizer_config.json"
+        if not hf_config.is_file():
+            return cls(tok, special_ids)
+        try:
+            settings = json.loads(hf_config.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"corrupt tokenizer config {hf_config}: {e}") from e
+        add_bos = settings.get("add_bos_token")  # absent: the post-processor decides, as in transformers
+        bos = (special_ids or {}).get("bos")  # the model config's BOS; an HF vocabulary has no <|bos|>
+        bos = bos if bos is not None else tok.token_to_id(BOS)
+        prefix = (
+            _post_processor_prefix(tok) if add_bos is None else [bos] if add_bos and bos is not None else []
+        )
+        template = _template(settings, file.parent)
+        return cls(tok, special_ids, parse_special=True, prompt_prefix=prefix, chat_template=template)
 
     def save(self, path: str | Path) -> Path:
         """Write `tokenizer.json` into a folder (or to the given file path)."""
@@ -90,6 +128,27 @@ class YueTokenizer:
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _template(settings: dict, folder: Path) -> str | None:
+    """A Hugging Face tokenizer's chat template: tokenizer_config.json's `chat_template` (a string, or
+    a list of named templates: "default"), else chat_template.jinja beside it."""
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if isinstance(template, str) and template:
+        return template
+    file = folder / "chat_template.jinja"
+    return file.read_text(encoding="utf-8") if file.is_file() else None
+
+
+def _post_processor_prefix(tok: Tokenizer) -> list[int]:
+    """The ids a tokenizer's post-processor puts before a text (a Llama tokenizer's BOS), as transformers'
+    `tokenizer(text)` adds them."""
+    plain = tok.encode("a", add_special_tokens=False).ids
+    full = tok.encode("a", add_special_tokens=True).ids
+    start = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
+    return full[:start]
 
 
 class IncrementalDetokenizer:

@@ -69,7 +69,8 @@ def _median_time(fn, warmup: int, tries: int) -> float:
 
 
 def _has_drafting_pass(config) -> bool:
-    return config.mask_token_id is not None and getattr(config, "nar_layers", None) != 0 and config.block_size
+    """False for a model without a NAR set (a plain Llama or GGUF loaded as an AR set)."""
+    return config.nar_layers != 0 and config.mask_token_id is not None
 
 
 @torch.inference_mode()
@@ -95,7 +96,7 @@ def verify_cost_curve(
     ids = torch.randint(cfg.vocab_size, (1, context + max(rows)), generator=g).to(device)
     pos = torch.arange(cache.capacity, device=device)
     mask = decode_mask(0, context, 0, cache.key_valid, device)
-    model.step(ids[:, :context], pos[:context], context, mask, cache, 1)  # the prefill
+    prefill = model.step(ids[:, :context], pos[:context], context, mask, cache, 1)
     cache.advance(context)
 
     def step(n: int):
@@ -105,9 +106,13 @@ def verify_cost_curve(
     step_s = [_median_time(step(n), warmup, tries) for n in rows]
     if not _has_drafting_pass(cfg):
         return CostCurve(context, tuple(rows), step_s)
-    # The drafting pass as decode/loop.py runs it: K slots after the last kept token, slot 1 revealed.
+    # The drafting pass as decode/loop.py runs it: K slots after the last kept token, slot 1 revealed;
+    # a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
     slots = torch.full((1, K), cfg.mask_token_id, dtype=torch.long, device=device)
     slots[0, 0] = ids[0, context]
     m = decode_mask(context, 0, K, cache.key_valid, device)
-    draft = _median_time(lambda: model.step(slots, pos[context : context + K], 0, m, cache, 0), warmup, tries)
+    entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
+    draft = _median_time(
+        lambda: model.step(slots, pos[context : context + K], 0, m, cache, 0, entry), warmup, tries
+    )
     return CostCurve(context, tuple(rows), step_s, K, draft)

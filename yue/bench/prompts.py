@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from yue.bench.devset import CHAT_SETS
+from yue.bench.devset import DEFAULT_OUT as DEVSET  # code prompts from Lib/test (yue-code-mini's dev set)
 from yue.bench.runners import Prompt
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEVSET = ASSETS / "devset.jsonl"  # code prompts from Lib/test (yue-code-mini's dev set)
-CHAT_TEST = ASSETS / "chat_test.jsonl"  # held-out chat prompts, a source nothing was tuned on
-CHAT_CALIBRATION = ASSETS / "chat_calibration.jsonl"  # chat prompts the defaults were chosen on
+CHAT_TEST = CHAT_SETS["test"]  # held-out chat prompts written by hand: nothing was trained or tuned on them
+CHAT_CALIBRATION = CHAT_SETS["calibration"]  # chat prompts from the stdlib's calibration split
 
 Split = Literal["held-out", "dev"]
 SPLIT_LABELS: dict[str, str] = {

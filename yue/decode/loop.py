@@ -160,7 +160,9 @@ def decode(
             slots = st.fed.new_full((B, K), mask_id)
             slots[:, 0] = adv.next_fed[:, 0]
             mask = decode_mask(L, 0, K, cache.key_valid, device)
-            draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0)
+            # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
+            entry = None if out.entry is None else out.entry[:, adv.keep - 1 : adv.keep]
+            draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0, entry)
             adv = policy.draft(model, st, adv, out, draft.slot_logits)
             forwards = 2
         # 4. Advance: bookkeeping for the next step.

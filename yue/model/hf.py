@@ -12,28 +12,33 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
 from yue.config import YueConfig
+from yue.errors import CheckpointError
 from yue.model.mot import YueForCausalLM
+from yue.registry import ar_source
 
 AutoConfig.register("yue", YueConfig, exist_ok=True)
 AutoModelForCausalLM.register(YueConfig, YueForCausalLM, exist_ok=True)
 
 
-class CheckpointError(ValueError):
-    """A model folder is missing, truncated or corrupt. The message names the file."""
-
-
 def is_nar_or_router(name: str) -> bool:
     """Entries outside the AR set's checkpoint: the NAR set, the router, and what
     `prepare_for_decoding` adds (fused decode matmuls, a lowered drafting head)."""
-    return name.startswith(("router.", "draft_head.")) or ".nar_" in name or ".decode_sets." in name
+    return (
+        name.startswith(("router.", "draft_head.", "draft_vocab", "model.slot_entry."))
+        or ".nar_" in name
+        or ".decode_sets." in name
+    )
 
 
 def check_checkpoint(path: str | Path) -> Path:
@@ -67,9 +72,73 @@ def check_checkpoint(path: str | Path) -> Path:
     return path
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """Load a yue checkpoint folder (safetensors only) onto `device`, in eval mode."""
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where one model's parts are.
+
+    Attributes:
+        yue_dir: the yue folder (YueConfig, NAR set, router); None for a plain Llama loaded as an AR set.
+        ar_dir: the Llama folder holding the AR set when yue_dir does not (a Llama folder, a converted
+            GGUF), else None.
+        tokenizer_dir: the folder whose tokenizer.json (and tokenizer_config.json) the model uses.
+    """
+
+    yue_dir: Path | None
+    ar_dir: Path | None
+    tokenizer_dir: Path
+
+
+def model_files(path: str | Path) -> ModelFiles:
+    """Find a model's parts: a yue folder (its AR set inside, or named by its ar_source.json), a plain
+    Llama folder, or a .gguf file (converted once into a cached Llama folder, `gguf.py`).
+
+    Raises:
+        CheckpointError: a missing, corrupt or unsupported folder or file (named in the message).
+        ModelNotInstalledError: an ar_source.json naming a package that is not installed.
+    """
+    from yue.model.gguf import convert_gguf, source_sha256
+
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        ar = convert_gguf(path)
+        return ModelFiles(None, ar, ar)
     path = check_checkpoint(path)
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    if model_type == "llama":
+        return ModelFiles(None, path, path)
+    if model_type != "yue":
+        raise CheckpointError(
+            f"{path / 'config.json'}: model_type {model_type!r} is not supported ('yue' or 'llama')"
+        )
+    source = ar_source(path)
+    if source is None:
+        return ModelFiles(path, None, path)
+    gguf, expected = source
+    ar = convert_gguf(gguf)
+    if expected is not None and source_sha256(ar) != expected:
+        raise CheckpointError(
+            f"{path.name}'s NAR set was trained over a GGUF with sha256 {expected[:16]}..., but {gguf} "
+            f"has {source_sha256(ar)[:16]}... (another version of its package?)"
+        )
+    return ModelFiles(path, ar, path if (path / "tokenizer.json").is_file() else ar)
+
+
+def load_model(
+    path: str | Path | ModelFiles, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> YueForCausalLM:
+    """Load a model onto `device`, in eval mode: a yue folder (safetensors only; its AR set inside or
+    from the GGUF its ar_source.json names), a plain Llama folder or a .gguf file (an AR set only:
+    `nar_layers=0`), or the parts `model_files` found."""
+    files = path if isinstance(path, ModelFiles) else model_files(path)
+    if files.ar_dir is None:
+        model = _from_pretrained(files.yue_dir, dtype)
+    else:
+        model = assemble(files, dtype)
+    return model.to(device).eval()
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype | None) -> YueForCausalLM:
+    """A yue folder that holds all its weights, through transformers' loader."""
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise on a CLI's stdout
     try:
@@ -81,7 +150,117 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
             hf_logging.enable_progress_bar()
     if not isinstance(model, YueForCausalLM):
         raise CheckpointError(f"{path / 'config.json'} is not a yue model (model_type must be 'yue')")
-    return model.to(device).eval()
+    return model
+
+
+def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausalLM:
+    """A yue model whose AR set is read from `files.ar_dir` (a Llama folder) and everything else from
+    `files.yue_dir` (None: an AR set only, `nar_layers=0`).
+
+    The model is built on the meta device and its tensors assigned, not copied (a 135M-parameter model
+    loads in well under a second). Together the two sources must give every parameter exactly once.
+
+    Raises:
+        CheckpointError: shapes that disagree, or parameters missing or given twice (named).
+    """
+    ar_dir = check_checkpoint(files.ar_dir)
+    llama = AutoConfig.from_pretrained(str(ar_dir))
+    _check_llama(llama, ar_dir)
+    if files.yue_dir is None:
+        config = yue_config_from_llama(llama, nar_layers=0)
+    else:
+        config = YueConfig.from_pretrained(str(files.yue_dir))
+        _check_same_ar_shape(config, yue_config_from_llama(llama), files.yue_dir, ar_dir)
+    target = dtype or torch.float32
+    state = _read_weights(ar_dir, target, drop_lm_head=config.tie_word_embeddings)
+    if files.yue_dir is not None:
+        rest = _read_weights(files.yue_dir, target)
+        if twice := sorted(state.keys() & rest.keys()):
+            raise CheckpointError(f"{files.yue_dir} and {ar_dir} both give {', '.join(twice[:3])}")
+        state |= rest
+    with torch.device("meta"):
+        model = YueForCausalLM(config)
+    expected = {k for k in model.state_dict() if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+    if unexpected := sorted(state.keys() - expected):
+        raise CheckpointError(f"tensors the model does not have: {', '.join(unexpected[:5])}")
+    missing = sorted(expected - state.keys())
+    if files.yue_dir is None:
+        missing = [k for k in missing if not is_nar_or_router(k)]
+    if missing:
+        where = f"{files.yue_dir} and {ar_dir}" if files.yue_dir else str(ar_dir)
+        raise CheckpointError(
+            f"{where} leave {len(missing)} parameters without values: {', '.join(missing[:5])}"
+        )
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _fill_unused(model, target)
+    return model
+
+
+def _check_llama(config, folder: Path) -> None:
+    """Refuse what the yue layer cannot run, naming it."""
+    if config.model_type != "llama":
+        raise CheckpointError(f"{folder}: model_type {config.model_type!r} is not supported (only 'llama')")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise CheckpointError(f"{folder}: attention/MLP biases are not supported by the yue layer")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise CheckpointError(
+            f"{folder}: RoPE scaling {rope.get('rope_type')!r} is not supported (default only)"
+        )
+
+
+def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_dir: Path) -> None:
+    """A yue folder's config must describe the AR set its ar_source provides, field by field."""
+    for field in _AR_SHAPE_FIELDS:
+        if getattr(config, field) != getattr(llama, field):
+            raise CheckpointError(
+                f"{yue_dir / 'config.json'}: {field} = {getattr(config, field)}, but its AR set "
+                f"({ar_dir}) has {getattr(llama, field)}"
+            )
+
+
+_AR_SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+)
+
+
+def _read_weights(folder: Path, dtype: torch.dtype, drop_lm_head: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's safetensors files, in `dtype` (no copy when already so)."""
+    state = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state |= {k: v.to(dtype) for k, v in load_file(str(file)).items()}
+    if drop_lm_head:  # a tied head some checkpoints store anyway: the embedding is the head
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _fill_unused(model: YueForCausalLM, dtype: torch.dtype) -> None:
+    """Give values to the parameters an AR-only model (nar_layers=0) has but never uses: NAR-set
+    tensors alias the AR set's (no memory), the rest (the router) are zeros. Without a NAR set in the
+    stack (YueConfig.nar_layers honoured by mot.py) only the router is left here."""
+    ar = dict(model.named_parameters())
+    for name, param in list(model.named_parameters()):
+        if not param.is_meta:
+            continue
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        twin = ar.get(name.replace(".nar_", "."))
+        if ".nar_" in name and twin is not None and not twin.is_meta:
+            value = twin
+        else:
+            value = nn.Parameter(torch.zeros(param.shape, dtype=dtype), requires_grad=param.requires_grad)
+        setattr(module, attr, value)
 
 
 def llama_config_from(config: YueConfig) -> LlamaConfig:
@@ -138,28 +317,9 @@ def from_llama(llama: LlamaForCausalLM, block_size: int = 8, mask_token_id: int 
         overrides: further `YueConfig` fields (router_threshold, ...).
     """
     lc = llama.config
-    rope_theta = (getattr(lc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
     if mask_token_id is None:
         mask_token_id = lc.pad_token_id if lc.pad_token_id is not None else lc.eos_token_id
-    config = YueConfig(
-        vocab_size=lc.vocab_size,
-        hidden_size=lc.hidden_size,
-        intermediate_size=lc.intermediate_size,
-        num_hidden_layers=lc.num_hidden_layers,
-        num_attention_heads=lc.num_attention_heads,
-        num_key_value_heads=lc.num_key_value_heads,
-        head_dim=getattr(lc, "head_dim", None) or lc.hidden_size // lc.num_attention_heads,
-        max_position_embeddings=lc.max_position_embeddings,
-        rms_norm_eps=lc.rms_norm_eps,
-        rope_theta=rope_theta,
-        tie_word_embeddings=lc.tie_word_embeddings,
-        bos_token_id=lc.bos_token_id,
-        eos_token_id=lc.eos_token_id,
-        pad_token_id=lc.pad_token_id,
-        mask_token_id=mask_token_id,
-        block_size=block_size,
-        **overrides,
-    )
+    config = yue_config_from_llama(lc, block_size=block_size, mask_token_id=mask_token_id, **overrides)
     model = YueForCausalLM(config).to(llama.dtype)
     src = llama.state_dict()
     state = model.state_dict()
@@ -169,3 +329,33 @@ def from_llama(llama: LlamaForCausalLM, block_size: int = 8, mask_token_id: int 
             state[name] = src[ar_name].clone()
     model.load_state_dict(state)
     return model
+
+
+def yue_config_from_llama(lc, **overrides) -> YueConfig:
+    """The YueConfig whose AR set has exactly a `LlamaConfig`'s shapes and token ids.
+
+    Args:
+        lc: a LlamaConfig.
+        overrides: further YueConfig fields (block_size, mask_token_id, nar_layers, ...). The mask id
+            defaults to the pad id, else the EOS id: an AR-only model never feeds it, and a NAR set
+            learns the embedding it gives slots.
+    """
+    eos = lc.eos_token_id[0] if isinstance(lc.eos_token_id, list) else lc.eos_token_id
+    fields = dict(
+        vocab_size=lc.vocab_size,
+        hidden_size=lc.hidden_size,
+        intermediate_size=lc.intermediate_size,
+        num_hidden_layers=lc.num_hidden_layers,
+        num_attention_heads=lc.num_attention_heads,
+        num_key_value_heads=lc.num_key_value_heads,
+        head_dim=getattr(lc, "head_dim", None) or lc.hidden_size // lc.num_attention_heads,
+        max_position_embeddings=lc.max_position_embeddings,
+        rms_norm_eps=lc.rms_norm_eps,
+        rope_theta=(getattr(lc, "rope_parameters", None) or {}).get("rope_theta", 10000.0),
+        tie_word_embeddings=lc.tie_word_embeddings,
+        bos_token_id=lc.bos_token_id,
+        eos_token_id=lc.eos_token_id,
+        pad_token_id=lc.pad_token_id,
+        mask_token_id=lc.pad_token_id if lc.pad_token_id is not None else eos,
+    )
+    return YueConfig(**(fields | overrides))

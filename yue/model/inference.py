@@ -22,6 +22,10 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
   k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
   8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
 
+Which of these kernels exist on the running CPU (oneDNN packing per dtype, the int8 engine) is
+decided by `kernels.py`, probed once per process; where one is missing the matmul stays a plain
+`F.linear` (or drafting stays float), same values, so `ar`/`verified` token ids do not change.
+
 Together a one-token AR step went 2.4-2.9 -> 1.8-2.3 ms and a K = 8 drafting pass ~2.7 -> ~2.0 ms.
 A prepared model is for inference: it cannot be saved (quantized modules do not serialize to
 safetensors); save, or train, a model before preparing it.
@@ -30,16 +34,18 @@ safetensors); save, or train, a model before preparing it.
 from __future__ import annotations
 
 import copy
-import warnings
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from yue.model import kernels
 from yue.model.layers import DecodeSet
 
+logger = logging.getLogger(__name__)
+
 INT8 = torch.qint8
-PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 
 
 class Lowered(nn.Module):
@@ -71,7 +77,7 @@ class RowAdaptiveLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         w = linear.weight.detach()
-        self.weights = (w, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
+        self.weights = (w, kernels.pack_weight(w))
 
     @property
     def weight(self) -> torch.Tensor:
@@ -104,23 +110,15 @@ class Int8Linear(nn.Module):
 
 
 def row_adaptive(linear: nn.Module) -> nn.Module:
-    """`RowAdaptiveLinear(linear)` where it applies (a bias-free float32/bfloat16 nn.Linear on a CPU
-    with oneDNN), else `linear` itself."""
+    """`RowAdaptiveLinear(linear)` where it applies (a bias-free nn.Linear on the CPU, of a dtype whose
+    packed kernel `kernels.packed_rows` found working here), else `linear` itself (plain F.linear)."""
     usable = (
         isinstance(linear, nn.Linear)
         and linear.bias is None
         and linear.weight.device.type == "cpu"
-        and linear.weight.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and kernels.packed_rows(linear.weight.dtype)
     )
     return RowAdaptiveLinear(linear) if usable else linear
-
-
-def int8_available() -> bool:
-    """Whether this torch build has eager dynamic quantization and a CPU int8 GEMM engine (fbgemm/x86)."""
-    engines = set(torch.backends.quantized.supported_engines)
-    return hasattr(torch.ao.quantization, "quantize_dynamic") and bool({"fbgemm", "x86"} & engines)
 
 
 def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
@@ -132,25 +130,20 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
         linear: a float nn.Linear, on the CPU for int8.
         dtype: torch.qint8 (dynamic int8, per-channel weight scales) or a float dtype such as bfloat16.
     Raises:
-        ValueError: int8 requested for a module on a GPU, or on a torch build without an int8 engine.
+        ValueError: int8 requested for a module on a GPU, or where no int8 engine works (`kernels`).
     """
     if dtype != INT8:
         return Lowered(copy.deepcopy(linear).to(dtype), dtype)
-    if linear.weight.device.type != "cpu" or not int8_available():
-        raise ValueError("int8 drafting weights need a CPU with torch's fbgemm/x86 engine; use bfloat16")
-    with warnings.catch_warnings():
-        # torch marks its quantized tensors deprecated (moving to torchao), but this CPU kernel is the
-        # fast one for small row counts today; the warning is not actionable for our users.
-        warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=UserWarning)
-        warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=DeprecationWarning)
-        q = Int8Linear(
-            torch.ao.quantization.quantize_dynamic(
-                nn.Sequential(copy.deepcopy(linear).float()),
-                {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
-                dtype=INT8,
-            )[0]
-        )
+    engine = kernels.int8_engine()
+    if linear.weight.device.type != "cpu" or engine is None:
+        raise ValueError(int8_unavailable())
+    q = Int8Linear(kernels.quantize_int8(linear, engine))
     return q if linear.weight.dtype == torch.float32 else Lowered(q, torch.float32)
+
+
+def int8_unavailable() -> str:
+    """The error for int8 drafting where it cannot run, with the probe's findings."""
+    return f"int8 drafting needs a CPU where one of torch's int8 engines works ({kernels.describe()}); use bfloat16"
 
 
 DRAFTING_DTYPES = {"int8": INT8, "bfloat16": torch.bfloat16, "float32": None}
@@ -164,15 +157,20 @@ def dtype_name(dtype: torch.dtype | None) -> str:
 def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype | None:
     """A drafting precision -> dtype for `prepare_for_decoding` (None = as loaded).
 
-    name: "auto" (int8 on a CPU with torch's int8 engine, else as loaded), "int8", "bfloat16",
-    "float32", or a dtype (torch.qint8, torch.bfloat16) / None as is.
+    name: "auto" (int8 on a CPU where an int8 engine works, `kernels.int8_engine`, else as loaded),
+    "int8", "bfloat16", "float32", or a dtype (torch.qint8, torch.bfloat16) / None as is.
+    Raises:
+        ValueError: an unknown name, or "int8" on a CPU where no int8 engine works.
     """
     if not isinstance(name, str):
         return name
+    on_cpu = torch.device(device).type == "cpu"
     if name == "auto":
-        return INT8 if torch.device(device).type == "cpu" and int8_available() else None
+        return INT8 if on_cpu and kernels.int8_engine() is not None else None
     if name not in DRAFTING_DTYPES:
         raise ValueError(f"drafting dtype must be one of auto, int8, bfloat16, float32; got {name!r}")
+    if name == "int8" and on_cpu and kernels.int8_engine() is None:
+        raise ValueError(int8_unavailable())
     return DRAFTING_DTYPES[name]
 
 
@@ -216,17 +214,20 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
     - Every matmul weight input-major (`input_major`).
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
     - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `model.ar_head`)
-      with a oneDNN-packed copy for steps of two or more rows (`RowAdaptiveLinear`).
+      with a oneDNN-packed copy for steps of two or more rows (`RowAdaptiveLinear`) where `kernels`
+      found that kernel working for their dtype.
     - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
       (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.
     """
     if model.prepared_for_decoding:
         raise ValueError("the model is already prepared for decoding")
+    if model.device.type == "cpu":
+        logger.info("kernels: %s", kernels.describe())
     input_major(model)
     for layer in model.model.layers:
         sets = []
-        for nar in (False, True):
+        for nar in (False, True)[: 1 + layer.has_nar]:
             _, proj, _, mlp = layer._sets(nar)
             qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
             gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
@@ -241,5 +242,43 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
         layer.decode_sets = nn.ModuleList(sets)
     head = row_adaptive(model.lm_head)
     model.ar_head = head if head is not model.lm_head else None
-    if drafting_dtype is not None:
-        model.draft_head = lower_linear(model.lm_head, drafting_dtype)
+    model.draft_head = draft_head(model, drafting_dtype)
+
+
+# Logit of tokens outside a reduced drafting vocabulary: finite (entropies stay defined), never drafted.
+DRAFT_FILL = -1e9
+
+
+def expand_draft_logits(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits over a drafting vocabulary (..., Vd) -> over the whole vocabulary (..., V), DRAFT_FILL elsewhere."""
+    full = sub.new_full((*sub.shape[:-1], vocab_size), DRAFT_FILL)
+    return full.index_copy_(-1, ids, sub)
+
+
+class DraftVocabHead(nn.Module):
+    """Slot rows' head over a reduced drafting vocabulary (FR-Spec), returning whole-vocabulary logits.
+
+    `inner` maps (B, n, D) -> (B, n, Vd) over the rows `ids` of the LM head; the result is spread into
+    (B, n, V) with `DRAFT_FILL` elsewhere (one fill and one index_copy: ~0.1 ms for 8 rows of 49k), so
+    the policies and the router see the shapes they always do. On SmolLM2 the head over the 8,192 most
+    frequent output tokens is a sixth of the full one (DESIGN §8).
+    """
+
+    def __init__(self, inner: nn.Module, ids: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        self.inner, self.ids, self.vocab_size = inner, (ids,), vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return expand_draft_logits(self.inner(x), self.ids[0], self.vocab_size)
+
+
+def draft_head(model, drafting_dtype: torch.dtype | None) -> nn.Module | None:
+    """The head for slot rows: the LM head's rows over `model.draft_vocab` (if any), lowered to
+    `drafting_dtype` (if any); None where the LM head itself serves."""
+    vocab = model.draft_vocab
+    if vocab is None:
+        return None if drafting_dtype is None else lower_linear(model.lm_head, drafting_dtype)
+    sub = nn.Linear(model.config.hidden_size, len(vocab), bias=False, device=vocab.device)
+    sub.weight = nn.Parameter(model.lm_head.weight.detach()[vocab].clone(), requires_grad=False)
+    inner = row_adaptive(sub) if drafting_dtype is None else lower_linear(sub, drafting_dtype)
+    return DraftVocabHead(inner, vocab, model.config.vocab_size)

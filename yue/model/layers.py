@@ -161,7 +161,7 @@ class DecodeSet(nn.Module):
 class MoTLayer(nn.Module):
     """One transformer layer with an AR and a NAR parameter set sharing one attention."""
 
-    def __init__(self, config: YueConfig) -> None:
+    def __init__(self, config: YueConfig, has_nar: bool = True) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = (
             config.num_attention_heads,
@@ -173,17 +173,21 @@ class MoTLayer(nn.Module):
         self.self_attn = AttentionProjections(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
-        # NAR set: same shapes, parallel names.
-        self.nar_input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.nar_self_attn = AttentionProjections(config)
-        self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.nar_mlp = MLP(config)
+        # NAR set: same shapes, parallel names. Below `config.nar_start` a layer has none (slots enter
+        # the stack above it), and only committed positions pass through it.
+        self.has_nar = has_nar
+        if has_nar:
+            self.nar_input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.nar_self_attn = AttentionProjections(config)
+            self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.nar_mlp = MLP(config)
         # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
         self.decode_sets: nn.ModuleList | None = None
 
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
         """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
         if nar:
+            assert self.has_nar, "slots reached a layer without a NAR set"
             return (
                 self.nar_input_layernorm,
                 self.nar_self_attn,

@@ -24,19 +24,56 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from yue.config import YueConfig
 from yue.model.cache import KVCache
-from yue.model.inference import prepare_for_decoding
+from yue.model.inference import expand_draft_logits, prepare_for_decoding
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.router import Router
 
 
+class SlotEntry(nn.Module):
+    """Slot hidden states where slots enter a stack whose NAR set covers only its top layers.
+
+    A slot of the block anchored at committed position t enters layer `nar_start` as the anchor's hidden
+    state there, plus a learned function of the slot's own input token (`<|mask|>`, or slot 1's revealed
+    token) and its index in the block: h_s(i) = h_t + W [norm(h_t); e(x_i)] + p_i. W and p start at zero,
+    so an untrained slot reads as a copy of its anchor (DESIGN §8; EAGLE and PARD feed drafts the
+    target's features likewise).
+    """
+
+    def __init__(self, config: YueConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.block_size = config.block_size
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.proj = nn.Linear(2 * d, d, bias=False)
+        self.slot_embed = nn.Parameter(torch.zeros(config.block_size, d))
+
+    def forward(self, anchor: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
+        """anchor: (B, 1|n, D) hidden state entering the first NAR layer at each slot's anchor;
+        token_emb: (B, n, D) the slots' input embeddings, n a multiple of K (whole blocks). -> (B, n, D)."""
+        n = token_emb.shape[1]
+        anchor = anchor.expand(-1, n, -1)
+        index = torch.arange(n, device=token_emb.device) % self.block_size  # (n,) slot index in its block
+        x = torch.cat([self.norm(anchor), token_emb], dim=-1)  # (B, n, 2D)
+        return anchor + self.proj(x) + self.slot_embed[index]
+
+
 class MoTModel(nn.Module):
-    """Embedding, N MoT layers, final norm. Parameter names match `LlamaModel`'s for the AR set."""
+    """Embedding, N MoT layers, final norm. Parameter names match `LlamaModel`'s for the AR set.
+
+    With `config.nar_layers = N` only the top N layers hold a NAR set: committed positions run every
+    layer; slots enter at layer `nar_start` through `slot_entry`, from their anchor's hidden state there.
+    """
 
     def __init__(self, config: YueConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MoTLayer(config) for _ in range(config.num_hidden_layers))
+        self.nar_start = config.nar_start if config.has_nar else config.num_hidden_layers
+        self.layers = nn.ModuleList(
+            MoTLayer(config, has_nar=i >= self.nar_start) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        top = config.has_nar and config.nar_start > 0
+        self.slot_entry = SlotEntry(config) if top else None
         # Slots and drafts may sit up to 2K + 2 positions past the context's last committed token.
         rope_len = config.max_position_embeddings + 2 * config.block_size + 2
         self.rope = RotaryTable(config.head_dim, config.rope_theta, rope_len)
@@ -50,6 +87,19 @@ class MoTModel(nn.Module):
         cache: KVCache | None = None,
         start: int = 0,
     ) -> torch.Tensor:
+        """Run the stack; see `run`. Returns (B, T, D) hidden states after the final norm."""
+        return self.run(tokens, positions, n_committed, mask, cache, start)[0]
+
+    def run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        n_committed: int,
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+        start: int = 0,
+        anchor_entry: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the stack.
 
         Args:
@@ -59,15 +109,72 @@ class MoTModel(nn.Module):
             mask: (1|B, 1, T, S) bool attention mask from `masks.py`, or None (see MoTLayer).
             cache: KV cache to read and write, or None (training: attend within `tokens` only).
             start: cache index of tokens[:, 0].
+            anchor_entry: top-layer NAR sets only, when there are slots: (B, 1|T - n_committed, D), the
+                hidden state of each slot's anchor entering layer `nar_start` (`entry` of the step that
+                fed the anchor).
         Returns:
-            (B, T, D) hidden states after the final norm.
+            hidden: (B, T, D) after the final norm.
+            entry: (B, n_committed, D) the committed positions' hidden states entering layer `nar_start`
+                (the slots' anchors of a later drafting pass), or None when slots enter at the embedding.
         """
+        cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
+        if self.slot_entry is None:
+            h = self.embed_tokens(tokens)
+            h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
+            h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, 0)
+            return self._final(h_c, h_s), None
+        # Top-layer NAR set: committed positions run from the embedding; slots join at nar_start.
+        h_c = self.embed_tokens(tokens[:, :n_committed])
+        h_s = h_c[:, :0]
+        first = 0 if n_committed else self.nar_start  # a drafting pass has no committed rows below
+        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, first, self.nar_start)
+        entry = h_c
+        if tokens.shape[1] > n_committed:
+            h_s = self.slot_entry(anchor_entry, self.embed_tokens(tokens[:, n_committed:]))
+        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, self.nar_start)
+        return self._final(h_c, h_s), entry
+
+    def run_to_entry(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The AR path's hidden states entering layer nar_start (the features a top-layer NAR set is
+        trained on), uncached, causal. tokens: (B, T) -> (B, T, D)."""
+        T = tokens.shape[1]
+        positions = torch.arange(T, device=tokens.device)
+        cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
+        mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()[None, None]
         h = self.embed_tokens(tokens)
-        cos, sin = self.rope.lookup(positions, h.dtype)
-        h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
-        for i, layer in enumerate(self.layers):
+        return self._layers(h, h[:, :0], cos, sin, mask, None, 0, 0, self.nar_start)[0]
+
+    def run_from_entry(
+        self,
+        entry: torch.Tensor,
+        slot_tokens: torch.Tensor,
+        slot_anchor: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Training forward of a top-layer NAR set from cached features: only layers nar_start.. run.
+
+        Args:
+            entry: (B, T, D) committed hidden states entering layer nar_start (cached by the AR path).
+            slot_tokens: (B, n) slot inputs, whole blocks of K.
+            slot_anchor: (B, n, D) each slot's anchor's row of `entry`.
+            positions: (B|1, T + n) RoPE positions, committed then slots.
+            mask: (B, 1, T + n, T + n) from `masks.training_mask`.
+        Returns:
+            (B, T + n, D) hidden states after the final norm, committed rows then slots.
+        """
+        cos, sin = self.rope.lookup(positions, entry.dtype)
+        h_s = self.slot_entry(slot_anchor, self.embed_tokens(slot_tokens))
+        return self._final(*self._layers(entry, h_s, cos, sin, mask, None, 0, self.nar_start))
+
+    def _layers(self, h_c, h_s, cos, sin, mask, cache, start, first, last=None):
+        """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D)."""
+        for i in range(first, len(self.layers) if last is None else last):
             kv = cache.layer(i) if cache is not None else None
-            h_c, h_s = layer(h_c, h_s, cos, sin, mask, kv, start)
+            h_c, h_s = self.layers[i](h_c, h_s, cos, sin, mask, kv, start)
+        return h_c, h_s
+
+    def _final(self, h_c: torch.Tensor, h_s: torch.Tensor) -> torch.Tensor:
         if not h_s.shape[1] or not h_c.shape[1]:
             return self.norm(h_s if h_s.shape[1] else h_c)
         return self.norm(torch.cat([h_c, h_s], dim=1))
@@ -75,11 +182,13 @@ class MoTModel(nn.Module):
 
 @dataclass
 class StepOutput:
-    """One decode forward. ar_logits: (B, n_committed, V); slot_logits: (B, n_slots, V); hidden: (B, T, D)."""
+    """One decode forward. ar_logits: (B, n_committed, V); slot_logits: (B, n_slots, V); hidden: (B, T, D);
+    entry: (B, n_committed, D) hidden states entering the first NAR layer (top-layer NAR sets), else None."""
 
     ar_logits: torch.Tensor
     slot_logits: torch.Tensor
     hidden: torch.Tensor
+    entry: torch.Tensor | None = None
 
 
 class YuePreTrainedModel(PreTrainedModel):
@@ -99,6 +208,11 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         self.model = MoTModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.router = Router(config)
+        # FR-Spec drafting vocabulary: ids of the tokens slot rows may draft (most frequent first).
+        if config.draft_vocab_size is not None:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_vocab = None
         # Decode-time heads (`prepare_for_decoding`): for AR rows, the LM head with a kernel per row
         # count; for slot rows when drafting is lowered. None = the LM head.
         self.ar_head: nn.Module | None = None
@@ -160,6 +274,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         mask: torch.Tensor | None,
         cache: KVCache,
         n_logits: int | None = None,
+        anchor_entry: torch.Tensor | None = None,
     ) -> StepOutput:
         """One decode forward at cache index `cache.length`; the cache pointer is not moved.
 
@@ -171,21 +286,34 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             cache: the request's KV cache.
             n_logits: AR logits only for the last n_logits committed positions (None = all). The head
                 is a large matmul per row: a prefill needs just its last row.
+            anchor_entry: top-layer NAR sets, a drafting pass: (B, 1, D) the anchor's `entry` row.
         Returns:
-            StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden (B, T, D).
+            StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden
+            (B, T, D), entry (B, n_committed, D) or None.
         """
-        hidden = self.model(tokens, positions, n_committed, mask, cache, cache.length)
+        hidden, entry = self.model.run(tokens, positions, n_committed, mask, cache, cache.length, anchor_entry)
         first = 0 if n_logits is None else n_committed - n_logits
         n_ar = n_committed - first
         head = self.ar_head or self.lm_head
-        if self.draft_head is None:
+        if self.draft_head is None and self.draft_vocab is None:
             logits = head(hidden[:, first:])  # (B, T - first, V): one matmul for all rows
-            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden)
-        # Lowered drafting: AR rows through the LM head as loaded, slot rows through the draft head.
+            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)
+        # Lowered or reduced drafting: AR rows through the LM head as loaded, slot rows their own way.
         ar_logits = head(hidden[:, first:n_committed])  # (B, n_ar, V)
         if hidden.shape[1] == n_committed:  # no slots: an empty (B, 0, V), without a head call
-            return StepOutput(ar_logits, ar_logits[:, :0], hidden)
-        return StepOutput(ar_logits, self.draft_head(hidden[:, n_committed:]), hidden)
+            return StepOutput(ar_logits, ar_logits[:, :0], hidden, entry)
+        return StepOutput(ar_logits, self.slot_logits(hidden[:, n_committed:]), hidden, entry)
+
+    def slot_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Slot rows' logits over the whole vocabulary, (B, n, D) -> (B, n, V): the draft head when the
+        model is prepared, else the LM head (restricted to `draft_vocab`, if any: tokens outside it read
+        DRAFT_FILL, never drafted)."""
+        if self.draft_head is not None:
+            return self.draft_head(hidden)
+        if self.draft_vocab is None:
+            return self.lm_head(hidden)
+        sub = F.linear(hidden, self.lm_head.weight[self.draft_vocab])  # (B, n, Vd)
+        return expand_draft_logits(sub, self.draft_vocab, self.config.vocab_size)
 
     def forward(
         self,

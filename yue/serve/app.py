@@ -30,9 +30,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from yue import __version__
+from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
 from yue.serve import schemas as s
-from yue.serve.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate
 from yue.serve.config import ServeConfig, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, openapi_without_422
 from yue.serve.gate import Gate
@@ -50,7 +50,6 @@ from yue.serve.streaming import (
     sse_events,
     usage,
 )
-from yue.tokenizer import BOS, EOS
 
 log = logging.getLogger("yue.serve")
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
@@ -97,9 +96,8 @@ class ServerState:
         try:
             if self.engine is None:
                 self.engine = await asyncio.to_thread(self.loader)
-            # Given by the caller (read from the model folder), else carried by the tokenizer, else built-in.
-            source = self.chat_template_source or getattr(self.engine.tokenizer, "chat_template", None)
-            self.template = ChatTemplate(source or DEFAULT_CHAT_TEMPLATE)
+            # An override given by the caller; None: the model's own (`Engine.chat_prompt`).
+            self.template = ChatTemplate(self.chat_template_source) if self.chat_template_source else None
             self.scheduler = Scheduler(self.engine, self.config.max_concurrency, self.config.max_queue)
             log.info("model %s ready", self.engine.name)
         except Exception as e:
@@ -145,7 +143,7 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
     Args:
         engine: a loaded `Engine`, or a zero-argument callable returning one (loaded in the background).
         config: limits and settings; defaults when None.
-        chat_template: Jinja source; None = the one stored with the model, else the built-in default.
+        chat_template: Jinja source overriding the model's; None = the model's (`Engine.chat_prompt`).
     """
     state = ServerState(engine, config or ServeConfig(), chat_template)
 
@@ -215,7 +213,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         engine = _check_model(state, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            prompt = state.template.render(messages, bos_token=BOS, eos_token=EOS)
+            prompt = engine.chat_prompt(messages, state.template)
         except Exception as e:  # a model's template may reject a conversation (raise_exception)
             raise ApiError(400, f"chat template: {e}", param="messages", code="invalid_value") from e
         prepared = _prepare(state, body, prompt, "messages", default_max_tokens=1 << 30, temperature=1.0)

@@ -6,7 +6,7 @@ Design decisions:
   methods, read from `Lib/**/*.py` with `ast` (never imported: importing some modules has side
   effects). Test folders, site-packages, private modules and a few packages of generated or odd text
   (`encodings`, `idlelib`, `lib2to3`, ...) are skipped. Passages are capped at ~1200 characters at a
-  paragraph or sentence end, so a prompt fits in ~400 tokens.
+  paragraph or sentence end, and a prompt over ~400 tokens (`approx_tokens`) is skipped.
 - Tasks: eleven kinds of request written about those items (explain, explain from its docs, summarize
   a passage, write an example, the difference between two siblings, list the arguments, rewrite a
   docstring in plain words, answer a question about a passage given in the prompt, implement a function
@@ -48,6 +48,7 @@ Split = Literal["train", "calibration"]
 SPLITS: tuple[str, ...] = ("train", "calibration")
 CALIBRATION_FRACTION = 0.1  # of split keys (top-level packages, pydoc sections)
 PASSAGE_CHARS = 1200  # ~300 tokens: with the instruction, a prompt stays under ~400 tokens
+MAX_PROMPT_TOKENS = 340  # by `approx_tokens` (~0.9 of real tokens): keeps dense code or tables near 400
 SHINGLE_WORDS = 12  # a shared run of this many words counts as shared text
 CALIBRATION_OUT = Path(__file__).resolve().parent.parent / "assets" / "chat_calibration.jsonl"
 # Top-level packages of generated, deprecated-internal or odd text (codecs tables, IDE internals, 2to3).
@@ -104,6 +105,12 @@ def shingles(text: str, k: int = SHINGLE_WORDS) -> set[tuple[str, ...]]:
     """Every run of `k` consecutive lower-cased words (`\\w+`) of `text`."""
     words = re.findall(r"\w+", text.lower())
     return {tuple(words[i : i + k]) for i in range(len(words) - k + 1)}
+
+
+def approx_tokens(text: str) -> int:
+    """Letter runs, digits, punctuation marks, indents, non-ASCII characters: a median ~0.9 of SmolLM2's
+    token count (digits are single tokens there), with no tokenizer to load."""
+    return len(re.findall(r"[A-Za-z]+|\d|[^\w\s]|\n[ \t]*|[^\x00-\x7f]", text))
 
 
 def cap_passage(text: str, limit: int = PASSAGE_CHARS) -> str:
@@ -530,7 +537,7 @@ def _prompt_pool(split: Split, root: str) -> dict[str, tuple[ChatPrompt, ...]]:
     pool: dict[str, list[ChatPrompt]] = {t: [] for t in TASK_WEIGHTS}
 
     def add(task: str, text: str | None, source: str, key: str) -> None:
-        if text and content_hash(text) not in seen:
+        if text and approx_tokens(text) <= MAX_PROMPT_TOKENS and content_hash(text) not in seen:
             seen.add(content_hash(text))
             pool[task].append(ChatPrompt([{"role": "user", "content": text}], task, source, key))
 

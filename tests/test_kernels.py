@@ -1,0 +1,153 @@
+"""The kernel seam (`yue.model.kernels`): each fallback forced, reported, and decoding as the fast path.
+
+This machine may have every kernel; a CPU without AVX512 lacks oneDNN's bf16 packing, one without
+AVX2 the int8 engines. Forcing each off (`kernels.forced`, `YUE_KERNELS`) runs those paths anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import yue
+from yue.model import kernels
+from yue.model.inference import Int8Linear, Lowered, RowAdaptiveLinear
+from yue.model.masks import decode_mask
+
+PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
+AVX2_ERROR = (
+    "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
+    "avx512vl and avx512dq"
+)
+
+
+@pytest.fixture(scope="module")
+def fast(trained_model_dir):
+    """The trained tiny model with every kernel the probe finds (none forced off, whatever YUE_KERNELS)."""
+    with kernels.forced():
+        return yue.load(trained_model_dir)
+
+
+@pytest.fixture(scope="module")
+def fast_bf16(trained_model_dir):
+    """`fast` in bfloat16."""
+    with kernels.forced():
+        return yue.load(trained_model_dir, dtype=torch.bfloat16)
+
+
+def ar_step_logits(engine) -> torch.Tensor:
+    """AR logits of a 2-row step after a 4-token prefill (+4 slots): the multi-row kernels' path."""
+    model, ids = engine.model, torch.tensor([[5, 6, 7, 8, 9, 10]])
+    cache = model.new_cache(1, 32)
+    with torch.inference_mode():
+        model.step(ids[:, :4], torch.arange(4), 4, decode_mask(0, 4, 0), cache)
+        cache.advance(4)
+        return model.step(ids[:, 4:], torch.arange(4, 10), 2, decode_mask(4, 2, 4), cache).ar_logits
+
+
+def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
+    """The prepared modules are the kernels `choice` names: packed iff its dtype's probe passed,
+    int8 drafting iff an engine works (else float drafting: no draft head)."""
+    model = engine.model
+    packed = choice.ok("onednn-f32" if model.dtype == torch.float32 else "onednn-bf16")
+    assert isinstance(model.model.layers[0].decode_sets[0].qkv, RowAdaptiveLinear) == packed
+    assert isinstance(model.ar_head, RowAdaptiveLinear) == packed
+    int8 = Int8Linear if model.dtype == torch.float32 else Lowered
+    assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
+
+
+@pytest.mark.parametrize("off", ["onednn-f32", "onednn-bf16", "int8-x86", "int8", "portable"])
+def test_each_forced_fallback_is_reported_and_decodes_the_fast_paths_tokens(trained_model_dir, fast, off):
+    with kernels.forced(off) as choice:
+        engine = yue.load(trained_model_dir)
+    for name in kernels.parse_off([off]):
+        assert not choice.ok(name) and f"{name} (forced off)" in choice.describe()
+    if off == "int8-x86" and choice.ok("int8-fbgemm"):
+        assert choice.int8_engine == "fbgemm"  # the next engine takes over
+    assert_matches_kernels(engine, choice)
+    torch.testing.assert_close(ar_step_logits(engine), ar_step_logits(fast), atol=1e-4, rtol=1e-4)
+    drafted, kw = 0, dict(max_new_tokens=30, ignore_eos=True)
+    for prompt in PROMPTS:
+        ar = engine.generate(prompt, mode="ar", **kw)
+        assert ar.token_ids == fast.generate(prompt, mode="ar", **kw).token_ids
+        ver = engine.generate(prompt, mode="verified", router_threshold=1.0, **kw)
+        assert ver.token_ids == ar.token_ids
+        drafted += ver.stats.drafted
+    assert drafted > 0  # the fallback's drafts really were checked
+
+
+@pytest.mark.parametrize("off", ["onednn-bf16", "int8", "portable"])
+def test_bfloat16_model_under_each_fallback_decodes_the_fast_paths_tokens(trained_model_dir, fast_bf16, off):
+    with kernels.forced(off) as choice:
+        engine = yue.load(trained_model_dir, dtype=torch.bfloat16)
+    assert engine.model.dtype == torch.bfloat16
+    assert_matches_kernels(engine, choice)
+    fast_logits = ar_step_logits(fast_bf16).float()
+    torch.testing.assert_close(ar_step_logits(engine).float(), fast_logits, atol=0.05, rtol=0.02)
+    kw = dict(max_new_tokens=30, ignore_eos=True)
+    for prompt in PROMPTS[:2]:
+        ar = engine.generate(prompt, mode="ar", **kw)
+        assert ar.token_ids == fast_bf16.generate(prompt, mode="ar", **kw).token_ids
+        assert engine.generate(prompt, mode="verified", **kw).token_ids == ar.token_ids
+
+
+@pytest.fixture
+def cpu_without_bf16_packing(monkeypatch):
+    """oneDNN's bf16 reorder raising as it does on a CPU without AVX512 or avx_ne_convert."""
+    real = kernels.pack_weight
+
+    def pack_weight(w: torch.Tensor) -> torch.Tensor:
+        if w.dtype == torch.bfloat16:
+            raise RuntimeError(AVX2_ERROR)
+        return real(w)
+
+    monkeypatch.setattr(kernels, "pack_weight", pack_weight)
+    kernels.reset()
+    yield
+    kernels.reset()  # the next probe runs with the real kernel again
+
+
+def test_a_kernel_raising_at_the_probe_falls_back_and_bfloat16_loading_works(
+    trained_model_dir, cpu_without_bf16_packing
+):
+    with kernels.forced() as choice:
+        assert choice.bfloat16_rows == "F.linear" and "avx_ne_convert" in choice.describe()
+        engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # raised this error before the seam
+    assert not isinstance(engine.model.ar_head, RowAdaptiveLinear)
+    kw = dict(max_new_tokens=20, ignore_eos=True)
+    ar = engine.generate(PROMPTS[0], mode="ar", **kw)
+    assert engine.generate(PROMPTS[0], mode="verified", **kw).token_ids == ar.token_ids
+
+
+def test_yue_kernels_environment_variable_forces_fallbacks_and_forced_wins(monkeypatch):
+    monkeypatch.setenv("YUE_KERNELS", "no-onednn-f32,no-int8")
+    choice = kernels.choice()
+    assert choice is kernels.choice()  # probed once, cached
+    assert choice.float32_rows == "F.linear" and choice.int8_engine is None
+    assert choice.describe().startswith(f"cpu {torch.backends.cpu.get_cpu_capability()};")
+    with kernels.forced() as inner:  # the function wins over the environment
+        assert inner.ok("onednn-f32") == kernels._probe(frozenset()).ok("onednn-f32")
+    monkeypatch.setenv("YUE_KERNELS", "portable")
+    assert not any(p.ok for p in kernels.choice().probes)
+
+
+@pytest.mark.parametrize("value", ["fast", "no-avx512", "portable,no-int8"])
+def test_a_bad_yue_kernels_value_is_a_clear_error_before_loading(monkeypatch, trained_model_dir, value):
+    monkeypatch.setenv("YUE_KERNELS", value)
+    with pytest.raises(ValueError, match="YUE_KERNELS"):
+        yue.load(trained_model_dir)
+
+
+def test_int8_drafting_without_an_engine_auto_drafts_in_float_and_explicit_int8_is_refused(trained_model_dir):
+    with kernels.forced("int8"):
+        assert yue.load(trained_model_dir).model.draft_head is None  # "auto"
+        with pytest.raises(ValueError, match="int8 drafting needs"):
+            yue.load(trained_model_dir, nar_dtype="int8")
+
+
+def test_the_choice_is_logged_at_load(trained_model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="yue"):
+        yue.load(trained_model_dir)
+    assert f"kernels: {kernels.describe()}" in caplog.text

@@ -1,0 +1,166 @@
+"""A NAR set on the top layers only: decoding stays exact, training sees what decoding sees, the recipe
+runs end to end and resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tests.test_distill import llama_tokenizer
+from yue.config import DecodeConfig, YueConfig
+from yue.decode.loop import decode
+from yue.model.hf import is_nar_or_router
+from yue.model.masks import decode_mask
+from yue.model.mot import YueForCausalLM
+from yue.train import topnar as tn
+from yue.train.topnar_run import TopNARRecipe, distill_top_nar
+from yue.train.router import RouterTrainConfig
+
+
+def top_model(nar_layers: int = 2, draft_vocab: int | None = 48, seed: int = 0) -> YueForCausalLM:
+    """A random 4-layer model with a NAR set on its top `nar_layers`, weights large enough to vary."""
+    torch.manual_seed(seed)
+    cfg = YueConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        block_size=4,
+        nar_layers=nar_layers,
+        draft_vocab_size=draft_vocab,
+        max_position_embeddings=256,
+        eos_token_id=2,
+        mask_token_id=3,
+    )
+    model = YueForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.4)
+        if draft_vocab:
+            model.draft_vocab.copy_(torch.randperm(96, generator=torch.Generator().manual_seed(seed))[:draft_vocab])
+    return model
+
+
+def test_only_the_top_layers_hold_a_nar_set_and_export_skips_it():
+    model = top_model(nar_layers=2)
+    assert [layer.has_nar for layer in model.model.layers] == [False, False, True, True]
+    extra = [k for k in model.state_dict() if is_nar_or_router(k)]
+    assert any(k.startswith("model.slot_entry.") for k in extra) and "draft_vocab" in extra
+    assert not any(".layers.0.nar_" in k or ".layers.1.nar_" in k for k in model.state_dict())
+
+
+def test_training_forward_sees_what_the_drafting_pass_sees():
+    """Slot logits of a block at anchor t: training-style forward from entry features == decode pass."""
+    model = top_model()
+    x = torch.randint(4, 96, (1, 20), generator=torch.Generator().manual_seed(1))
+    t, K = 9, model.config.block_size
+    with torch.no_grad():
+        entry = model.model.run_to_entry(x)
+        batch = tn.Batch(entry, x, torch.tensor([[t]]), x[:, t + 1 : t + 1 + K][:, None, :])
+        _, slots = tn.block_forward(model, batch)
+        trained = model.slot_logits(slots[:, 0])
+        cache = model.new_cache(1, 64)
+        out = model.step(x[:, : t + 1], torch.arange(t + 1), t + 1, decode_mask(0, t + 1, 0), cache)
+        cache.advance(t + 1)
+        inputs = torch.full((1, K), model.config.mask_token_id)
+        inputs[0, 0] = x[0, t + 1]
+        pos = torch.arange(t + 1, t + 1 + K)
+        draft = model.step(inputs, pos, 0, decode_mask(t + 1, 0, K), cache, 0, out.entry[:, t : t + 1])
+    torch.testing.assert_close(out.entry, entry[:, : t + 1], atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(draft.slot_logits, trained, atol=1e-3, rtol=1e-4)
+    outside = torch.ones(96, dtype=torch.bool)
+    outside[model.draft_vocab] = False
+    assert bool((draft.slot_logits[..., outside] < -1e8).all())  # never drafted
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 50),
+    nar_layers=st.sampled_from([1, 2, 3]),
+    mode=st.sampled_from(["verified"]),
+    threshold=st.sampled_from([0.3, 0.7, 1.0]),
+    prepared=st.booleans(),
+)
+def test_top_layer_nar_keeps_verified_equal_to_ar(seed, nar_layers, mode, threshold, prepared):
+    model = top_model(nar_layers, seed=seed)
+    if prepared:
+        model.prepare_for_decoding(torch.qint8)
+    prompt = torch.randint(4, 96, (7,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    def run(m: str, th: float | None) -> list[int]:
+        cfg = DecodeConfig(mode=m, max_new_tokens=24, ignore_eos=True, router_threshold=th).resolved(model.config)
+        return [t for em in decode(model, [prompt], cfg) for t in em.tokens[0]]
+
+    assert run(mode, threshold) == run("ar", None)
+
+
+def test_ar_only_and_fused_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="needs a NAR set"):
+        DecodeConfig(mode="verified").resolved(top_model(nar_layers=0, draft_vocab=None).config)
+    with pytest.raises(ValueError, match="fused"):
+        DecodeConfig(mode="verified", drafting="fused").resolved(top_model().config)
+
+
+def test_drafting_vocabulary_ranks_answer_tokens_by_frequency():
+    seqs = tn.ChatSequences([[9, 9, 5, 5, 5, 7], [9, 5, 6]], [2, 1])
+    vocab = tn.drafting_vocabulary(seqs, 3, always=[2])
+    assert vocab.tolist() == [2, 5, 6] or vocab.tolist() == [2, 5, 7]  # 5 thrice, then ties
+    assert tn.vocabulary_coverage(seqs, vocab) == pytest.approx(5 / 6)
+
+
+@pytest.fixture(scope="module")
+def chat_llama_dir(tmp_path_factory):
+    """A tiny random Llama (tied head) with a tokenizer.json and a chat template."""
+    tok = llama_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=True,
+    )
+    path = tmp_path_factory.mktemp("chat-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}a:")
+    return path
+
+
+def test_recipe_runs_end_to_end_learns_and_resumes(chat_llama_dir, tmp_path):
+    chats = [[{"role": "user", "content": f"def f{i}(x): return x + {i}"}] for i in range(14)]
+    recipe = TopNARRecipe(
+        nar_layers=1,
+        block_size=4,
+        draft_vocab_size=64,
+        max_new_tokens=24,
+        gen_batch_size=7,
+        held_out=4,
+        train=tn.TopNARConfig(steps=40, batch_size=4, anchors=8, eval_every=20, warmup_steps=4, lr=3e-3),
+        router=RouterTrainConfig(epochs=3),
+    )
+    out = tmp_path / "smol"
+    report = distill_top_nar(chat_llama_dir, chats, out, recipe, progress=False)
+    history = report["history"]
+    assert [h["step"] for h in history] == [20, 40]
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert report["sequences"] == {"train": 10, "held_out": 4}
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["nar_layers"] == 1 and cfg["draft_vocab_size"] == 64
+    assert (out / "ar_source.json").is_file() and (out / "model.safetensors").is_file()
+    # A rerun finds the greedy answers and the last checkpoint: nothing is retrained, same history.
+    again = distill_top_nar(chat_llama_dir, chats, out, recipe, progress=False)
+    assert again["history"] == history

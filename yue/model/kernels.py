@@ -1,0 +1,266 @@
+"""Which CPU kernel each decode-path matmul uses, decided once per process by probing this machine.
+
+Design decisions:
+- One seam (STYLE habit 13). `inference.py` asks `packed_rows(dtype)` and `int8_engine()`; nothing
+  else in yue tests CPU features. Each kernel is chosen by torch's own feature checks
+  (`torch.backends.mkldnn`, `torch.ops.mkldnn._is_mkldnn_bf16_supported`,
+  `torch.backends.quantized.supported_engines`) and then *tried*: a tiny call with the real dtype,
+  its result compared with plain `F.linear`. A RuntimeError or a wrong value turns the kernel off, with
+  the reason kept for `describe()`. Torch reports some gaps only when a kernel runs (oneDNN's bf16
+  reorder on a CPU without AVX512 or avx_ne_convert: "mkldnn_reorder_linear_weight: bf16 path needs
+  the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"), hence the try.
+- Tried, not timed: a timing on the probe's tiny shapes would not predict the model's, and would make
+  the choice (and the tests) depend on the machine's load.
+- Every fallback computes the same function: plain `F.linear` in the same dtype for float matmuls
+  (results may differ in the last float bits, as any two GEMM kernels do); float drafting when no
+  int8 engine works (only drafts change, so `ar`/`verified` token ids do not).
+- int8 engines: x86, then fbgemm. qnnpack and onednn are left out on purpose: on this machine kind's
+  one thread a 256x688 dynamic int8 matmul over 8 rows cost 225 us (qnnpack) and 117 us (onednn)
+  against 24 us (x86) and ~117 us for float32 `F.linear`, so drafting in them would be no faster.
+- Forcing a fallback, for tests and for users on odd CPUs: the environment variable
+  `YUE_KERNELS` ("auto", "portable" = every fallback, or e.g. "no-onednn-bf16,no-int8"), or the
+  context manager `forced(...)`, which wins over it. A model keeps the kernels it was prepared with.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
+INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works drafts
+KERNELS = ("onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES))
+ENV = "YUE_KERNELS"
+PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One kernel's verdict: `ok`, and why not (or "" when ok)."""
+
+    name: str
+    ok: bool
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernels this process uses (see the module docstring).
+
+    Attributes:
+        cpu: torch's CPU capability ("AVX512", "AVX2", "DEFAULT", ...), for the log.
+        probes: one `Probe` per name in `KERNELS`, in order.
+    """
+
+    cpu: str
+    probes: tuple[Probe, ...]
+
+    def ok(self, name: str) -> bool:
+        return next(p.ok for p in self.probes if p.name == name)
+
+    @property
+    def float32_rows(self) -> str:
+        """Kernel for float32 matmuls over two or more rows (one row always takes F.linear)."""
+        return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
+
+    @property
+    def bfloat16_rows(self) -> str:
+        """Kernel for bfloat16 matmuls over two or more rows."""
+        return "onednn-packed" if self.ok("onednn-bf16") else "F.linear"
+
+    @property
+    def int8_engine(self) -> str | None:
+        """The quantized engine int8 drafting packs its weights for; None: drafting stays float."""
+        return next((e for e in INT8_ENGINES if self.ok(f"int8-{e}")), None)
+
+    def describe(self) -> str:
+        """One line for logs and bench headers: the choices, then each kernel left out and why."""
+        line = (
+            f"cpu {self.cpu}; float32 rows>1: {self.float32_rows}; bfloat16 rows>1: {self.bfloat16_rows}; "
+            f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}"
+        )
+        off = [f"{p.name} ({p.why})" for p in self.probes if not p.ok]
+        return line + (f"; not used: {', '.join(off)}" if off else "")
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's pre-packed copy of an (out, in) weight, for `packed_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x @ W.t() through oneDNN on `pack_weight(W)`: (..., in) -> (..., out)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+@contextmanager
+def _quantized_engine(name: str) -> Iterator[None]:
+    """torch's quantized engine set to `name` while weights are packed (the packed weight keeps its
+    engine's kernel afterwards), then restored: the process-wide setting is not ours to keep."""
+    old = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = old
+
+
+def quantize_int8(linear: nn.Linear, engine: str) -> nn.Module:
+    """torch's dynamic int8 Linear (per-output-channel weight scales) for a float copy of `linear`,
+    packed for `engine`; `linear` itself is left as it is."""
+    with warnings.catch_warnings(), _quantized_engine(engine):
+        # torch marks its quantized tensors deprecated (moving to torchao), but this CPU kernel is the
+        # fast one for small row counts today; the warning is not actionable for our users.
+        warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"(?s).*deprecated", category=DeprecationWarning)
+        return torch.ao.quantization.quantize_dynamic(
+            nn.Sequential(copy.deepcopy(linear).float()),
+            {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+            dtype=torch.qint8,
+        )[0]
+
+
+def int8_linear(x: torch.Tensor, packed: object) -> torch.Tensor:
+    """The dynamic int8 kernel on a float32 input (reduce_range as torch's module version 4)."""
+    return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
+
+
+def _tried(fn, ref: torch.Tensor, atol: float) -> str:
+    """Run `fn()`; "" if it returns values within `atol` (relative to ref's scale) of `ref`, else why not."""
+    try:
+        out = fn()
+    except RuntimeError as e:
+        return f"RuntimeError: {str(e).strip().splitlines()[0][:160]}"
+    if out.shape != ref.shape or not torch.allclose(out.float(), ref, atol=atol * ref.abs().max().item()):
+        return "tried: wrong values"
+    return ""
+
+
+def _probe_packed(dtype: torch.dtype) -> str:
+    """Why oneDNN's pre-packed matmul cannot serve `dtype` here ("" = it can)."""
+    if not torch.backends.mkldnn.is_available():
+        return "torch built without oneDNN"
+    if not torch.backends.mkldnn.enabled:
+        return "torch.backends.mkldnn.enabled is False"
+    if not all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
+        return "this torch has no mkldnn._reorder_linear_weight/_linear_pointwise"
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if dtype == torch.bfloat16 and check is not None and not check():
+        return "oneDNN reports no bf16 support (needs avx512bw/vl/dq or avx_ne_convert)"
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=g, dtype=torch.float32).to(dtype)
+    x = torch.randn(1, 3, 16, generator=g, dtype=torch.float32).to(dtype)
+    return _tried(lambda: packed_linear(x, pack_weight(w)), F.linear(x.float(), w.float()), 0.05)
+
+
+def _probe_int8(engine: str) -> str:
+    """Why dynamic int8 drafting cannot use `engine` here ("" = it can)."""
+    if not hasattr(torch.ao.quantization, "quantize_dynamic"):
+        return "this torch has no eager dynamic quantization"
+    if engine not in torch.backends.quantized.supported_engines:
+        return "not in torch.backends.quantized.supported_engines"
+    g = torch.Generator().manual_seed(0)
+    linear = nn.Linear(16, 24, bias=False, dtype=torch.float32)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(24, 16, generator=g, dtype=torch.float32))
+    x = torch.randn(1, 3, 16, generator=g, dtype=torch.float32)
+
+    def run() -> torch.Tensor:
+        return int8_linear(x, quantize_int8(linear, engine)._packed_params._packed_params)
+
+    return _tried(run, F.linear(x, linear.weight.detach()), 0.1)
+
+
+@functools.cache
+def _probe(off: frozenset[str]) -> KernelChoice:
+    """Probe every kernel not in `off` (cached: one probe per process and forcing)."""
+    whys = {}
+    for name in KERNELS:
+        if name in off:
+            whys[name] = "forced off"
+        elif name.startswith("int8-"):
+            whys[name] = _probe_int8(name.removeprefix("int8-"))
+        else:
+            whys[name] = _probe_packed(next(d for d, k in PACKED_KERNEL.items() if k == name))
+    probes = tuple(Probe(n, not w, w) for n, w in whys.items())
+    return KernelChoice(torch.backends.cpu.get_cpu_capability(), probes)
+
+
+def parse_off(spec: str | Iterable[str]) -> frozenset[str]:
+    """Kernels to turn off, from `YUE_KERNELS`'s syntax: "auto" / "" (none), "portable" (all), or a
+    comma list of "no-<kernel>" with <kernel> in `KERNELS` or "int8" (every int8 engine). An iterable
+    of kernel names (no "no-" prefix, "int8" and "portable" allowed) is taken as it is.
+
+    Raises:
+        ValueError: an unknown entry, naming YUE_KERNELS and the accepted names.
+    """
+    if isinstance(spec, str):
+        items = [s.strip() for s in spec.split(",") if s.strip() and s.strip() != "auto"]
+        if items == ["portable"]:
+            return frozenset(KERNELS)
+        if any(not s.startswith("no-") for s in items):
+            raise ValueError(f"{ENV} must be auto, portable or no-<kernel>[,no-<kernel>...]; got {spec!r}")
+        names = [s.removeprefix("no-") for s in items]
+    else:
+        names = list(spec)
+    off = set()
+    for n in names:
+        expand = {"portable": KERNELS, "int8": tuple(k for k in KERNELS if k.startswith("int8-"))}
+        if n not in KERNELS and n not in expand:
+            raise ValueError(f"{ENV}: unknown kernel {n!r}; known: {', '.join(KERNELS)}, int8, portable")
+        off.update(expand.get(n, (n,)))
+    return frozenset(off)
+
+
+_forced: frozenset[str] | None = None  # set by `forced`; wins over the environment
+
+
+def choice() -> KernelChoice:
+    """The kernels this process uses now: probed on first use, cached per forcing."""
+    off = _forced if _forced is not None else parse_off(os.environ.get(ENV, "auto"))
+    return _probe(off)
+
+
+@contextmanager
+def forced(*off: str) -> Iterator[KernelChoice]:
+    """Within the block, `choice()` reports the kernels `off` (names from `KERNELS`, "int8",
+    "portable") as unavailable, whatever YUE_KERNELS says; models prepared in it keep those fallbacks.
+
+    Example: `with kernels.forced("onednn-bf16"): engine = yue.load(path, dtype=torch.bfloat16)`.
+    """
+    global _forced
+    old, _forced = _forced, parse_off(off)
+    try:
+        yield choice()
+    finally:
+        _forced = old
+
+
+def reset() -> None:
+    """Forget every cached probe (after patching a kernel in a test)."""
+    _probe.cache_clear()
+
+
+def packed_rows(dtype: torch.dtype) -> bool:
+    """Whether float matmuls of `dtype` over two or more rows run on oneDNN-packed weights."""
+    name = PACKED_KERNEL.get(dtype)
+    return name is not None and choice().ok(name)
+
+
+def int8_engine() -> str | None:
+    """The int8 engine drafting uses (None: no working engine, drafting stays float)."""
+    return choice().int8_engine
+
+
+def describe() -> str:
+    """`choice().describe()`: one line for logs and bench headers."""
+    return choice().describe()

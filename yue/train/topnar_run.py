@@ -1,0 +1,205 @@
+"""`yue distill --nar-layers N`: a top-layer NAR set and router for a Llama-family chat model, end to end.
+
+The stages of `topnar.py` in order, each resumable from `out_dir/work/`: the greedy answers are saved
+once generated, training checkpoints atomically at every evaluation, and a rerun of the same command
+picks up where the last one stopped. The result is a model folder holding only what yue adds to the
+base (NAR set, slot entry, drafting vocabulary, router; float16) plus its config and report: the AR set
+stays the base's, read from its own files at load (`ar_source.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from yue.model.hf import from_llama, is_nar_or_router
+from yue.model.mot import YueForCausalLM
+from yue.chat import ChatTemplate, find_chat_template
+from yue.train.distill import load_llama
+from yue.train.router import RouterTrainConfig, train_router
+from yue.train.router_eval import evaluate_router
+from yue.train.topnar import (
+    ChatSequences,
+    TopNARConfig,
+    drafting_vocabulary,
+    entry_features,
+    greedy_answers,
+    held_out_tau,
+    router_examples,
+    train_top_nar,
+    vocabulary_coverage,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopNARRecipe:
+    """What `distill_top_nar` builds and how long it trains. Defaults: the shipped yue-smol."""
+
+    nar_layers: int = 4  # top layers with a NAR set (DESIGN §8: 2-4)
+    block_size: int = 8  # K
+    draft_vocab_size: int = 8192  # FR-Spec drafting vocabulary
+    max_new_tokens: int = 256  # greedy answer length cap
+    gen_batch_size: int = 32
+    held_out: int = 64  # sequences kept out of training: tau and the router's labels
+    train: TopNARConfig = field(default_factory=TopNARConfig)
+    router: RouterTrainConfig = field(default_factory=RouterTrainConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("nar_layers", "block_size", "draft_vocab_size", "max_new_tokens", "gen_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.held_out < 2:
+            raise ValueError(f"held_out must be >= 2, got {self.held_out}")
+
+
+def read_chat_prompts(path: str | Path) -> list[list[dict]]:
+    """JSONL of {"messages": [...]} (or {"prompt": text}, read as one user message)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if "messages" in record:
+            out.append(record["messages"])
+        elif "prompt" in record:
+            out.append([{"role": "user", "content": record["prompt"]}])
+        else:
+            raise ValueError(f"{path}:{n}: a record needs 'messages' or 'prompt'")
+    if not out:
+        raise ValueError(f"{path}: no prompts")
+    return out
+
+
+def build_model(base_dir: str | Path, recipe: TopNARRecipe) -> YueForCausalLM:
+    """The base as the AR set, a NAR set on its top layers initialised as a copy of them, and a slot
+    entry that starts as the identity on the anchor's hidden state."""
+    llama = load_llama(base_dir)
+    model = from_llama(
+        llama,
+        block_size=recipe.block_size,
+        nar_layers=recipe.nar_layers,
+        draft_vocab_size=recipe.draft_vocab_size,
+    )
+    with torch.no_grad():
+        model.model.slot_entry.proj.weight.zero_()
+        model.model.slot_entry.slot_embed.zero_()
+        model.model.slot_entry.norm.weight.fill_(1.0)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def tokenize_chats(base_dir: str | Path, chats: list[list[dict]]) -> list[list[int]]:
+    """Each conversation through the base's chat template (with the generation prompt), as token ids."""
+    tok = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
+    template = ChatTemplate(find_chat_template(base_dir))
+    return [tok.encode(template.render(m), add_special_tokens=False).ids for m in chats]
+
+
+def save_nar_folder(
+    model: YueForCausalLM, out_dir: str | Path, ar_source: dict, max_shard_bytes: int | None = None
+) -> Path:
+    """Write what yue adds to the base: config.json, the NAR/router tensors (float16, ids as they are)
+    in one or more `model*.safetensors` files, and `ar_source.json` naming where the AR set comes from."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(out))
+    state = {
+        k: (v.half() if v.is_floating_point() else v).contiguous().cpu()
+        for k, v in model.state_dict().items()
+        if is_nar_or_router(k)
+    }
+    shards: list[dict] = [{}]
+    for k, v in state.items():
+        size = sum(t.numel() * t.element_size() for t in shards[-1].values())
+        if max_shard_bytes and shards[-1] and size + v.numel() * v.element_size() > max_shard_bytes:
+            shards.append({})
+        shards[-1][k] = v
+    for old in out.glob("model*.safetensors"):
+        old.unlink()
+    for i, shard in enumerate(shards):
+        name = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+    (out / "ar_source.json").write_text(json.dumps(ar_source, indent=2) + "\n")
+    return out
+
+
+def distill_top_nar(
+    base_dir: str | Path,
+    chats: list[list[dict]],
+    out_dir: str | Path,
+    recipe: TopNARRecipe = TopNARRecipe(),
+    ar_source: dict | None = None,
+    device: str = "cpu",
+    max_shard_bytes: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Base Llama folder + chat prompts -> a top-layer NAR model folder (see the module docstring).
+
+    Returns the report, also written to `out_dir/topnar_report.json`.
+    """
+    out, work = Path(out_dir), Path(out_dir) / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    t0, times = time.perf_counter(), {}
+    model = build_model(base_dir, recipe).to(device)
+    # 1. Greedy answers (saved: generation is the costly part on a CPU).
+    seq_file = work / "sequences.json"
+    if seq_file.is_file():
+        seqs = ChatSequences.load(seq_file)
+        log.info("reusing %d greedy answers from %s", len(seqs), seq_file)
+    else:
+        prompts = tokenize_chats(base_dir, chats)
+        seqs = greedy_answers(model, prompts, recipe.max_new_tokens, recipe.gen_batch_size, progress)
+        seqs.save(seq_file)
+    times["greedy_answers_s"] = time.perf_counter() - t0
+    train, held = seqs.split(recipe.held_out)
+    # 2. Drafting vocabulary from the training answers (EOS always in).
+    eos = model.config.eos_token_id
+    vocab = drafting_vocabulary(train, recipe.draft_vocab_size, always=[eos] if isinstance(eos, int) else eos)
+    model.draft_vocab.copy_(vocab.to(model.draft_vocab.device))
+    # 3. Entry features.
+    t = time.perf_counter()
+    train_feats = entry_features(model, train, progress=progress)
+    held_feats = entry_features(model, held, progress=progress)
+    times["features_s"] = time.perf_counter() - t
+    # 4. Training, resumable.
+    t = time.perf_counter()
+    before = held_out_tau(model, held, held_feats)
+    history = train_top_nar(model, train, train_feats, held, held_feats, recipe.train, work, progress=progress)
+    times["training_s"] = time.perf_counter() - t
+    # 5. Router on held-out blocks (its own held-out fifth for the report).
+    t = time.perf_counter()
+    examples = router_examples(model, held, held_feats)
+    fit, check = examples.split_by_group(0.2, seed=recipe.train.seed)
+    train_router(model.router, fit, recipe.router)
+    router_report = evaluate_router(model.router, check if len(check) else fit)
+    times["router_s"] = time.perf_counter() - t
+    report = {
+        "recipe": asdict(recipe),
+        "prompts": len(chats),
+        "sequences": {"train": len(train), "held_out": len(held)},
+        "answer_tokens": {"train": train.answer_tokens(), "held_out": held.answer_tokens()},
+        "draft_vocab_coverage_held_out": vocabulary_coverage(held, vocab),
+        "held_out_before": before,
+        "history": history,
+        "router": router_report,
+        "times_s": {k: round(v, 1) for k, v in times.items()},
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "hardware": {
+            "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+            "threads": torch.get_num_threads(),
+        },
+    }
+    save_nar_folder(model, out, ar_source or {"base": str(base_dir)}, max_shard_bytes)
+    (out / "topnar_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
