@@ -242,7 +242,6 @@ def test_percentile_interpolates_and_handles_empty():
 
 
 def test_ar_nll_scores_only_the_output_tokens(tiny_engine):
-    import torch
 
     ids, out = tiny_engine.encode("def f(x):"), [5, 6, 7]
     total, n = metrics.ar_nll(tiny_engine.model, ids, out)
@@ -411,20 +410,12 @@ def test_llamacpp_reports_why_it_cannot_run_for_a_model_without_a_gguf(tiny_mode
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf_model(tmp_path_factory):
-    """A tiny random Llama written as a GGUF with float32 matmul weights (its embedding/head Q8_0, as
-    SmolLM2's), and a yue model folder whose AR set holds exactly the values a reader recovers from it."""
+def f32_gguf(tmp_path_factory) -> Path:
+    """A tiny random Llama GGUF with float32 matmul weights (embedding/head Q8_0, as SmolLM2's) and a
+    ChatML tokenizer and template: an instruct model yue loads as an AR set (no NAR set)."""
     from tests.gguf_utils import write_tiny_llama_gguf
-    from yue.model.hf import from_llama
 
-    root = tmp_path_factory.mktemp("tiny_gguf")
-    tiny = write_tiny_llama_gguf(root / "tiny.gguf", quant="F32")
-    torch.manual_seed(0)
-    model = from_llama(tiny.reference_model(), block_size=4, mask_token_id=2)
-    folder = root / "yue"
-    model.save_pretrained(folder)
-    tiny.tokenizer.save(str(folder / "tokenizer.json"))
-    return tiny.path, str(folder)
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("f32_gguf") / "tiny.gguf", quant="F32").path
 
 
 needs_llama_cpp = pytest.mark.skipif(
@@ -434,50 +425,85 @@ needs_llama_cpp = pytest.mark.skipif(
 
 
 @needs_llama_cpp
-def test_llamacpp_peer_writes_our_ar_tokens_on_a_float32_tiny_gguf(tiny_gguf_model, monkeypatch):
-    """Through run_bench, on the GGUF our AR set was read from: greedy llama.cpp and our `ar` agree
-    token for token (float32 matmuls; the Q8_0 head costs llama.cpp 8-bit activations there, too
-    little to flip a greedy choice on these prompts)."""
-    gguf_path, folder = tiny_gguf_model
-    monkeypatch.setattr(llamacpp, "gguf_source", lambda model: (gguf_path, ""))
-    prompts = [{"prompt": t} for t in ("The sea is calm", "def add(a, b):", "Hello, world!")]
-    file = Path(folder) / "prompts.jsonl"
-    file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny_gguf(
+    f32_gguf, gguf_cache, chat_file, monkeypatch
+):
+    """Through run_bench with the GGUF as the model: chat lines through its ChatML template, the same
+    ids to llama.cpp, transformers and our loop, and greedy llama.cpp == our `ar` token for token
+    (float32 matmuls; its Q8_0 head costs llama.cpp 8-bit activations there, too little to flip a
+    greedy choice on these prompts). Modes that need a NAR set are skipped with a note."""
+    import transformers
+
+    import yue.engine
+
+    seen: dict[str, list[list[int]]] = {"ours": [], "hf": [], "llamacpp": []}
+    real_decode, real_hf = yue.engine.decode, transformers.LlamaForCausalLM.generate
+    real_lc = llamacpp.LlamaCppRunner.generate
+
+    def decode(model, prompts, cfg, cancel=None):
+        seen["ours"] += [list(p) for p in prompts]
+        return real_decode(model, prompts, cfg, cancel)
+
+    def hf_generate(self, input_ids, **kw):
+        seen["hf"] += input_ids.tolist()
+        return real_hf(self, input_ids, **kw)
+
+    def lc_generate(self, ids):
+        seen["llamacpp"].append(list(ids))
+        return real_lc(self, ids)
+
+    monkeypatch.setattr(yue.engine, "decode", decode)
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", hf_generate)
+    monkeypatch.setattr(llamacpp.LlamaCppRunner, "generate", lc_generate)
     cfg = BenchConfig(
-        model=folder,
-        prompts=str(file),
+        model=str(f32_gguf),
+        prompts=str(chat_file),
         max_new_tokens=24,
-        modes=("llamacpp-greedy", "ar"),
+        modes=("hf-greedy", "llamacpp-greedy", "ar", "verified"),
+        verified_thresholds=(),
         memory=False,
-        cost_curve=False,
     )
     result = run_bench(cfg)
-    assert not result.skipped
+    engine = yue.load(str(f32_gguf))
+    expected = [p.ids for p in load_prompts(chat_file, engine)]
+    assert expected[0][:3] == engine.encode("<|im_start|>system\n")[:3]  # ChatML, templated
+    for who, ids in seen.items():
+        assert ids and all(x in expected for x in ids) and all(x in ids for x in expected), who
+    assert "no NAR set" in result.skipped["verified"] and "llamacpp-greedy" not in result.skipped
     lc = result.summaries["llamacpp-greedy"].values
     assert lc["exact_match_vs_ar"] == 1.0 and lc["nll_ratio_vs_ar"] == pytest.approx(1.0)
     assert lc["forwards_per_token"] >= 1.0 and lc["ttft_ms"] > 0
-    assert "tiny.gguf (ALL_F32 weights, llama.cpp kernels" in result.settings["llamacpp"]
+    assert result.summaries["hf-greedy"].values["exact_match_vs_ar"] == 1.0
     assert result.summaries["ar"].values["speedup_vs_llamacpp_greedy"] > 0
+    assert "tiny.gguf (ALL_F32 weights, llama.cpp kernels" in result.settings["llamacpp"]
+    assert result.costs is not None and result.costs.draft_s is None  # no NAR set: no drafting pass
 
 
 @needs_llama_cpp
-def test_llamacpp_runner_is_fed_the_prompt_ids_and_stops_at_eos_or_the_budget(tiny_gguf_model):
-    gguf_path, folder = tiny_gguf_model
-    engine = yue.load(folder)
-    llm = llamacpp.load(gguf_path, 128, threads=1)
-    fed = []
-    real = llm.generate
-    llm.generate = lambda ids, **kw: (fed.append(list(ids)), real(ids, **kw))[1]
+def test_llamacpp_runner_stops_at_eos_or_the_budget_and_reuses_nothing_across_calls(f32_gguf, gguf_cache):
+    engine = yue.load(str(f32_gguf))
+    llm = llamacpp.load(f32_gguf, 128, threads=1)
     p = Prompt("The sea", None, engine.encode("The sea"))
+    eos = {engine.tokenizer.eos_id}
     for budget in (1, 16):
-        s = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {2}, budget)([(0, p)])
+        s = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos, budget)([(0, p)])
         tokens = s.rows[0][1]
-        assert fed[-1] == p.ids and 2 not in tokens and len(tokens) <= budget
+        assert not eos & set(tokens) and len(tokens) <= budget
         assert s.forwards == len(tokens) + (len(tokens) < budget)  # the EOS's forward counts
         assert s.ttft_s is not None and 0 < s.ttft_s <= s.wall_s
     # A second call starts from an empty context: the same tokens (no prefix-cache reuse changes them).
-    again = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {2}, 16)([(0, p)])
+    again = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos, 16)([(0, p)])
     assert again.rows[0][1] == tokens
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+def test_llamacpp_peak_memory_is_measured_in_a_process_of_its_own(f32_gguf):
+    from yue.bench.memory import MemorySpec, measure
+
+    ids = [1, 40, 41, 42]
+    mem = measure(MemorySpec("llamacpp-greedy", None, None, "", ids, 8, 1, gguf=str(f32_gguf)))
+    assert 0 < mem["base_rss_mb"] <= mem["peak_rss_mb"]
 
 
 def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatch):
@@ -489,14 +515,3 @@ def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatc
     )
     why = llamacpp.unavailable(str(gguf_file))
     assert why is not None and "\n" not in why and "pip install 'yue[llamacpp]'" in why
-
-
-@needs_llama_cpp
-@pytest.mark.slow
-def test_llamacpp_peak_memory_is_measured_in_a_process_of_its_own(tiny_gguf_model):
-    from yue.bench.memory import MemorySpec, measure
-
-    gguf_path, folder = tiny_gguf_model
-    ids = yue.load(folder).encode("The sea")
-    mem = measure(MemorySpec("llamacpp-greedy", None, None, "The sea", ids, 8, 1, gguf=str(gguf_path)))
-    assert 0 < mem["base_rss_mb"] <= mem["peak_rss_mb"]
