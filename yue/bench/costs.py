@@ -8,8 +8,9 @@ Design decisions:
   length should follow, measured on the machine and model at hand.
 - Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
   context, as mid-answer), and never advances it: every timed call writes the same scratch positions.
-- Warm-up calls first, then the median of a few tries per row count (medians resist a shared machine's
-  spikes); ratios are to the 1-row step measured in the same call.
+- Warm-up calls first, then a few rounds, each timing every row count and the drafting pass once
+  (interleaved, so drift on a shared machine hits all of them alike); the median per call kind resists
+  spikes. Ratios are to the 1-row step measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -57,15 +58,18 @@ class CostCurve:
         }
 
 
-def _median_time(fn, warmup: int, tries: int) -> float:
+def _median_times(calls: list, warmup: int, tries: int) -> list[float]:
+    """Median seconds of each call over `tries` rounds that run every call once, after `warmup` rounds."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in calls:
+            fn()
+    times: list[list[float]] = [[] for _ in calls]
     for _ in range(tries):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(calls, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def _has_drafting_pass(config) -> bool:
@@ -75,7 +79,7 @@ def _has_drafting_pass(config) -> bool:
 
 @torch.inference_mode()
 def verify_cost_curve(
-    model, context: int = 200, rows: tuple[int, ...] = ROWS, warmup: int = 2, tries: int = 5, seed: int = 0
+    model, context: int = 200, rows: tuple[int, ...] = ROWS, warmup: int = 2, tries: int = 7, seed: int = 0
 ) -> CostCurve:
     """Time `model.step` over 1..9 fed rows and the drafting pass, on a cache holding `context` tokens.
 
@@ -83,7 +87,8 @@ def verify_cost_curve(
         model: a YueForCausalLM prepared for decoding (as `yue.load` returns it), batch 1.
         context: committed tokens in the cache before the timed steps (capped by the model's context).
         rows: the row counts to time.
-        warmup, tries: untimed calls, then timed calls whose median is reported, per row count.
+        warmup, tries: untimed rounds, then timed rounds (each times every row count and the drafting
+            pass once); the median per kind is reported.
         seed: for the context's random token ids (their values do not change a step's cost).
     Returns:
         CostCurve with one median per row count (seconds) and the drafting pass's.
@@ -103,16 +108,16 @@ def verify_cost_curve(
         m = decode_mask(context, n, 0, cache.key_valid, device)
         return lambda: model.step(ids[:, context : context + n], pos[context : context + n], n, m, cache, n)
 
-    step_s = [_median_time(step(n), warmup, tries) for n in rows]
-    if not _has_drafting_pass(cfg):
-        return CostCurve(context, tuple(rows), step_s)
-    # The drafting pass as decode/loop.py runs it: K slots after the last kept token, slot 1 revealed;
-    # a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
-    slots = torch.full((1, K), cfg.mask_token_id, dtype=torch.long, device=device)
-    slots[0, 0] = ids[0, context]
-    m = decode_mask(context, 0, K, cache.key_valid, device)
-    entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
-    draft = _median_time(
-        lambda: model.step(slots, pos[context : context + K], 0, m, cache, 0, entry), warmup, tries
-    )
-    return CostCurve(context, tuple(rows), step_s, K, draft)
+    calls = [step(n) for n in rows]
+    if _has_drafting_pass(cfg):
+        # The drafting pass as decode/loop.py runs it: K slots after the last kept token, slot 1
+        # revealed; a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
+        slots = torch.full((1, K), cfg.mask_token_id, dtype=torch.long, device=device)
+        slots[0, 0] = ids[0, context]
+        m = decode_mask(context, 0, K, cache.key_valid, device)
+        entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
+        calls.append(lambda: model.step(slots, pos[context : context + K], 0, m, cache, 0, entry))
+    times = _median_times(calls, warmup, tries)
+    if len(times) == len(rows):
+        return CostCurve(context, tuple(rows), times)
+    return CostCurve(context, tuple(rows), times[: len(rows)], K, times[-1])
