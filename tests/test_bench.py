@@ -1,22 +1,29 @@
-"""`yue bench` invariants: the JSON contract, verified == ar, hf-greedy == our ar, the plot, bad input.
+"""`yue bench` invariants: the JSON contract, verified == ar, hf-greedy == our ar, the plot, bad input;
+chat prompts fed to every entry as the same ids; prompt sets held-out first; the llama.cpp peer (where
+llama-cpp-python is installed) or its one-line skip note; the verify cost curve.
 
 Benchmarks are not timed tests: nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import yue
-from yue.bench import metrics
-from yue.bench.harness import JSON_KEYS, BenchConfig, entries
+from yue.bench import llamacpp, metrics
+from yue.bench.costs import verify_cost_curve
+from yue.bench.harness import JSON_KEYS, BenchConfig, entries, run_bench
+from yue.bench.prompts import load_prompts, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Prompt, load_peers
 from yue.cli import app
+from yue.engine import Engine
 
 PROMPTS = [
     {"prompt": "def alpha_1(x):\n", "reference": "    return beta(x) + 1\n\n"},
@@ -44,8 +51,18 @@ def prompts_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bench_run(drafting_model_dir, prompts_file, tmp_path_factory):
-    """One CLI run over every mode, a one-point sweep and batch 2 (no memory probes: see below)."""
+def dev_prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("dev") / "calibration.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "def omega_2(x):\n", "reference": "    return alpha(x) + 2\n"}) + "\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_run(drafting_model_dir, prompts_file, dev_prompts_file, tmp_path_factory):
+    """One CLI run over every mode, a one-point sweep, batch 2, a held-out and a dev set (no memory
+    probes: see below)."""
     out = tmp_path_factory.mktemp("bench")
     args = [
         "bench",
@@ -53,6 +70,8 @@ def bench_run(drafting_model_dir, prompts_file, tmp_path_factory):
         drafting_model_dir,
         "--prompts",
         str(prompts_file),
+        "--dev-prompts",
+        str(dev_prompts_file),
         "--max-new-tokens",
         "12",
         "--thresholds",
@@ -73,7 +92,14 @@ def bench_run(drafting_model_dir, prompts_file, tmp_path_factory):
 def test_last_stdout_line_is_one_json_document_with_exactly_the_issue_keys(bench_run):
     result, out = bench_run
     doc = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(doc) == {"model", "prompts", "max_new_tokens", "modes"}
+    assert {"model", "prompts", "max_new_tokens", "modes"} <= set(doc)
+    assert set(doc) - {"model", "prompts", "max_new_tokens", "modes"} == {
+        "prompt_sets",
+        "skipped",
+        "verify_cost_curve",
+        "drafting_pass_cost",
+        "settings",
+    }
     assert doc["prompts"] == len(PROMPTS) and doc["max_new_tokens"] == 12
     expected = ["hf-greedy", "hf-prompt-lookup", "ar", "verified", "verified@1", "verified+fused"]
     expected += ["verified+fused@1", "hybrid", "hybrid@0.5", "nar"]
@@ -81,6 +107,38 @@ def test_last_stdout_line_is_one_json_document_with_exactly_the_issue_keys(bench
     for mode, row in doc["modes"].items():
         assert list(row) == list(JSON_KEYS), mode
     assert json.loads((out / "bench.json").read_text()) == doc
+
+
+def test_held_out_set_comes_first_and_the_dev_set_is_labelled_as_such(bench_run):
+    result, _ = bench_run
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    sets = doc["prompt_sets"]
+    assert [(s["name"], s["split"], s["prompts"]) for s in sets] == [
+        ("prompts", "held-out", len(PROMPTS)),
+        ("calibration", "dev", 1),
+    ]
+    assert doc["modes"] == sets[0]["modes"] and doc["prompts"] == sets[0]["prompts"]
+    assert list(sets[1]["modes"]) == list(sets[0]["modes"])
+    assert sets[1]["modes"]["verified"]["exact_match_vs_ar"] == 1.0
+    held, dev = result.stdout.index("held-out (nothing"), result.stdout.index("dev (calibration")
+    assert held < dev
+
+
+def test_llamacpp_peer_without_a_gguf_source_is_skipped_with_a_one_line_note(bench_run):
+    result, _ = bench_run
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "llamacpp-greedy" not in doc["modes"]
+    assert "no GGUF source" in doc["skipped"]["llamacpp-greedy"]
+    assert "llamacpp-greedy skipped: model" in result.stdout and "Traceback" not in result.output
+
+
+def test_verify_cost_curve_is_reported_for_rows_1_to_9_and_the_drafting_pass(bench_run):
+    doc = json.loads(bench_run[0].stdout.strip().splitlines()[-1])
+    curve, draft = doc["verify_cost_curve"], doc["drafting_pass_cost"]
+    assert curve["rows"] == list(range(1, 10)) and len(curve["step_ms"]) == 9
+    assert curve["ratio_to_1_row"][0] == 1.0 and all(r > 0 for r in curve["ratio_to_1_row"])
+    assert draft["slots"] == 8 and draft["ms"] > 0 and draft["ratio_to_ar_step"] > 0
+    assert "drafting pass (8 slots)" in bench_run[0].stdout
 
 
 def test_verified_output_equals_ar_output_and_it_really_drafted(bench_run):
@@ -95,6 +153,7 @@ def test_verified_output_equals_ar_output_and_it_really_drafted(bench_run):
 def test_hf_greedy_and_prompt_lookup_write_our_ar_tokens(bench_run):
     modes = json.loads(bench_run[0].stdout.strip().splitlines()[-1])["modes"]
     assert modes["hf-greedy"]["exact_match_vs_ar"] == 1.0
+    assert modes["hf-greedy"]["speedup_vs_llamacpp_greedy"] is None  # llama.cpp did not run
     assert modes["hf-prompt-lookup"]["exact_match_vs_ar"] == 1.0
     # One forward per token (the forward that writes an EOS counts, the EOS token does not).
     assert modes["hf-greedy"]["forwards_per_token"] == modes["ar"]["forwards_per_token"] >= 1.0
@@ -183,7 +242,6 @@ def test_percentile_interpolates_and_handles_empty():
 
 
 def test_ar_nll_scores_only_the_output_tokens(tiny_engine):
-    import torch
 
     ids, out = tiny_engine.encode("def f(x):"), [5, 6, 7]
     total, n = metrics.ar_nll(tiny_engine.model, ids, out)
@@ -202,3 +260,258 @@ def test_markdown_table_has_a_row_per_entry_and_inverts_forwards_per_token(bench
     assert len(lines) == 2 + len(doc["modes"])
     row = next(r for r in lines if r.startswith("| verified |")).split(" | ")
     assert float(row[4]) == pytest.approx(1.0 / doc["modes"]["verified"]["forwards_per_token"], abs=0.006)
+
+
+def test_cost_curve_gives_nine_positive_step_times_and_a_drafting_pass(tiny_engine):
+    c = verify_cost_curve(tiny_engine.model, context=50, warmup=1, tries=3)
+    assert c.rows == tuple(range(1, 10)) and len(c.step_s) == 9 and all(s > 0 for s in c.step_s)
+    assert c.ratios[0] == 1.0
+    assert c.draft_slots == tiny_engine.model_config.block_size and c.draft_s > 0
+
+
+# --- chat prompts: parsed, templated once, the same ids for every entry -------------------------------
+
+CHAT = [
+    {"messages": [{"role": "user", "content": "def alpha_1(x):"}], "reference": "    return beta(x)\n"},
+    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "class P:"}]},
+    {"prompt": "def gamma_4(x):\n    return"},  # raw prompts stay raw, even for a chat model
+]
+
+
+def _template(self, messages: list[dict[str, str]]) -> str:
+    """A stand-in chat template (with generation prompt), in the shape of `Engine.chat_prompt`."""
+    return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+
+@pytest.fixture
+def chat_engine(monkeypatch, tiny_model_dir):
+    monkeypatch.setattr(Engine, "chat_prompt", _template, raising=False)
+    return yue.load(tiny_model_dir)
+
+
+@pytest.fixture
+def chat_file(tmp_path) -> Path:
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in CHAT))
+    return path
+
+
+def test_chat_lines_go_through_the_template_and_raw_lines_stay_raw(chat_engine, chat_file):
+    got = load_prompts(chat_file, chat_engine)
+    texts = [
+        "<user>def alpha_1(x):\n<assistant>",
+        "<system>be brief\n<user>class P:\n<assistant>",
+        "def gamma_4(x):\n    return",
+    ]
+    assert [p.text for p in got] == texts
+    assert [p.ids for p in got] == [chat_engine.encode(t) for t in texts]
+    assert [p.reference for p in got] == ["    return beta(x)\n", None, None]
+    assert len(load_prompts(chat_file, chat_engine, limit=2)) == 2
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ({"messages": []}, "non-empty list"),
+        ({"messages": [{"role": "user"}]}, "non-empty list"),
+        ({"text": "x"}, 'string "prompt" or a "messages" list'),
+        ({"prompt": "x", "reference": 3}, '"reference" must be a string'),
+    ],
+)
+def test_bad_prompt_lines_name_the_file_and_line(chat_engine, tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=message) as e:
+        load_prompts(path, chat_engine)
+    assert f"{path}:2" in str(e.value)
+
+
+def test_chat_messages_for_an_engine_that_cannot_template_are_a_user_error(chat_file):
+    class Bare:  # an engine without chat_prompt
+        name = "bare"
+
+        def encode(self, text: str) -> list[int]:
+            return [len(text)]
+
+    with pytest.raises(ValueError, match=f"{chat_file}:1: chat messages need a chat template"):
+        load_prompts(chat_file, Bare())
+
+
+def test_default_sets_are_the_code_dev_set_for_a_completion_model(tiny_engine):
+    sets = prompt_sets(tiny_engine, None, None, limit=2)
+    assert [(s.name, s.split, len(s.prompts)) for s in sets] == [("devset", "dev", 2)]
+
+
+def test_default_sets_of_an_instruct_model_are_held_out_chat_then_calibration(
+    chat_engine, chat_file, monkeypatch, tmp_path
+):
+    import yue.bench.prompts as bench_prompts
+
+    test, calib = tmp_path / "chat_test.jsonl", tmp_path / "chat_calibration.jsonl"
+    shutil.copy(chat_file, test), shutil.copy(chat_file, calib)
+    monkeypatch.setattr(bench_prompts, "CHAT_TEST", test)
+    monkeypatch.setattr(bench_prompts, "CHAT_CALIBRATION", calib)
+    monkeypatch.setattr(Engine, "instruct", True, raising=False)
+    sets = prompt_sets(chat_engine, None, None, limit=None)
+    assert [(s.name, s.split) for s in sets] == [("chat_test", "held-out"), ("chat_calibration", "dev")]
+    assert sets[0].prompts[0].text == "<user>def alpha_1(x):\n<assistant>"
+    # Files given: exactly those, held-out first, whatever the model.
+    sets = prompt_sets(chat_engine, None, calib, limit=1)
+    assert [(s.name, s.split, len(s.prompts)) for s in sets] == [("chat_calibration", "dev", 1)]
+
+
+def test_every_mode_and_peer_is_fed_the_same_templated_ids(
+    chat_engine, chat_file, tiny_model_dir, monkeypatch
+):
+    """Through run_bench: the ids our decode loop starts from and the ids transformers' generate gets
+    are, per prompt, the chat template's text encoded once."""
+    import transformers
+
+    import yue.engine
+
+    expected = [p.ids for p in load_prompts(chat_file, chat_engine)]
+    seen: dict[str, list[list[int]]] = {"ours": [], "hf": []}
+    real_decode, real_generate = yue.engine.decode, transformers.LlamaForCausalLM.generate
+
+    def decode(model, prompts, cfg, cancel=None):
+        seen["ours"] += [list(p) for p in prompts]
+        return real_decode(model, prompts, cfg, cancel)
+
+    def generate(self, input_ids, **kw):
+        seen["hf"] += input_ids.tolist()
+        return real_generate(self, input_ids, **kw)
+
+    monkeypatch.setattr(yue.engine, "decode", decode)
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", generate)
+    cfg = BenchConfig(
+        model=tiny_model_dir,
+        prompts=str(chat_file),
+        max_new_tokens=4,
+        modes=("hf-greedy", "hf-prompt-lookup", "ar", "verified"),
+        thresholds=(),
+        verified_thresholds=(),
+        fused_drafts=False,
+        memory=False,
+        cost_curve=False,
+    )
+    result = run_bench(cfg)
+    for who in ("ours", "hf"):
+        assert seen[who] and all(ids in expected for ids in seen[who]), who
+        assert all(ids in seen[who] for ids in expected), who
+    assert result.summaries["hf-greedy"].values["exact_match_vs_ar"] == 1.0
+
+
+# --- the llama.cpp peer ----------------------------------------------------------------------------
+
+
+def test_llamacpp_reports_why_it_cannot_run_for_a_model_without_a_gguf(tiny_model_dir):
+    why = llamacpp.unavailable(tiny_model_dir)
+    assert why is not None and "\n" not in why and "GGUF" in why
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tmp_path_factory) -> Path:
+    """A tiny random Llama GGUF with float32 matmul weights (embedding/head Q8_0, as SmolLM2's) and a
+    ChatML tokenizer and template: an instruct model yue loads as an AR set (no NAR set)."""
+    from tests.gguf_utils import write_tiny_llama_gguf
+
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("f32_gguf") / "tiny.gguf", quant="F32").path
+
+
+needs_llama_cpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (pip install 'yue[llamacpp]')",
+)
+
+
+@needs_llama_cpp
+def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny_gguf(
+    f32_gguf, gguf_cache, chat_file, monkeypatch
+):
+    """Through run_bench with the GGUF as the model: chat lines through its ChatML template, the same
+    ids to llama.cpp, transformers and our loop, and greedy llama.cpp == our `ar` token for token
+    (float32 matmuls; its Q8_0 head costs llama.cpp 8-bit activations there, too little to flip a
+    greedy choice on these prompts). Modes that need a NAR set are skipped with a note."""
+    import transformers
+
+    import yue.engine
+
+    seen: dict[str, list[list[int]]] = {"ours": [], "hf": [], "llamacpp": []}
+    real_decode, real_hf = yue.engine.decode, transformers.LlamaForCausalLM.generate
+    real_lc = llamacpp.LlamaCppRunner.generate
+
+    def decode(model, prompts, cfg, cancel=None):
+        seen["ours"] += [list(p) for p in prompts]
+        return real_decode(model, prompts, cfg, cancel)
+
+    def hf_generate(self, input_ids, **kw):
+        seen["hf"] += input_ids.tolist()
+        return real_hf(self, input_ids, **kw)
+
+    def lc_generate(self, ids):
+        seen["llamacpp"].append(list(ids))
+        return real_lc(self, ids)
+
+    monkeypatch.setattr(yue.engine, "decode", decode)
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", hf_generate)
+    monkeypatch.setattr(llamacpp.LlamaCppRunner, "generate", lc_generate)
+    cfg = BenchConfig(
+        model=str(f32_gguf),
+        prompts=str(chat_file),
+        max_new_tokens=24,
+        modes=("hf-greedy", "llamacpp-greedy", "ar", "verified"),
+        verified_thresholds=(),
+        memory=False,
+    )
+    result = run_bench(cfg)
+    engine = yue.load(str(f32_gguf))
+    expected = [p.ids for p in load_prompts(chat_file, engine)]
+    assert expected[0][:3] == engine.encode("<|im_start|>system\n")[:3]  # ChatML, templated
+    for who, ids in seen.items():
+        assert ids and all(x in expected for x in ids) and all(x in ids for x in expected), who
+    assert "no NAR set" in result.skipped["verified"] and "llamacpp-greedy" not in result.skipped
+    lc = result.summaries["llamacpp-greedy"].values
+    assert lc["exact_match_vs_ar"] == 1.0 and lc["nll_ratio_vs_ar"] == pytest.approx(1.0)
+    assert lc["forwards_per_token"] >= 1.0 and lc["ttft_ms"] > 0
+    assert result.summaries["hf-greedy"].values["exact_match_vs_ar"] == 1.0
+    assert result.summaries["ar"].values["speedup_vs_llamacpp_greedy"] > 0
+    assert "tiny.gguf (ALL_F32 weights, llama.cpp kernels" in result.settings["llamacpp"]
+    assert result.costs is not None and result.costs.draft_s is None  # no NAR set: no drafting pass
+
+
+@needs_llama_cpp
+def test_llamacpp_runner_stops_at_eos_or_the_budget_and_reuses_nothing_across_calls(f32_gguf, gguf_cache):
+    engine = yue.load(str(f32_gguf))
+    llm = llamacpp.load(f32_gguf, 128, threads=1)
+    p = Prompt("The sea", None, engine.encode("The sea"))
+    eos = {engine.tokenizer.eos_id}
+    for budget in (1, 16):
+        s = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos, budget)([(0, p)])
+        tokens = s.rows[0][1]
+        assert not eos & set(tokens) and len(tokens) <= budget
+        assert s.forwards == len(tokens) + (len(tokens) < budget)  # the EOS's forward counts
+        assert s.ttft_s is not None and 0 < s.ttft_s <= s.wall_s
+    # A second call starts from an empty context: the same tokens (no prefix-cache reuse changes them).
+    again = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos, 16)([(0, p)])
+    assert again.rows[0][1] == tokens
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+def test_llamacpp_peak_memory_is_measured_in_a_process_of_its_own(f32_gguf):
+    from yue.bench.memory import MemorySpec, measure
+
+    ids = [1, 40, 41, 42]
+    mem = measure(MemorySpec("llamacpp-greedy", None, None, "", ids, 8, 1, gguf=str(f32_gguf)))
+    assert 0 < mem["base_rss_mb"] <= mem["peak_rss_mb"]
+
+
+def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatch):
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
+    )
+    why = llamacpp.unavailable(str(gguf_file))
+    assert why is not None and "\n" not in why and "pip install 'yue[llamacpp]'" in why

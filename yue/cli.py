@@ -476,11 +476,20 @@ def distill_cmd(
 def bench_cmd(
     model: str | None = typer.Option(None, help=MODEL_HELP),
     prompts: Path | None = typer.Option(
-        None, help='JSONL of {"prompt", "reference"?} (default: the shipped development set).'
+        None,
+        help='Held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role", "content"}]} '
+        '(+ "reference"?); messages go through the model\'s chat template for every entry alike. '
+        "Default (neither --prompts nor --dev-prompts): a chat model's shipped chat_test + chat_calibration "
+        "sets, else the code development set.",
+    ),
+    dev_prompts: Path | None = typer.Option(
+        None, help="A development (calibration) prompt set, reported after the held-out one and labelled dev."
     ),
     max_new_tokens: int = typer.Option(128, help="Tokens generated per prompt, by every mode."),
     modes: str = typer.Option(
-        "hf-greedy,hf-prompt-lookup,ar,verified,hybrid,nar", help="Comma-separated entries to compare."
+        "hf-greedy,hf-prompt-lookup,llamacpp-greedy,ar,verified,hybrid,nar",
+        help="Comma-separated entries to compare. llamacpp-greedy needs a model with a GGUF source and "
+        "llama-cpp-python (pip install 'yue[llamacpp]'); else it is skipped, saying why.",
     ),
     thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
     verified_thresholds: str = typer.Option(
@@ -494,11 +503,14 @@ def bench_cmd(
     limit: int | None = typer.Option(None, help="Use only the first N prompts."),
     threads: int = typer.Option(1, help="torch threads, the same for every mode."),
     memory: bool = typer.Option(True, help="Measure peak RSS per mode, each in its own process."),
-    device: str = typer.Option("cpu", help="cpu | cuda (ours and the peers alike)."),
+    device: str = typer.Option("cpu", help="cpu | cuda (ours and the transformers peers; llama.cpp: cpu)."),
+    cost_curve: bool = typer.Option(
+        True, help="Time a verifying forward over 1..9 rows and a drafting pass (ratios to a 1-row step)."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
     plot: Path | None = typer.Option(None, help="Write the speed vs fidelity plot (PNG) here."),
 ) -> None:
-    """Compare the decode modes with Hugging Face generate on the same weights; JSON on the last line."""
+    """Compare the decode modes with transformers and llama.cpp on the same weights; JSON on the last line."""
     from rich.console import Console
 
     from yue.bench.harness import BenchConfig, run_bench
@@ -512,8 +524,9 @@ def bench_cmd(
             raise ValueError(f"{name}: expected comma-separated {kind.__name__}s, got {text!r}") from None
 
     cfg = BenchConfig(
-        model=str(model) if model is not None else None,
+        model=model,
         prompts=str(prompts) if prompts is not None else None,
+        dev_prompts=str(dev_prompts) if dev_prompts is not None else None,
         max_new_tokens=max_new_tokens,
         modes=csv(modes, str, "modes"),
         thresholds=csv(thresholds, float, "thresholds"),
@@ -525,6 +538,7 @@ def bench_cmd(
         threads=threads,
         memory=memory,
         device=device,
+        cost_curve=cost_curve,
     )
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     result = run_bench(cfg, log=lambda s: err.print(f"[bench] {s}", markup=False))

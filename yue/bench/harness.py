@@ -1,52 +1,49 @@
-"""`yue bench`: our decode modes side by side with Hugging Face transformers on the same weights.
+"""`yue bench`: our decode modes side by side with the tools users would pick, on the same weights.
 
 Design decisions (DESIGN §6, STYLE habit 12):
-- Peers run our AR set exported to `LlamaForCausalLM` (same weights, float32, same torch thread
-  count) and are fed the exact prompt ids our engine decodes from (`Engine.encode`).
-- Warm-up first: every entry runs once on the first prompt (or batch), timed and reported apart.
+- Peers: Hugging Face `generate` (greedy, and prompt lookup) on our AR set exported to
+  `LlamaForCausalLM` (same float32 weights, same torch thread count), and llama.cpp
+  (llama-cpp-python, `llamacpp.py`) on the GGUF file the AR set comes from, at the same thread count.
+  Every entry is fed the exact prompt ids our engine decodes from (`prompts.py`: chat messages go
+  through the chat template once, then `Engine.encode`).
+- Several prompt sets in one run, the held-out set first and the development (calibration) set
+  labelled as such; each set gets its own summary. The entries, runners and warm-up are shared.
+- Warm-up first: every entry runs once on the first set's first prompt (or batch), timed and reported
+  apart.
 - Entries are interleaved per prompt, in an order rotated every prompt, so drift on a shared machine
   hits all of them alike; speed is reported as medians with p10/p90, ratios from the same run.
-- How each entry is run, timed and counted (TTFT, forwards, accept lengths): runners.py. Both sides
-  stop at <|eos|> (DecodeConfig has no way to ignore it); tokens/s counts the tokens actually
-  generated (EOS excluded) on each side.
-- Peak memory is measured per mode in a fresh process (memory.py), after the timed runs.
+- How each entry is run, timed and counted (TTFT, forwards, accept lengths): runners.py. Every side
+  stops at the model's EOS; tokens/s counts the tokens actually generated (EOS excluded).
+- An entry that cannot run here (llama.cpp not installed, a model without a GGUF source or without a
+  NAR set) is left out with a one-line reason in the report, never a traceback.
+- The cost of a verifying forward against its rows and of a drafting pass (`costs.py`) is measured on
+  the loaded model after the timed runs; peak memory per mode in a fresh process (memory.py), last.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from yue.bench import metrics
-from yue.bench.runners import HFRunner, OurRunner, Prompt, Sample, load_peers
+from yue.bench import llamacpp
+from yue.bench.costs import CostCurve, verify_cost_curve
+from yue.bench.prompts import PromptSet, prompt_sets
+from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
+from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 
-PEERS = ("hf-greedy", "hf-prompt-lookup")
+HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
+PEERS = (*HF_PEERS, llamacpp.NAME)
 ALL_MODES: tuple[str, ...] = PEERS + MODES
 DEFAULT_THRESHOLDS = (0.3, 0.5, 0.65, 0.8)
 BATCHED_MODES = ("ar", "verified")  # batch sizes > 1 report throughput for these
-DEVSET = Path(__file__).resolve().parent.parent / "assets" / "devset.jsonl"
-JSON_KEYS = (
-    "tokens_per_s",
-    "speedup_vs_hf_greedy",
-    "ttft_ms",
-    "forwards_per_token",
-    "mean_accepted",
-    "exact_match_vs_ar",
-    "nll_ratio_vs_ar",
-    "chrf",
-    "chrf_ratio_vs_ar",
-    "repetition",
-    "peak_rss_mb",
-)
+__all__ = ["JSON_KEYS", "BenchConfig", "BenchResult", "Entry", "entries", "run_bench"]
 
 
 @dataclass(frozen=True)
@@ -54,8 +51,10 @@ class BenchConfig:
     """What to benchmark. Validated once; bad values raise ValueError naming the field.
 
     Attributes:
-        model: yue model folder; None = the shipped default model.
-        prompts: JSONL file of {"prompt", "reference"?}; None = the shipped development set.
+        model: a model name (`yue-smol`, `yue-code-mini`) or path; None = the default model.
+        prompts: the held-out JSONL prompt file, reported first (`prompts.py` has the line forms).
+        dev_prompts: a development (calibration) prompt file, reported after it and labelled as such.
+            Neither given: the model's default sets (`prompts.default_files`).
         max_new_tokens: tokens per generation (all entries alike).
         modes: entries to run, from ALL_MODES; "hybrid" runs at the model's default threshold.
         thresholds: the hybrid sweep; each adds a "hybrid@T" entry (only when "hybrid" is in modes).
@@ -69,11 +68,13 @@ class BenchConfig:
         limit: use only the first `limit` prompts.
         threads: torch intra-op threads for every entry (and every memory probe).
         memory: measure peak RSS per mode in separate processes (seconds per mode).
-        device: "cpu" or "cuda[:N]" for ours and the peers alike.
+        device: "cpu" or "cuda[:N]" for ours and the transformers peers (llama.cpp: CPU only).
+        cost_curve: time a verifying forward over 1..9 rows and the drafting pass (`costs.py`).
     """
 
     model: str | None = None
     prompts: str | None = None
+    dev_prompts: str | None = None
     max_new_tokens: int = 128
     modes: tuple[str, ...] = ALL_MODES
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
@@ -85,6 +86,7 @@ class BenchConfig:
     threads: int = 1
     memory: bool = True
     device: str = "cpu"
+    cost_curve: bool = True
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in ALL_MODES]
@@ -140,66 +142,69 @@ def entries(cfg: BenchConfig) -> list[Entry]:
     return out
 
 
-def load_prompts(
-    path: str | Path | None, encode: Callable[[str], list[int]], limit: int | None
-) -> list[Prompt]:
-    """Read a JSONL prompt file ({"prompt": str, "reference": str?} per line)."""
-    import json
-
-    path = Path(path) if path is not None else DEVSET
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts file not found: {path}")
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise ValueError(f'{path}:{n}: each line must be an object with a string "prompt"')
-        out.append(Prompt(row["prompt"], row.get("reference"), encode(row["prompt"])))
-    if not out:
-        raise ValueError(f"{path}: no prompts")
-    return out[:limit]
-
-
 @dataclass
-class Summary:
-    """One entry's results: the JSON fields (JSON_KEYS) plus what only the table shows."""
+class SetResult:
+    """One prompt set's summaries. split: "held-out" or "dev" (`prompts.SPLIT_LABELS`)."""
 
-    values: dict[str, float | None]
-    tokens_per_s_p10: float | None = None
-    tokens_per_s_p90: float | None = None
-    accept_hist: dict[int, int] = field(default_factory=dict)
-    warmup_s: float | None = None
-    base_rss_mb: float | None = None
-    nll: float | None = None
+    name: str
+    split: str
+    file: str
+    prompts: int
+    summaries: dict[str, Summary]
 
 
 @dataclass
 class BenchResult:
+    """A run: per prompt set (held-out first) the entries' summaries; what was skipped and why; costs."""
+
     model: str
-    prompts: int
     max_new_tokens: int
-    summaries: dict[str, Summary]
+    sets: list[SetResult]
     entries: list[Entry]
     settings: dict[str, str]
+    skipped: dict[str, str] = field(default_factory=dict)
+    costs: CostCurve | None = None
+
+    @property
+    def prompts(self) -> int:
+        """The first (held-out) set's prompt count."""
+        return self.sets[0].prompts
+
+    @property
+    def summaries(self) -> dict[str, Summary]:
+        """The first (held-out) set's summaries."""
+        return self.sets[0].summaries
 
     def document(self) -> dict:
-        """The JSON document of the issue: exactly these keys, per mode exactly JSON_KEYS."""
+        """The JSON document. "prompts" and "modes" are the first set's, per mode exactly JSON_KEYS (as
+        before several sets were run); "prompt_sets" holds every set, held-out first."""
 
         def clean(v):
             return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
+        def modes(summaries: dict[str, Summary]) -> dict:
+            return {name: {k: clean(s.values.get(k)) for k in JSON_KEYS} for name, s in summaries.items()}
+
+        curve, draft = self.costs.document() if self.costs is not None else (None, None)
         return {
             "model": self.model,
             "prompts": self.prompts,
             "max_new_tokens": self.max_new_tokens,
-            "modes": {
-                name: {k: clean(s.values.get(k)) for k in JSON_KEYS} for name, s in self.summaries.items()
-            },
+            "modes": modes(self.summaries),
+            "prompt_sets": [
+                {
+                    "name": s.name,
+                    "split": s.split,
+                    "file": s.file,
+                    "prompts": s.prompts,
+                    "modes": modes(s.summaries),
+                }
+                for s in self.sets
+            ],
+            "skipped": dict(self.skipped),
+            "verify_cost_curve": curve,
+            "drafting_pass_cost": draft,
+            "settings": dict(self.settings),
         }
 
 
@@ -232,6 +237,49 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         logging.getLogger("yue").removeFilter(once)
 
 
+def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
+    """Entries that cannot run here, each with its one-line reason."""
+    out = {}
+    if any(e.mode == llamacpp.NAME for e in todo):
+        why = llamacpp.unavailable(cfg.model)
+        if why is None and cfg.device != "cpu":
+            why = f"llama.cpp runs on the CPU in this bench (device is {cfg.device})"
+        if why is not None:
+            out[llamacpp.NAME] = why
+    if not engine.has_nar_set:  # a plain Llama or GGUF loaded as an AR set
+        for e in todo:
+            if e.mode in MODES and e.mode != "ar":
+                out[e.name] = f"model {engine.name} has no NAR set: only ar runs"
+    return out
+
+
+def _runners(
+    todo: list[Entry], engine, sets: list[PromptSet], cfg: BenchConfig, tmp: str
+) -> tuple[dict, dict]:
+    """A callable per entry (batch of (index, Prompt) -> Sample), and settings they add to the report."""
+    runners: dict[str, Callable] = {}
+    settings: dict[str, str] = {}
+    if any(e.mode in HF_PEERS for e in todo):
+        llama, rec = load_peers(engine, cfg.device, tmp)
+    if any(e.mode == llamacpp.NAME for e in todo):
+        gguf, _ = llamacpp.gguf_source(cfg.model)
+        longest = max(len(p.ids) for s in sets for p in s.prompts)
+        llm = llamacpp.load(gguf, longest + cfg.max_new_tokens + 1, cfg.threads)
+        eos = engine.model_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos])
+        settings["llamacpp"] = llamacpp.precision(llm, gguf)
+    for e in todo:
+        if e.mode in HF_PEERS:
+            runners[e.name] = HFRunner(
+                llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens
+            )
+        elif e.mode == llamacpp.NAME:
+            runners[e.name] = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos_ids, cfg.max_new_tokens)
+        else:
+            runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.drafting)
+    return runners, settings
+
+
 def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     import transformers
 
@@ -240,44 +288,62 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.threads)
     engine = yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
-    prompts = load_prompts(cfg.prompts, engine.encode, cfg.limit)
+    sets = prompt_sets(engine, cfg.prompts, cfg.dev_prompts, cfg.limit)
     todo = entries(cfg)
+    skipped = _skips(todo, cfg, engine)
+    for name, why in skipped.items():
+        log(f"{name} skipped: {why}")
+    todo = [e for e in todo if e.name not in skipped]
+    costs = None
     with tempfile.TemporaryDirectory(prefix="yue-bench-") as tmp:
-        runners: dict[str, Callable] = {}
-        if any(e.mode in PEERS for e in todo):
-            llama, rec = load_peers(engine, cfg.device, tmp)
-        for e in todo:
-            if e.mode in PEERS:
-                runners[e.name] = HFRunner(
-                    llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens
-                )
-            else:
-                runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.drafting)
-        samples, warmup = _timed_runs(todo, runners, prompts, cfg, log)
-        memory = _memory(todo, prompts, cfg, tmp, log) if cfg.memory else {}
+        runners, extra = _runners(todo, engine, sets, cfg, tmp)
+        warmup = _warm_up(todo, runners, sets[0].prompts, log)
+        samples = []
+        for s in sets:
+            log(f"prompt set {s.name} ({s.split}, {len(s.prompts)} prompts)")
+            samples.append(_timed_runs(todo, runners, s.prompts, cfg, log))
+        if cfg.cost_curve:
+            log("cost of a verifying forward over 1..9 rows, and of a drafting pass")
+            costs = verify_cost_curve(engine.model)
+        memory = _memory(todo, sets[0].prompts, cfg, tmp, log) if cfg.memory else {}
     log("scoring outputs")
-    summaries = _summarise(todo, samples, warmup, memory, prompts, engine)
+    results = [
+        SetResult(
+            s.name,
+            s.split,
+            s.path.name,
+            len(s.prompts),
+            summarise([e.name for e in todo], ss, warmup if k == 0 else {}, memory, s.prompts, engine.model),
+        )
+        for k, (s, ss) in enumerate(zip(sets, samples, strict=True))
+    ]
     settings = {
         "threads": str(cfg.threads),
         "device": cfg.device,
-        "dtype": "float32",
+        "dtype": "float32 (ours, hf peers)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "repeats": str(cfg.repeats),
         "ttft_hf": "streamer: first put after the prompt",
+        **extra,
     }
-    return BenchResult(engine.name, len(prompts), cfg.max_new_tokens, summaries, todo, settings)
+    return BenchResult(engine.name, cfg.max_new_tokens, results, todo, settings, skipped, costs)
 
 
-def _timed_runs(todo, runners, prompts, cfg, log):
-    """Warm-up, then interleaved timed runs. Returns samples per entry and warm-up seconds."""
-    batch = {e.name: ([[0]] if e.batch == 1 else _batches(len(prompts), e.batch)) for e in todo}
+def _warm_up(todo, runners, prompts, log) -> dict[str, float]:
+    """Each entry once on the first prompt (or batch); seconds per entry."""
     warmup = {}
     for e in todo:
+        first = [0] if e.batch == 1 else _batches(len(prompts), e.batch)[0]
         t0 = time.perf_counter()
-        runners[e.name]([(i, prompts[i]) for i in batch[e.name][0]])
+        runners[e.name]([(i, prompts[i]) for i in first])
         warmup[e.name] = time.perf_counter() - t0
     log("warm-up done: " + ", ".join(f"{k} {v:.2f}s" for k, v in warmup.items()))
+    return warmup
+
+
+def _timed_runs(todo, runners, prompts, cfg, log) -> dict[str, list[Sample]]:
+    """Interleaved timed runs over one prompt set. Returns samples per entry."""
     samples: dict[str, list[Sample]] = {e.name: [] for e in todo}
     single = [e for e in todo if e.batch == 1]
     for r in range(cfg.repeats):
@@ -293,82 +359,23 @@ def _timed_runs(todo, runners, prompts, cfg, log):
                 k = (g + r) % len(group)
                 for e in group[k:] + group[:k]:
                     samples[e.name].append(runners[e.name]([(i, prompts[i]) for i in idx]))
-    return samples, warmup
+    return samples
 
 
 def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
-    """Peak RSS per mode (batch 1, default threshold), each in its own process, on the longest prompt."""
+    """Peak RSS per mode (batch 1, default threshold), each in its own process, on the longest prompt
+    of the first set (memory is a mode's, not a set's: every set's summary shows the same figure)."""
     from yue.bench.memory import MemorySpec, measure
 
     p = max(prompts, key=lambda q: len(q.ids))
+    gguf = str(llamacpp.gguf_source(cfg.model)[0]) if any(e.mode == llamacpp.NAME for e in todo) else None
     out = {}
     for e in todo:
-        if e.batch != 1 or e.threshold is not None:
+        if e.batch != 1 or e.threshold is not None or e.drafting != "separate":
             continue
         log(f"peak memory: {e.name}")
-        spec = MemorySpec(e.mode, cfg.model, llama_dir, p.text, p.ids, cfg.max_new_tokens, cfg.threads)
+        spec = MemorySpec(
+            e.mode, cfg.model, llama_dir, p.text, p.ids, cfg.max_new_tokens, cfg.threads, gguf=gguf
+        )
         out[e.name] = measure(spec)
-    return out
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _summarise(todo, samples, warmup, memory, prompts, engine) -> dict[str, Summary]:
-    """Speed statistics per entry, then quality relative to `ar` and speed relative to `hf-greedy`."""
-    nll_memo: dict[tuple[int, tuple[int, ...]], tuple[float, int]] = {}
-
-    def nll_of(i: int, toks: list[int]) -> tuple[float, int]:
-        key = (i, tuple(toks))
-        if key not in nll_memo:
-            nll_memo[key] = metrics.ar_nll(engine.model, prompts[i].ids, toks)
-        return nll_memo[key]
-
-    out: dict[str, Summary] = {}
-    first: dict[str, dict[int, tuple[list[int], str]]] = {}
-    for e in todo:
-        ss = samples[e.name]
-        tps = [s.new_tokens / s.wall_s for s in ss if s.wall_s > 0]
-        ttft = [s.ttft_s for s in ss if s.ttft_s is not None]
-        tokens = sum(s.new_tokens for s in ss)
-        lengths = [a for s in ss for a in s.accept_lengths]
-        outputs: dict[int, tuple[list[int], str]] = {}
-        for s in ss:
-            for i, t, txt in s.rows:
-                outputs.setdefault(i, (t, txt))
-        first[e.name] = outputs
-        nll = [nll_of(i, t) for i, (t, _) in outputs.items()]
-        n_tok = sum(n for _, n in nll)
-        order = sorted(outputs)
-        mem = memory.get(e.name, {})
-        out[e.name] = Summary(
-            values={
-                "tokens_per_s": statistics.median(tps) if tps else None,
-                "ttft_ms": statistics.median(ttft) * 1e3 if ttft else None,
-                # forwards per generated token of one row (a lockstep batch forward serves every row)
-                "forwards_per_token": sum(s.forwards * len(s.rows) for s in ss) / tokens if tokens else None,
-                "mean_accepted": statistics.fmean(lengths) if lengths else None,
-                "chrf": metrics.chrf([outputs[i][1] for i in order], [prompts[i].reference for i in order]),
-                "repetition": metrics.repetition_rate([outputs[i][0] for i in order]),
-                "peak_rss_mb": mem.get("peak_rss_mb"),
-            },
-            tokens_per_s_p10=metrics.percentile(tps, 10),
-            tokens_per_s_p90=metrics.percentile(tps, 90),
-            accept_hist={a: lengths.count(a) for a in sorted(set(lengths))},
-            warmup_s=warmup.get(e.name),
-            base_rss_mb=mem.get("base_rss_mb"),
-            nll=sum(x for x, _ in nll) / n_tok if n_tok else None,
-        )
-    ar, hf = out.get("ar"), out.get("hf-greedy")
-    for e in todo:
-        s, v = out[e.name], out[e.name].values
-        v["speedup_vs_hf_greedy"] = _ratio(v["tokens_per_s"], hf and hf.values["tokens_per_s"])
-        ref = first.get("ar")
-        mine = first[e.name]
-        v["exact_match_vs_ar"] = (
-            sum(mine[i][0] == ref[i][0] for i in mine if i in ref) / len(mine) if ref and mine else None
-        )
-        v["nll_ratio_vs_ar"] = _ratio(s.nll, ar and ar.nll)
-        v["chrf_ratio_vs_ar"] = _ratio(v["chrf"], ar and ar.values["chrf"])
     return out

@@ -10,7 +10,8 @@ Design decisions:
   the difference shows what the model, its cache and its activations cost. Without /proc the peak
   falls back to `ru_maxrss` (since process start).
 - The process loads only what its mode needs: the yue model for ours, the exported Llama folder for
-  the Hugging Face peers. It generates once for the given prompt and prints one JSON line.
+  the Hugging Face peers, the GGUF file for llama.cpp. It generates once for the given prompt and
+  prints one JSON line.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ class MemorySpec:
     """What one measuring process runs.
 
     Attributes:
-        mode: a bench mode name ("hf-greedy", "hf-prompt-lookup", "ar", "verified", "hybrid", "nar").
-        model: the yue model folder (ours) ; llama: the exported LlamaForCausalLM folder (peers).
+        mode: a bench mode name ("hf-greedy", "hf-prompt-lookup", "llamacpp-greedy", "ar", "verified",
+            "hybrid", "nar").
+        model: the yue model name or path (ours); llama: the exported LlamaForCausalLM folder (hf peers).
         prompt: the prompt text (ours); prompt_ids: the same prompt's ids (peers).
         router_threshold: for ours; None = the model's default.
+        gguf: the GGUF file (llamacpp-greedy).
     """
 
     mode: str
@@ -42,6 +45,7 @@ class MemorySpec:
     max_new_tokens: int
     threads: int
     router_threshold: float | None = None
+    gguf: str | None = None
 
 
 def _status_kb(field: str) -> float | None:
@@ -84,7 +88,12 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
     # (the imported modules' resident pages still count: they are the run's floor).
     reset = _reset_peak()
     base = _peak_mb(reset)
-    if spec.mode.startswith("hf-"):
+    if spec.mode == "llamacpp-greedy":
+        from yue.bench import llamacpp
+
+        llm = llamacpp.load(spec.gguf, len(spec.prompt_ids) + spec.max_new_tokens + 1, spec.threads)
+        llamacpp.LlamaCppRunner(llm, None, {llm.token_eos()}, spec.max_new_tokens).generate(spec.prompt_ids)
+    elif spec.mode.startswith("hf-"):
         llama = LlamaForCausalLM.from_pretrained(spec.llama, dtype=torch.float32).eval()
         gen = llama.generation_config
         kw = {"prompt_lookup_num_tokens": 10} if spec.mode == "hf-prompt-lookup" else {}

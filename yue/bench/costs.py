@@ -1,0 +1,123 @@
+"""What a verifying forward costs against its rows, and what a drafting pass costs, on the loaded model.
+
+Design decisions:
+- The decode loop's own calls, timed bare: `model.step` over n fed committed rows (no slots; the
+  verifying forward of n - 1 drafts plus the bonus row), n = 1..9, and the drafting pass (K slots,
+  NAR set only, slot 1 revealed, as `decode/loop.py` runs it). On a CPU a step's cost grows with its
+  rows (DESIGN §8: 5 rows ~2.2x one row in float32 on AVX2); this curve is what the router's draft
+  length should follow, measured on the machine and model at hand.
+- Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
+  context, as mid-answer), and never advances it: every timed call writes the same scratch positions.
+- Warm-up calls first, then a few rounds, each timing every row count and the drafting pass once
+  (interleaved, so drift on a shared machine hits all of them alike); the median per call kind resists
+  spikes. Ratios are to the 1-row step measured in the same rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from yue.model.masks import decode_mask
+
+ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Median seconds of one step per row count, and of a drafting pass (None: the model has no NAR set)."""
+
+    context: int
+    rows: tuple[int, ...]
+    step_s: list[float]
+    draft_slots: int | None = None
+    draft_s: float | None = None
+
+    @property
+    def ratios(self) -> list[float]:
+        """Each row count's step time over the 1-row step's."""
+        return [s / self.step_s[0] for s in self.step_s]
+
+    def document(self) -> tuple[dict, dict | None]:
+        """The JSON values: ("verify_cost_curve", "drafting_pass_cost")."""
+        curve = {
+            "context_tokens": self.context,
+            "rows": list(self.rows),
+            "step_ms": [round(s * 1e3, 4) for s in self.step_s],
+            "ratio_to_1_row": [round(r, 4) for r in self.ratios],
+        }
+        if self.draft_s is None:
+            return curve, None
+        return curve, {
+            "slots": self.draft_slots,
+            "ms": round(self.draft_s * 1e3, 4),
+            "ratio_to_ar_step": round(self.draft_s / self.step_s[0], 4),
+        }
+
+
+def _median_times(calls: list, warmup: int, tries: int) -> list[float]:
+    """Median seconds of each call over `tries` rounds that run every call once, after `warmup` rounds."""
+    for _ in range(warmup):
+        for fn in calls:
+            fn()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(tries):
+        for fn, ts in zip(calls, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def _has_drafting_pass(config) -> bool:
+    """False for a model without a NAR set (a plain Llama or GGUF loaded as an AR set)."""
+    return config.nar_layers != 0 and config.mask_token_id is not None
+
+
+@torch.inference_mode()
+def verify_cost_curve(
+    model, context: int = 200, rows: tuple[int, ...] = ROWS, warmup: int = 2, tries: int = 7, seed: int = 0
+) -> CostCurve:
+    """Time `model.step` over 1..9 fed rows and the drafting pass, on a cache holding `context` tokens.
+
+    Args:
+        model: a YueForCausalLM prepared for decoding (as `yue.load` returns it), batch 1.
+        context: committed tokens in the cache before the timed steps (capped by the model's context).
+        rows: the row counts to time.
+        warmup, tries: untimed rounds, then timed rounds (each times every row count and the drafting
+            pass once); the median per kind is reported.
+        seed: for the context's random token ids (their values do not change a step's cost).
+    Returns:
+        CostCurve with one median per row count (seconds) and the drafting pass's.
+    """
+    cfg, device = model.config, model.device
+    K = cfg.block_size or 1
+    context = max(1, min(context, cfg.max_position_embeddings - max(rows) - 2 * K - 2))
+    cache = model.new_cache(1, context + max(max(rows), K) + 1)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(cfg.vocab_size, (1, context + max(rows)), generator=g).to(device)
+    pos = torch.arange(cache.capacity, device=device)
+    mask = decode_mask(0, context, 0, cache.key_valid, device)
+    prefill = model.step(ids[:, :context], pos[:context], context, mask, cache, 1)
+    cache.advance(context)
+
+    def step(n: int):
+        m = decode_mask(context, n, 0, cache.key_valid, device)
+        return lambda: model.step(ids[:, context : context + n], pos[context : context + n], n, m, cache, n)
+
+    calls = [step(n) for n in rows]
+    if _has_drafting_pass(cfg):
+        # The drafting pass as decode/loop.py runs it: K slots after the last kept token, slot 1
+        # revealed; a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
+        slots = torch.full((1, K), cfg.mask_token_id, dtype=torch.long, device=device)
+        slots[0, 0] = ids[0, context]
+        m = decode_mask(context, 0, K, cache.key_valid, device)
+        entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
+        calls.append(lambda: model.step(slots, pos[context : context + K], 0, m, cache, 0, entry))
+    times = _median_times(calls, warmup, tries)
+    if len(times) == len(rows):
+        return CostCurve(context, tuple(rows), times)
+    return CostCurve(context, tuple(rows), times[: len(rows)], K, times[-1])

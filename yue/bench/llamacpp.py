@@ -1,0 +1,121 @@
+"""The llama.cpp peer: llama-cpp-python on the same GGUF file, greedy, fed the same prompt ids.
+
+Design decisions:
+- `llamacpp-greedy` is the tool a CPU user would otherwise pick (DESIGN §6). It runs the GGUF the
+  model's AR set comes from, with llama.cpp's own kernels at the file's precision (Q4_1 for yue-smol),
+  not float32: its exact match and NLL against our `ar` are reported like any entry's, and the
+  settings say what it computed with.
+- It is fed the exact ids every other entry decodes from (`Prompt.ids`, chat template applied once)
+  through `Llama.generate`, greedy (temperature 0: llama.cpp's greedy sampler; repeat penalty 1 is a
+  no-op), and stops at our model's EOS ids or `max_new_tokens`, as the other entries do.
+- Every call starts from an empty context (`Llama.reset()`): `generate` would otherwise reuse the KV
+  cache of a previous call with the same prompt prefix, and TTFT would time a cache hit.
+- Forwards are counted as llama.cpp evaluates them: one per generated token, the prefill included
+  (the forward whose token is EOS counts, EOS itself does not), as the transformers peers count.
+- It runs only where the model has a GGUF source and `llama_cpp` imports; otherwise `unavailable`
+  gives the one-line reason the report prints instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+from yue.bench.runners import Prompt, Sample
+
+NAME = "llamacpp-greedy"
+INSTALL = "pip install 'yue[llamacpp]' (llama-cpp-python builds from source: ~9 min on 2 cores)"
+
+
+def gguf_source(model: str | None) -> tuple[Path | None, str]:
+    """The GGUF file a model's AR set comes from, or (None, why there is none).
+
+    A `.gguf` file is its own source; a model folder names its source in `ar_source.json`
+    (`registry.ar_source`: a file in an installed package, or a path).
+    """
+    from yue.registry import ar_source, resolve
+
+    try:
+        path = resolve(model)
+        if path.is_file():  # resolve returns a folder or a .gguf file
+            return path, ""
+        source = ar_source(path)
+    except ValueError as e:  # CheckpointError, ModelNotInstalledError: one line naming the fix
+        return None, str(e)
+    if source is None:
+        return None, f"model {path.name} has no GGUF source (its AR set is stored in its folder)"
+    return source[0], ""
+
+
+def unavailable(model: str | None) -> str | None:
+    """Why the llama.cpp peer cannot run for this model (one line), or None when it can."""
+    path, why = gguf_source(model)
+    if path is None:
+        return why
+    if importlib.util.find_spec("llama_cpp") is None:
+        return f"llama-cpp-python is not installed: {INSTALL}"
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as e:  # a broken build fails at import (missing shared library, CPU features)
+        return f"llama_cpp does not import ({type(e).__name__}: {e})"
+    return None
+
+
+def load(path: str | Path, n_ctx: int, threads: int):
+    """A `llama_cpp.Llama` on the GGUF at `path`: CPU, `threads` for decode and prefill, quiet."""
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=min(512, n_ctx),
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_gpu_layers=0,
+        logits_all=False,
+        verbose=False,
+    )
+
+
+def precision(llm, path: str | Path) -> str:
+    """What llama.cpp computes with, for the report: the file and its weight type."""
+    ftype = llm.metadata.get("general.file_type")
+    try:
+        import gguf
+
+        kind = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
+    except (ImportError, TypeError, ValueError):
+        kind = f"file type {ftype}"
+    import llama_cpp
+
+    return f"{Path(path).name} ({kind} weights, llama.cpp kernels; llama-cpp-python {llama_cpp.__version__})"
+
+
+class LlamaCppRunner:
+    """Runs the llama.cpp peer at batch 1: greedy from the prompt's ids, timed like the other runners."""
+
+    def __init__(self, llm, tokenizer, eos_ids: set[int], max_new_tokens: int) -> None:
+        self.llm, self.tok, self.eos, self.max_new = llm, tokenizer, eos_ids, max_new_tokens
+
+    def generate(self, ids: list[int]) -> tuple[list[int], float | None, int]:
+        """Greedy tokens from `ids` (EOS excluded), seconds to the first one, forwards evaluated."""
+        self.llm.reset()  # an empty context: no prefix reuse from the previous call
+        t0, ttft, tokens, forwards = time.perf_counter(), None, [], 0
+        for tok in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+            forwards += 1
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            if tok in self.eos:
+                break
+            tokens.append(tok)
+            if len(tokens) >= self.max_new:
+                break
+        return tokens, ttft, forwards
+
+    def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
+        assert len(batch) == 1, "peers run at batch 1"
+        (i, p), t0 = batch[0], time.perf_counter()
+        tokens, ttft, forwards = self.generate(p.ids)
+        wall = time.perf_counter() - t0
+        return Sample([(i, tokens, self.tok.decode(tokens))], wall, ttft, forwards, [])
