@@ -23,6 +23,7 @@ import torch
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
+from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, load_model
 from yue.model.inference import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
@@ -249,6 +250,7 @@ def load(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
     nar_dtype: torch.dtype | str | None = "auto",
+    adapter: str | Path | None = None,
 ) -> Engine:
     """Load a model folder (default: the shipped `yue-code-mini`) into an Engine.
 
@@ -260,8 +262,11 @@ def load(
             `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
             whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
+        adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
+            drafts applied (`model/adapters.py`); it must have been trained on this model.
     Raises:
-        CheckpointError: missing, truncated or corrupt files (the message names the file).
+        CheckpointError: missing, truncated or corrupt files (the message names the file), or an
+            adapter for another base model (`AdapterError`, naming the mismatch).
         ValueError: an unavailable device.
     """
     if device == "auto":
@@ -277,6 +282,7 @@ def load(
         )
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
     model = load_model(folder, device=device, dtype=dtype)
+    model = apply_adapter(model, adapter)
     model.prepare_for_decoding(drafting)
     try:
         c = model.config
