@@ -485,7 +485,8 @@ def _merged_for_bench(model: Path | None, adapter: Path) -> Path:
 
     tmp = Path(tempfile.mkdtemp(prefix="yue-bench-merged-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    return merge_to_folder(model if model is not None else DEFAULT_MODEL, adapter, tmp / "model")
+    base = model if model is not None else DEFAULT_MODEL
+    return merge_to_folder(base, adapter, tmp / f"{base.name}+{adapter.name}")  # the report's model name
 
 
 @app.command("finetune")

@@ -16,8 +16,8 @@ Design decisions:
 - The drafts are refreshed on the merged model, computed exactly as `apply_adapter` will compute it,
   so the drafts trained are the drafts decoding meets.
 - Acceptance is measured as a user meets it: a copy prepared for decoding (`yue.load`'s drafting
-  precision) in `verified` mode, at the model's router threshold and at 1.0 (every slot drafted, the
-  drafts' quality alone). Greedy `verified` output equals `ar` output, so these are speed figures only.
+  precision) in `verified` mode, as it runs by default (threshold 1: every slot drafted, the drafts'
+  quality alone) and at the model's router threshold (the router decides how many are drafted). Greedy `verified` output equals `ar` output, so these are speed figures only.
 - A resumed run recomputes the base measurements (deterministic) and replays the remaining LoRA steps;
   the refresh keeps no checkpoints (minutes, seeded: a rerun gives the same weights).
 """
@@ -149,14 +149,15 @@ def measuring_prompts(stream: TokenStream, cfg: FinetuneConfig, eos_id: int) -> 
 
 @torch.no_grad()
 def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Mean accepted drafts per verifying step (greedy `verified`), at the model's threshold and at 1.0.
+    """Mean accepted drafts per verifying step in greedy `verified` mode: as it runs by default (every
+    slot drafted, threshold 1) and with the router choosing how many (the model's `router_threshold`).
 
     A verifying step is one that drafted at least one slot; "per forward" counts every forward,
     drafting passes included.
     """
     drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
     out = {}
-    for label, threshold in (("default_threshold", None), ("threshold_1", 1.0)):
+    for label, threshold in (("every_slot", None), ("router", model.config.router_threshold)):
         cfg = DecodeConfig(mode="verified", max_new_tokens=new_tokens, router_threshold=threshold)
         cfg = cfg.resolved(model.config)
         steps = accepted = tokens = forwards = 0
