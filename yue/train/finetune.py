@@ -15,16 +15,13 @@ Stages, each measured on the user's own data:
 Design decisions:
 - The drafts are refreshed on the merged model, computed exactly as `apply_adapter` will compute it,
   so the drafts trained are the drafts decoding meets.
-- Acceptance is measured as a user meets it: a copy prepared for decoding (`yue.load`'s drafting
-  precision) in `verified` mode, as it runs by default (threshold 1: every slot drafted, the drafts'
-  quality alone) and at the model's router threshold (the router decides how many are drafted). Greedy `verified` output equals `ar` output, so these are speed figures only.
+- Measuring and refreshing the drafts live in `finetune_drafts.py`.
 - A resumed run recomputes the base measurements (deterministic) and replays the remaining LoRA steps;
   the refresh keeps no checkpoints (minutes, seeded: a rerun gives the same weights).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import shutil
@@ -37,8 +34,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from yue.config import DecodeConfig
-from yue.decode.loop import decode
 from yue.model.adapters import (
     AR_PROJECTIONS,
     DRAFTS_FILE,
@@ -47,11 +42,11 @@ from yue.model.adapters import (
     base_identity,
     draft_state,
 )
-from yue.model.inference import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import YueTokenizer
 from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from yue.train.finetune_data import TokenStream, read_finetune_data
+from yue.train.finetune_drafts import accepted_drafts, measuring_prompts, refresh_drafts
 from yue.train.loop import lr_at
 
 log = logging.getLogger(__name__)
@@ -137,42 +132,6 @@ def eval_loss(model: nn.Module, stream: TokenStream, seq_len: int) -> float:
         total, count = total + float(loss) * n, count + n
     model.train(was)
     return total / max(count, 1)
-
-
-def measuring_prompts(stream: TokenStream, cfg: FinetuneConfig, eos_id: int) -> list[list[int]]:
-    """`measure_prompts` prompts from the data, each `<|eos|>` + a window (as `Engine.encode` prompts)."""
-    from yue.train.selfdistill import sample_prompts
-
-    n = min(cfg.prompt_len, max(len(d) for d in stream.documents) // 2) or 1
-    return [[eos_id, *p] for p in sample_prompts(stream.documents, cfg.measure_prompts, n, cfg.seed + 7)]
-
-
-@torch.no_grad()
-def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Mean accepted drafts per verifying step in greedy `verified` mode: as it runs by default (every
-    slot drafted, threshold 1) and with the router choosing how many (the model's `router_threshold`).
-
-    A verifying step is one that drafted at least one slot; "per forward" counts every forward,
-    drafting passes included.
-    """
-    drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
-    out = {}
-    for label, threshold in (("every_slot", None), ("router", model.config.router_threshold)):
-        cfg = DecodeConfig(mode="verified", max_new_tokens=new_tokens, router_threshold=threshold)
-        cfg = cfg.resolved(model.config)
-        steps = accepted = tokens = forwards = 0
-        for p in prompts:
-            for em in decode(drafter, [p], cfg):
-                steps += em.drafted > 0
-                accepted += em.accepted
-                tokens += len(em.tokens[0])
-                forwards += em.forwards
-        out[label] = {
-            "mean_accepted": round(accepted / max(steps, 1), 4),
-            "verifying_steps": steps,
-            "tokens_per_forward": round(tokens / max(forwards, 1), 4),
-        }
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,60 +237,6 @@ def save_adapter(peft_model, out_dir: Path, identity: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Refresh
-
-
-def refresh_drafts(
-    model: YueForCausalLM, stream: TokenStream, cfg: FinetuneConfig, progress: bool = True
-) -> dict:
-    """Self-distil the NAR set and fine-tune the router on the adapted model's greedy outputs, in place."""
-    from yue.train.router import RouterTrainConfig, greedy_examples, train_router
-    from yue.train.router_eval import evaluate_router
-    from yue.train.selfdistill import NARFinetuneConfig, build_greedy_sequences, finetune_nar, nar_accuracy
-
-    n = min(cfg.prompt_len, max(len(d) for d in stream.documents) // 2) or 1
-    seqs = build_greedy_sequences(
-        model, stream.documents, cfg.refresh_sequences, n, cfg.new_tokens, seed=cfg.seed, progress=progress
-    )
-    train, held = seqs.split(0.1)
-    acc_before = nar_accuracy(model, held, reveal_first=True)
-    nar_cfg = NARFinetuneConfig(
-        steps=cfg.refresh_steps,
-        batch_size=8,
-        anchors=16,
-        warmup_steps=min(10, cfg.refresh_steps),
-        seed=cfg.seed,
-    )
-    finetune_nar(model, train, nar_cfg, progress=progress)
-    acc_after = nar_accuracy(model, held, reveal_first=True)
-    # Router: labels from the refreshed drafts, drafted as decoding drafts them (prepared copy).
-    for p in model.parameters():
-        p.requires_grad_(False)
-    drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
-    examples = greedy_examples(drafter, seqs.tokens, seqs.prompt_len, anchors_per_seq=32, seed=cfg.seed)
-    r_train, r_held = examples.split_by_group(0.2, seed=cfg.seed)
-    r_before = evaluate_router(model.router, r_held)
-    train_router(
-        model.router, r_train, RouterTrainConfig(epochs=cfg.router_epochs, reinit=False, seed=cfg.seed)
-    )
-    r_after = evaluate_router(model.router, r_held)
-    for p in model.parameters():
-        p.requires_grad_(True)
-    model.eval()
-
-    def nan_free(values: list[float]) -> list[float | None]:
-        return [None if v != v else round(v, 4) for v in values]
-
-    return {
-        "sequences": len(seqs.tokens),
-        "nar_acc_slot1_revealed_before": nan_free(acc_before),
-        "nar_acc_slot1_revealed_after": nan_free(acc_after),
-        "router_held_out_before": r_before,
-        "router_held_out_after": r_after,
-    }
-
-
-# --------------------------------------------------------------------------------------------------
 # End to end
 
 
@@ -380,9 +285,16 @@ def finetune(
     stream = TokenStream.build(read_finetune_data(data, ChatTemplate(find_chat_template(folder))), tokenizer)
     prompts = measuring_prompts(stream, cfg, tokenizer.eos_id)
     identity = base_identity(base, name=folder.name)
+    # A model without a NAR set (`nar_layers` 0: a plain Llama as the AR set) has no drafts to measure
+    # or refresh: it gets the LoRA alone.
+    has_drafts = getattr(base.config, "nar_layers", None) != 0
+
+    def measure(model: YueForCausalLM) -> dict | None:
+        return accepted_drafts(model, prompts, cfg.measure_tokens) if has_drafts else None
+
     # 1. The base, on the user's data.
     loss_before = eval_loss(base, stream, cfg.seq_len)
-    acc_base = accepted_drafts(base, prompts, cfg.measure_tokens)
+    acc_base = measure(base)
     timer.mark("measure_base_s")
     # 2-3. LoRA, saved, merged, measured with the old drafts.
     peft_model = wrap_lora(base, cfg)
@@ -391,11 +303,11 @@ def finetune(
     loss_after = eval_loss(peft_model.get_base_model(), stream, cfg.seq_len)
     save_adapter(peft_model, out_dir, identity)
     adapted = peft_model.merge_and_unload().eval()
-    acc_adapter = accepted_drafts(adapted, prompts, cfg.measure_tokens)
+    acc_adapter = measure(adapted)
     timer.mark("measure_adapter_s")
     # 4. Refresh the drafts for the adapted model.
     refresh, acc_refreshed = None, None
-    if cfg.refresh_steps > 0:
+    if cfg.refresh_steps > 0 and has_drafts:
         refresh = refresh_drafts(adapted, stream, cfg, progress)
         tmp = out_dir / f".tmp-{DRAFTS_FILE}"
         from safetensors.torch import save_file
@@ -403,11 +315,11 @@ def finetune(
         save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
         tmp.replace(out_dir / DRAFTS_FILE)
         timer.mark("refresh_s")
-        acc_refreshed = accepted_drafts(adapted, prompts, cfg.measure_tokens)
+        acc_refreshed = measure(adapted)
         timer.mark("measure_refreshed_s")
 
     def recovery(label: str) -> float | None:
-        if acc_refreshed is None or not acc_base[label]["mean_accepted"]:
+        if acc_refreshed is None or acc_base is None or not acc_base[label]["mean_accepted"]:
             return None
         return round(acc_refreshed[label]["mean_accepted"] / acc_base[label]["mean_accepted"], 4)
 
@@ -429,7 +341,7 @@ def finetune(
             "adapter_no_refresh": acc_adapter,
             "adapter_refreshed": acc_refreshed,
         },
-        "refreshed_over_base": {k: recovery(k) for k in acc_base},
+        "refreshed_over_base": {k: recovery(k) for k in ("every_slot", "router")},
         "refresh": refresh,
         "timings": timer.marks,
     }
