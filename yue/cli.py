@@ -44,6 +44,7 @@ MODEL_HELP = (
 def generate(
     prompt: str = typer.Argument(..., help="Text to continue, or an instruct model's user message."),
     model: str | None = typer.Option(None, help=MODEL_HELP),
+    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
     mode: str | None = typer.Option(
         None, help="ar | verified | hybrid | nar (default: hybrid; ar for a model without a NAR set)."
     ),
@@ -91,7 +92,7 @@ def generate(
         drafting=drafting,
         trace=trace or trace_json is not None,
     )
-    engine = yue.load(model, device=device, nar_dtype=draft_dtype)
+    engine = yue.load(model, device=device, nar_dtype=draft_dtype, adapter=adapter)
     if mode is None:
         cfg = replace(cfg, mode=engine.default_mode)
     if engine.instruct and not raw:
@@ -475,6 +476,9 @@ def distill_cmd(
 @user_errors
 def bench_cmd(
     model: str | None = typer.Option(None, help=MODEL_HELP),
+    adapter: Path | None = typer.Option(
+        None, help="A `yue finetune` adapter folder: the bench runs the merged model (peers too)."
+    ),
     prompts: Path | None = typer.Option(
         None,
         help='Held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role", "content"}]} '
@@ -523,6 +527,8 @@ def bench_cmd(
         except ValueError:
             raise ValueError(f"{name}: expected comma-separated {kind.__name__}s, got {text!r}") from None
 
+    if adapter is not None:  # every entry, the peers included, runs the adapted weights
+        model = _merged_for_bench(model, adapter)
     cfg = BenchConfig(
         model=model,
         prompts=str(prompts) if prompts is not None else None,
@@ -549,10 +555,91 @@ def bench_cmd(
         json_out.write_text(line + "\n")
 
 
+def _merged_for_bench(model: str | None, adapter: Path) -> Path:
+    """The model with `adapter` merged, in a temporary folder removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from yue.model.adapters import merge_to_folder
+    from yue.registry import model_name
+
+    tmp = Path(tempfile.mkdtemp(prefix="yue-bench-merged-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    name = f"{model_name(model)}+{adapter.name}"  # the report's model name
+    return str(merge_to_folder(model, adapter, tmp / name))
+
+
+@app.command("finetune")
+@user_errors
+def finetune_cmd(
+    ctx: typer.Context,
+    model: str | None = typer.Option(None, help=MODEL_HELP),
+    data: Path = typer.Option(..., help='Text file, folder, JSONL {"text"} or chat JSONL {"messages"}.'),
+    out: Path = typer.Option(
+        ..., help="Adapter folder: peft files, drafts.safetensors, finetune_report.json."
+    ),
+    steps: int = typer.Option(150, help="LoRA optimizer steps."),
+    lr: float = typer.Option(2e-3, help="Peak LoRA learning rate (warm-up, then cosine)."),
+    batch_size: int = typer.Option(8, help="Windows per step."),
+    seq_len: int = typer.Option(256, help="Tokens per window."),
+    lora_r: int = typer.Option(8, help="LoRA rank."),
+    lora_alpha: float = typer.Option(16.0, help="LoRA scale numerator (scale = alpha / r)."),
+    target_modules: list[str] = typer.Option(
+        [],
+        help="AR-set projection to adapt (repeatable): q_proj k_proj v_proj o_proj gate_proj up_proj "
+        "down_proj (default: all seven). The NAR set's `nar_` modules are never targeted.",
+    ),
+    refresh_steps: int = typer.Option(
+        100, help="NAR self-distillation steps on the adapted model's outputs (0: keep the old drafts)."
+    ),
+    refresh_sequences: int = typer.Option(48, help="AR-greedy sequences the refresh trains on."),
+    save_every: int = typer.Option(50, help="Checkpoint every N LoRA steps."),
+    seed: int = typer.Option(0, help="Seed for LoRA init, windows, prompts and the refresh."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    resume: bool = typer.Option(False, help="Continue the LoRA steps from the last checkpoint in OUT/run."),
+) -> None:
+    """LoRA-fine-tune the AR set on your text, then refresh the drafts for it (report: JSON)."""
+    import json
+
+    from yue.train.finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+        refresh_steps=refresh_steps,
+        refresh_sequences=refresh_sequences,
+        save_every=save_every,
+        seed=seed,
+        threads=threads,
+        **({"target_modules": tuple(target_modules)} if target_modules else {}),
+    )
+    report = finetune(model, data, out, cfg, resume=resume, command=_command_line(ctx))
+    typer.echo(json.dumps({k: v for k, v in report.items() if k not in ("config", "refresh")}))
+
+
+@app.command("merge")
+@user_errors
+def merge_cmd(
+    model: str | None = typer.Option(None, help=MODEL_HELP),
+    adapter: Path = typer.Option(..., help="The `yue finetune` adapter folder."),
+    out: Path = typer.Option(..., help="Output: a standalone model folder with the adapter folded in."),
+) -> None:
+    """Fold an adapter (LoRA and refreshed drafts) into a standalone model folder."""
+    from yue.model.adapters import merge_to_folder
+
+    typer.echo(f"wrote {merge_to_folder(model, adapter, out)}")
+
+
 @app.command("serve")
 @user_errors
 def serve_cmd(
     model: str | None = typer.Option(None, help=MODEL_HELP),
+    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; localhost unless told otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: str | None = typer.Option(
@@ -569,6 +656,7 @@ def serve_cmd(
 ) -> None:
     """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
     import yue
+    from yue.model.adapters import check_adapter_folder
     from yue.registry import ar_source, resolve
     from yue.serve import ServeConfig, serve
 
@@ -585,8 +673,10 @@ def serve_cmd(
     if folder.is_dir():
         ar_source(folder)
     # The model loads in the background while /health answers 503; a load failure exits with status 1.
+    if adapter is not None:
+        check_adapter_folder(adapter)  # missing files fail here, not in the background load
     # Chat requests use the model's own template (`Engine.chat_prompt`).
-    code = serve(lambda: yue.load(model, device=device), config, log_level=log_level)
+    code = serve(lambda: yue.load(model, device=device, adapter=adapter), config, log_level=log_level)
     raise typer.Exit(code=code)
 
 

@@ -28,7 +28,8 @@ from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
-from yue.model.hf import CheckpointError, load_model, model_files
+from yue.model.adapters import apply_adapter
+from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
 from yue.model.inference import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
 from yue.registry import DEFAULT_MODEL, model_name, resolve
@@ -307,6 +308,7 @@ def load(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
     nar_dtype: torch.dtype | str | None = "auto",
+    adapter: str | Path | None = None,
 ) -> Engine:
     """Load a model (default: `registry.DEFAULT_MODEL`) into an Engine.
 
@@ -320,8 +322,11 @@ def load(
             `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
             whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
+        adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
+            drafts applied (`model/adapters.py`); it must have been trained on this model.
     Raises:
-        CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the file).
+        CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the
+            file), or an adapter for another base model (`AdapterError`, naming the mismatch).
         ModelNotInstalledError: a named model whose weights come from a package that is not installed.
         ValueError: an unavailable device.
     """
@@ -332,9 +337,20 @@ def load(
     if device != "cpu" and not str(device).startswith("cuda"):
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
+    model, tokenizer, files = load_unprepared(path, device, dtype)
+    model = apply_adapter(model, adapter)
+    model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None)
+    template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
+    return Engine(model, tokenizer, name=model_name(path), chat_template=template)
+
+
+def load_unprepared(
+    path: str | Path | None = None, device: str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[YueForCausalLM, YueTokenizer, ModelFiles]:
+    """A model as stored (trainable: not prepared for decoding), its tokenizer and where its files
+    are; `path` as `load` takes it. Training commands (`finetune`, `merge`) start from this."""
     files = model_files(resolve(path))
     model = load_model(files, device=device, dtype=dtype)
-    model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None)
     try:
         c = model.config
         eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
@@ -346,5 +362,4 @@ def load(
         tokenizer = YueTokenizer.load(files.tokenizer_dir, special_ids=ids | {"mask": c.mask_token_id})
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(str(e)) from e
-    template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
-    return Engine(model, tokenizer, name=model_name(path), chat_template=template)
+    return model, tokenizer, files

@@ -1,0 +1,345 @@
+"""`yue finetune`: LoRA on the AR set (peft), then drafts refreshed for the adapted model (DESIGN §3).
+
+Stages, each measured on the user's own data:
+  1. Base: masked AR loss, and mean accepted drafts per verifying step on prompts cut from the data.
+  2. LoRA on the AR set's projections (`adapters.ar_target_regex`: never the `nar_` modules), AR
+     cross-entropy on the tokens that carry loss (`finetune_data`). Seeded, warm-up + cosine
+     (`loop.lr_at`), atomic checkpoints of the LoRA tensors and optimizer (`checkpoint.py`), `--resume`.
+  3. The adapter is saved (peft's files + the base's identity), merged into the AR set, and measured
+     with the old drafts ("adapter, no refresh").
+  4. Refresh: the adapted model writes AR-greedy continuations of prompts from the data; the NAR set
+     is self-distilled on them (`selfdistill.finetune_nar`, AR frozen) and the router fine-tuned on the
+     new acceptance labels (`router.train_router`). Saved as `drafts.safetensors`, which
+     `adapters.apply_adapter` loads after merging, and measured again ("adapter, refreshed").
+
+Design decisions:
+- The drafts are refreshed on the merged model, computed exactly as `apply_adapter` will compute it,
+  so the drafts trained are the drafts decoding meets.
+- Measuring and refreshing the drafts live in `finetune_drafts.py`.
+- A resumed run recomputes the base measurements (deterministic) and replays the remaining LoRA steps;
+  the refresh keeps no checkpoints (minutes, seeded: a rerun gives the same weights).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from yue.model.adapters import (
+    AR_PROJECTIONS,
+    DRAFTS_FILE,
+    IDENTITY_FILE,
+    ar_target_regex,
+    base_identity,
+    draft_state,
+)
+from yue.model.mot import YueForCausalLM
+from yue.tokenizer import YueTokenizer
+from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from yue.train.finetune_data import TokenStream, read_finetune_data
+from yue.train.finetune_drafts import accepted_drafts, measuring_prompts, refresh_drafts
+from yue.train.loop import lr_at
+
+log = logging.getLogger(__name__)
+
+RESUME_FREE_FIELDS = frozenset({"threads", "save_every", "measure_prompts", "measure_tokens"})
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """One `yue finetune` run. Defaults: a few minutes on one CPU core for yue-code-mini."""
+
+    steps: int = 150  # LoRA optimizer steps
+    lr: float = 2e-3  # peak; LoRA's B starts at 0, so the adapted model starts as the base
+    batch_size: int = 8
+    seq_len: int = 256  # window length (shorter data: the whole stream)
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    target_modules: tuple[str, ...] = AR_PROJECTIONS  # Llama names; only the AR set's are targeted
+    refresh_steps: int = 100  # NAR self-distillation steps after the adapter; 0 = no refresh
+    refresh_sequences: int = 48  # AR-greedy sequences the refresh trains on
+    prompt_len: int = 32  # prompt tokens of those sequences and of the measuring prompts
+    new_tokens: int = 96  # greedy tokens per refresh sequence
+    router_epochs: int = 10  # router fine-tuning epochs on the refreshed drafts' labels
+    measure_prompts: int = 8  # prompts for the accepted-drafts figures
+    measure_tokens: int = 64  # tokens generated per measuring prompt
+    save_every: int = 50  # checkpoint every N LoRA steps
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        ar_target_regex(self.target_modules)  # unknown names: ValueError naming them
+        for name in ("steps", "batch_size", "seq_len", "lora_r", "refresh_sequences", "prompt_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("new_tokens", "measure_prompts", "measure_tokens", "save_every", "router_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "refresh_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Loss and acceptance
+
+
+def masked_loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Mean next-token cross-entropy over the tokens that carry loss, and how many there were.
+
+    Args:
+        x: (B, T) tokens; target: (B, T) bool, True where token j is a target (predicted from x[:, :j]).
+    """
+    logits = model(x).logits[:, :-1]  # (B, T-1, V): position j predicts token j+1
+    on = target[:, 1:]
+    n = int(on.sum())
+    if n == 0:
+        return logits.sum() * 0.0, 0
+    return F.cross_entropy(logits[on].float(), x[:, 1:][on]), n
+
+
+@torch.no_grad()
+def eval_loss(model: nn.Module, stream: TokenStream, seq_len: int) -> float:
+    """Masked AR loss over fixed windows of the stream (comparable before and after)."""
+    was = model.training
+    model.eval()
+    x, target = stream.eval_windows(seq_len)
+    total = count = 0.0
+    for b in range(len(x)):
+        loss, n = masked_loss(model, x[b : b + 1], target[b : b + 1])
+        total, count = total + float(loss) * n, count + n
+    model.train(was)
+    return total / max(count, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# LoRA
+
+
+class LoraTensors(nn.Module):
+    """The LoRA parameters alone, as one module, so `checkpoint.py` saves them (not the whole model)."""
+
+    def __init__(self, peft_model: nn.Module) -> None:
+        super().__init__()
+        for name, p in peft_model.named_parameters():
+            if p.requires_grad:
+                self.register_parameter(name.replace(".", "__"), p)
+
+
+def wrap_lora(model: YueForCausalLM, cfg: FinetuneConfig):
+    """A peft `PeftModel` with fresh LoRA on the AR set's projections (seeded: A is random, B zero)."""
+    from peft import LoraConfig, get_peft_model
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(cfg.seed)
+    config = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=0.0,  # deterministic steps; the data is small and the run short
+        target_modules=ar_target_regex(cfg.target_modules),
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def check_resume_config(run_dir: Path, cfg: FinetuneConfig) -> None:
+    """A resumed run must train with the same settings, or it would not reach the same adapter."""
+    file = run_dir / "finetune_config.json"
+    if not file.is_file():
+        return
+    saved, now = json.loads(file.read_text()), json.loads(json.dumps(asdict(cfg)))
+    diff = [k for k in now if k not in RESUME_FREE_FIELDS and saved.get(k) != now[k]]
+    if diff:
+        raise ValueError(f"--resume with settings that differ from the run in {run_dir}: {', '.join(diff)}")
+
+
+def train_lora(
+    peft_model, stream: TokenStream, cfg: FinetuneConfig, run_dir: Path, resume: bool, progress: bool = True
+) -> list[dict]:
+    """LoRA steps [start, cfg.steps), checkpointed every `save_every`; returns the per-step log."""
+    lora = LoraTensors(peft_model)
+    params = list(lora.parameters())
+    opt = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=False
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = 0
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if ckpt is not None:
+        check_resume_config(run_dir, cfg)
+        start = load_checkpoint(ckpt, lora, opt)["step"]
+        log.info("resumed from %s at step %d", ckpt, start)
+    elif (run_dir / "checkpoints").exists():
+        shutil.rmtree(run_dir / "checkpoints")  # a fresh run: an older run's steps must not be resumed
+    (run_dir / "finetune_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    net = peft_model.get_base_model()  # LoRA layers are injected in place: this forward runs them
+    net.train()
+    history = []
+    bar = tqdm(total=cfg.steps, initial=start, desc="LoRA", disable=not progress, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    for step in range(start, cfg.steps):
+        x, target = stream.batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)  # duck-typed: lr, warmup_steps, steps, min_lr_ratio
+        loss, n = masked_loss(net, x.to(net.device), target.to(net.device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        done = step + 1
+        rec = {"step": done, "loss": round(loss.item(), 5), "lr": lr_at(step, cfg), "targets": n}
+        history.append(rec)
+        tok_s = (done - start) * x.numel() / max(time.perf_counter() - t0, 1e-9)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{tok_s:.0f}", refresh=False)
+        bar.update(1)
+        with (run_dir / "log.jsonl").open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if done % cfg.save_every == 0 or done == cfg.steps:
+            save_checkpoint(run_dir, done, lora, opt, {"seed": cfg.seed})
+    bar.close()
+    net.eval()
+    return history
+
+
+def save_adapter(peft_model, out_dir: Path, identity: dict) -> None:
+    """peft's adapter files plus the base's identity, each replaced atomically (temp folder, rename)."""
+    tmp = out_dir / ".tmp-adapter"
+    shutil.rmtree(tmp, ignore_errors=True)
+    peft_model.save_pretrained(str(tmp))
+    (tmp / IDENTITY_FILE).write_text(json.dumps(identity, indent=1))
+    for file in sorted(tmp.iterdir()):
+        file.replace(out_dir / file.name)
+    tmp.rmdir()
+    (out_dir / DRAFTS_FILE).unlink(missing_ok=True)  # drafts of an earlier adapter no longer apply
+
+
+# --------------------------------------------------------------------------------------------------
+# End to end
+
+
+def load_base(model: str | Path | None) -> tuple[YueForCausalLM, YueTokenizer, Path]:
+    """The base model as loaded (trainable, not prepared for decoding), its tokenizer and the folder
+    holding its chat template (a name, folder or GGUF, as `yue.load` takes it)."""
+    from yue.engine import load_unprepared
+
+    net, tokenizer, files = load_unprepared(model)
+    return net, tokenizer, files.yue_dir or files.tokenizer_dir
+
+
+@dataclass
+class _Timer:
+    marks: dict[str, float] = field(default_factory=dict)
+    t: float = field(default_factory=time.perf_counter)
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.marks[name] = round(now - self.t, 1)
+        self.t = now
+
+
+def finetune(
+    model: str | Path | None,
+    data: str | Path,
+    out_dir: str | Path,
+    cfg: FinetuneConfig = FinetuneConfig(),
+    resume: bool = False,
+    command: str = "",
+    progress: bool = True,
+) -> dict:
+    """Run `yue finetune` end to end; returns the report (also `out_dir/finetune_report.json`)."""
+    from yue.chat import ChatTemplate, find_chat_template
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timer = _Timer()
+    base, tokenizer, folder = load_base(model)
+    stream = TokenStream.build(read_finetune_data(data, ChatTemplate(find_chat_template(folder))), tokenizer)
+    prompts = measuring_prompts(stream, cfg, tokenizer.eos_id)
+    identity = base_identity(base, name=folder.name)
+    # A model without a NAR set (`nar_layers` 0: a plain Llama as the AR set) has no drafts to measure
+    # or refresh: it gets the LoRA alone.
+    has_drafts = getattr(base.config, "nar_layers", None) != 0
+
+    def measure(model: YueForCausalLM) -> dict | None:
+        return accepted_drafts(model, prompts, cfg.measure_tokens) if has_drafts else None
+
+    # 1. The base, on the user's data.
+    loss_before = eval_loss(base, stream, cfg.seq_len)
+    acc_base = measure(base)
+    timer.mark("measure_base_s")
+    # 2-3. LoRA, saved, merged, measured with the old drafts.
+    peft_model = wrap_lora(base, cfg)
+    history = train_lora(peft_model, stream, cfg, out_dir / "run", resume, progress)
+    timer.mark("lora_s")
+    loss_after = eval_loss(peft_model.get_base_model(), stream, cfg.seq_len)
+    save_adapter(peft_model, out_dir, identity)
+    adapted = peft_model.merge_and_unload().eval()
+    acc_adapter = measure(adapted)
+    timer.mark("measure_adapter_s")
+    # 4. Refresh the drafts for the adapted model.
+    refresh, acc_refreshed = None, None
+    if cfg.refresh_steps > 0 and has_drafts:
+        refresh = refresh_drafts(adapted, stream, cfg, progress)
+        tmp = out_dir / f".tmp-{DRAFTS_FILE}"
+        from safetensors.torch import save_file
+
+        save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
+        tmp.replace(out_dir / DRAFTS_FILE)
+        timer.mark("refresh_s")
+        acc_refreshed = measure(adapted)
+        timer.mark("measure_refreshed_s")
+
+    def recovery(label: str) -> float | None:
+        if acc_refreshed is None or acc_base is None or not acc_base[label]["mean_accepted"]:
+            return None
+        return round(acc_refreshed[label]["mean_accepted"] / acc_base[label]["mean_accepted"], 4)
+
+    report = {
+        "model": str(folder),
+        "base_digest": identity["digest"],
+        "data": str(data),
+        "command": command,
+        "config": asdict(cfg),
+        "data_tokens": len(stream),
+        "target_tokens": int(stream.target.sum()),
+        "loss_before": round(loss_before, 4),
+        "loss_after": round(loss_after, 4),
+        "first_step_loss": history[0]["loss"] if history else None,
+        "last_step_loss": history[-1]["loss"] if history else None,
+        "measure": {"prompts": len(prompts), "new_tokens": cfg.measure_tokens, "mode": "verified, greedy"},
+        "accepted_drafts": {
+            "base": acc_base,
+            "adapter_no_refresh": acc_adapter,
+            "adapter_refreshed": acc_refreshed,
+        },
+        "refreshed_over_base": {k: recovery(k) for k in ("every_slot", "router")},
+        "refresh": refresh,
+        "timings": timer.marks,
+    }
+    (out_dir / "finetune_report.json").write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,118 @@
+"""The drafts of an adapted model: how many are accepted on the user's data, and refreshing them.
+
+Design decisions:
+- Acceptance is measured as a user meets it: a copy prepared for decoding (`yue.load`'s drafting
+  precision) in greedy `verified` mode, as it runs by default (threshold 1: every slot drafted, the
+  drafts' quality alone) and at the model's router threshold (the router decides how many are drafted).
+  Greedy `verified` output equals `ar` output, so these are speed figures only.
+- The refresh is stages 2 and 3 of DESIGN §3 on the adapted model: AR-greedy continuations of prompts
+  cut from the user's data, NAR self-distillation on them (`selfdistill.finetune_nar`, AR frozen), and
+  the router fine-tuned (not re-initialised: the data is small) on the new acceptance labels.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+
+from yue.config import DecodeConfig
+from yue.decode.loop import decode
+from yue.model.inference import resolve_drafting_dtype
+from yue.model.mot import YueForCausalLM
+from yue.train.finetune_data import TokenStream
+
+if TYPE_CHECKING:  # finetune imports this module
+    from yue.train.finetune import FinetuneConfig
+
+
+def prompt_length(stream: TokenStream, wanted: int) -> int:
+    """`wanted`, or less when no document is twice that long (prompts must leave room in a document)."""
+    return min(wanted, max(len(d) for d in stream.documents) // 2) or 1
+
+
+def measuring_prompts(stream: TokenStream, cfg: FinetuneConfig, eos_id: int) -> list[list[int]]:
+    """`measure_prompts` prompts from the data, each `<|eos|>` + a window (as `Engine.encode` prompts)."""
+    from yue.train.selfdistill import sample_prompts
+
+    n = prompt_length(stream, cfg.prompt_len)
+    return [[eos_id, *p] for p in sample_prompts(stream.documents, cfg.measure_prompts, n, cfg.seed + 7)]
+
+
+@torch.no_grad()
+def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Mean accepted drafts per verifying step in greedy `verified` mode: as it runs by default (every
+    slot drafted, threshold 1) and with the router choosing how many (the model's `router_threshold`).
+
+    A verifying step is one that drafted at least one slot; "per forward" counts every forward,
+    drafting passes included.
+    """
+    drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
+    out = {}
+    for label, threshold in (("every_slot", None), ("router", model.config.router_threshold)):
+        cfg = DecodeConfig(mode="verified", max_new_tokens=new_tokens, router_threshold=threshold)
+        cfg = cfg.resolved(model.config)
+        steps = accepted = tokens = forwards = 0
+        for p in prompts:
+            for em in decode(drafter, [p], cfg):
+                steps += em.drafted > 0
+                accepted += em.accepted
+                tokens += len(em.tokens[0])
+                forwards += em.forwards
+        out[label] = {
+            "mean_accepted": round(accepted / max(steps, 1), 4),
+            "verifying_steps": steps,
+            "tokens_per_forward": round(tokens / max(forwards, 1), 4),
+        }
+    return out
+
+
+def refresh_drafts(
+    model: YueForCausalLM, stream: TokenStream, cfg: FinetuneConfig, progress: bool = True
+) -> dict:
+    """Self-distil the NAR set and fine-tune the router on the adapted model's greedy outputs, in place."""
+    from yue.train.router import RouterTrainConfig, greedy_examples, train_router
+    from yue.train.router_eval import evaluate_router
+    from yue.train.selfdistill import NARFinetuneConfig, build_greedy_sequences, finetune_nar, nar_accuracy
+
+    n = prompt_length(stream, cfg.prompt_len)
+    seqs = build_greedy_sequences(
+        model, stream.documents, cfg.refresh_sequences, n, cfg.new_tokens, seed=cfg.seed, progress=progress
+    )
+    train, held = seqs.split(0.1)
+    acc_before = nar_accuracy(model, held, reveal_first=True)
+    nar_cfg = NARFinetuneConfig(
+        steps=cfg.refresh_steps,
+        batch_size=8,
+        anchors=16,
+        warmup_steps=min(10, cfg.refresh_steps),
+        seed=cfg.seed,
+    )
+    finetune_nar(model, train, nar_cfg, progress=progress)
+    acc_after = nar_accuracy(model, held, reveal_first=True)
+    # Router: labels from the refreshed drafts, drafted as decoding drafts them (prepared copy).
+    for p in model.parameters():
+        p.requires_grad_(False)
+    drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
+    examples = greedy_examples(drafter, seqs.tokens, seqs.prompt_len, anchors_per_seq=32, seed=cfg.seed)
+    r_train, r_held = examples.split_by_group(0.2, seed=cfg.seed)
+    r_before = evaluate_router(model.router, r_held)
+    train_router(
+        model.router, r_train, RouterTrainConfig(epochs=cfg.router_epochs, reinit=False, seed=cfg.seed)
+    )
+    r_after = evaluate_router(model.router, r_held)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.eval()
+
+    def nan_free(values: list[float]) -> list[float | None]:
+        return [None if v != v else round(v, 4) for v in values]
+
+    return {
+        "sequences": len(seqs.tokens),
+        "nar_acc_slot1_revealed_before": nan_free(acc_before),
+        "nar_acc_slot1_revealed_after": nan_free(acc_after),
+        "router_held_out_before": r_before,
+        "router_held_out_after": r_after,
+    }
