@@ -47,7 +47,9 @@ class MarkovStub:
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
 
-    def step(self, tokens, positions, n_committed, mask, cache, n_logits=None) -> StepOutput:
+    def step(
+        self, tokens, positions, n_committed, mask, cache, n_logits=None, anchor_entry=None
+    ) -> StepOutput:
         self.forwards += 1
         self.draft_passes += n_committed == 0
         committed = tokens[:, :n_committed]

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 import yue
 from yue.bench import llamacpp, metrics
-from yue.bench.costs import verify_cost_curve
 from yue.bench.harness import JSON_KEYS, BenchConfig, entries, run_bench
 from yue.bench.prompts import load_prompts, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Prompt, load_peers
 from yue.cli import app
+from yue.decode.costs import verify_cost_curve
 from yue.engine import Engine
 
 PROMPTS = [

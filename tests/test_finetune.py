@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from typer.testing import CliRunner
+from yue.serve.chat import ChatTemplate
 
 import yue
 from tests.conftest import tiny_config
@@ -24,7 +25,6 @@ from yue.model.adapters import (
     base_identity,
     merge_to_folder,
 )
-from yue.serve.chat import ChatTemplate
 from yue.train.finetune import FinetuneConfig, finetune, masked_loss, save_adapter, train_lora, wrap_lora
 from yue.train.finetune_data import TokenStream, read_finetune_data
 

@@ -18,8 +18,8 @@ from yue.model.hf import is_nar_or_router
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
 from yue.train import topnar as tn
-from yue.train.topnar_run import TopNARRecipe, distill_top_nar
 from yue.train.router import RouterTrainConfig
+from yue.train.topnar_run import TopNARRecipe, distill_top_nar
 
 
 def top_model(nar_layers: int = 2, draft_vocab: int | None = 48, seed: int = 0) -> YueForCausalLM:
@@ -45,7 +45,9 @@ def top_model(nar_layers: int = 2, draft_vocab: int | None = 48, seed: int = 0) 
             if p.dim() > 1:
                 p.normal_(0, 0.4)
         if draft_vocab:
-            model.draft_vocab.copy_(torch.randperm(96, generator=torch.Generator().manual_seed(seed))[:draft_vocab])
+            model.draft_vocab.copy_(
+                torch.randperm(96, generator=torch.Generator().manual_seed(seed))[:draft_vocab]
+            )
     return model
 
 
@@ -96,7 +98,9 @@ def test_top_layer_nar_keeps_verified_equal_to_ar(seed, nar_layers, mode, thresh
     prompt = torch.randint(4, 96, (7,), generator=torch.Generator().manual_seed(seed)).tolist()
 
     def run(m: str, th: float | None) -> list[int]:
-        cfg = DecodeConfig(mode=m, max_new_tokens=24, ignore_eos=True, router_threshold=th).resolved(model.config)
+        cfg = DecodeConfig(mode=m, max_new_tokens=24, ignore_eos=True, router_threshold=th).resolved(
+            model.config
+        )
         return [t for em in decode(model, [prompt], cfg) for t in em.tokens[0]]
 
     assert run(mode, threshold) == run("ar", None)
@@ -136,7 +140,9 @@ def chat_llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("chat-llama")
     LlamaForCausalLM(config).save_pretrained(path)
     tok.save(str(path / "tokenizer.json"))
-    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}a:")
+    (path / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}a:"
+    )
     return path
 
 

@@ -53,6 +53,10 @@ class YueConfig(PreTrainedConfig):
     router_hidden_size: int = 64
     # The speed/fidelity dial (DESIGN §1): a position goes AR when p_ar(i) > router_threshold.
     router_threshold: float = 0.65
+    # verified mode's default threshold: 1 drafts every slot unasked (best where drafts are good and
+    # extra verifying rows cheap, as yue-code-mini's); below 1 the router and the step costs measured on
+    # the machine pick each draft length (`VerifiedPolicy.draft_length`).
+    verified_threshold: float = 1.0
     # hybrid mode: after choosing AR, re-ask the router after this many AR tokens.
     reeval_every: int = 5
     # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
@@ -184,9 +188,11 @@ class DecodeConfig:
             raise ValueError(
                 f"block_size must be <= the model's block_size {model_config.block_size}, got {k}"
             )
-        # `verified` is exact whatever it drafts, so its default drafts every slot: on the bench's CPU
-        # that is the fastest (the router's cost model helps where drafts are poor: pass a threshold).
-        default_threshold = 1.0 if self.mode == "verified" else model_config.router_threshold
+        # `verified` is exact whatever it drafts; its default threshold is the model's own (see
+        # `YueConfig.verified_threshold`).
+        default_threshold = (
+            model_config.verified_threshold if self.mode == "verified" else model_config.router_threshold
+        )
         return replace(
             self,
             router_threshold=self.router_threshold

@@ -26,6 +26,7 @@ import torch
 
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
+from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.adapters import apply_adapter
@@ -93,6 +94,8 @@ class Engine:
         self.name = name
         self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE
         self._template = ChatTemplate(self.chat_template)
+        # Step costs for the router's draft lengths: measured on first need (`_costs`), or set by hand.
+        self.costs: StepCosts | None = None
 
     @property
     def instruct(self) -> bool:
@@ -200,7 +203,7 @@ class Engine:
         text = _TextTracker(self.tokenizer, cfg.stop)
         stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
         t0 = time.perf_counter()
-        for em in decode(self.model, [ids], cfg, cancel):
+        for em in decode(self.model, [ids], cfg, cancel, self._costs(cfg)):
             self._count(stats, em, cfg, t0)
             finish = em.finished[0]
             delta = text.push(em.tokens[0], final=finish is not None)
@@ -213,6 +216,15 @@ class Engine:
             yield StreamEvent(delta, em.tokens[0], em.sources[0], finish, stats if finish else None, trace)
             if finish is not None:
                 return
+
+    def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
+        """The step costs the router's draft lengths weigh, measured for this model on this machine the
+        first time a request lets the router choose them (seconds, then cached on disk)."""
+        if cfg.mode not in ("verified", "hybrid") or cfg.router_threshold >= 1.0:
+            return None
+        if self.costs is None:
+            self.costs = measured_costs(self.model)
+        return self.costs
 
     @staticmethod
     def _count(stats: GenerationStats, em: StepEmission, cfg: DecodeConfig, t0: float) -> None:
@@ -286,7 +298,7 @@ class Engine:
         stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
         trace: list[Step] = []
         t0 = time.perf_counter()
-        for em in decode(self.model, ids, cfg, lambda: all(f is not None for f in finish)):
+        for em in decode(self.model, ids, cfg, lambda: all(f is not None for f in finish), self._costs(cfg)):
             self._count(stats, em, cfg, t0)
             if em.step is not None:
                 trace.append(em.step)

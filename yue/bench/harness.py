@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 import torch
 
 from yue.bench import llamacpp
-from yue.bench.costs import CostCurve, verify_cost_curve
 from yue.bench.prompts import PromptSet, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
+from yue.decode.costs import CostCurve, verify_cost_curve
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
 PEERS = (*HF_PEERS, llamacpp.NAME)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode.costs import StepCosts
 from yue.decode.policies import Advance, LoopState, get_policy
 from yue.decode.types import Step
 from yue.model.masks import decode_mask
@@ -91,6 +92,7 @@ def decode(
     prompts: list[list[int]],
     cfg: DecodeConfig,
     cancel: Callable[[], bool] | None = None,
+    costs: StepCosts | None = None,
 ) -> Iterator[StepEmission]:
     """Decode a batch of tokenized prompts; yield what each step commits.
 
@@ -99,6 +101,7 @@ def decode(
         prompts: B non-empty token lists; they are left-padded to a common length.
         cfg: a config already `resolved()` against the model's config.
         cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").
+        costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
     Yields:
         One StepEmission per forward pass, the prefill included.
     """
@@ -117,7 +120,7 @@ def decode(
     if not cfg.greedy:
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
-    st = LoopState(cfg, generator, prompt.to(device))
+    st = LoopState(cfg, generator, prompt.to(device), costs=costs)
     if cfg.repetition_penalty != 1.0:
         st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
         st.seen.scatter_(1, st.fed, True)

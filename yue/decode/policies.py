@@ -38,20 +38,11 @@ from dataclasses import dataclass, field
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode.costs import StepCosts
 from yue.decode.sampling import apply_repetition_penalty, choose, speculative_accept, warp
 from yue.model.mot import StepOutput
 from yue.model.router import Router
 
-# Forward cost model, in units of ~0.1 ms: measured on the default model's shape (6.9M parameters) on one
-# CPU thread, prepared for decoding (`inference.py`: fused matmuls, int8 drafting weights, oneDNN
-# kernels for two or more rows). A one-token AR step costs ~2.4 ms (it streams the fp32 AR weights);
-# verifying drafts costs ~0.7 ms more as soon as there are a few rows, then ~0.09 ms per fed draft (8
-# rows: ~3.6 ms); a NAR pass ~1.9 ms plus ~0.05 ms per slot row (separate drafting: ~2.3 ms for K = 8).
-AR_STEP_COST = 24.0
-VERIFY_COST = 7.0  # any drafts fed
-FED_POSITION_COST = 0.9  # each fed draft
-NAR_PASS_COST = 19.0
-SLOT_POSITION_COST = 0.5  # each slot row
 # verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
 MAX_BACKOFF_DOUBLINGS = 3
 
@@ -72,6 +63,8 @@ class LoopState:
             asked again.
         futile_probes: verified: consecutive steps whose slots the router found not worth drafting;
             each doubles the next AR stretch (capped), since a probe costs a whole NAR pass.
+        costs: the step costs `draft_length` weighs (measured for the model on this machine,
+            `decode.costs`); None = `StepCosts.default`.
     """
 
     cfg: DecodeConfig
@@ -82,6 +75,7 @@ class LoopState:
     seen: torch.Tensor | None = None
     ar_stretch: int = 0
     futile_probes: int = 0
+    costs: StepCosts | None = None
 
 
 @dataclass
@@ -249,30 +243,27 @@ class VerifiedPolicy(Policy):
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
 
         Draft j survives with A_j = a_{j+1} / a_1 (slot 1 is the position of the AR token already
-        chosen), so verifying k drafts yields 1 + sum_{j<=k} A_j tokens for the cost of a verifying
-        forward with k + 1 fed positions plus the block's NAR pass and slot rows (K, or K per fed
-        position when fused), where a plain AR step writes one token for AR_STEP_COST. We take the k
-        with the most expected tokens per unit of cost among the leading drafts with
-        p_ar(i) <= router_threshold (DESIGN's one rule), and draft only if that beats plain AR steps.
-        (At threshold 1 every slot is drafted, without asking: see `draft`.)
+        chosen), so verifying k drafts yields 1 + sum_{j<=k} A_j tokens for the cost of a step feeding
+        k drafts plus the block's drafting pass (`st.costs`: measured for this model on this machine;
+        fused: a block per fed position, approximated as k + 1 drafting passes), where a plain AR step
+        writes one token for `costs.verify(0)`. We take the k with the most expected tokens per unit of
+        cost among the leading drafts with p_ar(i) <= router_threshold (DESIGN's one rule), and draft
+        only if that beats plain AR steps. (At threshold 1 every slot is drafted, without asking: see
+        `draft`.)
         """
+        costs = st.costs or StepCosts.default(st.cfg.block_size)
         acc = 1.0 - p_ar  # (B, n)
         A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).min(0).values.tolist()
         allowed = (p_ar[:, 1:] <= st.cfg.router_threshold).all(0).tolist()
-        best_k, best_rate, gain = 0, 1.0 / AR_STEP_COST, 1.0
+        best_k, best_rate, gain = 0, 1.0 / costs.verify(0), 1.0
+        passes = 1
         for k, (a_k, ok) in enumerate(zip(A, allowed, strict=True), start=1):
             if not ok:
                 break
             gain += a_k
-            slots = st.cfg.block_size * (k + 1 if st.cfg.drafting == "fused" else 1)
-            cost = (
-                AR_STEP_COST
-                + VERIFY_COST
-                + FED_POSITION_COST * k
-                + NAR_PASS_COST
-                + SLOT_POSITION_COST * slots
-            )
-            rate = gain / cost
+            if st.cfg.drafting == "fused":
+                passes = k + 1
+            rate = gain / (costs.verify(k) + costs.draft_pass * passes)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k

@@ -291,7 +291,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden
             (B, T, D), entry (B, n_committed, D) or None.
         """
-        hidden, entry = self.model.run(tokens, positions, n_committed, mask, cache, cache.length, anchor_entry)
+        hidden, entry = self.model.run(
+            tokens, positions, n_committed, mask, cache, cache.length, anchor_entry
+        )
         first = 0 if n_logits is None else n_committed - n_logits
         n_ar = n_committed - first
         head = self.ar_head or self.lm_head

@@ -130,7 +130,9 @@ def greedy_answers(
         batch = order[s : s + batch_size]
         room = context - max(len(prompts[i]) for i in batch)
         if room < 2:
-            raise ValueError(f"a prompt of {context - room} tokens leaves no room in a {context}-token context")
+            raise ValueError(
+                f"a prompt of {context - room} tokens leaves no room in a {context}-token context"
+            )
         cfg = DecodeConfig(mode="ar", max_new_tokens=min(max_new_tokens, room)).resolved(model.config)
         out: list[list[int]] = [[] for _ in batch]
         for em in decode(model, [list(prompts[i]) for i in batch], cfg):
@@ -253,7 +255,9 @@ def block_forward(model: YueForCausalLM, batch: Batch) -> tuple[torch.Tensor, to
     slot_tokens = torch.full((B, M, K), mask_id, dtype=torch.long, device=entry.device)
     slot_tokens[:, :, 0] = batch.targets[:, :, 0].clamp(min=0)  # slot 1 revealed
     slot_anchor = entry.gather(1, batch.anchors[:, :, None].expand(B, M, D)).repeat_interleave(K, dim=1)
-    positions = torch.cat([torch.arange(T, device=entry.device).expand(B, T), slot_positions(batch.anchors, K)], 1)
+    positions = torch.cat(
+        [torch.arange(T, device=entry.device).expand(B, T), slot_positions(batch.anchors, K)], 1
+    )
     mask = training_mask(T, batch.anchors, K)
     hidden = model.model.run_from_entry(entry, slot_tokens.flatten(1), slot_anchor, positions, mask)
     return hidden[:, :T], hidden[:, T:].view(B, M, K, D)
@@ -277,7 +281,9 @@ def block_loss(model: YueForCausalLM, batch: Batch, cfg: TopNARConfig) -> tuple[
     B, M = batch.anchors.shape
     with torch.no_grad():
         # Teacher of slot i at anchor t: the AR path at committed row t + i - 1 (it predicts x[t+i]).
-        rows = (batch.anchors[:, :, None] + torch.arange(K, device=committed.device)).clamp(max=committed.shape[1] - 1)
+        rows = (batch.anchors[:, :, None] + torch.arange(K, device=committed.device)).clamp(
+            max=committed.shape[1] - 1
+        )
         teacher_h = committed.gather(1, rows.flatten(1)[:, :, None].expand(-1, -1, committed.shape[-1]))
         teacher = F.log_softmax(draft_logits(model, teacher_h).float(), -1).view(B, M, K, -1)
         # Hard targets as drafting-vocabulary indices; -1 where absent or past the end.
@@ -323,7 +329,9 @@ def held_out_tau(
         tries += prev.float().sum((0, 1))
     return {
         "tau": 1 + accepted / max(blocks, 1),
-        "conditional_accuracy": [round(float(h / max(t, 1)), 4) for h, t in zip(hits, tries, strict=True)][1:],
+        "conditional_accuracy": [round(float(h / max(t, 1)), 4) for h, t in zip(hits, tries, strict=True)][
+            1:
+        ],
     }
 
 

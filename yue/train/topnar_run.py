@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from yue.chat import ChatTemplate, find_chat_template
 from yue.model.hf import from_llama, is_nar_or_router
 from yue.model.mot import YueForCausalLM
-from yue.chat import ChatTemplate, find_chat_template
 from yue.train.distill import load_llama
 from yue.train.router import RouterTrainConfig, train_router
 from yue.train.router_eval import evaluate_router
@@ -128,7 +128,9 @@ def save_nar_folder(
     for old in out.glob("model*.safetensors"):
         old.unlink()
     for i, shard in enumerate(shards):
-        name = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        name = (
+            "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        )
         save_file(shard, str(out / name), metadata={"format": "pt"})
     (out / "ar_source.json").write_text(json.dumps(ar_source, indent=2) + "\n")
     return out
@@ -175,7 +177,9 @@ def distill_top_nar(
     # 4. Training, resumable.
     t = time.perf_counter()
     before = held_out_tau(model, held, held_feats)
-    history = train_top_nar(model, train, train_feats, held, held_feats, recipe.train, work, progress=progress)
+    history = train_top_nar(
+        model, train, train_feats, held, held_feats, recipe.train, work, progress=progress
+    )
     times["training_s"] = time.perf_counter() - t
     # 5. Router on held-out blocks (its own held-out fifth for the report).
     t = time.perf_counter()
@@ -196,7 +200,9 @@ def distill_top_nar(
         "times_s": {k: round(v, 1) for k, v in times.items()},
         "wall_s": round(time.perf_counter() - t0, 1),
         "hardware": {
-            "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+            "device": torch.cuda.get_device_name()
+            if device.startswith("cuda")
+            else platform.processor() or "cpu",
             "threads": torch.get_num_threads(),
         },
     }

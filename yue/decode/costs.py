@@ -1,4 +1,6 @@
-"""What a verifying forward costs against its rows, and what a drafting pass costs, on the loaded model.
+"""What a verifying forward costs against its rows, and what a drafting pass costs, on the loaded model:
+reported by `yue bench`, and the router's cost model (`StepCosts`, measured once per model shape and
+machine and cached; issue 13: not the constants of one model on one CPU).
 
 Design decisions:
 - The decode loop's own calls, timed bare: `model.step` over n fed committed rows (no slots; the
@@ -15,9 +17,14 @@ Design decisions:
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -121,3 +128,66 @@ def verify_cost_curve(
     if len(times) == len(rows):
         return CostCurve(context, tuple(rows), times)
     return CostCurve(context, tuple(rows), times[: len(rows)], K, times[-1])
+
+
+# --------------------------------------------------------------------------------------------------
+# The router's cost model: the curve above, measured once per model shape and machine, cached.
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What `VerifiedPolicy.draft_length` weighs: the cost of a step by its fed rows (index 0: a plain AR
+    step, i: i drafts verified), and of one drafting pass. Any unit; only ratios matter."""
+
+    step: tuple[float, ...]
+    draft_pass: float
+
+    def verify(self, drafts: int) -> float:
+        """A step feeding `drafts` drafts (plus the bonus row); past the measured rows, extrapolated
+        linearly from the last two."""
+        if drafts < len(self.step):
+            return self.step[drafts]
+        last, prev = self.step[-1], self.step[-2] if len(self.step) > 1 else self.step[-1]
+        return last + (drafts - len(self.step) + 1) * max(last - prev, 0.0)
+
+    @classmethod
+    def default(cls, block_size: int) -> StepCosts:
+        """yue-code-mini's costs on the 2-core CPU (DESIGN §7), for when nothing was measured: an AR step
+        ~2.4 ms, verifying ~0.7 ms more plus ~0.09 ms a draft, a drafting pass ~1.9 ms + 0.05 ms a slot."""
+        step = (24.0,) + tuple(31.0 + 0.9 * k for k in range(1, block_size + 1))
+        return cls(step, 19.0 + 0.5 * block_size)
+
+    @classmethod
+    def from_curve(cls, curve: CostCurve) -> StepCosts:
+        if curve.draft_s is None:
+            raise ValueError("the cost curve has no drafting pass (the model has no NAR set)")
+        return cls(tuple(curve.step_s), curve.draft_s)
+
+
+def cost_cache_key(model) -> str:
+    """Same model shape, device kind, CPU capability, threads and torch: same costs."""
+    capability = torch.backends.cpu.get_cpu_capability() if model.device.type == "cpu" else ""
+    name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
+    parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
+    parts += [str(torch.get_num_threads()), torch.__version__]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:
+    """The model's step costs on this machine: measured (a few seconds for SmolLM2 on a CPU) the first
+    time, then read from `cache_dir` (default `$YUE_CACHE_DIR/costs` or ~/.cache/yue/costs). A cache file
+    that does not parse is measured anew, never trusted."""
+    root = Path(cache_dir or os.environ.get("YUE_CACHE_DIR") or Path.home() / ".cache" / "yue") / "costs"
+    file = root / f"{cost_cache_key(model)}.json"
+    try:
+        data = json.loads(file.read_text())
+        return StepCosts(tuple(float(x) for x in data["step_s"]), float(data["draft_s"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    curve = verify_cost_curve(model, context=128, warmup=1, tries=tries)
+    costs = StepCosts.from_curve(curve)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"step_s": list(costs.step), "draft_s": costs.draft_pass}))
+    os.replace(tmp, file)
+    return costs

@@ -1,0 +1,68 @@
+"""The router's cost model: measured once per model shape and machine, cached, never trusted when corrupt,
+and draft lengths follow it."""
+
+from __future__ import annotations
+
+import torch
+
+import yue.decode.costs as costs_mod
+from yue.config import DecodeConfig
+from yue.decode.costs import CostCurve, StepCosts, measured_costs
+from yue.decode.policies import LoopState, VerifiedPolicy
+
+
+def test_verify_costs_extrapolate_past_the_measured_rows():
+    c = StepCosts((1.0, 1.5, 1.7), 0.2)
+    assert [round(c.verify(k), 6) for k in range(5)] == [1.0, 1.5, 1.7, 1.9, 2.1]
+    assert StepCosts.default(8).verify(0) < StepCosts.default(8).verify(8)
+
+
+def _policy_length(costs: StepCosts, accept: float, K: int = 8) -> int:
+    cfg = DecodeConfig(mode="verified", router_threshold=0.99, block_size=K)
+    st = LoopState(cfg, None, torch.zeros(1, 1, dtype=torch.long), costs=costs)
+    # p_ar(i) = 1 - accept**(i-1): slot 1 (the AR token) certain, each later slot survives w.p. `accept`.
+    p_ar = 1.0 - torch.tensor([[accept ** (i - 1) for i in range(1, K + 1)]])
+    return VerifiedPolicy().draft_length(st, p_ar)
+
+
+def test_draft_length_follows_the_measured_cost_curve():
+    cheap_rows = StepCosts(tuple(1.0 + 0.02 * k for k in range(9)), 0.1)  # verifying rows nearly free
+    dear_rows = StepCosts(tuple(1.0 + 0.3 * k for k in range(9)), 0.1)  # each row ~0.3 of a step (AVX2)
+    assert _policy_length(cheap_rows, 0.8) > _policy_length(dear_rows, 0.8) >= 1
+    # Poor drafts on a CPU where rows are dear: plain AR steps are the better deal.
+    assert _policy_length(StepCosts(tuple(1.0 + 0.5 * k for k in range(9)), 0.5), 0.2) == 0
+
+
+def test_measured_costs_are_cached_and_a_corrupt_cache_is_remeasured(
+    trained_model_dir, tmp_path, monkeypatch
+):
+    import yue
+
+    model = yue.load(trained_model_dir).model
+    calls = []
+    real = costs_mod.verify_cost_curve
+
+    def counting(*args, **kwargs) -> CostCurve:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(costs_mod, "verify_cost_curve", counting)
+    first = measured_costs(model, cache_dir=tmp_path, tries=1)
+    second = measured_costs(model, cache_dir=tmp_path, tries=1)
+    assert len(calls) == 1 and first == second
+    assert len(first.step) == 9 and all(s > 0 for s in first.step) and first.draft_pass > 0
+    (file,) = (tmp_path / "costs").glob("*.json")
+    file.write_text("{not json")
+    third = measured_costs(model, cache_dir=tmp_path, tries=1)
+    assert len(calls) == 2 and len(third.step) == 9
+
+
+def test_engine_measures_costs_only_when_the_router_picks_lengths(trained_model_dir, tmp_path, monkeypatch):
+    import yue
+
+    monkeypatch.setenv("YUE_CACHE_DIR", str(tmp_path))
+    engine = yue.load(trained_model_dir)
+    engine.generate("def f(x):", mode="verified", router_threshold=1.0, max_new_tokens=4)
+    assert engine.costs is None  # every slot drafted: nothing to weigh
+    engine.generate("def f(x):", mode="verified", router_threshold=0.5, max_new_tokens=4)
+    assert engine.costs is not None and list((tmp_path / "costs").glob("*.json"))
