@@ -170,3 +170,28 @@ def test_recipe_runs_end_to_end_learns_and_resumes(chat_llama_dir, tmp_path):
     # A rerun finds the greedy answers and the last checkpoint: nothing is retrained, same history.
     again = distill_top_nar(chat_llama_dir, chats, out, recipe, progress=False)
     assert again["history"] == history
+
+
+def test_cli_distills_a_top_layer_nar_set_onto_a_gguf_and_the_result_loads(tiny_gguf, gguf_cache, tmp_path):
+    """`yue distill --base X.gguf --nar-layers 1`: a folder with only yue's tensors + ar_source.json,
+    which `yue.load` assembles with the GGUF's AR set; verified == ar on it."""
+    from typer.testing import CliRunner
+
+    import yue
+    from yue.cli import app
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in "abcdefghij"))
+    out = tmp_path / "top"
+    args = ["distill", "--base", str(tiny_gguf.path), "--out", str(out), "--nar-layers", "1"]
+    args += ["--prompts", str(prompts), "--steps", "6", "--batch-size", "2", "--anchors", "4"]
+    args += ["--held-out", "3", "--draft-vocab", "64", "--new-tokens", "12", "--block-size", "4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    source = json.loads((out / "ar_source.json").read_text())
+    assert source["gguf_path"] == str(tiny_gguf.path.resolve()) and len(source["sha256"]) == 64
+    engine = yue.load(str(out))
+    assert engine.model.config.nar_layers == 1
+    prompt = engine.chat_prompt([{"role": "user", "content": "say a"}])
+    ar = engine.generate(prompt, mode="ar", max_new_tokens=12, ignore_eos=True).token_ids
+    assert engine.generate(prompt, mode="verified", max_new_tokens=12, ignore_eos=True).token_ids == ar

@@ -13,15 +13,16 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from yue.chat import ChatTemplate, find_chat_template
-from yue.model.hf import from_llama, is_nar_or_router
+from yue.model.hf import from_llama, is_nar_or_router, model_files
 from yue.model.mot import YueForCausalLM
 from yue.train.distill import load_llama
 from yue.train.router import RouterTrainConfig, train_router
@@ -80,6 +81,26 @@ def read_chat_prompts(path: str | Path) -> list[list[dict]]:
     return out
 
 
+def top_nar_base(base: str | Path) -> tuple[Path, dict]:
+    """`yue distill --nar-layers`' base (a .gguf file, or a model name or folder whose AR set comes
+    from one) -> (the converted Llama folder, the `ar_source.json` the new model will carry)."""
+    from yue.model.gguf import convert_gguf, source_sha256
+    from yue.registry import AR_SOURCE, resolve
+
+    path = resolve(base)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        folder = convert_gguf(path)
+        return folder, {"gguf_path": str(path.resolve()), "sha256": source_sha256(folder)}
+    if (path / AR_SOURCE).is_file():
+        files = model_files(path)
+        return files.ar_dir, json.loads((path / AR_SOURCE).read_text())
+    raise ValueError(
+        f"base: {base} is neither a .gguf file nor a model whose AR set comes from one; a top-layer NAR "
+        "set is stored apart from its AR set, which must come from a GGUF (convert a Llama folder to GGUF, "
+        "or use `yue distill` without --nar-layers)"
+    )
+
+
 def build_model(base_dir: str | Path, recipe: TopNARRecipe) -> YueForCausalLM:
     """The base as the AR set, a NAR set on its top layers initialised as a copy of them, and a slot
     entry that starts as the identity on the anchor's hidden state."""
@@ -104,6 +125,26 @@ def tokenize_chats(base_dir: str | Path, chats: list[list[dict]]) -> list[list[i
     tok = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
     template = ChatTemplate(find_chat_template(base_dir))
     return [tok.encode(template.render(m), add_special_tokens=False).ids for m in chats]
+
+
+def load_nar_tensors(model: YueForCausalLM, folder: str | Path) -> None:
+    """Load the NAR set, slot entry, drafting vocabulary and router of a top-layer yue folder into
+    `model` (same shapes), or raise naming what does not fit."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(folder).glob("model*.safetensors")):
+        tensors.update(load_file(str(file)))
+    own = {k: v for k, v in model.state_dict().items() if is_nar_or_router(k)}
+    if set(tensors) != set(own):
+        raise ValueError(
+            f"{folder}: its NAR tensors do not match this model's: {sorted(set(tensors) ^ set(own))[:5]}"
+        )
+    for k, v in own.items():
+        if tensors[k].shape != v.shape:
+            raise ValueError(
+                f"{folder}: {k} has shape {tuple(tensors[k].shape)}, this model {tuple(v.shape)}"
+            )
+        with torch.no_grad():
+            v.copy_(tensors[k].to(v.dtype))
 
 
 def save_nar_folder(
@@ -145,15 +186,24 @@ def distill_top_nar(
     device: str = "cpu",
     max_shard_bytes: int | None = None,
     progress: bool = True,
+    init_from: str | Path | None = None,
+    extra_sequences: Sequence[str | Path] = (),
 ) -> dict:
     """Base Llama folder + chat prompts -> a top-layer NAR model folder (see the module docstring).
 
+    Args:
+        init_from: a top-layer yue folder of the same shape whose NAR set, slot entry, drafting
+            vocabulary and router training continues from (a further round, e.g. on new prompts).
+        extra_sequences: `sequences.json` files of earlier rounds, trained on alongside this round's
+            (the held-out split stays this round's own).
     Returns the report, also written to `out_dir/topnar_report.json`.
     """
     out, work = Path(out_dir), Path(out_dir) / "work"
     work.mkdir(parents=True, exist_ok=True)
     t0, times = time.perf_counter(), {}
     model = build_model(base_dir, recipe).to(device)
+    if init_from is not None:
+        load_nar_tensors(model, init_from)
     # 1. Greedy answers (saved: generation is the costly part on a CPU).
     seq_file = work / "sequences.json"
     if seq_file.is_file():
@@ -165,10 +215,17 @@ def distill_top_nar(
         seqs.save(seq_file)
     times["greedy_answers_s"] = time.perf_counter() - t0
     train, held = seqs.split(recipe.held_out)
-    # 2. Drafting vocabulary from the training answers (EOS always in).
+    for file in extra_sequences:
+        more = ChatSequences.load(file)
+        train = ChatSequences(train.ids + more.ids, train.prompt_lens + more.prompt_lens)
+    # 2. Drafting vocabulary from the training answers (EOS always in), unless continuing a model's.
     eos = model.config.eos_token_id
-    vocab = drafting_vocabulary(train, recipe.draft_vocab_size, always=[eos] if isinstance(eos, int) else eos)
-    model.draft_vocab.copy_(vocab.to(model.draft_vocab.device))
+    if init_from is None:
+        vocab = drafting_vocabulary(
+            train, recipe.draft_vocab_size, always=[eos] if isinstance(eos, int) else eos
+        )
+        model.draft_vocab.copy_(vocab.to(model.draft_vocab.device))
+    vocab = model.draft_vocab.cpu()
     # 3. Entry features.
     t = time.perf_counter()
     train_feats = entry_features(model, train, progress=progress)
