@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from typer.testing import CliRunner
-from yue.serve.chat import ChatTemplate
 
 import yue
 from tests.conftest import tiny_config
+from yue.chat import ChatTemplate
 from yue.model import YueForCausalLM, load_model
 from yue.model.adapters import (
     DRAFTS_FILE,

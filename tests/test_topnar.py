@@ -172,12 +172,11 @@ def test_recipe_runs_end_to_end_learns_and_resumes(chat_llama_dir, tmp_path):
     assert again["history"] == history
 
 
-def test_cli_distills_a_top_layer_nar_set_onto_a_gguf_and_the_result_loads(tiny_gguf, gguf_cache, tmp_path):
-    """`yue distill --base X.gguf --nar-layers 1`: a folder with only yue's tensors + ar_source.json,
-    which `yue.load` assembles with the GGUF's AR set; verified == ar on it."""
+@pytest.fixture
+def top_gguf_model(tiny_gguf, gguf_cache, tmp_path):
+    """`yue distill --base X.gguf --nar-layers 1` run from the CLI: (its output folder, the GGUF)."""
     from typer.testing import CliRunner
 
-    import yue
     from yue.cli import app
 
     prompts = tmp_path / "p.jsonl"
@@ -188,10 +187,35 @@ def test_cli_distills_a_top_layer_nar_set_onto_a_gguf_and_the_result_loads(tiny_
     args += ["--held-out", "3", "--draft-vocab", "64", "--new-tokens", "12", "--block-size", "4"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    return out, tiny_gguf
+
+
+def test_cli_distills_a_top_layer_nar_set_onto_a_gguf_and_the_result_loads(top_gguf_model):
+    """The folder holds only yue's tensors + ar_source.json; `yue.load` assembles it with the GGUF's AR
+    set; verified == ar on it."""
+    import yue
+
+    out, tiny_gguf = top_gguf_model
     source = json.loads((out / "ar_source.json").read_text())
     assert source["gguf_path"] == str(tiny_gguf.path.resolve()) and len(source["sha256"]) == 64
     engine = yue.load(str(out))
     assert engine.model.config.nar_layers == 1
     prompt = engine.chat_prompt([{"role": "user", "content": "say a"}])
+    ar = engine.generate(prompt, mode="ar", max_new_tokens=12, ignore_eos=True).token_ids
+    assert engine.generate(prompt, mode="verified", max_new_tokens=12, ignore_eos=True).token_ids == ar
+
+
+def test_lora_finetune_refreshes_a_top_layer_nar_set_and_stays_exact(top_gguf_model, tmp_path):
+    import yue
+    from tests.test_finetune import small_config
+    from yue.train.finetune import finetune
+
+    out, _ = top_gguf_model
+    data = tmp_path / "domain.txt"
+    data.write_text("".join(f"say {w} then {w}{w}\n" for w in "abcdefgh") * 4)
+    report = finetune(str(out), data, tmp_path / "adapter", small_config(steps=6), progress=False)
+    assert {"held_out_tau_before", "held_out_tau_after"} <= set(report["refresh"])
+    engine = yue.load(str(out), adapter=tmp_path / "adapter")
+    prompt = engine.chat_prompt([{"role": "user", "content": "say b"}])
     ar = engine.generate(prompt, mode="ar", max_new_tokens=12, ignore_eos=True).token_ids
     assert engine.generate(prompt, mode="verified", max_new_tokens=12, ignore_eos=True).token_ids == ar

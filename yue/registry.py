@@ -24,7 +24,7 @@ ASSETS = Path(__file__).parent / "assets"
 SHIPPED = ("yue-smol", "yue-code-mini")  # names `resolve` knows, each a folder under ASSETS
 # The model `yue.load()`, `yue generate`, `yue chat` and `yue serve` use when none is named.
 # Flip to "yue-smol" once yue/assets/yue-smol/ holds its NAR set (DESIGN §4).
-DEFAULT_MODEL = "yue-code-mini"
+DEFAULT_MODEL = "yue-smol"
 AR_SOURCE = "ar_source.json"
 
 

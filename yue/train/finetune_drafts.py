@@ -80,6 +80,8 @@ def refresh_drafts(
     seqs = build_greedy_sequences(
         model, stream.documents, cfg.refresh_sequences, n, cfg.new_tokens, seed=cfg.seed, progress=progress
     )
+    if model.config.nar_start > 0:
+        return refresh_top_nar(model, seqs, cfg, progress)
     train, held = seqs.split(0.1)
     acc_before = nar_accuracy(model, held, reveal_first=True)
     nar_cfg = NARFinetuneConfig(
@@ -113,6 +115,59 @@ def refresh_drafts(
         "sequences": len(seqs.tokens),
         "nar_acc_slot1_revealed_before": nan_free(acc_before),
         "nar_acc_slot1_revealed_after": nan_free(acc_after),
+        "router_held_out_before": r_before,
+        "router_held_out_after": r_after,
+    }
+
+
+def refresh_top_nar(model: YueForCausalLM, seqs, cfg: FinetuneConfig, progress: bool = True) -> dict:
+    """`refresh_drafts` for a NAR set on the top layers only (yue-smol): the same data, trained the way
+    `topnar.py` trains it (cached entry features of the adapted AR path), and the router after it."""
+    from yue.train.router import RouterTrainConfig, train_router
+    from yue.train.router_eval import evaluate_router
+    from yue.train.topnar import (
+        ChatSequences,
+        TopNARConfig,
+        entry_features,
+        held_out_tau,
+        router_examples,
+        train_top_nar,
+    )
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    rows = [row.tolist() for row in seqs.tokens]
+    train, held = ChatSequences(rows, [seqs.prompt_len] * len(rows)).split(max(2, len(rows) // 10))
+    f_train, f_held = (
+        entry_features(model, train, progress=progress),
+        entry_features(model, held, progress=progress),
+    )
+    before = held_out_tau(model, held, f_held)
+    steps = max(cfg.refresh_steps, 1)
+    top_cfg = TopNARConfig(
+        steps=steps,
+        batch_size=8,
+        anchors=16,
+        lr=3e-4,
+        warmup_steps=min(10, steps),
+        eval_every=steps,
+        seed=cfg.seed,
+    )
+    history = train_top_nar(model, train, f_train, held, f_held, top_cfg, progress=progress)
+    examples = router_examples(model, held, f_held)
+    r_train, r_held = examples.split_by_group(0.2, seed=cfg.seed)
+    r_before = evaluate_router(model.router, r_held if len(r_held) else r_train)
+    train_router(
+        model.router, r_train, RouterTrainConfig(epochs=cfg.router_epochs, reinit=False, seed=cfg.seed)
+    )
+    r_after = evaluate_router(model.router, r_held if len(r_held) else r_train)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.eval()
+    return {
+        "sequences": len(rows),
+        "held_out_tau_before": before,
+        "held_out_tau_after": history[-1],
         "router_held_out_before": r_before,
         "router_held_out_after": r_after,
     }
