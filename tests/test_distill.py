@@ -29,27 +29,31 @@ def llama_tokenizer() -> Tokenizer:
     return tok
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    """A tiny random LlamaForCausalLM (untied head) with its tokenizer.json, saved as safetensors."""
+def save_tiny_llama(path, layers: int = 2, tied: bool = False, max_positions: int = 128):
+    """A tiny random LlamaForCausalLM with its tokenizer.json, saved as safetensors to `path`."""
     tok = llama_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
         bos_token_id=0,
         eos_token_id=0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
-    path = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(config).save_pretrained(path)
     tok.save(str(path / "tokenizer.json"))
     return path
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A tiny random LlamaForCausalLM (untied head) with its tokenizer.json, saved as safetensors."""
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.test_distill import llama_tokenizer
+from tests.test_distill import save_tiny_llama
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import decode
 from yue.model.hf import is_nar_or_router
@@ -123,23 +122,7 @@ def test_drafting_vocabulary_ranks_answer_tokens_by_frequency():
 @pytest.fixture(scope="module")
 def chat_llama_dir(tmp_path_factory):
     """A tiny random Llama (tied head) with a tokenizer.json and a chat template."""
-    tok = llama_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=0,
-        eos_token_id=0,
-        tie_word_embeddings=True,
-    )
-    path = tmp_path_factory.mktemp("chat-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save(str(path / "tokenizer.json"))
+    path = save_tiny_llama(tmp_path_factory.mktemp("chat-llama"), layers=3, tied=True, max_positions=256)
     (path / "chat_template.jinja").write_text(
         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}a:"
     )

@@ -32,7 +32,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from yue.model.hf import CheckpointError, is_nar_or_router
+from yue.model.hf import AR_SHAPE_FIELDS, CheckpointError, is_nar_or_router
 from yue.model.mot import YueForCausalLM
 
 # The AR set's linear layers, Llama's names. Attention projections then MLP projections.
@@ -43,17 +43,7 @@ IDENTITY_FILE = "base_model.json"
 DRAFTS_FILE = "drafts.safetensors"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # Config fields that fix the AR set's shapes and numerics: an adapter for another value cannot apply.
-IDENTITY_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rope_theta",
-    "tie_word_embeddings",
-)
+IDENTITY_FIELDS = AR_SHAPE_FIELDS
 PROBES_PER_TENSOR = 8
 PROBE_RTOL, PROBE_ATOL = 1e-2, 1e-4
 

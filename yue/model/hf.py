@@ -171,7 +171,7 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
     """
     ar_dir = check_checkpoint(files.ar_dir)
     llama = AutoConfig.from_pretrained(str(ar_dir))
-    _check_llama(llama, ar_dir)
+    check_llama(llama, ar_dir)
     if files.yue_dir is None:
         config = yue_config_from_llama(llama, nar_layers=0)
     else:
@@ -204,7 +204,7 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
     return model
 
 
-def _check_llama(config, folder: Path) -> None:
+def check_llama(config, folder: Path) -> None:
     """Refuse what the yue layer cannot run, naming it."""
     if config.model_type != "llama":
         raise CheckpointError(f"{folder}: model_type {config.model_type!r} is not supported (only 'llama')")
@@ -220,7 +220,7 @@ def _check_llama(config, folder: Path) -> None:
 def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_dir: Path) -> None:
     """A yue folder's config must describe the AR set its ar_source provides, field by field (floats to
     float32 precision: a GGUF stores rms_norm_eps 1e-5 as 9.99999975e-06)."""
-    for field in _AR_SHAPE_FIELDS:
+    for field in AR_SHAPE_FIELDS:
         ours, theirs = getattr(config, field), getattr(llama, field)
         if ours != theirs and not (isinstance(ours, float) and math.isclose(ours, theirs, rel_tol=1e-6)):
             raise CheckpointError(
@@ -228,7 +228,8 @@ def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_
             )
 
 
-_AR_SHAPE_FIELDS = (
+# Config fields that fix the AR set's shapes and numerics (an ar_source or an adapter must agree on them).
+AR_SHAPE_FIELDS = (
     "vocab_size",
     "hidden_size",
     "intermediate_size",

@@ -25,7 +25,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer
 from transformers import AutoConfig, LlamaForCausalLM
 
-from yue.model.hf import CheckpointError, check_checkpoint, from_llama
+from yue.model.hf import CheckpointError, check_checkpoint, check_llama, from_llama
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import MASK
 from yue.train.router import RouterTrainConfig, greedy_examples, train_router
@@ -77,16 +77,7 @@ class DistillConfig:
 def load_llama(base_dir: str | Path) -> LlamaForCausalLM:
     """Load a plain Llama checkpoint (safetensors only) in float32, or raise naming what is unsupported."""
     base = check_checkpoint(base_dir)
-    config = AutoConfig.from_pretrained(str(base))
-    if config.model_type != "llama":
-        raise CheckpointError(f"{base}: model_type {config.model_type!r} is not supported (only 'llama')")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise CheckpointError(f"{base}: attention/MLP biases are not supported by the yue layer")
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise CheckpointError(
-            f"{base}: RoPE scaling {rope.get('rope_type')!r} is not supported (default only)"
-        )
+    check_llama(AutoConfig.from_pretrained(str(base)), base)
     try:
         llama = LlamaForCausalLM.from_pretrained(str(base), use_safetensors=True, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as e:
