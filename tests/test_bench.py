@@ -337,9 +337,12 @@ def test_chat_messages_for_an_engine_that_cannot_template_are_a_user_error(chat_
         load_prompts(chat_file, Bare())
 
 
-def test_default_sets_are_the_code_dev_set_for_a_completion_model(tiny_engine):
+def test_default_sets_of_a_completion_model_are_held_out_code_then_the_dev_set(tiny_engine):
     sets = prompt_sets(tiny_engine, None, None, limit=2)
-    assert [(s.name, s.split, len(s.prompts)) for s in sets] == [("devset", "dev", 2)]
+    assert [(s.name, s.split, len(s.prompts)) for s in sets] == [
+        ("code_test", "held-out", 2),
+        ("devset", "dev", 2),
+    ]
 
 
 def test_default_sets_of_an_instruct_model_are_held_out_chat_then_calibration(

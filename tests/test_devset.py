@@ -1,11 +1,25 @@
-"""The shipped development set is valid, held out (test files only) and reproducible."""
+"""The shipped code prompt sets are valid, reproducible and held out: the dev set (Lib/test files
+only) and the test set (third-party packages, disjoint from the stdlib training corpus by content)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import random
 
-from yue.bench.devset import DEFAULT_OUT, build_devset, cut_example, load_devset
+import pytest
+
+from yue.bench.devset import (
+    DEFAULT_OUT,
+    HELD_OUT,
+    HELD_OUT_PACKAGES,
+    build_devset,
+    build_held_out,
+    cut_example,
+    load_devset,
+)
+from yue.train.data import read_stdlib
 
 
 def test_shipped_devset_is_valid_jsonl_of_prompt_reference_pairs():
@@ -38,3 +52,86 @@ def test_devset_is_deterministic_and_comes_from_test_files(tmp_path):
 
 def test_cut_example_returns_none_when_no_clean_cut_exists():
     assert cut_example("x = 1\n" * 10, random.Random(0)) is None
+
+
+# --- the held-out code test set (third-party packages) ---
+
+SHINGLE = 8  # lines per shingle: long enough that shared boilerplate (imports, `return self`) rarely matches
+
+
+def _shingles(text: str) -> set[int]:
+    """Hashes of every run of SHINGLE consecutive non-blank lines, each stripped of its indentation."""
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    return {hash("\n".join(lines[i : i + SHINGLE])) for i in range(len(lines) - SHINGLE + 1)}
+
+
+@functools.cache
+def _held_out() -> list[dict[str, str]]:
+    return load_devset(HELD_OUT)
+
+
+@functools.cache
+def _stdlib() -> dict[str, str]:
+    """The stdlib corpus yue-code-mini trained on (`read_stdlib`), read once per process."""
+    return {d.name: d.text for d in read_stdlib()}
+
+
+@functools.cache
+def _training_shingles() -> frozenset[int]:
+    return frozenset().union(*(_shingles(text) for text in _stdlib().values()))
+
+
+def test_held_out_set_loads_with_prompt_reference_and_a_package_source():
+    records = _held_out()
+    assert len(records) == 40
+    sources = [r["source"] for r in records]
+    assert len(set(sources)) == len(sources)  # one prompt per file
+    assert {s.split("/")[0] for s in sources} == set(HELD_OUT_PACKAGES)
+    for r in records:
+        assert isinstance(r["prompt"], str) and isinstance(r["reference"], str) and r["version"]
+        assert 200 <= len(r["prompt"]) <= 600 and 400 <= len(r["reference"]) <= 700
+        assert not r["prompt"].endswith("\n") and r["reference"].startswith("\n")  # cut at a line end
+        assert r["source"].endswith(".py") and not r["source"].startswith("/") and ":" not in r["source"]
+
+
+def test_held_out_set_shares_no_8_line_shingle_with_the_stdlib_training_corpus():
+    trained = _training_shingles()
+    for r in _held_out():
+        own = _shingles(r["prompt"] + r["reference"])
+        assert own, f"{r['source']}: too short to check"
+        assert not own & trained, f"{r['source']}: text also in the stdlib training corpus"
+
+
+def test_shingle_check_catches_a_cut_from_the_stdlib():
+    """The disjointness check can fail: a prompt cut from a training file shares its shingles."""
+    example = cut_example(_stdlib()["json/encoder.py"], random.Random(0))
+    assert example is not None
+    assert _shingles(example["prompt"] + example["reference"]) & _training_shingles()
+
+
+def test_held_out_set_is_disjoint_from_the_dev_set():
+    dev = load_devset()
+    dev_prompts = {r["prompt"] for r in dev}
+    dev_shingles = frozenset().union(*(_shingles(r["prompt"] + r["reference"]) for r in dev))
+    for r in _held_out():
+        assert r["prompt"] not in dev_prompts
+        assert not _shingles(r["prompt"] + r["reference"]) & dev_shingles, r["source"]
+
+
+def test_held_out_set_is_reproducible_from_the_installed_packages():
+    """The shipped file is what `python -m yue.bench.devset --held-out` writes with these versions."""
+    shipped = _held_out()
+    versions = {r["source"].split("/")[0]: r["version"] for r in shipped}
+    installed = {name: importlib.metadata.version(name) for name in HELD_OUT_PACKAGES}
+    if versions != installed:
+        pytest.skip(f"installed versions {installed} differ from the shipped set's {versions}")
+    assert build_held_out() == shipped
+
+
+def test_a_code_model_benches_the_held_out_set_first_then_the_dev_set():
+    from yue.bench.prompts import default_files
+
+    class CodeEngine:  # a completion model (no chat template of its own), like yue-code-mini
+        instruct = False
+
+    assert default_files(CodeEngine()) == [("held-out", HELD_OUT), ("dev", DEFAULT_OUT)]

@@ -1,4 +1,4 @@
-"""The development set: prompts cut from the standard library's *test* files, never trained on.
+"""Code prompt sets for yue-code-mini: the development set (Lib/test) and a held-out test set (third party).
 
 Design decisions:
 - Source: `Lib/test/**/*.py` of the running interpreter. The `stdlib` training recipe excludes test
@@ -12,13 +12,26 @@ Design decisions:
 - Deterministic: files are sorted, then shuffled with a seeded `random.Random`; every choice after
   that draws from the same generator.
 
-`python -m yue.bench.devset [--out FILE] [--n 40] [--seed 0]` rewrites `yue/assets/devset.jsonl`.
+The held-out test set (`yue/assets/code_test.jsonl`, `build_held_out`) is cut the same way from a
+DIFFERENT source: the pure-Python third-party packages in HELD_OUT_PACKAGES (click, jinja2, rich,
+starlette, prometheus_client), which yue depends on directly or through typer/fastapi. yue-code-mini
+trained on the standard library (`Lib/**/*.py` minus test folders) and its defaults were chosen on the
+dev set (Lib/test), so no text of these packages was trained or tuned on. Keep it that way: a training
+or calibration recipe must not read them (`tests/test_devset.py` checks the shipped set against the
+stdlib corpus by 8-line shingles). Their files are found with `importlib.util.find_spec`, without
+importing them; the packages take turns (each shuffles its files with the seed), one prompt per file.
+Each record's "source" is "<package>/<file relative to the package>", "version" the installed one.
+
+`python -m yue.bench.devset [--out FILE] [--n 40] [--seed 0]` rewrites `yue/assets/devset.jsonl`;
+`python -m yue.bench.devset --held-out` rewrites `yue/assets/code_test.jsonl` instead.
 `load_chat_set("calibration" | "test")` reads the shipped chat prompt sets (see CHAT_SETS).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import random
 import re
@@ -26,6 +39,9 @@ import sysconfig
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "devset.jsonl"
+HELD_OUT = DEFAULT_OUT.parent / "code_test.jsonl"
+# Pure-Python packages yue depends on (directly, or via typer and fastapi): the held-out set's source.
+HELD_OUT_PACKAGES = ("click", "jinja2", "rich", "starlette", "prometheus_client")
 _START = re.compile(r"^\s*(async\s+def|def|class)\s+\w")
 # Folders of deliberately odd files (bad encodings, bad syntax, generated data).
 _SKIP_PARTS = {
@@ -134,6 +150,59 @@ def build_devset(n: int = 40, seed: int = 0, root: str | Path | None = None) -> 
     return records
 
 
+def package_root(name: str) -> Path:
+    """The folder of an installed package, found without importing it.
+
+    Raises:
+        FileNotFoundError: the package is not installed, or is a single module rather than a folder.
+    """
+    spec = importlib.util.find_spec(name)  # a top-level name: nothing is imported
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed as a folder of source files")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_files(root: Path) -> list[Path]:
+    """Sorted `*.py` files of a package, minus caches, test folders and vendored copies."""
+    skip = {"__pycache__", "test", "tests", "_vendor", "vendor"}
+    return [p for p in sorted(root.rglob("*.py")) if not skip & set(p.relative_to(root).parts[:-1])]
+
+
+def build_held_out(
+    n: int = 40, seed: int = 0, packages: tuple[str, ...] = HELD_OUT_PACKAGES
+) -> list[dict[str, str]]:
+    """`n` prompt/reference pairs from `n` different files of third-party packages, deterministic given
+    `seed` and the installed versions.
+
+    The packages take turns, so each contributes about `n / len(packages)` prompts; a package out of
+    files with a clean cut drops out of the rotation. Records: prompt, reference, source
+    ("<package>/<relative file>") and version (the installed distribution's, for audit).
+    """
+    rng = random.Random(seed)
+    queues = []
+    for name in packages:
+        root = package_root(name)
+        files = package_files(root)
+        rng.shuffle(files)
+        queues.append((name, root, importlib.metadata.version(name), files))
+    records: list[dict[str, str]] = []
+    while len(records) < n and any(files for *_, files in queues):
+        for name, root, version, files in queues:
+            while files and len(records) < n:
+                path = files.pop(0)
+                try:
+                    example = cut_example(path.read_text(encoding="utf-8"), rng)
+                except (UnicodeDecodeError, OSError):
+                    continue
+                if example is not None:
+                    source = f"{name}/{path.relative_to(root).as_posix()}"
+                    records.append({**example, "source": source, "version": version})
+                    break
+    if len(records) < n:
+        raise RuntimeError(f"only {len(records)} of {n} examples could be cut from {', '.join(packages)}")
+    return records
+
+
 def write_jsonl(records: list[dict[str, str]], out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -184,13 +253,24 @@ def load_chat_set(name: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument(
+        "--out", default=None, help="default: devset.jsonl, or code_test.jsonl with --held-out"
+    )
     parser.add_argument("--n", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--root", default=None, help="test folder (default: the interpreter's Lib/test)")
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help=f"cut the test set from {', '.join(HELD_OUT_PACKAGES)} instead",
+    )
     args = parser.parse_args(argv)
-    records = build_devset(args.n, args.seed, args.root)
-    out = write_jsonl(records, args.out)
+    if args.held_out:
+        records = build_held_out(args.n, args.seed)
+        out = write_jsonl(records, args.out or HELD_OUT)
+    else:
+        records = build_devset(args.n, args.seed, args.root)
+        out = write_jsonl(records, args.out or DEFAULT_OUT)
     print(f"wrote {len(records)} examples to {out}")
 
 

@@ -10,7 +10,7 @@ Design decisions:
 - A run reports one or more sets: the held-out set first, then a development set labelled as such
   (the split defaults such as the router threshold were chosen on; DESIGN §6). Defaults: a chat model
   gets the shipped held-out chat prompts plus the calibration split; any other model (yue-code-mini)
-  its development set of code prompts.
+  the held-out code prompts (cut from third-party packages) plus its development set (Lib/test).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Literal
 
 from yue.bench.devset import CHAT_SETS
 from yue.bench.devset import DEFAULT_OUT as DEVSET  # code prompts from Lib/test (yue-code-mini's dev set)
+from yue.bench.devset import HELD_OUT as CODE_TEST  # code prompts from third-party packages: held out
 from yue.bench.runners import Prompt
 
 CHAT_TEST = CHAT_SETS["test"]  # held-out chat prompts written by hand: nothing was trained or tuned on them
@@ -119,13 +120,13 @@ def load_prompts(path: str | Path, engine, limit: int | None = None) -> list[Pro
 
 
 def default_files(engine) -> list[tuple[Split, Path]]:
-    """The sets a run uses when none is given: held-out + calibration chat prompts for a chat model
-    (those that ship), else the code development set."""
+    """The sets a run uses when none is given: held-out + calibration chat prompts for a chat model,
+    else held-out + development code prompts (of each pair, those that ship)."""
     if is_instruct(engine):
         chat = [(s, p) for s, p in (("held-out", CHAT_TEST), ("dev", CHAT_CALIBRATION)) if p.is_file()]
         if chat:
             return chat
-    return [("dev", DEVSET)]
+    return [(s, p) for s, p in (("held-out", CODE_TEST), ("dev", DEVSET)) if p.is_file()]
 
 
 def prompt_sets(
