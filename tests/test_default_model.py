@@ -57,7 +57,7 @@ def test_code_mini_verified_equals_ar_on_the_development_set():
 @needs_smol
 def test_yue_smol_end_to_end_verified_equals_ar_on_held_out_chat():
     engine = yue.load()  # the default: yue-smol, its AR set from the GGUF package
-    assert engine.instruct and engine.model.config.nar_layers == 4
+    assert engine.instruct and engine.model.config.nar_layers == 4 and engine.default_mode == "verified"
     rows = [
         json.loads(line) for line in (resolve("yue-smol").parent / "chat_test.jsonl").read_text().splitlines()
     ]

@@ -46,7 +46,8 @@ def generate(
     model: str | None = typer.Option(None, help=MODEL_HELP),
     adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
     mode: str | None = typer.Option(
-        None, help="ar | verified | hybrid | nar (default: hybrid; ar for a model without a NAR set)."
+        None,
+        help="ar | verified | hybrid | nar (default: the model's default_mode: verified for yue-smol, hybrid for yue-code-mini; ar without a NAR set).",
     ),
     raw: bool = typer.Option(
         False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
@@ -134,7 +135,8 @@ def generate(
 def chat(
     model: str | None = typer.Option(None, help=MODEL_HELP),
     mode: str | None = typer.Option(
-        None, help="ar | verified | hybrid | nar (default: hybrid; ar for a model without a NAR set)."
+        None,
+        help="ar | verified | hybrid | nar (default: the model's default_mode: verified for yue-smol, hybrid for yue-code-mini; ar without a NAR set).",
     ),
     system: str | None = typer.Option(None, help="A system message opening the conversation."),
     max_new_tokens: int = typer.Option(512, help="Longest reply, in tokens."),
@@ -143,6 +145,7 @@ def chat(
     seed: int | None = typer.Option(None, help="Random seed for sampling."),
     draft_dtype: str = typer.Option("auto", help="Drafting weights: auto | int8 | bfloat16 | float32."),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
+    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
 ) -> None:
     """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF ends."""
     from dataclasses import replace
@@ -153,7 +156,7 @@ def chat(
     cfg = DecodeConfig(
         mode=mode or "hybrid", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
-    engine = yue.load(model, device=device, nar_dtype=draft_dtype)
+    engine = yue.load(model, device=device, nar_dtype=draft_dtype, adapter=adapter)
     cfg = replace(cfg, mode=mode or engine.default_mode)
     messages = [{"role": "system", "content": system}] if system else []
     typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends.", err=True)

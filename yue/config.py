@@ -53,6 +53,9 @@ class YueConfig(PreTrainedConfig):
     router_hidden_size: int = 64
     # The speed/fidelity dial (DESIGN §1): a position goes AR when p_ar(i) > router_threshold.
     router_threshold: float = 0.65
+    # The mode a caller who names none gets (CLI, server): "hybrid" where its fidelity was measured
+    # within bounds on held-out text, else "verified" (exact; yue-smol's hybrid is not, see its card).
+    default_mode: Mode = "hybrid"
     # verified mode's default threshold: 1 drafts every slot unasked (best where drafts are good and
     # extra verifying rows cheap, as yue-code-mini's); below 1 the router and the step costs measured on
     # the machine pick each draft length (`VerifiedPolicy.draft_length`).
@@ -83,6 +86,8 @@ class YueConfig(PreTrainedConfig):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 <= self.router_threshold <= 1.0:
             raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold}")
+        if self.default_mode not in MODES:
+            raise ValueError(f"default_mode must be one of {', '.join(MODES)}; got {self.default_mode!r}")
         if self.nar_layers is not None and not 0 <= self.nar_layers <= self.num_hidden_layers:
             raise ValueError(f"nar_layers must be in [0, num_hidden_layers], got {self.nar_layers}")
         if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:

@@ -111,8 +111,8 @@ class Engine:
 
     @property
     def default_mode(self) -> str:
-        """The mode a caller who names none gets: DecodeConfig's default, or "ar" without a NAR set."""
-        return DecodeConfig().mode if self.has_nar_set else "ar"
+        """The mode a caller who names none gets: the model's `default_mode`, or "ar" without a NAR set."""
+        return getattr(self.model.config, "default_mode", "hybrid") if self.has_nar_set else "ar"
 
     def chat_prompt(self, messages: list[dict[str, str]], template: ChatTemplate | None = None) -> str:
         """The prompt text for a conversation: the chat template rendered with the generation prompt,
