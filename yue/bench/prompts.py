@@ -15,7 +15,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,6 +23,7 @@ from yue.bench.devset import CHAT_SETS
 from yue.bench.devset import DEFAULT_OUT as DEVSET  # code prompts from Lib/test (yue-code-mini's dev set)
 from yue.bench.devset import HELD_OUT as CODE_TEST  # code prompts from third-party packages: held out
 from yue.bench.runners import Prompt
+from yue.jsonl import iter_jsonl
 
 CHAT_TEST = CHAT_SETS["test"]  # held-out chat prompts written by hand: nothing was trained or tuned on them
 CHAT_CALIBRATION = CHAT_SETS["calibration"]  # chat prompts from the stdlib's calibration split
@@ -99,14 +99,7 @@ def load_prompts(path: str | Path, engine, limit: int | None = None) -> list[Pro
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{where}: not JSON ({e})") from None
+    for where, row in iter_jsonl(path):
         text = prompt_text(row, engine, where)
         reference = row.get("reference")
         if reference is not None and not isinstance(reference, str):

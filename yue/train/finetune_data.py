@@ -17,13 +17,13 @@ Design decisions:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from yue.chat import ChatTemplate
+from yue.jsonl import iter_jsonl
 from yue.tokenizer import YueTokenizer
 
 
@@ -75,22 +75,14 @@ def read_finetune_data(path: str | Path, template: ChatTemplate) -> list[Documen
     if path.suffix != ".jsonl" or not path.is_file():
         return [Document(d.text) for d in read_corpus(path)]
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{i}"
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{where}: not JSON ({e})") from e
-            if isinstance(obj, dict) and isinstance(obj.get("text"), str):
-                if obj["text"].strip():
-                    docs.append(Document(obj["text"]))
-            elif isinstance(obj, dict) and "messages" in obj:
-                docs.append(chat_document(obj["messages"], template, where))
-            else:
-                raise ValueError(f'{where}: expected {{"text": str}} or {{"messages": [...]}}')
+    for where, obj in iter_jsonl(path):
+        if isinstance(obj, dict) and isinstance(obj.get("text"), str):
+            if obj["text"].strip():
+                docs.append(Document(obj["text"]))
+        elif isinstance(obj, dict) and "messages" in obj:
+            docs.append(chat_document(obj["messages"], template, where))
+        else:
+            raise ValueError(f'{where}: expected {{"text": str}} or {{"messages": [...]}}')
     if not docs:
         raise ValueError(f"{path} holds no text to fine-tune on")
     return docs

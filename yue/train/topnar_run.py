@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from yue.chat import ChatTemplate, find_chat_template
+from yue.jsonl import iter_jsonl
 from yue.model.hf import from_llama, is_nar_or_router, model_files
 from yue.model.mot import YueForCausalLM
 from yue.train.distill import load_llama
@@ -66,16 +67,13 @@ class TopNARRecipe:
 def read_chat_prompts(path: str | Path) -> list[list[dict]]:
     """JSONL of {"messages": [...]} (or {"prompt": text}, read as one user message)."""
     out = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if "messages" in record:
+    for where, record in iter_jsonl(path):
+        if isinstance(record, dict) and "messages" in record:
             out.append(record["messages"])
-        elif "prompt" in record:
+        elif isinstance(record, dict) and "prompt" in record:
             out.append([{"role": "user", "content": record["prompt"]}])
         else:
-            raise ValueError(f"{path}:{n}: a record needs 'messages' or 'prompt'")
+            raise ValueError(f"{where}: a record needs 'messages' or 'prompt'")
     if not out:
         raise ValueError(f"{path}: no prompts")
     return out
