@@ -141,9 +141,14 @@ def plot(result: BenchResult, out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Fidelity: chrF ratio vs ar where the prompts have references (code); else (chat) the AR-NLL ratio.
+    key, label = "chrf_ratio_vs_ar", "fidelity: chrF ratio vs ar"
+    if not any(result.summaries[e.name].values.get(key) is not None for e in result.entries):
+        key, label = "nll_ratio_vs_ar", "fidelity: AR-NLL ratio vs ar (lower is more faithful)"
+
     def xy(name: str) -> tuple[float, float] | None:
         v = result.summaries[name].values
-        x, y = v["chrf_ratio_vs_ar"], v["speedup_vs_hf_greedy"]
+        x, y = v[key], v["speedup_vs_hf_greedy"]
         return (x, y) if x is not None and y is not None else None
 
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
@@ -185,12 +190,12 @@ def plot(result: BenchResult, out: str | Path) -> Path:
         ax.text(
             0.5,
             0.5,
-            "no chrF ratio: needs references, `ar` and `hf-greedy`",
+            "no fidelity ratio: needs `ar` and `hf-greedy`",
             ha="center",
             transform=ax.transAxes,
         )
     ax.axhline(1.0, color="lightgray", lw=0.8, zorder=0)
-    ax.set_xlabel("fidelity: chrF ratio vs ar")
+    ax.set_xlabel(label)
     ax.set_ylabel("speed: tokens/s x hf-greedy")
     ax.set_title(
         f"{result.model}: {_set_title(result.sets[0])}, {result.max_new_tokens} new tokens",
