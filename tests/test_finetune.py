@@ -301,3 +301,11 @@ def test_cli_finetune_then_merge(trained_model_dir, domain_file, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "tokenizer.json").is_file()
+
+
+def test_base_probes_stay_inside_large_tensors():
+    from yue.model.adapters import probe_indices
+
+    for numel in (1, 7, 28_311_552, 49_152 * 576 + 3):
+        idx = probe_indices(numel, 8)
+        assert int(idx[0]) == 0 and int(idx[-1]) == numel - 1 and bool((idx[1:] >= idx[:-1]).all())

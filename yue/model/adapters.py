@@ -78,6 +78,12 @@ def ar_target_regex(modules: tuple[str, ...] | list[str] = AR_PROJECTIONS) -> st
 # Identity of the base model
 
 
+def probe_indices(numel: int, n: int) -> torch.Tensor:
+    """`n` indices spread evenly over [0, numel), first and last included. float64: in float32 the
+    last index of a 28M-entry table (SmolLM2's embedding) rounds past its end."""
+    return torch.linspace(0, numel - 1, min(n, numel), dtype=torch.float64).long()
+
+
 def base_identity(model: YueForCausalLM, name: str = "") -> dict:
     """The base model's identity: shape config, and PROBES_PER_TENSOR values of every AR tensor.
 
@@ -90,7 +96,7 @@ def base_identity(model: YueForCausalLM, name: str = "") -> dict:
         if is_nar_or_router(key) or key == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         flat = tensor.detach().flatten()
-        idx = torch.linspace(0, flat.numel() - 1, min(PROBES_PER_TENSOR, flat.numel())).long()
+        idx = probe_indices(flat.numel(), PROBES_PER_TENSOR)
         probe[key] = [round(v, 6) for v in flat[idx].float().cpu().tolist()]
     digest = hashlib.sha256(json.dumps([config, probe], sort_keys=True).encode()).hexdigest()[:16]
     return {"name": name, "config": config, "probe": probe, "digest": digest}
