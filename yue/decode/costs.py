@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from yue.model.gguf import cache_root
 from yue.model.masks import decode_mask
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
@@ -177,7 +178,7 @@ def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -
     """The model's step costs on this machine: measured (a few seconds for SmolLM2 on a CPU) the first
     time, then read from `cache_dir` (default `$YUE_CACHE_DIR/costs` or ~/.cache/yue/costs). A cache file
     that does not parse is measured anew, never trusted."""
-    root = Path(cache_dir or os.environ.get("YUE_CACHE_DIR") or Path.home() / ".cache" / "yue") / "costs"
+    root = cache_root(cache_dir) / "costs"
     file = root / f"{cost_cache_key(model)}.json"
     try:
         data = json.loads(file.read_text())

@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,6 +305,23 @@ def block_loss(model: YueForCausalLM, batch: Batch, cfg: TopNARConfig) -> tuple[
     return loss, {"slot_accuracy": acc}
 
 
+def held_out_blocks(
+    model: YueForCausalLM,
+    seqs: ChatSequences,
+    feats: list[torch.Tensor],
+    M: int,
+    seed: int,
+    per_batch: int = 8,
+) -> Iterator[tuple[list[int], Batch, torch.Tensor, torch.Tensor]]:
+    """Evaluation forwards over every sequence, `per_batch` at a time, M seeded blocks each: yields
+    (sequence indices, the Batch, committed hidden (B, T, D), slot hidden (B, M, K, D))."""
+    g = torch.Generator().manual_seed(seed)
+    for s in range(0, len(seqs), per_batch):
+        rows = list(range(s, min(s + per_batch, len(seqs))))
+        batch = make_batch(seqs, feats, rows, M, model.config.block_size, g, model.device)
+        yield (rows, batch, *block_forward(model, batch))
+
+
 @torch.no_grad()
 def held_out_tau(
     model: YueForCausalLM, seqs: ChatSequences, feats: list[torch.Tensor], M: int = 32, seed: int = 1
@@ -312,12 +329,8 @@ def held_out_tau(
     """tau = 1 + mean accepted drafts of a full block (slots 2..K, greedy), and per-slot accuracy given
     the earlier slots matched, on held-out sequences: what `verified` would see drafting every slot."""
     K = model.config.block_size
-    g = torch.Generator().manual_seed(seed)
     accepted, blocks, hits, tries = 0.0, 0, torch.zeros(K), torch.zeros(K)
-    for s in range(0, len(seqs), 8):
-        rows = list(range(s, min(s + 8, len(seqs))))
-        batch = make_batch(seqs, feats, rows, M, K, g, model.device)
-        _, slots = block_forward(model, batch)
+    for _, batch, _, slots in held_out_blocks(model, seqs, feats, M, seed):
         pred = model.draft_vocab[draft_logits(model, slots).argmax(-1)]  # (B, M, K)
         ok = (pred == batch.targets) & (batch.targets >= 0)
         ok[:, :, 0] = batch.targets[:, :, 0] >= 0  # slot 1 is revealed: the AR token itself
@@ -453,12 +466,8 @@ def router_examples(
     revealed, the drafting head, the anchor's final hidden state and AR logits), in training-style
     forwards over held-out sequences; one group per sequence."""
     K = model.config.block_size
-    g = torch.Generator().manual_seed(seed)
     parts = []
-    for s in range(0, len(seqs), 8):
-        rows = list(range(s, min(s + 8, len(seqs))))
-        batch = make_batch(seqs, feats, rows, M, K, g, model.device)
-        committed, slots = block_forward(model, batch)
+    for rows, batch, committed, slots in held_out_blocks(model, seqs, feats, M, seed):
         B, M_, _, D = slots.shape
         h_anchor = committed.gather(1, batch.anchors[:, :, None].expand(B, M_, D))  # (B, M, D)
         ar_logits = model.lm_head(h_anchor)  # (B, M, V)
