@@ -228,6 +228,36 @@ def test_input_major_layout_keeps_values_and_embedding_rows(trained_model_dir):
     assert torch.allclose(model(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-5)
 
 
+def test_a_large_tied_table_is_shared_by_the_embedding_and_the_input_major_head(trained_model_dir, monkeypatch):
+    """Above `SHARED_TABLE` floats the embedding becomes a view of the head's input-major copy (one
+    table, not two); lookups through the strided view give the same rows and the same logits."""
+    monkeypatch.setattr("yue.model.inference.SHARED_TABLE", 0)
+    model = load_model(trained_model_dir)
+    assert model.config.tie_word_embeddings
+    input_major(model)
+    head, emb = model.lm_head.weight, model.model.embed_tokens.weight
+    assert emb.data_ptr() == head.data_ptr() and head.t().is_contiguous()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.allclose(model(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-5)
+
+
+def test_loaded_weights_are_copies_not_views_of_the_file(trained_model_dir, tmp_path):
+    """`_read_weights` copies out of the file's mapping, so preparing a model does not leave the file's
+    pages resident beside its copies: deleting the file leaves the loaded tensors readable and equal."""
+    import shutil
+
+    from yue.model.hf import _read_weights
+
+    folder = tmp_path / "copy"
+    shutil.copytree(trained_model_dir, folder)
+    state = _read_weights(folder, torch.float32)
+    ref = {k: v.clone() for k, v in state.items()}
+    for f in folder.glob("*.safetensors"):
+        with f.open("r+b") as fh:  # overwritten in place (no truncation): a mapped tensor would read zeros
+            fh.write(b"\0" * f.stat().st_size)
+    assert all(torch.equal(state[k], ref[k]) for k in ref)
+
+
 def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):
     """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
     storage, and decode steps give the logits of the model as trained."""
