@@ -14,7 +14,9 @@ from scipy.stats import chi2_contingency
 import yue
 from tests.stubs import MarkovStub, chain_stub
 from yue.config import DecodeConfig
+from yue.decode.costs import StepCosts
 from yue.decode.loop import decode
+from yue.decode.policies import AcceptanceRecord
 
 PROMPT_PIECES = [
     "def ",
@@ -32,9 +34,17 @@ PROMPT_PIECES = [
 ]
 
 
+# Step costs under which drafting is free: every block is drafted whole (at threshold 1, the request's
+# acceptance record never finds a draft not worth verifying), so the drafting mechanics are tested
+# apart from the cost model (tested below with the default costs).
+FLAT = StepCosts((1.0,) * 16, 0.0)
+
+
 @pytest.fixture(scope="module")
 def trained(trained_model_dir):
-    return yue.load(trained_model_dir)
+    engine = yue.load(trained_model_dir)
+    engine.costs = FLAT
+    return engine
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -103,8 +113,8 @@ def test_both_draftings_draft_after_partial_rejections(trained):
                 assert r.stats.drafted >= (steps - 1) * 7
 
 
-def _run(stub, cfg, prompt=(1,)):
-    return [t for em in decode(stub, [list(prompt)], cfg) for t in em.tokens[0]]
+def _run(stub, cfg, prompt=(1,), costs=FLAT):
+    return [t for em in decode(stub, [list(prompt)], cfg, costs=costs) for t in em.tokens[0]]
 
 
 @pytest.mark.parametrize("drafting", ["separate", "fused"])
@@ -155,6 +165,38 @@ def test_never_matching_drafts_cost_about_one_step_per_token(drafting):
     assert N - 1 <= stub.forwards - stub.draft_passes <= N + 1
 
 
+def test_acceptance_record_stops_drafting_drafts_that_never_match():
+    """Threshold 1 with real (default) step costs: after a few rejected blocks the request's record
+    finds no draft worth its verifying rows and drafting pass, so steps go plain AR, with a whole-block
+    probe after each (doubling) AR stretch; output stays exact."""
+    N = 128
+    stub = chain_stub(V=12, K=8, slots_match=False)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=8, reeval_every=5)
+    assert _run(stub, cfg, costs=None) == _run(chain_stub(12, 8, False), DecodeConfig(mode="ar", max_new_tokens=N))
+    assert stub.draft_passes < N / 4  # drafting every step would be one pass per token
+
+
+def test_acceptance_record_keeps_drafting_drafts_that_match():
+    """The same costs, drafts that always match: the record keeps the whole block drafted."""
+    N, K = 128, 8
+    stub = chain_stub(V=12, K=K, slots_match=True)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, reeval_every=5)
+    _run(stub, cfg, costs=None)
+    assert stub.forwards - stub.draft_passes <= math.ceil(N / K) + 2
+
+
+def test_record_survival_estimates_follow_what_was_accepted():
+    rec = AcceptanceRecord()
+    assert rec.survival(3) == [1.0, 1.0, 1.0] and rec.ratio == 1.0  # the priors: draft
+    for _ in range(8):
+        rec.observe(drafted=3, accepted=1)  # draft 1 always held, draft 2 never
+    s = rec.survival(4)
+    assert s[0] == 1.0 and s[1] == s[2] == pytest.approx(2 / 10) and s[3] <= s[2]
+    rec.pending = 2.0
+    rec.observe(drafted=3, accepted=0)  # the router expected 2 and none held
+    assert rec.ratio == pytest.approx(2 / 4)
+
+
 def _random_stub(seed: int, V: int = 5, K: int = 4) -> MarkovStub:
     g = torch.Generator().manual_seed(seed)
     ar = torch.randn(V, V, generator=g) * 1.5
@@ -176,7 +218,7 @@ def _sample_prefixes(mode: str, n: int, seed: int, length: int = 3, drafting: st
         drafting=drafting,
     )
     rows: list[list[int]] = [[] for _ in range(n)]
-    for em in decode(stub, [[1]] * n, cfg):
+    for em in decode(stub, [[1]] * n, cfg, costs=FLAT):
         for r, t in zip(rows, em.tokens, strict=True):
             r.extend(t)
     return Counter(tuple(r[:length]) for r in rows)

@@ -56,9 +56,10 @@ class YueConfig(PreTrainedConfig):
     # The mode a caller who names none gets (CLI, server): "hybrid" where its fidelity was measured
     # within bounds on held-out text, else "verified" (exact; yue-smol's hybrid is not, see its card).
     default_mode: Mode = "hybrid"
-    # verified mode's default threshold: 1 drafts every slot unasked (best where drafts are good and
-    # extra verifying rows cheap, as yue-code-mini's); below 1 the router and the step costs measured on
-    # the machine pick each draft length (`VerifiedPolicy.draft_length`).
+    # verified mode's default threshold: 1 leaves the router unasked, and each draft length follows the
+    # request's own acceptance record and the step costs measured on the machine
+    # (`VerifiedPolicy.record_length`); below 1 the router's predictions, scaled by that record, pick
+    # them (`VerifiedPolicy.draft_length`). Both shipped models: 1, chosen on their calibration splits.
     verified_threshold: float = 1.0
     # hybrid mode: after choosing AR, re-ask the router after this many AR tokens.
     reeval_every: int = 5

@@ -218,9 +218,9 @@ class Engine:
                 return
 
     def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
-        """The step costs the router's draft lengths weigh, measured for this model on this machine the
-        first time a request lets the router choose them (seconds, then cached on disk)."""
-        if cfg.mode not in ("verified", "hybrid") or cfg.router_threshold >= 1.0:
+        """The step costs draft lengths weigh, measured for this model on this machine the first time a
+        drafting request needs them (seconds, then cached on disk)."""
+        if cfg.mode not in ("verified", "hybrid"):
             return None
         if self.costs is None:
             self.costs = measured_costs(self.model)
