@@ -563,7 +563,7 @@ def bench_cmd(
     ),
     thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
     verified_thresholds: str = typer.Option(
-        "1", help="Adds verified@T entries (1 = draft every slot); empty for none."
+        "1", help="Adds verified@T entries (1 = the router unasked); empty for none."
     ),
     fused_drafts: bool = typer.Option(
         True, help="Add verified+fused entries (drafts in the verifying forward, a block per draft position)."

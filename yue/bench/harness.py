@@ -59,7 +59,7 @@ class BenchConfig:
         modes: entries to run, from ALL_MODES; "hybrid" runs at the model's default threshold.
         thresholds: the hybrid sweep; each adds a "hybrid@T" entry (only when "hybrid" is in modes).
         verified_thresholds: each adds a "verified@T" entry (only when "verified" is in modes); at 1
-            every slot is drafted, which shows the drafts' acceptance apart from the router's choices.
+            the router is not asked (draft lengths follow the request's acceptance record).
         fused_drafts: add "verified+fused" entries (default threshold and each verified threshold):
             drafts computed in the verifying forward, a block per draft position
             (`DecodeConfig.drafting="fused"`; plain `verified` entries draft in a separate pass).

@@ -2,8 +2,8 @@
 
 Design decisions:
 - Acceptance is measured as a user meets it: a copy prepared for decoding (`yue.load`'s drafting
-  precision) in greedy `verified` mode, as it runs by default (threshold 1: every slot drafted, the
-  drafts' quality alone) and at the model's router threshold (the router decides how many are drafted).
+  precision) in greedy `verified` mode, as it runs by default (threshold 1: the router unasked, draft
+  lengths by the request's acceptance record) and at the model's router threshold (the router decides how many are drafted).
   Greedy `verified` output equals `ar` output, so these are speed figures only.
 - The refresh is stages 2 and 3 of DESIGN §3 on the adapted model: AR-greedy continuations of prompts
   cut from the user's data, NAR self-distillation on them (`selfdistill.finetune_nar`, AR frozen), and
@@ -42,8 +42,8 @@ def measuring_prompts(stream: TokenStream, cfg: FinetuneConfig, eos_id: int) -> 
 
 @torch.no_grad()
 def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Mean accepted drafts per verifying step in greedy `verified` mode: as it runs by default (every
-    slot drafted, threshold 1) and with the router choosing how many (the model's `router_threshold`).
+    """Mean accepted drafts per verifying step in greedy `verified` mode: as it runs by default (threshold 1,
+    the router unasked) and with the router choosing how many (the model's `router_threshold`).
 
     A verifying step is one that drafted at least one slot; "per forward" counts every forward,
     drafting passes included.
