@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from tests.stubs import MarkovStub, chain_stub
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.loop import decode
+from yue.decode.lookup import NgramIndex
 from yue.decode.policies import AcceptanceRecord
 
 PROMPT_PIECES = [
@@ -123,7 +125,8 @@ def test_always_matching_drafts_need_at_most_n_over_k_plus_2_steps(K, drafting):
     N = 64
     stub = chain_stub(V=12, K=K, slots_match=True)
     cfg = DecodeConfig(
-        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting,
+        prompt_lookup=False,
     )
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
@@ -147,7 +150,8 @@ def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
             s.slot_table[i, a, nxt(a, i + 2)] = 10.0
     ar = _run(chain_stub(V, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
     cfg = DecodeConfig(
-        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting,
+        prompt_lookup=False,
     )
     assert _run(s, cfg) == ar
     assert s.forwards - s.draft_passes <= N // 2 + 2
@@ -158,7 +162,8 @@ def test_never_matching_drafts_cost_about_one_step_per_token(drafting):
     N = 64
     stub = chain_stub(V=12, K=4, slots_match=False)
     cfg = DecodeConfig(
-        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4, drafting=drafting
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4, drafting=drafting,
+        prompt_lookup=False,
     )
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, 4, False), DecodeConfig(mode="ar", max_new_tokens=N))
@@ -171,7 +176,9 @@ def test_acceptance_record_stops_drafting_drafts_that_never_match():
     probe after each (doubling) AR stretch; output stays exact."""
     N = 128
     stub = chain_stub(V=12, K=8, slots_match=False)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=8, reeval_every=5)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=8, reeval_every=5,
+        prompt_lookup=False,
+    )
     assert _run(stub, cfg, costs=None) == _run(chain_stub(12, 8, False), DecodeConfig(mode="ar", max_new_tokens=N))
     assert stub.draft_passes < N / 4  # drafting every step would be one pass per token
 
@@ -180,7 +187,9 @@ def test_acceptance_record_keeps_drafting_drafts_that_match():
     """The same costs, drafts that always match: the record keeps the whole block drafted."""
     N, K = 128, 8
     stub = chain_stub(V=12, K=K, slots_match=True)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, reeval_every=5)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, reeval_every=5,
+        prompt_lookup=False,
+    )
     _run(stub, cfg, costs=None)
     assert stub.forwards - stub.draft_passes <= math.ceil(N / K) + 2
 
@@ -205,8 +214,10 @@ def _random_stub(seed: int, V: int = 5, K: int = 4) -> MarkovStub:
     return MarkovStub(ar, slots)
 
 
-def _sample_prefixes(mode: str, n: int, seed: int, length: int = 3, drafting: str = "separate") -> Counter:
-    """Joint distribution of the first `length` tokens over n lockstep rows (one decode call)."""
+def _sample_prefixes(
+    mode: str, n: int, seed: int, length: int = 3, drafting: str = "separate", lookup: bool = False, tail: int = 3
+) -> Counter:
+    """Joint distribution of tokens length - tail .. length over n lockstep rows (one decode call)."""
     stub = _random_stub(0)
     cfg = DecodeConfig(
         mode=mode,
@@ -216,12 +227,13 @@ def _sample_prefixes(mode: str, n: int, seed: int, length: int = 3, drafting: st
         router_threshold=1.0,
         block_size=4,
         drafting=drafting,
+        prompt_lookup=lookup,
     )
     rows: list[list[int]] = [[] for _ in range(n)]
     for em in decode(stub, [[1]] * n, cfg, costs=FLAT):
         for r, t in zip(rows, em.tokens, strict=True):
             r.extend(t)
-    return Counter(tuple(r[:length]) for r in rows)
+    return Counter(tuple(r[length - tail : length]) for r in rows)
 
 
 def _chi2_pvalue(a: Counter, b: Counter) -> float:
@@ -238,6 +250,38 @@ def test_verified_sampling_matches_ar_distribution_chi_square():
     assert _chi2_pvalue(ar, _sample_prefixes("verified", 6000, seed=4, drafting="fused")) > 1e-3
     # Power check: the same test does detect a real difference (unverified drafts, `nar` mode).
     assert _chi2_pvalue(ar, _sample_prefixes("nar", 6000, seed=3)) < 1e-6
+
+
+def test_verified_sampling_with_copied_drafts_matches_ar_distribution():
+    """Copied drafts are certain proposals (q one-hot): the speculative rule keeps the distribution.
+    Tokens 6-8 of 10, where a 5-token vocabulary makes repeated n-grams, so copies are drafted."""
+    ar = _sample_prefixes("ar", 6000, seed=1, length=8)
+    ver = _sample_prefixes("verified", 6000, seed=2, length=8, lookup=True)
+    assert _chi2_pvalue(ar, ver) > 1e-3
+
+
+def test_ngram_index_copies_what_followed_the_latest_longest_match():
+    idx = NgramIndex([1, 2, 3, 4, 9, 2, 3, 5, 6])
+    assert idx.drafts(3) == []  # the trailing (5, 6) never occurred before
+    idx.extend([7, 2, 3])
+    assert idx.drafts(3) == [5, 6, 7]  # (2, 3) last occurred before 5; the latest occurrence wins
+    idx.extend([4])
+    assert idx.drafts(2) == [9, 2]  # (2, 3, 4) beats the shorter (3, 4) and (4,) is too short
+
+
+def test_copied_drafts_follow_a_repeating_answer_and_stay_exact():
+    """The AR walk repeats every 11 tokens and the NAR drafts never match: with prompt lookup the
+    steps after the first cycle verify copies (no drafting pass), several tokens a step; output = ar."""
+    N, K = 96, 8
+    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, reeval_every=5)
+    ar = _run(chain_stub(12, K, False), DecodeConfig(mode="ar", max_new_tokens=N))
+    stub = chain_stub(V=12, K=K, slots_match=False)
+    assert _run(stub, cfg, costs=None) == ar
+    steps = stub.forwards - stub.draft_passes
+    assert steps < N / 3 and stub.draft_passes < N / 8
+    off = chain_stub(V=12, K=K, slots_match=False)
+    _run(off, replace(cfg, prompt_lookup=False), costs=None)
+    assert off.forwards - off.draft_passes > N - 2  # without copies: a token per step
 
 
 def test_same_seed_same_sample(trained):

@@ -134,6 +134,10 @@ class DecodeConfig:
             CPU the bench runs on, separate is the faster for every mode (and the better drafts);
             on a GPU at batch 1, where a forward costs about the same whatever its rows, fused may
             be (not measured: no GPU was available).
+        prompt_lookup: `verified` with separate drafting: where the context's last few tokens occurred
+            before, draft the tokens that followed them (no forward) instead of running the NAR
+            drafting pass, when this request's record of such copies says they pay
+            (`decode/lookup.py`). The output is `ar`'s either way.
     """
 
     mode: Mode = "hybrid"
@@ -150,6 +154,7 @@ class DecodeConfig:
     trace: bool = False
     ignore_eos: bool = False
     drafting: Drafting = "separate"
+    prompt_lookup: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

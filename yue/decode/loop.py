@@ -23,6 +23,7 @@ import torch
 
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
+from yue.decode.lookup import NgramIndex
 from yue.decode.policies import Advance, LoopState, get_policy
 from yue.decode.types import Step
 from yue.model.masks import decode_mask
@@ -121,6 +122,8 @@ def decode(
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
     st = LoopState(cfg, generator, prompt.to(device), costs=costs)
+    if cfg.mode == "verified" and cfg.drafting == "separate" and cfg.prompt_lookup:
+        st.contexts = [NgramIndex(p) for p in prompts]
     if cfg.repetition_penalty != 1.0:
         st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
         st.seen.scatter_(1, st.fed, True)

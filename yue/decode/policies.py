@@ -39,6 +39,7 @@ import torch
 
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
+from yue.decode.lookup import NgramIndex
 from yue.decode.sampling import apply_repetition_penalty, choose, speculative_accept, warp
 from yue.model.mot import StepOutput
 from yue.model.router import Router
@@ -67,6 +68,11 @@ class LoopState:
             `decode.costs`); None = `StepCosts.default`.
         probe: verified at threshold 1: the next block is drafted whole, whatever the record says
             (set when an AR stretch starts).
+        contexts: verified with prompt lookup: each row's context, indexed for copied drafts
+            (`decode/lookup.py`); None = no lookup.
+        copy_record: the acceptance record of copied drafts (they cost no drafting pass, and fare
+            otherwise than the NAR set's).
+        copying: whether the drafts in flight were copied from the context.
         record: verified: the router's predicted accepted drafts against the accepted ones, over this
             request's verifying steps (`AcceptanceRecord`).
     """
@@ -81,6 +87,9 @@ class LoopState:
     futile_probes: int = 0
     costs: StepCosts | None = None
     probe: bool = False
+    contexts: list[NgramIndex] | None = None
+    copy_record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
+    copying: bool = False
     record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
 
 
@@ -198,20 +207,20 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
     return adv
 
 
-def best_length(st: LoopState, survival: list[float]) -> int:
+def best_length(st: LoopState, survival: list[float], draft_pass: bool = True) -> int:
     """The number of drafts k to verify next step that writes the most tokens per unit of cost, 0 if
     none beats a plain AR step. survival[j - 1]: expected P(drafts 1..j all accepted).
 
     Verifying k drafts writes 1 + sum_{j<=k} survival[j-1] tokens for a step feeding k drafts plus the
     block's drafting pass (`st.costs`: measured for the model on this machine; fused drafting: a
-    block per fed position, approximated as k + 1 passes); a plain AR step writes one for
-    `costs.verify(0)`.
+    block per fed position, approximated as k + 1 passes; none for copied drafts, `draft_pass`
+    False); a plain AR step writes one for `costs.verify(0)`.
     """
     costs = st.costs or StepCosts.default(st.cfg.block_size)
     best_k, best_rate, gain = 0, 1.0 / costs.verify(0), 1.0
     for k, s_k in enumerate(survival, start=1):
         gain += s_k
-        passes = k + 1 if st.cfg.drafting == "fused" else 1
+        passes = (k + 1 if st.cfg.drafting == "fused" else 1) if draft_pass else 0
         rate = gain / (costs.verify(k) + costs.draft_pass * passes)
         if rate > best_rate:
             best_k, best_rate = k, rate
@@ -349,13 +358,21 @@ class VerifiedPolicy(Policy):
         k = st.n_drafts
         n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, k + 1))
         if k:
-            st.record.observe(k, n_acc)
+            (st.copy_record if st.copying else st.record).observe(k, n_acc)
         drafts = st.fed[:, st.fed.shape[1] - k :][:, :n_acc].tolist()
         emitted = [d + [t] for d, t in zip(drafts, nxt.tolist(), strict=True)]
-        sources = [["nar"] * n_acc + ["ar"] for _ in emitted]
+        # Accepted copies are the AR path's tokens (it would have written them; no NAR set did).
+        sources = [["ar" if st.copying else "nar"] * n_acc + ["ar"] for _ in emitted]
         keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
         adv.drafted, adv.accepted = k, n_acc
+        st.copying = False
+        if st.contexts is not None:
+            for ctx, row in zip(st.contexts, emitted, strict=True):
+                ctx.extend(row)
+            if self.copy(model, st, adv):  # free drafts from the context: no drafting pass this step
+                st.ar_stretch = max(st.ar_stretch - 1, 0)
+                return adv
         if not self.drafts_now(st):
             st.ar_stretch = max(st.ar_stretch - 1, 0)
             return adv
@@ -364,6 +381,24 @@ class VerifiedPolicy(Policy):
         return self.with_block(
             model, st, adv, out, n_acc if out.slot_logits.shape[1] > st.cfg.block_size else 0
         )
+
+    def copy(self, model, st: LoopState, adv: Advance) -> bool:
+        """Feed drafts copied from the context next (`decode/lookup.py`) where every row has some and
+        their record says they pay; sets adv.next_* and returns True, else leaves adv as it is."""
+        if st.cfg.block_size < 2:
+            return False
+        copies = [ctx.drafts(st.cfg.block_size - 1) for ctx in st.contexts]
+        n = min(len(c) for c in copies)
+        k = best_length(st, st.copy_record.survival(n), draft_pass=False) if n else 0
+        if not k:
+            return False
+        drafts = torch.tensor([c[:k] for c in copies], device=adv.next_fed.device)
+        adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
+        adv.next_drafts, st.copying = k, True
+        if not st.cfg.greedy:  # copies are certain proposals: q is one-hot on each (speculative rule)
+            q = torch.full((*drafts.shape, model.config.vocab_size), float("-inf"), device=drafts.device)
+            adv.next_draft_logprobs = q.scatter_(2, drafts[..., None], 0.0)
+        return True
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""
