@@ -305,7 +305,9 @@ def test_hybrid_keeps_a_draft_only_within_the_tolerance(drafting, tolerance, kep
     N, K = 40, 4
     ar = _run(_near_tie_stub(K=K), DecodeConfig(mode="ar", max_new_tokens=N))
     stub = _near_tie_stub(K=K)
-    cfg = DecodeConfig(mode="hybrid", max_new_tokens=N, router_threshold=tolerance, block_size=K, drafting=drafting)
+    cfg = DecodeConfig(
+        mode="hybrid", max_new_tokens=N, router_threshold=tolerance, block_size=K, drafting=drafting
+    )
     tokens, sources = [], []
     for em in decode(stub, [[1]], cfg):
         tokens += em.tokens[0]

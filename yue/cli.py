@@ -52,7 +52,12 @@ def generate(
     raw: bool = typer.Option(
         False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
     ),
-    router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
+    router_threshold: float | None = typer.Option(
+        None,
+        help="The mode's dial (default: the model's). hybrid: tolerance t, a draft is kept when "
+        "p_AR(draft) >= (1 - t) * max p_AR (0 = exact, as verified). verified: slots are drafted where "
+        "the router's p_ar <= this (speed only).",
+    ),
     drafting: str = typer.Option(
         "separate",
         help="separate (a NAR-only drafting pass, slot 1 revealed) | fused (the block in the step's forward).",
