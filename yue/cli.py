@@ -566,7 +566,9 @@ def bench_cmd(
         help="Comma-separated entries to compare. llamacpp-greedy needs a model with a GGUF source and "
         "llama-cpp-python (pip install 'yue[llamacpp]'); else it is skipped, saying why.",
     ),
-    thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
+    thresholds: str = typer.Option(
+        "0.05,0.1,0.2,0.4", help="hybrid sweep (tolerances): adds hybrid@T entries."
+    ),
     verified_thresholds: str = typer.Option(
         "1", help="Adds verified@T entries (1 = draft every slot); empty for none."
     ),
