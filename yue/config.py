@@ -63,7 +63,8 @@ class YueConfig(PreTrainedConfig):
     # below 1 the router and the step costs measured on the machine pick each draft length
     # (`VerifiedPolicy.draft_length`).
     verified_threshold: float = 1.0
-    # hybrid mode: after choosing AR, re-ask the router after this many AR tokens.
+    # verified / hybrid with a router gate below 1: after a futile router probe, AR steps before it is
+    # asked again (doubling after each futile probe, up to 8x).
     reeval_every: int = 5
     # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
     loss_weights: dict | None = None
@@ -126,8 +127,8 @@ class DecodeConfig:
             acceptance tolerance t, a draft is kept when p_AR(draft) >= (1 - t) * max p_AR (0 =
             `verified`, exact; 1 = every draft). `nar`: unused.
         block_size: slots drafted per step, at most the model's K; None = the model's K.
-        reeval_every: hybrid: tokens the AR path writes (by verification) after the router distrusts a
-            block, before it is asked again; None = model default.
+        reeval_every: verified / hybrid with a router gate below 1: AR steps after a futile router probe
+            before it is asked again (doubling, capped); None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
         drafting: where a step's draft block is computed (DESIGN §2). "separate" (default): after the
