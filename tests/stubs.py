@@ -36,7 +36,12 @@ class MarkovStub:
         K = slot_table.shape[0]
         self.ar_table, self.slot_table = ar_table, slot_table
         self.config = SimpleNamespace(
-            pad_token_id=0, mask_token_id=V - 1, eos_token_id=None, vocab_size=V, block_size=K
+            pad_token_id=0,
+            mask_token_id=V - 1,
+            eos_token_id=None,
+            vocab_size=V,
+            block_size=K,
+            verified_threshold=1.0,
         )
         self.device = torch.device("cpu")
         self.router = AcceptAllRouter()

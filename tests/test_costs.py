@@ -22,7 +22,7 @@ def _policy_length(costs: StepCosts, accept: float, K: int = 8) -> int:
     st = LoopState(cfg, None, torch.zeros(1, 1, dtype=torch.long), costs=costs)
     # p_ar(i) = 1 - accept**(i-1): slot 1 (the AR token) certain, each later slot survives w.p. `accept`.
     p_ar = 1.0 - torch.tensor([[accept ** (i - 1) for i in range(1, K + 1)]])
-    return VerifiedPolicy().draft_length(st, p_ar)
+    return VerifiedPolicy().draft_length(st, p_ar, cfg.router_threshold)
 
 
 def test_draft_length_follows_the_measured_cost_curve():

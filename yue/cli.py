@@ -52,7 +52,12 @@ def generate(
     raw: bool = typer.Option(
         False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
     ),
-    router_threshold: float | None = typer.Option(None, help="p_ar above this goes AR (default: model's)."),
+    router_threshold: float | None = typer.Option(
+        None,
+        help="The mode's dial (default: the model's). hybrid: tolerance t, a draft is kept when "
+        "p_AR(draft) >= (1 - t) * max p_AR (0 = exact, as verified). verified: slots are drafted where "
+        "the router's p_ar <= this (speed only).",
+    ),
     drafting: str = typer.Option(
         "separate",
         help="separate (a NAR-only drafting pass, slot 1 revealed) | fused (the block in the step's forward).",
@@ -561,7 +566,9 @@ def bench_cmd(
         help="Comma-separated entries to compare. llamacpp-greedy needs a model with a GGUF source and "
         "llama-cpp-python (pip install 'yue[llamacpp]'); else it is skipped, saying why.",
     ),
-    thresholds: str = typer.Option("0.3,0.5,0.65,0.8", help="hybrid sweep: adds hybrid@T entries."),
+    thresholds: str = typer.Option(
+        "0.05,0.1,0.2,0.4", help="hybrid sweep (tolerances): adds hybrid@T entries."
+    ),
     verified_thresholds: str = typer.Option(
         "1", help="Adds verified@T entries (1 = the router unasked); empty for none."
     ),

@@ -51,17 +51,21 @@ class YueConfig(PreTrainedConfig):
     block_size: int = 8
     # Router hidden width: small, the router must stay well under 1% of the parameters.
     router_hidden_size: int = 64
-    # The speed/fidelity dial (DESIGN §1): a position goes AR when p_ar(i) > router_threshold.
-    router_threshold: float = 0.65
+    # `hybrid`'s speed/fidelity dial, chosen on a calibration split: its acceptance tolerance t, a draft
+    # is kept when p_AR(draft) >= (1 - t) * max p_AR (`decode.sampling.within_tolerance`); 0 = exact.
+    # Uncalibrated default 0.1: an accepted token costs at most -log(0.9) = 0.105 nats of AR NLL.
+    router_threshold: float = 0.1
     # The mode a caller who names none gets (CLI, server): "hybrid" where its fidelity was measured
     # within bounds on held-out text, else "verified" (exact; yue-smol's hybrid is not, see its card).
     default_mode: Mode = "hybrid"
-    # verified mode's default threshold: 1 leaves the router unasked, and each draft length follows the
-    # request's own acceptance record and the step costs measured on the machine
-    # (`VerifiedPolicy.record_length`); below 1 the router's predictions, scaled by that record, pick
-    # them (`VerifiedPolicy.draft_length`). Both shipped models: 1, chosen on their calibration splits.
+    # verified mode's default threshold, and hybrid's draft gate (`DecodeConfig.draft_gate`): 1 leaves
+    # the router unasked, and each draft length follows the request's own acceptance record and the
+    # step costs measured on the machine (`VerifiedPolicy.record_length`); below 1 the router's
+    # predictions, scaled by that record, pick them (`VerifiedPolicy.draft_length`). Both shipped
+    # models: 1, chosen on their calibration splits.
     verified_threshold: float = 1.0
-    # hybrid mode: after choosing AR, re-ask the router after this many AR tokens.
+    # verified / hybrid with a router gate below 1: after a futile router probe, AR steps before it is
+    # asked again (doubling after each futile probe, up to 8x).
     reeval_every: int = 5
     # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
     loss_weights: dict | None = None
@@ -119,10 +123,13 @@ class DecodeConfig:
         repetition_penalty: CTRL-style penalty on tokens already in the context; 1 = off.
         seed: seeds the request's own `torch.Generator`; same seed, same sample.
         stop: strings that end generation; the text is cut before the first one.
-        router_threshold: position goes AR when p_ar > threshold; None = the model's calibrated default.
+        router_threshold: the mode's dial; None = the model's calibrated default. `verified`: a slot
+            is drafted when the router's p_ar <= threshold (speed only; 1 = every slot). `hybrid`: the
+            acceptance tolerance t, a draft is kept when p_AR(draft) >= (1 - t) * max p_AR (0 =
+            `verified`, exact; 1 = every draft). `nar`: unused.
         block_size: slots drafted per step, at most the model's K; None = the model's K.
-        reeval_every: hybrid: tokens the AR path writes (by verification) after the router distrusts a
-            block, before it is asked again; None = model default.
+        reeval_every: verified / hybrid with a router gate below 1: AR steps after a futile router probe
+            before it is asked again (doubling, capped); None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
         drafting: where a step's draft block is computed (DESIGN §2). "separate" (default): after the
@@ -184,6 +191,11 @@ class DecodeConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def draft_gate(self, model_config: YueConfig) -> float:
+        """The router threshold that gates draft lengths (`VerifiedPolicy.draft_length`): `verified`'s
+        own dial; `hybrid`'s dial is its acceptance tolerance, so it drafts as `verified` does by default."""
+        return self.router_threshold if self.mode == "verified" else model_config.verified_threshold
 
     def resolved(self, model_config: YueConfig) -> DecodeConfig:
         """Fill the model-dependent defaults (threshold, K, reeval) from the checkpoint's config."""

@@ -249,14 +249,14 @@ class Engine:
             stats.router_decisions["ar"] += em.routed[0]
             stats.router_decisions["nar"] += em.routed[1]
 
-    @staticmethod
-    def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig) -> None:
+    def _warn_if_collapsed(self, stats: GenerationStats, cfg: DecodeConfig) -> None:
         if cfg.mode not in ("hybrid", "verified"):
             return
         lo, hi = COLLAPSE_RANGE
         d = stats.router_decisions
         total = d["ar"] + d["nar"]
-        if lo <= cfg.router_threshold <= hi and total >= COLLAPSE_MIN_DECISIONS:
+        gate = cfg.draft_gate(self.model.config)  # the router's threshold (hybrid's dial is not)
+        if lo <= gate <= hi and total >= COLLAPSE_MIN_DECISIONS:
             for mode, other in (("ar", "nar"), ("nar", "ar")):
                 if d[other] == 0:
                     logger.warning(
@@ -264,7 +264,7 @@ class Engine:
                         "the router may be miscalibrated for this input",
                         mode.upper(),
                         total,
-                        cfg.router_threshold,
+                        gate,
                     )
 
     def generate(

@@ -7,9 +7,15 @@ Design decisions:
 - Temperature 0 means greedy; that is decided in exactly one place, `DecodeConfig.greedy`, and greedy
   never touches a random generator.
 - Randomness comes only from an explicit `torch.Generator`: same seed, same sample.
+- `hybrid`'s lossy acceptance (`within_tolerance`) bounds a draft by the AR path's own distribution,
+  p(d) >= (1 - t) * max p, never by the drafter's or the router's confidence: the bound means the same
+  on any text (each accepted token costs at most -log(1 - t) nats of AR log-likelihood against the AR
+  path's own choice at that position), which a router trained on one source does not.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -67,23 +73,49 @@ def choose(logits: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator |
     return sample_from_logprobs(warp(logits, cfg), generator)
 
 
+def within_tolerance(logits: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """Whether each token is within `tolerance` of the most likely: p(x) >= (1 - tolerance) * max p.
+
+    A probability-ratio form of Medusa's typical acceptance (Cai et al. 2024): the bound follows the AR
+    distribution itself (sharp where it is sure, loose where it is not), so one tolerance means the same
+    on any text. Tolerance 0 admits only a most likely token, 1 admits every token. The ratio is the
+    same for logits and log-probabilities (log-softmax only shifts a row), so either may be passed.
+
+    Args:
+        logits: (..., V) logits or log-probabilities (-inf for filtered tokens).
+        tokens: (...) token ids.
+        tolerance: t in [0, 1].
+    Returns:
+        (...) bool.
+    """
+    lp = logits.float()
+    x = lp.gather(-1, tokens[..., None])[..., 0]
+    if tolerance >= 1.0:
+        return x > float("-inf")  # everything but a filtered token
+    return x >= lp.max(-1).values + math.log1p(-tolerance)
+
+
 def speculative_accept(
     target_logprobs: torch.Tensor,
     draft_logprobs: torch.Tensor,
     drafts: torch.Tensor,
     generator: torch.Generator | None,
+    tolerance: float = 0.0,
 ) -> tuple[int, int]:
     """The speculative-sampling rule for one row (Leviathan et al. 2023; Chen et al. 2023).
 
     Accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)), left to right; at the first
     rejection sample the replacement from norm(max(0, p_i - q_i)); if all k are accepted, sample the
     bonus token from p_k. The result is distributed exactly as sampling from p, whatever q is.
+    With tolerance t > 0 (`hybrid`, lossy) a draft is also accepted outright when
+    p_i(x_i) >= (1 - t) * max p_i (`within_tolerance`); the output then leans toward q by that much.
 
     Args:
         target_logprobs: (k + 1, V) warped AR log-probs; row i is p for the position of draft i+1,
             row k the position after the last draft.
         draft_logprobs: (k, V) warped NAR log-probs the drafts were sampled from.
         drafts: (k,) draft tokens.
+        tolerance: `within_tolerance`'s t; 0 = the exact rule.
     Returns:
         (n_accepted, next_token): drafts[:n_accepted] are kept, then next_token.
     """
@@ -92,7 +124,10 @@ def speculative_accept(
     p_x = target_logprobs[idx, drafts].exp()  # (k,)
     q_x = draft_logprobs[idx, drafts].exp()
     u = torch.rand(k, generator=generator, device=drafts.device)
-    ok = (u * q_x <= p_x).tolist()  # u < p/q without dividing by a tiny q
+    ok = u * q_x <= p_x  # u < p/q without dividing by a tiny q
+    if tolerance > 0:
+        ok |= within_tolerance(target_logprobs[:k], drafts, tolerance)
+    ok = ok.tolist()
     n = next((i for i, a in enumerate(ok) if not a), k)
     if n == k:
         return k, int(sample_from_logprobs(target_logprobs[k], generator))

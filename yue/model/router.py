@@ -7,7 +7,8 @@ Design decisions:
 - Output a_i is the probability that slots 1..i ALL match what the AR path would write. It is built
   as a running product of per-slot conditional probabilities, a_i = prod_{j<=i} sigmoid(z_j), so it
   is monotone non-increasing in i by construction (an accepted prefix can only shrink).
-- p_ar(i) = 1 - a_i; one rule everywhere: position i goes AR when p_ar(i) > router_threshold.
+- p_ar(i) = 1 - a_i; one rule everywhere: slot i is drafted only when p_ar(i) <= the draft gate
+  (`DecodeConfig.draft_gate`: `verified`'s router_threshold; `hybrid` drafts as `verified` does by default).
 - A two-layer MLP of width 64: about 0.3% of the default model's parameters.
 """
 

@@ -39,7 +39,11 @@ class _Sampling(_Body):
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: str | list[str] | None = None
     mode: Mode | None = Field(None, description="decode policy: ar | verified | hybrid | nar")
-    router_threshold: float | None = Field(None, description="a position goes AR when p_ar > this")
+    router_threshold: float | None = Field(
+        None,
+        description="the mode's dial in [0, 1]: hybrid's tolerance t (keep a draft when p_AR(draft) >= "
+        "(1 - t) max p_AR; 0 = exact); verified's draft gate (draft slots with router p_ar <= this)",
+    )
     stream: bool = False
 
 

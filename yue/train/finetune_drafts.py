@@ -3,7 +3,8 @@
 Design decisions:
 - Acceptance is measured as a user meets it: a copy prepared for decoding (`yue.load`'s drafting
   precision) in greedy `verified` mode, as it runs by default (threshold 1: the router unasked, draft
-  lengths by the request's acceptance record) and at the model's router threshold (the router decides how many are drafted).
+  lengths by the request's acceptance record) and router-gated at ROUTER_GATE (the router decides how
+  many are drafted).
   Greedy `verified` output equals `ar` output, so these are speed figures only.
 - The refresh is stages 2 and 3 of DESIGN §3 on the adapted model: AR-greedy continuations of prompts
   cut from the user's data, NAR self-distillation on them (`selfdistill.finetune_nar`, AR frozen), and
@@ -26,6 +27,10 @@ from yue.train.finetune_data import TokenStream
 if TYPE_CHECKING:  # finetune imports this module
     from yue.train.finetune import FinetuneConfig
 
+# `verified`'s router gate for the "router" figure: a mid value (the model's `router_threshold` is
+# `hybrid`'s acceptance tolerance, another dial).
+ROUTER_GATE = 0.5
+
 
 def prompt_length(stream: TokenStream, wanted: int) -> int:
     """`wanted`, or less when no document is twice that long (prompts must leave room in a document)."""
@@ -43,14 +48,14 @@ def measuring_prompts(stream: TokenStream, cfg: FinetuneConfig, eos_id: int) -> 
 @torch.no_grad()
 def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens: int) -> dict:
     """Mean accepted drafts per verifying step in greedy `verified` mode: as it runs by default (threshold 1,
-    the router unasked) and with the router choosing how many (the model's `router_threshold`).
+    the router unasked) and with the router choosing how many (gated at ROUTER_GATE).
 
     A verifying step is one that drafted at least one slot; "per forward" counts every forward,
     drafting passes included.
     """
     drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
     out = {}
-    for label, threshold in (("every_slot", None), ("router", model.config.router_threshold)):
+    for label, threshold in (("every_slot", None), ("router", ROUTER_GATE)):
         cfg = DecodeConfig(mode="verified", max_new_tokens=new_tokens, router_threshold=threshold)
         cfg = cfg.resolved(model.config)
         steps = accepted = tokens = forwards = 0
