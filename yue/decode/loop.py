@@ -1,23 +1,35 @@
-"""The one decode loop: propose -> forward -> accept -> advance, for every policy.
+"""The one decode loop: propose -> forward -> accept -> advance, for every policy, over a batch whose
+rows may join and leave between steps (continuous batching).
 
 Design decisions:
-- Token level only: the loop yields, per step, the tokens each row committed and who wrote them. Text
-  (detokenizing, stop strings) is the engine's business; it simply stops iterating.
+- Token level only: a step reports the tokens each row committed and who wrote them. Text
+  (detokenizing, stop strings) is the engine's business; it removes a row, or stops iterating.
+- `DecodeBatch` is the loop as a small stateful object: `add` queues a prompt (a row), `step` runs one
+  step of every running row, then prefills the queued rows and merges them in; `remove` drops a row
+  (its cache row is gathered away at once, so it stops costing compute). `decode()` is the thin
+  generator over it that the engine, the trainers and the tests use for a fixed list of prompts.
 - One forward per step over `fed` (+ a fused block of mask slots), and, with separate drafting (the
-  default), a second, NAR-only forward over a block anchored at the last kept token. The KV cache is
-  allocated once; after the forward, `cache.advance(keep)` commits the kept positions and everything
-  past them (rejected drafts, slots) is scratch that the next write overwrites: rollback is a pointer
-  move.
-- Per-step work outside the forward is kept small: positions are slices of a precomputed table, the
-  mask is built from two aranges (or skipped for a single unpadded token), and tracing is opt-in.
-- A batch is left-padded and decoded in lockstep (see policies.py); `key_valid` hides padding keys.
+  default), a second, NAR-only forward over a block anchored at each row's last kept token. After the
+  forward, `cache.commit(keep)` commits each row's kept positions (per-row acceptance: rows keep
+  different counts; the shorter leave holes the mask hides, see `model/cache.py`), and everything past
+  them (rejected drafts, slots) is scratch that the next write overwrites: rollback is a pointer move.
+- Per-step work outside the forward is kept small: positions are the rows' lengths plus an arange, the
+  mask is built from two aranges (or skipped for a single row without holes: batch 1 runs as before),
+  and tracing is opt-in.
+- Rows of one batch share what shapes a step (their `batch_key`: mode, K, drafting, threshold, and the
+  sampling warp); each keeps its own seed (a `torch.Generator` per row, so its samples do not depend on
+  its batch-mates), budget, EOS rule and, in the engine, stop strings.
+- Joining: queued rows are prefilled in buckets of similar length (one left-padded forward each, at
+  most `max_prefill_tokens` prompt tokens per step), then appended to the running batch: their cache
+  rows left-aligned, the columns up to the shared pointer holes (`KVCache.join`). A long prompt is
+  prefilled in one forward, not in chunks: it stalls the running rows for that forward.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,32 +37,63 @@ from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.policies import Advance, LoopState, get_policy
 from yue.decode.types import Step
+from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import entropy
 
+# A prefill bucket holds prompts up to this many times as long as its shortest (left padding is compute).
+BUCKET_SPREAD = 2
+
 
 @dataclass
 class StepEmission:
-    """Tokens committed by one step. tokens/sources: per row (empty for finished rows)."""
+    """Tokens committed by one step of a set of rows (one forward, plus its drafting pass).
+
+    Attributes:
+        tokens/sources: per row (empty for rows that had already finished).
+        finished: per row, why it stopped, or None while it runs.
+        step: the trace record (row 0's counts) when `cfg.trace`.
+        drafted/accepted: per row, draft tokens verified (or committed unverified) and kept.
+        mode: the policy's "AR"/"NAR" for the step, or "cancelled".
+        forwards: 2 when a drafting pass followed the step's forward.
+        routed: the step's block positions by the path chosen, (to AR, to NAR), shared by its rows.
+        rows: the row ids the lists refer to (`DecodeBatch.add`'s ids; `decode`: prompt indices).
+    """
 
     tokens: list[list[int]]
     sources: list[list[str]]
     finished: list[str | None]
     step: Step | None
-    drafted: int
-    accepted: int
+    drafted: list[int]
+    accepted: list[int]
     mode: str
-    forwards: int = 1  # 2 when a drafting pass followed the step's forward
-    routed: tuple[int, int] = (0, 0)  # the step's block positions by the path chosen: (to AR, to NAR)
+    forwards: int = 1
+    routed: tuple[int, int] = (0, 0)
+    rows: list[int] = field(default_factory=list)
 
 
 @dataclass
-class _Rows:
-    """Per-row bookkeeping: tokens left before max_new_tokens, and why a row stopped."""
+class _Row:
+    """One request in a batch: its settings, its generator, tokens left, and why it stopped."""
 
-    budget: list[int]
-    finish: list[str | None] = field(default_factory=list)
+    id: int
+    prompt: list[int]
+    cfg: DecodeConfig
+    generator: torch.Generator | None
+    budget: int
+    eos_ids: frozenset[int]
+    finish: str | None = None
+
+
+@dataclass
+class _Group:
+    """Rows decoded by the same forwards: their cache rows and the policy state, row-aligned."""
+
+    rows: list[_Row]
+    cache: KVCache
+    st: LoopState
+    index: int = 0  # steps run (the trace's step number)
 
 
 def slot_capacity(cfg: DecodeConfig) -> int:
@@ -59,31 +102,280 @@ def slot_capacity(cfg: DecodeConfig) -> int:
     return (k + 1) * (k + 1) + 1 if cfg.drafting == "fused" else 2 * k + 2
 
 
-def _positions(pad: list[int], capacity: int, device) -> torch.Tensor:
-    """RoPE position of every cache index: (capacity,) unpadded, (B, capacity) left-padded."""
-    idx = torch.arange(capacity, device=device)
-    if not any(pad):
-        return idx
-    return (idx[None, :] - torch.tensor(pad, device=device)[:, None]).clamp(min=0)
+def batch_key(cfg: DecodeConfig) -> DecodeConfig:
+    """What rows of one batch must share: the config without the per-row fields (seed, budget, stop
+    strings, EOS rule). Requests whose keys differ decode in different batches."""
+    return replace(cfg, seed=None, max_new_tokens=1, stop=(), ignore_eos=False)
 
 
-def _truncate(adv: Advance, rows: _Rows, eos_ids: frozenset[int]) -> tuple[list[list[int]], list[list[str]]]:
+class DecodeBatch:
+    """A running batch that rows join and leave between steps.
+
+    Args:
+        model: the MoT model (eval mode).
+        cfg: a config already `resolved()`; its `batch_key` is what every row must share.
+        costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
+        max_prefill_tokens: prompt tokens (padding included) prefilled per step, at least one prompt;
+            None = every queued prompt at the next step.
+    """
+
+    def __init__(
+        self,
+        model: YueForCausalLM,
+        cfg: DecodeConfig,
+        costs: StepCosts | None = None,
+        max_prefill_tokens: int | None = None,
+    ) -> None:
+        self.model, self.key, self.costs = model, batch_key(cfg), costs
+        self.policy = get_policy(cfg.mode)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.running: _Group | None = None
+        self.queued: list[_Row] = []
+        self._ids = 0
+        eos = model.config.eos_token_id
+        self._eos = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    def __len__(self) -> int:
+        """Rows running or queued."""
+        return len(self.queued) + (len(self.running.rows) if self.running else 0)
+
+    def add(self, prompt: list[int], cfg: DecodeConfig) -> int:
+        """Queue a non-empty tokenized prompt; it is prefilled at the next `step`. Returns its row id."""
+        if batch_key(cfg) != self.key:
+            raise ValueError("a row's config must share the batch's mode, K, drafting, threshold and warp")
+        generator = None
+        if not cfg.greedy:
+            generator = torch.Generator(device=self.model.device)
+            generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
+        eos_ids = frozenset() if cfg.ignore_eos else self._eos
+        row = _Row(self._ids, list(prompt), cfg, generator, cfg.max_new_tokens, eos_ids)
+        self._ids += 1
+        self.queued.append(row)
+        return row.id
+
+    def remove(self, row_id: int) -> None:
+        """Drop a row (finished elsewhere, or cancelled): from the queue, or from the running batch."""
+        self.queued = [r for r in self.queued if r.id != row_id]
+        g = self.running
+        if g is not None and any(r.id == row_id for r in g.rows):
+            self.running = _select(g, [i for i, r in enumerate(g.rows) if r.id != row_id])
+
+    @torch.inference_mode()
+    def step(self) -> list[StepEmission]:
+        """One step of every running row, then the prefill of the queued rows that fit; finished rows
+        leave. Returns one emission per forward group (the running rows, then each prefill bucket)."""
+        emissions = []
+        if self.running is not None:
+            emissions.append(self._step(self.running))
+            self.running = _without_finished(self.running)
+        for bucket in self._buckets(self._admit()):
+            group = self._prefill(bucket)
+            emissions.append(self._step(group))
+            group = _without_finished(group)
+            if group is not None:
+                vocab = self.model.config.vocab_size
+                self.running = group if self.running is None else _merge(self.running, group, vocab)
+        return emissions
+
+    def _admit(self) -> list[_Row]:
+        """Queued rows to prefill this step, first come first served, within the prefill budget."""
+        taken, tokens = [], 0
+        while self.queued:
+            n = len(self.queued[0].prompt)
+            if taken and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
+                break
+            taken.append(self.queued.pop(0))
+            tokens += n
+        return taken
+
+    @staticmethod
+    def _buckets(rows: list[_Row]) -> list[list[_Row]]:
+        """Rows grouped by prompt length, each bucket within BUCKET_SPREAD of its shortest."""
+        buckets: list[list[_Row]] = []
+        for row in sorted(rows, key=lambda r: len(r.prompt)):
+            if buckets and len(row.prompt) <= BUCKET_SPREAD * len(buckets[-1][0].prompt):
+                buckets[-1].append(row)
+            else:
+                buckets.append([row])
+        return buckets
+
+    def _prefill(self, rows: list[_Row]) -> _Group:
+        """A new group for these rows: prompts left-padded into one fed block, a cache sized for them."""
+        model, B = self.model, len(rows)
+        T0 = max(len(r.prompt) for r in rows)
+        pad = [T0 - len(r.prompt) for r in rows]
+        capacity = T0 + max(r.cfg.max_new_tokens for r in rows) + slot_capacity(self.key)
+        cache = model.new_cache(B, capacity)
+        cache.set_padding(pad)
+        cache.seq_lens -= torch.tensor(pad, device=cache.seq_lens.device)  # a prompt starts at position 0
+        fill = model.config.pad_token_id or 0
+        prompt = torch.tensor([[fill] * p + r.prompt for p, r in zip(pad, rows, strict=True)])
+        st = LoopState(self.key, [r.generator for r in rows], prompt.to(model.device), costs=self.costs)
+        if self.key.repetition_penalty != 1.0:
+            st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=model.device)
+            st.seen.scatter_(1, st.fed, True)
+        return _Group(rows, cache, st)
+
+    def _step(self, g: _Group) -> StepEmission:
+        """One step of a group: propose, forward, accept (+ drafting pass), advance."""
+        model, st, cache, cfg = self.model, g.st, g.cache, self.key
+        t0 = time.perf_counter()
+        device = model.device
+        mask_id = model.config.mask_token_id
+        # 1. Propose: committed tokens to feed, then the policy's block(s) of mask slots.
+        B, n_c = st.fed.shape
+        size, anchors = self.policy.n_slots(st), self.policy.anchors(st)
+        n_s = size * (len(anchors) if anchors else 1)
+        K = cfg.block_size or 1
+        cache.make_room(n_c + n_s + (K if cfg.drafting == "separate" else 0))
+        tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
+        start = cache.length
+        if not anchors:  # one block at the last fed token: positions run on contiguously
+            offsets = torch.arange(n_c + n_s, device=device)
+        else:  # block m's slots sit at its anchor's position + 1 .. + size
+            blocks = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
+            offsets = torch.cat([torch.arange(n_c), blocks.flatten()]).to(device)
+        mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
+        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
+        out = model.step(tokens, cache.positions(offsets), n_c, mask, cache, st.max_drafts + 1)
+        # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
+        adv = self.policy.advance(model, st, out)
+        cache.commit(adv.keep)
+        forwards = 1
+        if adv.draft_pass:
+            adv = self._draft_pass(st, cache, adv, out)
+            forwards = 2
+        # 4. Advance: bookkeeping for the next step.
+        st.fed, st.draft_logprobs = adv.next_fed, adv.next_draft_logprobs
+        st.n_drafts = adv.next_drafts or [0] * B
+        toks, srcs = _truncate(adv, g.rows)
+        if st.seen is not None:
+            for b, t in enumerate(toks):
+                st.seen[b, t] = True
+        step = None
+        if cfg.trace:
+            h = float(entropy(out.ar_logits[0, -1]))
+            dt = (time.perf_counter() - t0) * 1e3
+            step = Step(g.index, adv.mode, adv.drafted[0], adv.accepted[0], adv.p_ar, h, dt)
+        g.index += 1
+        finished = [r.finish for r in g.rows]
+        ids = [r.id for r in g.rows]
+        return StepEmission(
+            toks, srcs, finished, step, adv.drafted, adv.accepted, adv.mode, forwards, adv.routed, ids
+        )
+
+    def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out) -> Advance:
+        """Drafting pass: K slots anchored at each row's last kept token, NAR set only; they see the
+        cache up to that token and each other, and sit in scratch space past it. Slot 1's token is known
+        by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's mask-predict
+        reveals do, and slots 2.. are drafted knowing it."""
+        model, K = self.model, self.key.block_size
+        B, L = st.fed.shape[0], cache.length
+        slots = st.fed.new_full((B, K), model.config.mask_token_id)
+        slots[:, 0] = adv.next_fed[:, 0]
+        mask = decode_mask(L, 0, K, cache.key_valid, model.device)
+        # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
+        entry = None
+        if out.entry is not None:
+            keep = torch.tensor(adv.keep, device=out.entry.device)
+            entry = out.entry[torch.arange(B, device=keep.device), keep - 1][:, None]
+        positions = cache.positions(torch.arange(K, device=model.device))
+        draft = model.step(slots, positions, 0, mask, cache, 0, entry)
+        return self.policy.draft(model, st, adv, out, draft.slot_logits)
+
+
+def _truncate(adv: Advance, rows: list[_Row]) -> tuple[list[list[int]], list[list[str]]]:
     """Cut each row's emitted tokens at EOS and at its max_new_tokens budget; mark finished rows."""
     toks, srcs = [], []
-    for b, (t, s) in enumerate(zip(adv.emitted, adv.sources, strict=True)):
-        if rows.finish[b] is not None:
-            toks.append([]), srcs.append([])
-            continue
-        cut = next((i for i, x in enumerate(t) if x in eos_ids), None)
+    for row, t, s in zip(rows, adv.emitted, adv.sources, strict=True):
+        cut = next((i for i, x in enumerate(t) if x in row.eos_ids), None)
         if cut is not None:
             t, s = t[:cut], s[:cut]
-            rows.finish[b] = "eos"
-        if len(t) >= rows.budget[b]:
-            t, s = t[: rows.budget[b]], s[: rows.budget[b]]
-            rows.finish[b] = rows.finish[b] or "length"
-        rows.budget[b] -= len(t)
+            row.finish = "eos"
+        if len(t) >= row.budget:
+            t, s = t[: row.budget], s[: row.budget]
+            row.finish = row.finish or "length"
+        row.budget -= len(t)
         toks.append(t), srcs.append(s)
     return toks, srcs
+
+
+def _select(g: _Group, keep: list[int]) -> _Group | None:
+    """The group with only rows `keep` (indices), or None when none is left."""
+    if not keep:
+        return None
+    if len(keep) == len(g.rows):
+        return g
+    st = g.st
+    index = torch.tensor(keep, device=st.fed.device)
+    g.cache.select(keep)
+    st.fed = st.fed.index_select(0, index)
+    st.n_drafts = [st.n_drafts[i] for i in keep]
+    st.generators = [st.generators[i] for i in keep]
+    if st.draft_logprobs is not None:
+        st.draft_logprobs = st.draft_logprobs.index_select(0, index)
+    if st.seen is not None:
+        st.seen = st.seen.index_select(0, index)
+    g.rows = [g.rows[i] for i in keep]
+    return g
+
+
+def _without_finished(g: _Group) -> _Group | None:
+    return _select(g, [i for i, r in enumerate(g.rows) if r.finish is None])
+
+
+def _merge(a: _Group, b: _Group, vocab: int) -> _Group:
+    """Group b's rows appended to group a's: caches joined, fed blocks brought to one width.
+
+    A row's fed is its committed tokens (always fed) then its drafts (optional). The common width is
+    the narrower group's, or every row's committed count if that is more: wider rows drop trailing
+    drafts (always safe: drafts are only proposals), narrower ones (hybrid only, whose committed counts
+    differ) get filler drafts, their last token repeated, with a one-hot q when sampling, which
+    verification rejects or accepts by the exact rule.
+    """
+    committed = max(w - n for g in (a, b) for w, n in ((g.st.fed.shape[1], n) for n in g.st.n_drafts))
+    width = max(committed, min(a.st.fed.shape[1], b.st.fed.shape[1]))
+    for g in (a, b):
+        _fit_width(g.st, width, vocab)
+    a.cache.join(b.cache)
+    sa, sb = a.st, b.st
+    k = max(sa.max_drafts, sb.max_drafts)
+    if sa.draft_logprobs is not None or sb.draft_logprobs is not None:
+        sa.draft_logprobs = torch.cat([_tail_logprobs(s, k) for s in (sa, sb)])
+    sa.fed = torch.cat([sa.fed, sb.fed])
+    sa.n_drafts = sa.n_drafts + sb.n_drafts
+    sa.generators = sa.generators + sb.generators
+    if sa.seen is not None:
+        sa.seen = torch.cat([sa.seen, sb.seen])
+    a.rows = a.rows + b.rows
+    return a
+
+
+def _fit_width(st: LoopState, width: int, vocab: int) -> None:
+    """Bring st.fed to `width` columns by dropping trailing drafts or appending filler drafts."""
+    W = st.fed.shape[1]
+    if W > width:
+        st.fed = st.fed[:, :width]
+        st.n_drafts = [n - (W - width) for n in st.n_drafts]
+        if st.draft_logprobs is not None:
+            st.draft_logprobs = st.draft_logprobs[:, : st.draft_logprobs.shape[1] - (W - width)]
+    elif W < width:
+        filler = st.fed[:, -1:].expand(-1, width - W)
+        st.fed = torch.cat([st.fed, filler], dim=1)
+        st.n_drafts = [n + width - W for n in st.n_drafts]
+        if not st.cfg.greedy:
+            q = torch.full((*filler.shape, vocab), float("-inf"), device=filler.device)
+            q.scatter_(2, filler[:, :, None], 0.0)
+            st.draft_logprobs = q if st.draft_logprobs is None else torch.cat([st.draft_logprobs, q], dim=1)
+
+
+def _tail_logprobs(st: LoopState, k: int) -> torch.Tensor:
+    """st.draft_logprobs as (B, k, V), aligned to the tail (leading entries unused)."""
+    q = st.draft_logprobs
+    assert q is not None, "a sampled batch has draft log-probs"
+    if q.shape[1] == k:
+        return q
+    return torch.cat([q.new_zeros(q.shape[0], k - q.shape[1], q.shape[2]), q], dim=1)
 
 
 @torch.inference_mode()
@@ -94,94 +386,38 @@ def decode(
     cancel: Callable[[], bool] | None = None,
     costs: StepCosts | None = None,
 ) -> Iterator[StepEmission]:
-    """Decode a batch of tokenized prompts; yield what each step commits.
+    """Decode a fixed batch of tokenized prompts; yield what each step commits.
+
+    Row b is seeded with cfg.seed + b (when seeded), so row 0 samples as a single request would.
 
     Args:
         model: the MoT model (eval mode).
-        prompts: B non-empty token lists; they are left-padded to a common length.
+        prompts: B non-empty token lists.
         cfg: a config already `resolved()` against the model's config.
         cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
     Yields:
-        One StepEmission per forward pass, the prefill included.
+        One StepEmission per forward group, with B-long lists indexed by prompt (the prefill included).
     """
-    device = model.device
-    policy = get_policy(cfg.mode)
-    B, T0 = len(prompts), max(len(p) for p in prompts)
-    pad = [T0 - len(p) for p in prompts]
-    capacity = T0 + cfg.max_new_tokens + slot_capacity(cfg)
-    cache = model.new_cache(B, capacity)
-    cache.set_padding(pad)
-    positions = _positions(pad, capacity, device)
-    prompt = torch.tensor(
-        [[model.config.pad_token_id or 0] * p + q for p, q in zip(pad, prompts, strict=True)]
-    )
-    generator = None
-    if not cfg.greedy:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
-    st = LoopState(cfg, generator, prompt.to(device), costs=costs)
-    if cfg.repetition_penalty != 1.0:
-        st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
-        st.seen.scatter_(1, st.fed, True)
-    rows = _Rows([cfg.max_new_tokens] * B, [None] * B)
-    mask_id = model.config.mask_token_id
-    eos = model.config.eos_token_id
-    eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None or cfg.ignore_eos else [eos])
-    index = 0
-    while True:
+    batch = DecodeBatch(model, cfg, costs)
+    for b, p in enumerate(prompts):
+        seed = None if cfg.seed is None else (cfg.seed + b) % 2**64
+        batch.add(p, replace(cfg, seed=seed))
+    B = len(prompts)
+    finished: list[str | None] = [None] * B
+    while len(batch):
         if cancel is not None and cancel():
+            finished = [f or "cancelled" for f in finished]
+            empty = [[] for _ in range(B)]
+            yield StepEmission(empty, empty, finished, None, [0] * B, [0] * B, "cancelled", 0)
+            return
+        for em in batch.step():
+            tokens, sources = [[] for _ in range(B)], [[] for _ in range(B)]
+            drafted, accepted = [0] * B, [0] * B
+            for i, row in enumerate(em.rows):
+                tokens[row], sources[row], finished[row] = em.tokens[i], em.sources[i], em.finished[i]
+                drafted[row], accepted[row] = em.drafted[i], em.accepted[i]
             yield StepEmission(
-                [[] for _ in range(B)], [[] for _ in range(B)], ["cancelled"] * B, None, 0, 0, "cancelled"
+                tokens, sources, list(finished), em.step, drafted, accepted, em.mode, em.forwards,
+                em.routed, list(range(B)),
             )
-            return
-        t0 = time.perf_counter()
-        # 1. Propose: committed tokens to feed, then the policy's block(s) of mask slots.
-        n_c, size, anchors = st.fed.shape[1], policy.n_slots(st), policy.anchors(st)
-        n_s = size * (len(anchors) if anchors else 1)
-        tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
-        start = cache.length
-        if not anchors:  # one block at the last fed token: positions run on contiguously
-            pos = positions[..., start : start + n_c + n_s]
-        else:  # block m's slots sit at its anchor's position + 1 .. + size
-            idx = torch.arange(start, start + n_c)
-            offsets = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
-            pos = positions[..., torch.cat([idx, start + offsets.flatten()]).to(device)]
-        mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
-        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        out = model.step(tokens, pos, n_c, mask, cache, st.n_drafts + 1)
-        # 3. Accept: the policy verifies / commits and says what to keep and feed next.
-        adv = policy.advance(model, st, out)
-        cache.advance(adv.keep)
-        forwards = 1
-        if adv.draft_pass:
-            # 3b. Drafting pass: K slots anchored at the last kept token, NAR set only; they see the
-            # cache up to that token and each other, and sit in scratch space past it. Slot 1's token
-            # is known by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's
-            # mask-predict reveals do, and slots 2.. are drafted knowing it.
-            L, K = cache.length, cfg.block_size
-            slots = st.fed.new_full((B, K), mask_id)
-            slots[:, 0] = adv.next_fed[:, 0]
-            mask = decode_mask(L, 0, K, cache.key_valid, device)
-            # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
-            entry = None if out.entry is None else out.entry[:, adv.keep - 1 : adv.keep]
-            draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0, entry)
-            adv = policy.draft(model, st, adv, out, draft.slot_logits)
-            forwards = 2
-        # 4. Advance: bookkeeping for the next step.
-        st.fed, st.n_drafts, st.draft_logprobs = adv.next_fed, adv.next_drafts, adv.next_draft_logprobs
-        toks, srcs = _truncate(adv, rows, eos_ids)
-        if st.seen is not None:
-            for b, t in enumerate(toks):
-                st.seen[b, t] = True
-        step = None
-        if cfg.trace:
-            h = float(entropy(out.ar_logits[0, -1]))
-            dt = (time.perf_counter() - t0) * 1e3
-            step = Step(index, adv.mode, adv.drafted, adv.accepted, adv.p_ar, h, dt)
-        yield StepEmission(
-            toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode, forwards, adv.routed
-        )
-        index += 1
-        if all(f is not None for f in rows.finish):
-            return

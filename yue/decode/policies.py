@@ -27,8 +27,12 @@ seeing the committed tokens up to its anchor), so the block on the last accepted
 whatever is accepted: one forward per step, but K slot rows per draft, which only pays where a
 forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU.
 
-A batch decodes in lockstep: each row accepts the batch minimum, which keeps every row exact (a
-prefix of an exactly-decoded continuation is exactly decoded) at the cost of some speed.
+In a batch each row accepts its own number of drafts (per-row acceptance: `Advance.keep` and
+`Advance.accepted` are per row; the loop's cache leaves holes where a row kept fewer columns than
+another). What stays shared is the shape of the next step: one draft length k for the batch (the
+router's `draft_length` weighs every row), so `next_fed` is rectangular. Rows that joined a running
+batch may carry fewer drafts than the others for one step (`LoopState.n_drafts` is per row; a row's
+drafts are the tail of its `fed`). Hybrid's unverified commits stay a batch minimum (lossy anyway).
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ import torch
 
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
-from yue.decode.sampling import apply_repetition_penalty, choose, speculative_accept, warp
+from yue.decode.sampling import (
+    apply_repetition_penalty,
+    choose_rows,
+    sample_rows,
+    speculative_accept,
+    warp,
+)
 from yue.model.mot import StepOutput
 from yue.model.router import Router
 
@@ -49,15 +59,17 @@ MAX_BACKOFF_DOUBLINGS = 3
 
 @dataclass
 class LoopState:
-    """Mutable per-request decode state the policies read and update.
+    """Mutable decode state of a batch, which the policies read and update.
 
     Attributes:
-        cfg: resolved decode config (threshold, K, reeval filled in).
-        generator: the request's random generator (None when greedy).
+        cfg: resolved decode config (threshold, K, reeval filled in); the fields a batch shares (its
+            `loop.batch_key`): policies never read a row's seed, budget or stop strings.
+        generators: each row's random generator (None when greedy).
         fed: (B, n) tokens to feed as committed positions next step. fed[:, 0] is always a token the
             AR path (or an unverified commit) already emitted; in `verified` fed[:, 1:] are drafts.
-        n_drafts: how many trailing tokens of `fed` are unverified drafts (verified mode only).
-        draft_logprobs: (B, n_drafts, V) warped NAR log-probs the drafts were sampled from (sampling).
+        n_drafts: per row, how many trailing tokens of `fed` are unverified drafts.
+        draft_logprobs: (B, max(n_drafts), V) warped NAR log-probs the drafts were sampled from
+            (sampling), aligned to the tail: row b's are the last n_drafts[b].
         seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
         ar_stretch: AR-only steps (verified) or AR-written tokens (hybrid) left before the router is
             asked again.
@@ -68,33 +80,50 @@ class LoopState:
     """
 
     cfg: DecodeConfig
-    generator: torch.Generator | None
+    generators: list[torch.Generator | None]
     fed: torch.Tensor
-    n_drafts: int = 0
+    n_drafts: list[int] = field(default_factory=list)
     draft_logprobs: torch.Tensor | None = None
     seen: torch.Tensor | None = None
     ar_stretch: int = 0
     futile_probes: int = 0
     costs: StepCosts | None = None
 
+    def __post_init__(self) -> None:
+        if not self.n_drafts:
+            self.n_drafts = [0] * self.fed.shape[0]
+
+    @property
+    def max_drafts(self) -> int:
+        """k: the verifying rows of a step are the last k + 1 fed positions."""
+        return max(self.n_drafts)
+
 
 @dataclass
 class Advance:
-    """What one step decided. emitted/sources: per row, in order. keep: fed positions whose K/V stay."""
+    """What one step decided, per row: emitted/sources in order; keep: fed positions whose K/V stay;
+    drafted/accepted: draft tokens verified (or committed unverified) and kept."""
 
-    keep: int
+    keep: list[int]
     emitted: list[list[int]]
     sources: list[list[str]]
     next_fed: torch.Tensor
-    next_drafts: int = 0
+    next_drafts: list[int] | None = None  # None: no drafts
     next_draft_logprobs: torch.Tensor | None = None
     mode: str = "AR"
-    draft_pass: bool = False  # run a NAR-only pass anchored at fed[keep - 1], then `policy.draft`
-    drafted: int = 0
-    accepted: int = 0
+    draft_pass: bool = False  # run a NAR-only pass anchored at each row's fed[keep - 1], then `draft`
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
     p_ar: list[float] = field(default_factory=list)
     # Slots 2..K of the block drafted this step, by the path chosen for them: (to AR, to NAR).
     routed: tuple[int, int] = (0, 0)
+
+    @property
+    def anchor_rows(self) -> list[int]:
+        """Per row, the last kept token's index among the step's verifying rows (the last k + 1 fed
+        positions, k = max drafts): its AR logits row, and its fused block's index."""
+        top = max(self.drafted, default=0)
+        return [top - d + a for d, a in zip(self.drafted, self.accepted, strict=True)]
 
 
 def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
@@ -118,7 +147,7 @@ def draft_slots(st: LoopState, slot_logits: torch.Tensor) -> tuple[torch.Tensor,
     if st.cfg.greedy:
         return slot_logits.argmax(-1), None
     q = warp(slot_logits, st.cfg)
-    return torch.multinomial(q.flatten(0, 1).exp(), 1, generator=st.generator).view(q.shape[:2]), q
+    return sample_rows(q, st.generators), q
 
 
 def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | None = None) -> Advance:
@@ -128,11 +157,11 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
     """
     if extra is None:
         extra = token.new_empty(token.shape[0], 0)
-    m = extra.shape[1]
+    B, m = extra.shape
     emitted = [[t] + e for t, e in zip(token.tolist(), extra.tolist(), strict=True)]
     next_fed = torch.cat([token[:, None], extra], dim=1)
-    adv = Advance(st.fed.shape[1], emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
-    adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), m, m
+    adv = Advance([st.fed.shape[1]] * B, emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
+    adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), [m] * B, [m] * B
     return adv
 
 
@@ -156,13 +185,19 @@ class Policy:
         """Indices into `fed` at which fused blocks are anchored; None = one block at the last."""
         return None
 
-    def with_block(self, model, st: LoopState, adv: Advance, out: StepOutput, block: int = 0) -> Advance:
-        """Draft from the step's fused block number `block`, or ask the loop for a drafting pass."""
+    def with_block(self, model, st: LoopState, adv: Advance, out: StepOutput) -> Advance:
+        """Draft from the step's fused block anchored at each row's last kept token (one block, or one
+        per verifying row: `anchors`), or ask the loop for a drafting pass."""
         if st.cfg.drafting == "separate":
             adv.draft_pass = True
             return adv
         K = st.cfg.block_size
-        return self.draft(model, st, adv, out, out.slot_logits[:, block * K : (block + 1) * K])
+        logits = out.slot_logits  # (B, blocks * K, V)
+        if logits.shape[1] > K:  # row b's block: anchor_rows[b]
+            first = torch.tensor(adv.anchor_rows, device=logits.device)[:, None] * K
+            index = first + torch.arange(K, device=logits.device)  # (B, K)
+            logits = logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[2]))
+        return self.draft(model, st, adv, out, logits)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Use a block anchored at the last kept token (fed[adv.keep - 1]). logits: (B, K, V)."""
@@ -170,18 +205,19 @@ class Policy:
 
 
 def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> torch.Tensor:
-    """The router's p_ar(i) = 1 - a_i for a block anchored at the last kept token, fed[adv.keep - 1]:
-    its AR logits are row `adv.accepted` of the step's AR rows (the last row when nothing was
-    verified). logits: (B, n, V), the block's slots -> (B, n).
+    """The router's p_ar(i) = 1 - a_i for a block anchored at each row's last kept token,
+    fed[b, adv.keep[b] - 1]: its AR logits are row `adv.anchor_rows[b]` of the step's AR rows (the
+    last row when nothing was verified). logits: (B, n, V), the block's slots -> (B, n).
 
     A separate drafting pass reveals slot 1 (its token, next_fed[:, 0], is known; see loop.py). A
     revealed slot's own output is untrained, so the router is shown what is true of it instead:
     certain (`Router.features`' slot1_revealed).
     """
     revealed = st.cfg.drafting == "separate"
-    feats = model.router.features(
-        out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits, revealed
-    )
+    rows = torch.arange(len(adv.keep), device=logits.device)
+    keep = torch.tensor(adv.keep, device=logits.device)
+    anchor = torch.tensor(adv.anchor_rows, device=logits.device)
+    feats = model.router.features(out.hidden[rows, keep - 1], out.ar_logits[rows, anchor], logits, revealed)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 
 
@@ -191,7 +227,7 @@ class ARPolicy(Policy):
     name = "ar"
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        tok = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
+        tok = choose_rows(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generators)  # (B,)
         return commit_unverified(st, tok)
 
 
@@ -212,32 +248,38 @@ class VerifiedPolicy(Policy):
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
         """Fused drafting: a block at every fed position from p0 on; whichever prefix of the drafts the
         AR path accepts, the block anchored at its last token is a valid next draft."""
-        if st.cfg.drafting != "fused" or st.n_drafts == 0:
+        k = st.max_drafts
+        if st.cfg.drafting != "fused" or k == 0:
             return None
         n = st.fed.shape[1]
-        return tuple(range(n - st.n_drafts - 1, n))
+        return tuple(range(n - k - 1, n))
 
-    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """Accepted draft count (batch minimum) and each row's next token (B,). target: (B, k+1, V)."""
-        k = st.n_drafts
-        drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k)
+    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """Per row, the accepted draft count and the next token (B,). target: (B, k+1, V), k = max drafts.
+
+        Row b's k_b drafts are the tail of its fed; their targets are the last k_b + 1 rows of target.
+        Each row accepts its own longest verified prefix (no batch minimum: per-row acceptance).
+        """
+        k = st.max_drafts
+        drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k); row b's drafts are its last n_drafts[b]
         if st.cfg.greedy:
             choice = target.argmax(-1)  # (B, k+1)
             if k == 0:
-                return 0, choice[:, 0]
-            n = int((choice[:, :k] == drafts).int().cumprod(-1).sum(-1).min())
-            return n, choice[:, n]
+                return [0] * len(choice), choice[:, 0]
+            # A row with k_b < k drafts has k - k_b leading columns that are not drafts: count them as
+            # matched, so run = those + the row's accepted drafts, and choice[b, run] is its next token.
+            lead = k - torch.tensor(st.n_drafts, device=choice.device)  # (B,)
+            pad = torch.arange(k, device=choice.device)[None, :] < lead[:, None]  # (B, k)
+            run = ((choice[:, :k] == drafts) | pad).int().cumprod(-1).sum(-1)  # (B,)
+            return (run - lead).tolist(), choice.gather(1, run[:, None])[:, 0]
         if k == 0:
-            return 0, choose(target[:, 0], st.cfg, st.generator)
+            return [0] * len(target), choose_rows(target[:, 0], st.cfg, st.generators)
         logp = warp(target, st.cfg)
         rows = [
-            speculative_accept(logp[b], st.draft_logprobs[b], drafts[b], st.generator)
-            for b in range(len(logp))
+            speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g)
+            for b, (kb, g) in enumerate(zip(st.n_drafts, st.generators, strict=True))
         ]
-        n = min(r[0] for r in rows)
-        # A row that accepted more than the batch minimum continues with its next accepted draft.
-        nxt = [drafts[b, n].item() if r[0] > n else r[1] for b, r in enumerate(rows)]
-        return n, torch.tensor(nxt, device=target.device)
+        return [r[0] for r in rows], torch.tensor([r[1] for r in rows], device=target.device)
 
     def draft_length(self, st: LoopState, p_ar: torch.Tensor) -> int:
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
@@ -269,22 +311,20 @@ class VerifiedPolicy(Policy):
         return best_k
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        k = st.n_drafts
-        n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, k + 1))
-        drafts = st.fed[:, st.fed.shape[1] - k :][:, :n_acc].tolist()
-        emitted = [d + [t] for d, t in zip(drafts, nxt.tolist(), strict=True)]
-        sources = [["nar"] * n_acc + ["ar"] for _ in emitted]
-        keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
-        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
-        adv.drafted, adv.accepted = k, n_acc
+        n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, st.max_drafts + 1))
+        W, fed = st.fed.shape[1], st.fed.tolist()
+        rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
+        emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
+        sources = [["nar"] * n + ["ar"] for n in n_acc]
+        keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
+        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
+        adv.drafted, adv.accepted = list(st.n_drafts), n_acc
         if not self.drafts_now(st):
             st.ar_stretch = max(st.ar_stretch - 1, 0)
             return adv
-        # Fused: one block (at the last fed token) when nothing was drafted, else one per fed position,
-        # block m at fed[-k-1+m]; block n_acc is anchored on the last accepted token.
-        return self.with_block(
-            model, st, adv, out, n_acc if out.slot_logits.shape[1] > st.cfg.block_size else 0
-        )
+        # Fused: one block (at the last fed token) when nothing was drafted, else one per verifying
+        # position; each row drafts from the block on its last accepted token (`with_block`).
+        return self.with_block(model, st, adv, out)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""
@@ -322,7 +362,7 @@ class VerifiedPolicy(Policy):
         slots as drafts to verify (with their sampling log-probs q, if sampled). slots: (B, K)."""
         end = 1 + trusted + drafts
         adv.next_fed = torch.cat([adv.next_fed, slots[:, 1:end]], dim=1)
-        adv.next_drafts = drafts
+        adv.next_drafts = [drafts] * len(adv.next_fed)
         adv.next_draft_logprobs = None if q is None else q[:, 1 + trusted : end]
 
 
@@ -362,7 +402,7 @@ class HybridPolicy(VerifiedPolicy):
             row.extend(trusted)
             sources.extend(["nar"] * m)
         self.feed(adv, slots, q, m, slots.shape[1] - 1 - m)
-        adv.drafted, adv.accepted = adv.drafted + m, adv.accepted + m
+        adv.drafted, adv.accepted = [d + m for d in adv.drafted], [a + m for a in adv.accepted]
         adv.mode = "NAR" if m else "AR"  # the router's decision for this block
         return adv
 
@@ -382,7 +422,7 @@ class NARPolicy(Policy):
         return True
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)
+        bonus = choose_rows(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generators)
         return self.with_block(model, st, commit_unverified(st, bonus), out)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
