@@ -254,7 +254,7 @@ def test_body_limit_holds_for_chunked_bodies(tiny_engine):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_concurrency", 0), ("max_queue", -1), ("max_prompt_tokens", 0), ("max_body_bytes", 10),
+    [("max_batch_size", 0), ("max_queue", -1), ("max_prompt_tokens", 0), ("max_body_bytes", 10),
      ("port", 70000), ("api_key", ""), ("retry_after_s", 0), ("drain_timeout_s", -1)],
 )  # fmt: skip
 def test_serve_config_rejects_bad_values_naming_the_field(field, value):

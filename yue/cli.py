@@ -711,7 +711,12 @@ def serve_cmd(
     api_key: str | None = typer.Option(
         None, envvar="YUE_API_KEY", help="Require 'Authorization: Bearer KEY'."
     ),
-    max_concurrency: int = typer.Option(4, help="Generations running at once (worker threads)."),
+    max_batch_size: int = typer.Option(
+        8, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
+    ),
+    max_batch_tokens: int = typer.Option(
+        2048, help="Prompt tokens prefilled per decode step (at least one prompt); 0 = no bound."
+    ),
     max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
     max_prompt_tokens: int | None = typer.Option(
         None, help="Longest prompt accepted (default: the context)."
@@ -730,7 +735,8 @@ def serve_cmd(
         host=host,
         port=port,
         api_key=api_key,
-        max_concurrency=max_concurrency,
+        max_batch_size=max_batch_size,
+        max_batch_tokens=max_batch_tokens or None,
         max_queue=max_queue,
         max_prompt_tokens=max_prompt_tokens,
         max_body_bytes=max_body_bytes,

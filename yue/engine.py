@@ -27,7 +27,7 @@ import torch
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import StepCosts, measured_costs
-from yue.decode.loop import StepEmission, decode
+from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
@@ -206,6 +206,15 @@ class Engine:
             yield event
             if event.finish_reason is not None:
                 return
+
+    def decode_batch(self, cfg: DecodeConfig, max_prefill_tokens: int | None = None) -> DecodeBatch:
+        """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved): the
+        seam `batcher.Batcher` decodes through."""
+        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens)
+
+    def row_stream(self, cfg: DecodeConfig) -> RowStream:
+        """A request's text and counters over the steps of its row."""
+        return RowStream(self.tokenizer, cfg)
 
     def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
         """The step costs the router's draft lengths weigh, measured for this model on this machine the

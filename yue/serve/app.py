@@ -4,8 +4,8 @@ Design decisions:
 - A thin adapter: a request is parsed (schemas.py), turned into a `DecodeConfig` (whose validation
   is the only range check: its `ValueError` names the field, which becomes the error's `param`),
   checked against the limits (config.check_limits), admitted by the scheduler (or refused with 503),
-  and run by a worker thread through `Engine.stream`. Streamed and non-streamed answers both come
-  from `Engine.stream`, so a disconnect can cancel either.
+  and run by its one thread, batched with every other running request (`yue.batcher`). Streamed and
+  non-streamed answers both come from the same events, so a disconnect can cancel either.
 - Errors have one shape everywhere, OpenAI's `{"error": {message, type, param, code}}`; FastAPI's 422
   is replaced by 400 (in the handlers and in the OpenAPI document); a 500 never shows a traceback.
 - API key and body size are checked by a pure ASGI middleware (`Gate`) before anything parses the
@@ -98,7 +98,10 @@ class ServerState:
                 self.engine = await asyncio.to_thread(self.loader)
             # An override given by the caller; None: the model's own (`Engine.chat_prompt`).
             self.template = ChatTemplate(self.chat_template_source) if self.chat_template_source else None
-            self.scheduler = Scheduler(self.engine, self.config.max_concurrency, self.config.max_queue)
+            c = self.config
+            self.scheduler = Scheduler(
+                self.engine, c.max_batch_size, c.max_queue, c.max_batch_tokens, on_step=self.metrics.step
+            )
             log.info("model %s ready", self.engine.name)
         except Exception as e:
             log.exception("model failed to load")
