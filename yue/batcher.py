@@ -76,7 +76,9 @@ class Batcher:
     def running(self) -> int:
         return len(self.rows)
 
-    def submit(self, prompt: str | list[int], config: DecodeConfig, sink: Callable[[StreamEvent], None]) -> Request:
+    def submit(
+        self, prompt: str | list[int], config: DecodeConfig, sink: Callable[[StreamEvent], None]
+    ) -> Request:
         """Queue a request (text, or prompt token ids); raises ValueError for a bad config or a prompt
         that does not fit the context, before anything runs."""
         cfg = self.engine._config(config, {})

@@ -265,7 +265,9 @@ class Engine:
                     parts[b].append(event.delta)
                     tokens[b].extend(event.token_ids)
         return [
-            GenerationResult("".join(parts[b]), tokens[b], r.finish_reason or "stop", len(ids[b]), r.stats, trace)
+            GenerationResult(
+                "".join(parts[b]), tokens[b], r.finish_reason or "stop", len(ids[b]), r.stats, trace
+            )
             for b, r in enumerate(rows)
         ]
 

@@ -418,6 +418,14 @@ def decode(
                 tokens[row], sources[row], finished[row] = em.tokens[i], em.sources[i], em.finished[i]
                 drafted[row], accepted[row] = em.drafted[i], em.accepted[i]
             yield StepEmission(
-                tokens, sources, list(finished), em.step, drafted, accepted, em.mode, em.forwards,
-                em.routed, list(range(B)),
+                tokens,
+                sources,
+                list(finished),
+                em.step,
+                drafted,
+                accepted,
+                em.mode,
+                em.forwards,
+                em.routed,
+                list(range(B)),
             )

@@ -102,7 +102,9 @@ class KVCache:
     def _valid(self) -> torch.Tensor:
         """key_valid, materialized (all True) if it was None."""
         if self.key_valid is None:
-            self.key_valid = torch.ones(self.batch_size, self.capacity, dtype=torch.bool, device=self.k.device)
+            self.key_valid = torch.ones(
+                self.batch_size, self.capacity, dtype=torch.bool, device=self.k.device
+            )
         return self.key_valid
 
     def select(self, rows: list[int]) -> None:
@@ -132,7 +134,9 @@ class KVCache:
         order = torch.argsort((~valid).int(), dim=1, stable=True)[:, :new_len]
         slot = torch.arange(new_len, device=valid.device)[None, :]
         index = torch.where(slot < counts[:, None], order, torch.zeros_like(order))
-        gather = index[None, :, None, :, None].expand(self.k.shape[0], -1, self.k.shape[2], -1, self.k.shape[4])
+        gather = index[None, :, None, :, None].expand(
+            self.k.shape[0], -1, self.k.shape[2], -1, self.k.shape[4]
+        )
         self.k[:, :, :, :new_len] = self.k.gather(3, gather)
         self.v[:, :, :, :new_len] = self.v.gather(3, gather)
         columns = torch.arange(self.capacity, device=valid.device)[None, :]

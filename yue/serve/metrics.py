@@ -74,7 +74,10 @@ class Metrics:
             "yue_batch_size", "Requests stepped together per decode step.", registry=r, buckets=_BATCH_BUCKETS
         )
         self.step_tokens = Histogram(
-            "yue_step_tokens", "Tokens written per decode step (all requests).", registry=r, buckets=_BATCH_BUCKETS
+            "yue_step_tokens",
+            "Tokens written per decode step (all requests).",
+            registry=r,
+            buckets=_BATCH_BUCKETS,
         )
         self.step_time = Histogram(
             "yue_step_seconds", "Wall time of a decode step.", registry=r, buckets=_ITL_BUCKETS
