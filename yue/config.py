@@ -104,6 +104,9 @@ class YueConfig(PreTrainedConfig):
         return self.nar_layers != 0
 
 
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """How to decode one request. Validated once; bad values raise `ValueError` naming the field.
@@ -133,6 +136,10 @@ class DecodeConfig:
             CPU the bench runs on, separate is the faster for every mode (and the better drafts);
             on a GPU at batch 1, where a forward costs about the same whatever its rows, fused may
             be (not measured: no GPU was available).
+        logprobs: report each generated token's log-probability under the AR path (raw log-softmax of
+            its logits, before penalty and temperature) with this many top alternatives (0 = the
+            token's own only); None = off. A token committed unverified (`hybrid`'s trusted slots,
+            `nar`'s blocks) has no AR log-prob at commit time and reports None.
     """
 
     mode: Mode = "hybrid"
@@ -149,6 +156,7 @@ class DecodeConfig:
     trace: bool = False
     ignore_eos: bool = False
     drafting: Drafting = "separate"
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -171,6 +179,10 @@ class DecodeConfig:
             raise ValueError(f"reeval_every must be >= 1, got {self.reeval_every!r}")
         if self.drafting not in DRAFTINGS:
             raise ValueError(f"drafting must be one of {', '.join(DRAFTINGS)}; got {self.drafting!r}")
+        if self.logprobs is not None and not (
+            isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))

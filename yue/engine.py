@@ -236,12 +236,16 @@ class Engine:
         ids = self.encode(prompt)
         self._check_fits(len(ids), cfg)
         parts, tokens, trace = [], [], []
+        logprobs = None if cfg.logprobs is None else []
         for ev in self._stream_ids(ids, cfg, None):
             parts.append(ev.delta)
             tokens.extend(ev.token_ids)
             trace.extend(ev.trace)
+            if logprobs is not None:
+                logprobs.extend(ev.logprobs or [])
             last = ev
-        return GenerationResult("".join(parts), tokens, last.finish_reason, len(ids), last.stats, trace)
+        text = "".join(parts)
+        return GenerationResult(text, tokens, last.finish_reason, len(ids), last.stats, trace, logprobs)
 
     def _generate_batch(self, prompts: list[str], cfg: DecodeConfig) -> list[GenerationResult]:
         """A batch decoded together, each row accepting its own drafts (no lockstep minimum); row b is
@@ -303,7 +307,8 @@ class RowStream:
             _warn_if_collapsed(self.stats, self.cfg)
         trace = [em.step] if em.step is not None else []
         stats = self.stats if finish else None
-        return StreamEvent(delta, em.tokens[i], em.sources[i], finish, stats, trace)
+        logprobs = None if em.logprobs is None else em.logprobs[i]
+        return StreamEvent(delta, em.tokens[i], em.sources[i], finish, stats, trace, logprobs)
 
     def _count(self, em: StepEmission, i: int) -> None:
         """Fold row i of one step into the counters."""

@@ -36,7 +36,7 @@ import torch
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.policies import Advance, LoopState, get_policy
-from yue.decode.types import Step
+from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
@@ -59,6 +59,7 @@ class StepEmission:
         forwards: 2 when a drafting pass followed the step's forward.
         routed: the step's block positions by the path chosen, (to AR, to NAR), shared by its rows.
         rows: the row ids the lists refer to (`DecodeBatch.add`'s ids; `decode`: prompt indices).
+        logprobs: per row, a TokenLogprob per token, for rows whose config asks (`logprobs`); else None.
     """
 
     tokens: list[list[int]]
@@ -71,6 +72,7 @@ class StepEmission:
     forwards: int = 1
     routed: tuple[int, int] = (0, 0)
     rows: list[int] = field(default_factory=list)
+    logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 @dataclass
@@ -104,8 +106,8 @@ def slot_capacity(cfg: DecodeConfig) -> int:
 
 def batch_key(cfg: DecodeConfig) -> DecodeConfig:
     """What rows of one batch must share: the config without the per-row fields (seed, budget, stop
-    strings, EOS rule). Requests whose keys differ decode in different batches."""
-    return replace(cfg, seed=None, max_new_tokens=1, stop=(), ignore_eos=False)
+    strings, EOS rule, log-probs). Requests whose keys differ decode in different batches."""
+    return replace(cfg, seed=None, max_new_tokens=1, stop=(), ignore_eos=False, logprobs=None)
 
 
 class DecodeBatch:
@@ -248,6 +250,7 @@ class DecodeBatch:
         # 4. Advance: bookkeeping for the next step.
         st.fed, st.draft_logprobs = adv.next_fed, adv.next_draft_logprobs
         st.n_drafts = adv.next_drafts or [0] * B
+        logprobs = _logprobs(g.rows, adv, out.ar_logits)
         toks, srcs = _truncate(adv, g.rows)
         if st.seen is not None:
             for b, t in enumerate(toks):
@@ -260,8 +263,20 @@ class DecodeBatch:
         g.index += 1
         finished = [r.finish for r in g.rows]
         ids = [r.id for r in g.rows]
+        if logprobs is not None:  # cut where _truncate cut the tokens
+            logprobs = [None if lp is None else lp[: len(t)] for lp, t in zip(logprobs, toks, strict=True)]
         return StepEmission(
-            toks, srcs, finished, step, adv.drafted, adv.accepted, adv.mode, forwards, adv.routed, ids
+            toks,
+            srcs,
+            finished,
+            step,
+            adv.drafted,
+            adv.accepted,
+            adv.mode,
+            forwards,
+            adv.routed,
+            ids,
+            logprobs,
         )
 
     def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out) -> Advance:
@@ -282,6 +297,30 @@ class DecodeBatch:
         positions = cache.positions(torch.arange(K, device=model.device))
         draft = model.step(slots, positions, 0, mask, cache, 0, entry)
         return self.policy.draft(model, st, adv, out, draft.slot_logits)
+
+
+def _logprobs(rows: list[_Row], adv: Advance, ar_logits: torch.Tensor) -> list | None:
+    """Per row that asks, the AR log-prob (and top alternatives) of each emitted token: token j < ar_count
+    was predicted by verifying row ar_first + j; the rest were committed unverified (None)."""
+    if all(r.cfg.logprobs is None for r in rows):
+        return None
+    logp = ar_logits.float().log_softmax(-1)  # (B, k + 1, V)
+    out: list[list[TokenLogprob] | None] = []
+    for b, row in enumerate(rows):
+        if row.cfg.logprobs is None:
+            out.append(None)
+            continue
+        entries = []
+        for j, token in enumerate(adv.emitted[b]):
+            if j >= adv.ar_count[b]:
+                entries.append(TokenLogprob(token, None))
+                continue
+            dist = logp[b, adv.ar_first[b] + j]  # (V,)
+            top = torch.topk(dist, row.cfg.logprobs) if row.cfg.logprobs else None
+            alts = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            entries.append(TokenLogprob(token, float(dist[token]), alts))
+        out.append(entries)
+    return out
 
 
 def _truncate(adv: Advance, rows: list[_Row]) -> tuple[list[list[int]], list[list[str]]]:
@@ -414,9 +453,12 @@ def decode(
         for em in batch.step():
             tokens, sources = [[] for _ in range(B)], [[] for _ in range(B)]
             drafted, accepted = [0] * B, [0] * B
+            logprobs = None if em.logprobs is None else [None] * B
             for i, row in enumerate(em.rows):
                 tokens[row], sources[row], finished[row] = em.tokens[i], em.sources[i], em.finished[i]
                 drafted[row], accepted[row] = em.drafted[i], em.accepted[i]
+                if logprobs is not None:
+                    logprobs[row] = em.logprobs[i]
             yield StepEmission(
                 tokens,
                 sources,
@@ -428,4 +470,5 @@ def decode(
                 em.forwards,
                 em.routed,
                 list(range(B)),
+                logprobs,
             )

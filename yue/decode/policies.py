@@ -114,6 +114,10 @@ class Advance:
     draft_pass: bool = False  # run a NAR-only pass anchored at each row's fed[keep - 1], then `draft`
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # Per row, the emitted tokens the AR path chose or verified: the first ar_count[b] of them, each
+    # predicted by AR row ar_first[b] + j of the step's verifying rows (for their log-probs).
+    ar_first: list[int] = field(default_factory=list)
+    ar_count: list[int] = field(default_factory=list)
     p_ar: list[float] = field(default_factory=list)
     # Slots 2..K of the block drafted this step, by the path chosen for them: (to AR, to NAR).
     routed: tuple[int, int] = (0, 0)
@@ -162,6 +166,7 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
     next_fed = torch.cat([token[:, None], extra], dim=1)
     adv = Advance([st.fed.shape[1]] * B, emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
     adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), [m] * B, [m] * B
+    adv.ar_first, adv.ar_count = [st.max_drafts] * B, [1] * B  # the AR token: the last verifying row
     return adv
 
 
@@ -319,6 +324,8 @@ class VerifiedPolicy(Policy):
         keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
         adv.drafted, adv.accepted = list(st.n_drafts), n_acc
+        adv.ar_first = [st.max_drafts - k for k in st.n_drafts]
+        adv.ar_count = [n + 1 for n in n_acc]
         if not self.drafts_now(st):
             st.ar_stretch = max(st.ar_stretch - 1, 0)
             return adv

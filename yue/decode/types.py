@@ -100,6 +100,21 @@ class GenerationStats:
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the AR path (raw log-softmax of its logits).
+
+    Attributes:
+        token: the token id.
+        logprob: its log-probability; None for a token committed unverified (no AR log-prob then).
+        top: the most likely tokens at that position, id -> log-probability, most likely first.
+    """
+
+    token: int
+    logprob: float | None
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class GenerationResult:
     """The outcome of `Engine.generate` for one prompt."""
 
@@ -109,6 +124,7 @@ class GenerationResult:
     prompt_tokens: int
     stats: GenerationStats
     trace: list[Step] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # per token, when `DecodeConfig.logprobs` is set
 
     def trace_json(self) -> str:
         return json.dumps([asdict(s) for s in self.trace])
@@ -125,6 +141,7 @@ class StreamEvent:
         finish_reason: set on the last event only.
         stats: set on the last event only.
         trace: steps since the last event (when tracing).
+        logprobs: per token of `token_ids`, when `DecodeConfig.logprobs` is set.
     """
 
     delta: str
@@ -133,3 +150,4 @@ class StreamEvent:
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
     trace: list[Step] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None

@@ -18,6 +18,7 @@ Design decisions:
 | max_prompt_tokens  | check_limits           | 400    | prompt_too_long, param prompt / messages    |
 | context length     | check_limits           | 400    | context_length_exceeded, param max_tokens   |
 | MAX_STOP (4)       | check_limits           | 400    | invalid_value, param stop                   |
+| MAX_CHOICES (16)   | app (prompts x n)      | 400    | invalid_value, param n                      |
 | decode fields      | DecodeConfig           | 400    | invalid_value, param = the field            |
 """
 
@@ -29,6 +30,8 @@ from yue.serve.errors import ApiError
 
 # OpenAI allows up to 4 stop sequences; more only slows the stop check in the decode loop.
 MAX_STOP = 4
+# Generations one request may ask for (prompts x n): each is a row of the running batch.
+MAX_CHOICES = 16
 
 
 @dataclass(frozen=True)

@@ -120,16 +120,19 @@ class Scheduler:
 
     def submit(self, prompt: str | list[int], config: DecodeConfig) -> Job:
         """Admit a job or raise `Overloaded`; call from the event loop."""
-        job = Job(prompt, config, asyncio.get_running_loop())
+        return self.submit_all([(prompt, config)])[0]
+
+    def submit_all(self, items: list[tuple[str | list[int], DecodeConfig]]) -> list[Job]:
+        """Admit every job of a request (its choices), or none: raise `Overloaded`."""
+        loop = asyncio.get_running_loop()
+        jobs = [Job(prompt, config, loop) for prompt, config in items]
         with self._cv:
-            if (
-                self._closed
-                or len(self._running) + len(self._waiting) >= self.max_batch_size + self.max_queue
-            ):
+            taken = len(self._running) + len(self._waiting)
+            if self._closed or taken + len(jobs) > self.max_batch_size + self.max_queue:
                 raise Overloaded
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._cv.notify()
-        return job
+        return jobs
 
     def cancel(self, job: Job) -> None:
         """Stop a job: dropped from the line if waiting, out of its batch before the next step if running."""
