@@ -296,11 +296,15 @@ class VerifiedPolicy(Policy):
         writes one token for `costs.verify(0)`. We take the k with the most expected tokens per unit of
         cost among the leading drafts with p_ar(i) <= router_threshold (DESIGN's one rule), and draft
         only if that beats plain AR steps. (At threshold 1 every slot is drafted, without asking: see
-        `draft`.)
+        `draft`.) In a batch, k is one number for every row: A_j is the rows' mean (each row accepts its
+        own drafts), and the costs are a batch step's (`StepCosts.for_batch`), which grow with its rows,
+        so a large batch drafts less than a lone request.
         """
-        costs = st.costs or StepCosts.default(st.cfg.block_size)
+        B = p_ar.shape[0]
+        costs = (st.costs or StepCosts.default(st.cfg.block_size)).for_batch(B, st.cfg.block_size)
         acc = 1.0 - p_ar  # (B, n)
-        A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).min(0).values.tolist()
+        # Rows accept their own drafts, so a batch's expected gain per draft is the rows' mean (per row).
+        A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).mean(0).tolist()
         allowed = (p_ar[:, 1:] <= st.cfg.router_threshold).all(0).tolist()
         best_k, best_rate, gain = 0, 1.0 / costs.verify(0), 1.0
         passes = 1
