@@ -51,7 +51,7 @@ class Step:
 
 @dataclass
 class GenerationStats:
-    """Counters for one sequence (or a lockstep batch).
+    """Counters for one sequence (in a batch: the forwards its row took part in, its own drafts).
 
     Attributes:
         forwards: model forward passes, prefill included.
