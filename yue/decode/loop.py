@@ -36,6 +36,7 @@ import torch
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.policies import Advance, LoopState, get_policy
+from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
@@ -75,29 +76,6 @@ class StepEmission:
     logprobs: list[list[TokenLogprob] | None] | None = None
 
 
-@dataclass
-class _Row:
-    """One request in a batch: its settings, its generator, tokens left, and why it stopped."""
-
-    id: int
-    prompt: list[int]
-    cfg: DecodeConfig
-    generator: torch.Generator | None
-    budget: int
-    eos_ids: frozenset[int]
-    finish: str | None = None
-
-
-@dataclass
-class _Group:
-    """Rows decoded by the same forwards: their cache rows and the policy state, row-aligned."""
-
-    rows: list[_Row]
-    cache: KVCache
-    st: LoopState
-    index: int = 0  # steps run (the trace's step number)
-
-
 def slot_capacity(cfg: DecodeConfig) -> int:
     """Cache positions a request may need beyond prompt + max_new_tokens (drafts and slots)."""
     k = cfg.block_size or 1
@@ -131,8 +109,8 @@ class DecodeBatch:
         self.model, self.key, self.costs = model, batch_key(cfg), costs
         self.policy = get_policy(cfg.mode)
         self.max_prefill_tokens = max_prefill_tokens
-        self.running: _Group | None = None
-        self.queued: list[_Row] = []
+        self.running: Group | None = None
+        self.queued: list[Row] = []
         self._ids = 0
         eos = model.config.eos_token_id
         self._eos = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -150,7 +128,7 @@ class DecodeBatch:
             generator = torch.Generator(device=self.model.device)
             generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
         eos_ids = frozenset() if cfg.ignore_eos else self._eos
-        row = _Row(self._ids, list(prompt), cfg, generator, cfg.max_new_tokens, eos_ids)
+        row = Row(self._ids, list(prompt), cfg, generator, cfg.max_new_tokens, eos_ids)
         self._ids += 1
         self.queued.append(row)
         return row.id
@@ -160,7 +138,7 @@ class DecodeBatch:
         self.queued = [r for r in self.queued if r.id != row_id]
         g = self.running
         if g is not None and any(r.id == row_id for r in g.rows):
-            self.running = _select(g, [i for i, r in enumerate(g.rows) if r.id != row_id])
+            self.running = select(g, [i for i, r in enumerate(g.rows) if r.id != row_id])
 
     @torch.inference_mode()
     def step(self) -> list[StepEmission]:
@@ -169,17 +147,17 @@ class DecodeBatch:
         emissions = []
         if self.running is not None:
             emissions.append(self._step(self.running))
-            self.running = _without_finished(self.running)
+            self.running = without_finished(self.running)
         for bucket in self._buckets(self._admit()):
             group = self._prefill(bucket)
             emissions.append(self._step(group))
-            group = _without_finished(group)
+            group = without_finished(group)
             if group is not None:
                 vocab = self.model.config.vocab_size
-                self.running = group if self.running is None else _merge(self.running, group, vocab)
+                self.running = group if self.running is None else merge(self.running, group, vocab)
         return emissions
 
-    def _admit(self) -> list[_Row]:
+    def _admit(self) -> list[Row]:
         """Queued rows to prefill this step, first come first served, within the prefill budget."""
         taken, tokens = [], 0
         while self.queued:
@@ -191,9 +169,9 @@ class DecodeBatch:
         return taken
 
     @staticmethod
-    def _buckets(rows: list[_Row]) -> list[list[_Row]]:
+    def _buckets(rows: list[Row]) -> list[list[Row]]:
         """Rows grouped by prompt length, each bucket within BUCKET_SPREAD of its shortest."""
-        buckets: list[list[_Row]] = []
+        buckets: list[list[Row]] = []
         for row in sorted(rows, key=lambda r: len(r.prompt)):
             if buckets and len(row.prompt) <= BUCKET_SPREAD * len(buckets[-1][0].prompt):
                 buckets[-1].append(row)
@@ -201,7 +179,7 @@ class DecodeBatch:
                 buckets.append([row])
         return buckets
 
-    def _prefill(self, rows: list[_Row]) -> _Group:
+    def _prefill(self, rows: list[Row]) -> Group:
         """A new group for these rows: prompts left-padded into one fed block, a cache sized for them."""
         model, B = self.model, len(rows)
         T0 = max(len(r.prompt) for r in rows)
@@ -216,9 +194,9 @@ class DecodeBatch:
         if self.key.repetition_penalty != 1.0:
             st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=model.device)
             st.seen.scatter_(1, st.fed, True)
-        return _Group(rows, cache, st)
+        return Group(rows, cache, st)
 
-    def _step(self, g: _Group) -> StepEmission:
+    def _step(self, g: Group) -> StepEmission:
         """One step of a group: propose, forward, accept (+ drafting pass), advance."""
         model, st, cache, cfg = self.model, g.st, g.cache, self.key
         t0 = time.perf_counter()
@@ -299,7 +277,7 @@ class DecodeBatch:
         return self.policy.draft(model, st, adv, out, draft.slot_logits)
 
 
-def _logprobs(rows: list[_Row], adv: Advance, ar_logits: torch.Tensor) -> list | None:
+def _logprobs(rows: list[Row], adv: Advance, ar_logits: torch.Tensor) -> list | None:
     """Per row that asks, the AR log-prob (and top alternatives) of each emitted token: token j < ar_count
     was predicted by verifying row ar_first + j; the rest were committed unverified (None)."""
     if all(r.cfg.logprobs is None for r in rows):
@@ -323,7 +301,7 @@ def _logprobs(rows: list[_Row], adv: Advance, ar_logits: torch.Tensor) -> list |
     return out
 
 
-def _truncate(adv: Advance, rows: list[_Row]) -> tuple[list[list[int]], list[list[str]]]:
+def _truncate(adv: Advance, rows: list[Row]) -> tuple[list[list[int]], list[list[str]]]:
     """Cut each row's emitted tokens at EOS and at its max_new_tokens budget; mark finished rows."""
     toks, srcs = [], []
     for row, t, s in zip(rows, adv.emitted, adv.sources, strict=True):
@@ -337,84 +315,6 @@ def _truncate(adv: Advance, rows: list[_Row]) -> tuple[list[list[int]], list[lis
         row.budget -= len(t)
         toks.append(t), srcs.append(s)
     return toks, srcs
-
-
-def _select(g: _Group, keep: list[int]) -> _Group | None:
-    """The group with only rows `keep` (indices), or None when none is left."""
-    if not keep:
-        return None
-    if len(keep) == len(g.rows):
-        return g
-    st = g.st
-    index = torch.tensor(keep, device=st.fed.device)
-    g.cache.select(keep)
-    st.fed = st.fed.index_select(0, index)
-    st.n_drafts = [st.n_drafts[i] for i in keep]
-    st.generators = [st.generators[i] for i in keep]
-    if st.draft_logprobs is not None:
-        st.draft_logprobs = st.draft_logprobs.index_select(0, index)
-    if st.seen is not None:
-        st.seen = st.seen.index_select(0, index)
-    g.rows = [g.rows[i] for i in keep]
-    return g
-
-
-def _without_finished(g: _Group) -> _Group | None:
-    return _select(g, [i for i, r in enumerate(g.rows) if r.finish is None])
-
-
-def _merge(a: _Group, b: _Group, vocab: int) -> _Group:
-    """Group b's rows appended to group a's: caches joined, fed blocks brought to one width.
-
-    A row's fed is its committed tokens (always fed) then its drafts (optional). The common width is
-    the narrower group's, or every row's committed count if that is more: wider rows drop trailing
-    drafts (always safe: drafts are only proposals), narrower ones (hybrid only, whose committed counts
-    differ) get filler drafts, their last token repeated, with a one-hot q when sampling, which
-    verification rejects or accepts by the exact rule.
-    """
-    committed = max(w - n for g in (a, b) for w, n in ((g.st.fed.shape[1], n) for n in g.st.n_drafts))
-    width = max(committed, min(a.st.fed.shape[1], b.st.fed.shape[1]))
-    for g in (a, b):
-        _fit_width(g.st, width, vocab)
-    a.cache.join(b.cache)
-    sa, sb = a.st, b.st
-    k = max(sa.max_drafts, sb.max_drafts)
-    if sa.draft_logprobs is not None or sb.draft_logprobs is not None:
-        sa.draft_logprobs = torch.cat([_tail_logprobs(s, k) for s in (sa, sb)])
-    sa.fed = torch.cat([sa.fed, sb.fed])
-    sa.n_drafts = sa.n_drafts + sb.n_drafts
-    sa.generators = sa.generators + sb.generators
-    if sa.seen is not None:
-        sa.seen = torch.cat([sa.seen, sb.seen])
-    a.rows = a.rows + b.rows
-    return a
-
-
-def _fit_width(st: LoopState, width: int, vocab: int) -> None:
-    """Bring st.fed to `width` columns by dropping trailing drafts or appending filler drafts."""
-    W = st.fed.shape[1]
-    if W > width:
-        st.fed = st.fed[:, :width]
-        st.n_drafts = [n - (W - width) for n in st.n_drafts]
-        if st.draft_logprobs is not None:
-            st.draft_logprobs = st.draft_logprobs[:, : st.draft_logprobs.shape[1] - (W - width)]
-    elif W < width:
-        filler = st.fed[:, -1:].expand(-1, width - W)
-        st.fed = torch.cat([st.fed, filler], dim=1)
-        st.n_drafts = [n + width - W for n in st.n_drafts]
-        if not st.cfg.greedy:
-            q = torch.full((*filler.shape, vocab), float("-inf"), device=filler.device)
-            q.scatter_(2, filler[:, :, None], 0.0)
-            st.draft_logprobs = q if st.draft_logprobs is None else torch.cat([st.draft_logprobs, q], dim=1)
-
-
-def _tail_logprobs(st: LoopState, k: int) -> torch.Tensor:
-    """st.draft_logprobs as (B, k, V), aligned to the tail (leading entries unused)."""
-    q = st.draft_logprobs
-    assert q is not None, "a sampled batch has draft log-probs"
-    if q.shape[1] == k:
-        return q
-    return torch.cat([q.new_zeros(q.shape[0], k - q.shape[1], q.shape[2]), q], dim=1)
 
 
 @torch.inference_mode()

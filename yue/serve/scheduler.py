@@ -158,7 +158,7 @@ class Scheduler:
                 while not self._waiting and not self._running and not self._closed:
                     self._cv.wait()
                 if self._closed:
-                    return
+                    break
                 admitted = self._take()
             for job in admitted:
                 self._start(job)
@@ -175,6 +175,9 @@ class Scheduler:
                     if id(job.request) in failed:
                         job.deliver(e)
             self._reap()
+        for job in list(self._running):  # closed: running jobs end "cancelled", so no reader waits
+            if job.request is not None and not job.request.done:
+                self.batcher.cancel(job.request)
 
     def _take(self) -> list[Job]:
         """Waiting jobs that fit in the running set now (under the lock)."""
