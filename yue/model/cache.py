@@ -114,6 +114,7 @@ class KVCache:
         self.seq_lens = self.seq_lens.index_select(0, index)
         if self.key_valid is not None:
             self.key_valid = self.key_valid.index_select(0, index)
+            self._drop_mask_if_whole()
 
     def make_room(self, n: int) -> None:
         """Ensure n columns can be written at the pointer: compact the holes away, then grow if needed."""
@@ -142,6 +143,12 @@ class KVCache:
         columns = torch.arange(self.capacity, device=valid.device)[None, :]
         self.key_valid = (columns < counts[:, None]) | (columns >= new_len)  # past the pointer: written later
         self.length = new_len
+        self._drop_mask_if_whole()
+
+    def _drop_mask_if_whole(self) -> None:
+        """key_valid back to None when no row has a hole or padding left (a lone row's fast path)."""
+        if self.key_valid is not None and bool(self.key_valid[:, : self.length].all()):
+            self.key_valid = None
 
     def _resize(self, capacity: int) -> None:
         """Copy into buffers of a new capacity (>= length); new columns are valid (written later)."""
