@@ -61,7 +61,7 @@ class Batcher:
         max_batch_tokens: prompt tokens prefilled per step (at least one prompt); None = no bound.
     """
 
-    def __init__(self, engine, max_batch_size: int = 8, max_batch_tokens: int | None = None) -> None:
+    def __init__(self, engine, max_batch_size: int = 16, max_batch_tokens: int | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.engine = engine

@@ -626,7 +626,7 @@ def bench_cmd(
 def bench_serve_cmd(
     model: str | None = typer.Option("yue-code-mini", help=MODEL_HELP),
     batch_sizes: str = typer.Option(
-        "1,8", help="--max-batch-size values to compare (the first is the base)."
+        "1,16", help="--max-batch-size values to compare (the first is the base)."
     ),
     clients: str = typer.Option("1,4,16,32", help="Concurrent client counts."),
     max_tokens: int = typer.Option(64, help="Tokens per completion."),
@@ -749,7 +749,7 @@ def serve_cmd(
         None, envvar="YUE_API_KEY", help="Require 'Authorization: Bearer KEY'."
     ),
     max_batch_size: int = typer.Option(
-        8, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
+        16, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
     ),
     max_batch_tokens: int = typer.Option(
         2048, help="Prompt tokens prefilled per decode step (at least one prompt); 0 = no bound."

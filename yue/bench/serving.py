@@ -17,12 +17,14 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import httpx
+import torch
 import uvicorn
 
 from yue.bench.prompts import CODE_TEST
@@ -50,6 +52,9 @@ class ServeBench:
     mode: str
     max_tokens: int
     prompts: int
+    torch_threads: int
+    cpus: int
+    load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15-min, at start and end
     levels: list[Level] = field(default_factory=list)
 
     def ratios(self, base: int, other: int) -> dict[str, dict[str, float]]:
@@ -153,7 +158,7 @@ def _level(
 def bench_serve(
     engine,
     *,
-    batch_sizes: tuple[int, ...] = (1, 8),
+    batch_sizes: tuple[int, ...] = (1, 16),
     clients: tuple[int, ...] = (1, 4, 16, 32),
     max_tokens: int = 64,
     mode: str = "verified",
@@ -172,7 +177,10 @@ def bench_serve(
     prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][:n_prompts]
     log(f"single-request references for {len(prompts)} prompts ({mode}, {max_tokens} tokens)")
     refs = [engine.generate(p, mode=mode, max_new_tokens=max_tokens, temperature=0.0).text for p in prompts]
-    result = ServeBench(engine.name, mode, max_tokens, len(prompts))
+    result = ServeBench(
+        engine.name, mode, max_tokens, len(prompts), torch.get_num_threads(), os.cpu_count() or 0
+    )
+    result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
     for size in batch_sizes:
         config = ServeConfig(max_batch_size=size, max_queue=max_queue)
         with _Server(engine, config) as url:
@@ -196,13 +204,16 @@ def bench_serve(
                 )
                 log(json.dumps(asdict(level)))
                 result.levels.append(level)
+    result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
 
 def report(result: ServeBench, base: int, other: int) -> str:
     """The table (markdown) and, last, one JSON line."""
     lines = [
-        f"`yue serve`, {result.model}, {result.mode}, greedy, {result.max_tokens} tokens",
+        f"`yue serve`, {result.model}, {result.mode}, greedy, {result.max_tokens} tokens, "
+        f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
+        f"{result.load_average['start']} at start, {result.load_average['end']} at end",
         "",
         "| max batch size | clients | requests | tokens/s | TTFT p50 (ms) | TTFT p95 (ms) | identical to alone |",
         "|---:|---:|---:|---:|---:|---:|---:|",

@@ -56,7 +56,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
-    max_batch_size: int = 8
+    max_batch_size: int = 16
     max_batch_tokens: int | None = 2048
     max_queue: int = 32
     max_prompt_tokens: int | None = None
