@@ -163,6 +163,7 @@ def bench_serve(
     max_tokens: int = 64,
     mode: str = "verified",
     n_prompts: int = 16,
+    prompts: list[str] | None = None,
     requests_per_client: int = 2,
     max_queue: int = 256,
     log: Callable[[str], None] = lambda s: None,
@@ -170,11 +171,12 @@ def bench_serve(
     """Measure the server at each max_batch_size and client count (see the module docstring).
 
     Each level sends max(8, clients * requests_per_client) requests over the first `n_prompts` held-out
-    code prompts (cycled).
+    code prompts (cycled), or over `prompts` when given.
     """
     from yue.serve import ServeConfig
 
-    prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][:n_prompts]
+    if prompts is None:
+        prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][:n_prompts]
     log(f"single-request references for {len(prompts)} prompts ({mode}, {max_tokens} tokens)")
     refs = [engine.generate(p, mode=mode, max_new_tokens=max_tokens, temperature=0.0).text for p in prompts]
     result = ServeBench(
