@@ -112,6 +112,7 @@ class DecodeBatch:
         self.running: Group | None = None
         self.queued: list[Row] = []
         self._ids = 0
+        self._offsets = torch.arange(64, device=model.device)  # `_arange`'s table
         eos = model.config.eos_token_id
         self._eos = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
@@ -156,6 +157,12 @@ class DecodeBatch:
                 vocab = self.model.config.vocab_size
                 self.running = group if self.running is None else merge(self.running, group, vocab)
         return emissions
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """torch.arange(n) on the model's device, as a view of a table grown on demand (no per-step op)."""
+        if self._offsets.numel() < n:
+            self._offsets = torch.arange(max(n, 2 * self._offsets.numel()), device=self.model.device)
+        return self._offsets[:n]
 
     def _admit(self) -> list[Row]:
         """Queued rows to prefill this step, first come first served, within the prefill budget."""
@@ -211,13 +218,14 @@ class DecodeBatch:
         tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
         start = cache.length
         if not anchors:  # one block at the last fed token: positions run on contiguously
-            offsets = torch.arange(n_c + n_s, device=device)
+            offsets = self._arange(n_c + n_s)
         else:  # block m's slots sit at its anchor's position + 1 .. + size
             blocks = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
             offsets = torch.cat([torch.arange(n_c), blocks.flatten()]).to(device)
         mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
         # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        out = model.step(tokens, cache.positions(offsets), n_c, mask, cache, st.max_drafts + 1)
+        positions = cache.positions(offsets, padded=g.index == 0)  # step 0: the (left-padded) prefill
+        out = model.step(tokens, positions, n_c, mask, cache, st.max_drafts + 1)
         # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
         adv = self.policy.advance(model, st, out)
         cache.commit(adv.keep)
@@ -272,7 +280,7 @@ class DecodeBatch:
         if out.entry is not None:
             keep = torch.tensor(adv.keep, device=out.entry.device)
             entry = out.entry[torch.arange(B, device=keep.device), keep - 1][:, None]
-        positions = cache.positions(torch.arange(K, device=model.device))
+        positions = cache.positions(self._arange(K))
         draft = model.step(slots, positions, 0, mask, cache, 0, entry)
         return self.policy.draft(model, st, adv, out, draft.slot_logits)
 

@@ -219,10 +219,15 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
     certain (`Router.features`' slot1_revealed).
     """
     revealed = st.cfg.drafting == "separate"
-    rows = torch.arange(len(adv.keep), device=logits.device)
-    keep = torch.tensor(adv.keep, device=logits.device)
-    anchor = torch.tensor(adv.anchor_rows, device=logits.device)
-    feats = model.router.features(out.hidden[rows, keep - 1], out.ar_logits[rows, anchor], logits, revealed)
+    anchor = adv.anchor_rows
+    if len(set(adv.keep)) == 1 and len(set(anchor)) == 1:  # every row alike (a lone row): slices
+        hidden, ar_logits = out.hidden[:, adv.keep[0] - 1], out.ar_logits[:, anchor[0]]
+    else:  # per row: gathers
+        rows = torch.arange(len(anchor), device=logits.device)
+        keep = torch.tensor(adv.keep, device=logits.device)
+        hidden = out.hidden[rows, keep - 1]
+        ar_logits = out.ar_logits[rows, torch.tensor(anchor, device=logits.device)]
+    feats = model.router.features(hidden, ar_logits, logits, revealed)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 
 
@@ -271,6 +276,9 @@ class VerifiedPolicy(Policy):
             choice = target.argmax(-1)  # (B, k+1)
             if k == 0:
                 return [0] * len(choice), choice[:, 0]
+            if min(st.n_drafts) == k:  # every row verifies k drafts (a lone row always)
+                run = (choice[:, :k] == drafts).int().cumprod(-1).sum(-1)  # (B,)
+                return run.tolist(), choice.gather(1, run[:, None])[:, 0]
             # A row with k_b < k drafts has k - k_b leading columns that are not drafts: count them as
             # matched, so run = those + the row's accepted drafts, and choice[b, run] is its next token.
             lead = k - torch.tensor(st.n_drafts, device=choice.device)  # (B,)

@@ -71,10 +71,12 @@ class KVCache:
         pads = torch.tensor(pad_lengths, device=self.k.device)
         self.key_valid = idx[None, :] >= pads[:, None]
 
-    def positions(self, offsets: torch.Tensor) -> torch.Tensor:
+    def positions(self, offsets: torch.Tensor, padded: bool = False) -> torch.Tensor:
         """RoPE positions of a step's new tokens: seq_lens[b] + offsets, (B, T). offsets: (T,) long,
-        each token's place after the row's last token (a slot block: its anchor's place + 1, ...)."""
-        return (self.seq_lens[:, None] + offsets[None, :]).clamp_(min=0)  # < 0: left padding
+        each token's place after the row's last token (a slot block: its anchor's place + 1, ...).
+        padded: a left-padded prefill, whose padding columns get position 0 instead of negative ones."""
+        pos = self.seq_lens[:, None] + offsets[None, :]
+        return pos.clamp_(min=0) if padded else pos
 
     def advance(self, n: int) -> None:
         """Commit the next n written columns in every row."""
@@ -86,11 +88,14 @@ class KVCache:
         """Row b keeps the first keep[b] columns of the last write; the pointer moves by max(keep) and
         each row's columns [keep[b], max) of that write become holes."""
         top = max(keep)
-        if min(keep) < top:
-            valid = self._valid()
-            for b, n in enumerate(keep):
-                valid[b, self.length + n : self.length + top] = False
         assert self.length + top <= self.capacity, "KV cache overflow"
+        if min(keep) == top:  # every row kept as many: no holes (always so for a single row)
+            self.length += top
+            self.seq_lens += top
+            return
+        valid = self._valid()
+        for b, n in enumerate(keep):
+            valid[b, self.length + n : self.length + top] = False
         self.length += top
         self.seq_lens += torch.tensor(keep, device=self.seq_lens.device)
 
