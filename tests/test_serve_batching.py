@@ -165,7 +165,7 @@ def test_bench_serve_measures_every_level_and_checks_outputs(trained):
     result = bench_serve(
         trained, batch_sizes=(1, 4), clients=(1, 4), max_tokens=6, prompts=PROMPTS[:3], requests_per_client=1
     )
-    assert [(lv.max_batch_size, lv.clients) for lv in result.levels] == [(1, 1), (1, 4), (4, 1), (4, 4)]
+    assert [(lv.max_batch_size, lv.clients) for lv in result.levels] == [(1, 1), (4, 1), (1, 4), (4, 4)]
     assert all(lv.identical == lv.requests == 8 and lv.tokens_per_s > 0 for lv in result.levels)
     text = report(result, 1, 4)
     assert '"b4/b1"' in text.splitlines()[-1] and "| 4 | 4 | 8 |" in text

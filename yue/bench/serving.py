@@ -168,7 +168,8 @@ def bench_serve(
     max_queue: int = 256,
     log: Callable[[str], None] = lambda s: None,
 ) -> ServeBench:
-    """Measure the server at each max_batch_size and client count (see the module docstring).
+    """Measure the server at each max_batch_size and client count (see the module docstring); one server
+    per size, all started first, idle while another is measured.
 
     Each level sends max(8, clients * requests_per_client) requests over the first `n_prompts` held-out
     code prompts (cycled), or over `prompts` when given.
@@ -183,12 +184,16 @@ def bench_serve(
         engine.name, mode, max_tokens, len(prompts), torch.get_num_threads(), os.cpu_count() or 0
     )
     result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
-    for size in batch_sizes:
-        config = ServeConfig(max_batch_size=size, max_queue=max_queue)
-        with _Server(engine, config) as url:
-            with httpx.Client() as http:  # warm-up, not reported
+    servers = [_Server(engine, ServeConfig(max_batch_size=size, max_queue=max_queue)) for size in batch_sizes]
+    urls = [server.__enter__() for server in servers]
+    try:
+        for url in urls:  # warm-up, not reported
+            with httpx.Client() as http:
                 _complete(http, url, prompts[0], mode, max_tokens)
-            for n in clients:
+        # Levels interleaved by client count (every size at 1 client, then at 4, ...), so drift in a
+        # shared machine's load hits the sizes alike.
+        for n in clients:
+            for size, url in zip(batch_sizes, urls, strict=True):
                 n_requests = max(8, n * requests_per_client)
                 wall, rows = _level(url, prompts, refs, n, n_requests, mode, max_tokens)
                 ttfts = [r[0] * 1e3 for r in rows]
@@ -206,6 +211,9 @@ def bench_serve(
                 )
                 log(json.dumps(asdict(level)))
                 result.levels.append(level)
+    finally:
+        for server in servers:
+            server.__exit__()
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
@@ -220,7 +228,7 @@ def report(result: ServeBench, base: int, other: int) -> str:
         "| max batch size | clients | requests | tokens/s | TTFT p50 (ms) | TTFT p95 (ms) | identical to alone |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for lv in result.levels:
+    for lv in sorted(result.levels, key=lambda lv: (lv.max_batch_size, lv.clients)):
         lines.append(
             f"| {lv.max_batch_size} | {lv.clients} | {lv.requests} | {lv.tokens_per_s} | {lv.ttft_p50_ms} "
             f"| {lv.ttft_p95_ms} | {lv.identical}/{lv.requests} |"
