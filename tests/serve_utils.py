@@ -43,7 +43,7 @@ class LiveServer:
 
 
 class Paced:
-    """Wraps an engine so each streamed step takes at least `delay` seconds (cancel still polled)."""
+    """Wraps an engine so each decode step takes at least `delay` seconds (cancel still checked)."""
 
     def __init__(self, engine, delay: float) -> None:
         self._engine, self.delay = engine, delay
@@ -51,14 +51,12 @@ class Paced:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def stream(self, prompt, config=None, cancel=None, **kw):
-        for event in self._engine.stream(prompt, config, cancel=cancel, **kw):
-            time.sleep(self.delay)
-            yield event
+    def decode_batch(self, *args, **kw):
+        return _StepHook(self._engine.decode_batch(*args, **kw), lambda: time.sleep(self.delay))
 
 
 class FailsMidStream:
-    """Wraps an engine so `stream` raises after `after` chunks."""
+    """Wraps an engine so a decode step raises after `after` steps."""
 
     def __init__(self, engine, after: int = 2) -> None:
         self._engine, self.after = engine, after
@@ -66,11 +64,32 @@ class FailsMidStream:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def stream(self, prompt, config=None, cancel=None, **kw):
-        for i, event in enumerate(self._engine.stream(prompt, config, cancel=cancel, **kw)):
-            if i == self.after:
+    def decode_batch(self, *args, **kw):
+        steps = iter(range(1 << 30))
+
+        def maybe_fail():
+            if next(steps) == self.after:
                 raise RuntimeError("secret internal detail")
-            yield event
+
+        return _StepHook(self._engine.decode_batch(*args, **kw), maybe_fail)
+
+
+class _StepHook:
+    """A DecodeBatch whose `step` calls `hook` after each real step."""
+
+    def __init__(self, batch, hook) -> None:
+        self._batch, self._hook = batch, hook
+
+    def __getattr__(self, name):
+        return getattr(self._batch, name)
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    def step(self):
+        emissions = self._batch.step()
+        self._hook()
+        return emissions
 
 
 def parse_sse(text: str) -> list[dict | str]:

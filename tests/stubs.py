@@ -4,7 +4,9 @@ A stub is a first-order Markov "language model" over a tiny vocabulary: the AR l
 depend only on the token there (`ar_table[token]`), and slot i of a block anchored at token a gets
 `slot_table[i-1][a]`. Blocks are told apart by their RoPE positions (a block's slots sit at its
 anchor's position + 1, + 2, ...), and anchors are looked up among every token fed so far by position,
-so fused multi-block steps and separate drafting passes (anchored at a cached token) both work. It
+so fused multi-block steps and separate drafting passes (anchored at a cached token) both work: the
+stub keeps each fed token and its position in its own KV cache (k holds the token, v the position), so
+rows that accept different counts, leave or join a batch keep their history. It
 implements just what the decode loop calls: config, device, router, new_cache() and step(), and
 counts its forward passes (drafting passes apart).
 """
@@ -47,7 +49,6 @@ class MarkovStub:
         self.router = AcceptAllRouter()
         self.forwards = 0
         self.draft_passes = 0  # forwards with no committed token (separate drafting)
-        self._fed: dict[int, torch.Tensor] = {}  # position -> (B,) token last fed there
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
@@ -57,20 +58,26 @@ class MarkovStub:
     ) -> StepOutput:
         self.forwards += 1
         self.draft_passes += n_committed == 0
+        B = tokens.shape[0]
         committed = tokens[:, :n_committed]
         n_slots = tokens.shape[1] - n_committed
         ar = self.ar_table[committed]  # (B, n_c, V)
-        pos = (positions if positions.dim() == 1 else positions[0]).tolist()
-        for j in range(n_committed):
-            self._fed[pos[j]] = committed[:, j]
+        pos = positions.expand(B, -1)
+        start, end = cache.length, cache.length + n_committed
+        cache.k[0, :, 0, start:end, 0] = committed.float()
+        cache.v[0, :, 0, start:end, 0] = pos[:, :n_committed].float()
+        known = torch.ones(B, end, dtype=torch.bool) if cache.key_valid is None else cache.key_valid[:, :end]
         rows = []
         for j in range(n_committed, n_committed + n_slots):
-            if j == n_committed or pos[j] != pos[j - 1] + 1:  # a new block starts here
-                anchor, i = self._fed[pos[j] - 1], 0
+            if j == n_committed or bool((pos[:, j] != pos[:, j - 1] + 1).any()):  # a new block starts here
+                # Each row's anchor: the last valid column holding position pos - 1.
+                hit = known & (cache.v[0, :, 0, :end, 0] == (pos[:, j] - 1).float()[:, None])
+                col = end - 1 - hit.flip(1).int().argmax(1)
+                anchor, i = cache.k[0, torch.arange(B), 0, col, 0].long(), 0
             rows.append(self.slot_table[i][anchor])
             i += 1
-        slots = torch.stack(rows, dim=1) if rows else ar.new_zeros(tokens.shape[0], 0, ar.shape[-1])
-        hidden = torch.zeros(tokens.shape[0], tokens.shape[1], 1)
+        slots = torch.stack(rows, dim=1) if rows else ar.new_zeros(B, 0, ar.shape[-1])
+        hidden = torch.zeros(B, tokens.shape[1], 1)
         return StepOutput(ar if n_logits is None else ar[:, n_committed - n_logits :], slots, hidden)
 
 

@@ -17,12 +17,22 @@ def test_verify_costs_extrapolate_past_the_measured_rows():
     assert StepCosts.default(8).verify(0) < StepCosts.default(8).verify(8)
 
 
-def _policy_length(costs: StepCosts, accept: float, K: int = 8) -> int:
+def _policy_length(costs: StepCosts, accept: float, K: int = 8, rows: int = 1) -> int:
     cfg = DecodeConfig(mode="verified", router_threshold=0.99, block_size=K)
-    st = LoopState(cfg, None, torch.zeros(1, 1, dtype=torch.long), costs=costs)
+    st = LoopState(cfg, [None] * rows, torch.zeros(rows, 1, dtype=torch.long), costs=costs)
     # p_ar(i) = 1 - accept**(i-1): slot 1 (the AR token) certain, each later slot survives w.p. `accept`.
-    p_ar = 1.0 - torch.tensor([[accept ** (i - 1) for i in range(1, K + 1)]])
+    p_ar = 1.0 - torch.tensor([[accept ** (i - 1) for i in range(1, K + 1)]] * rows)
     return VerifiedPolicy().draft_length(st, p_ar, cfg.router_threshold)
+
+
+def test_a_batch_step_costs_what_its_positions_cost_so_big_batches_draft_less():
+    c = StepCosts(tuple(1.0 + 0.1 * k for k in range(9)), 0.5)  # a fixed cost, then 0.1 a position
+    assert c.for_batch(1, 8) is c
+    b4 = c.for_batch(4, 8)
+    assert b4.verify(0) == c.verify(3) and b4.verify(1) == c.verify(7)  # 4 and 8 positions
+    assert b4.verify(2) / b4.verify(0) > c.verify(2) / c.verify(0)  # drafts are dearer, relatively
+    lengths = [_policy_length(c, 0.8, rows=r) for r in (1, 4, 16)]
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
 
 
 def test_draft_length_follows_the_measured_cost_curve():

@@ -158,7 +158,7 @@ def test_source_pieces_concatenate_to_each_delta_even_when_stop_strings_hold_tex
 def test_greedy_output_is_identical_when_8_clients_ask_at_once(tiny_engine):
     body = {"prompt": PROMPT, "max_tokens": 32, "temperature": 0, "mode": "verified"}
     ref = tiny_engine.generate(PROMPT, DecodeConfig(mode="verified", max_new_tokens=32)).text
-    with LiveServer(tiny_engine, ServeConfig(max_concurrency=4, max_queue=8)) as srv:
+    with LiveServer(tiny_engine, ServeConfig(max_batch_size=4, max_queue=8)) as srv:
         barrier = threading.Barrier(8)
 
         def ask(i: int) -> str:
@@ -297,7 +297,7 @@ import yue
 from tests.serve_utils import Paced
 from yue.serve import ServeConfig, serve
 engine = Paced(yue.load(sys.argv[1]), delay=0.01)
-sys.exit(serve(engine, ServeConfig(port=int(sys.argv[2]), max_concurrency=1), log_level="warning"))
+sys.exit(serve(engine, ServeConfig(port=int(sys.argv[2]), max_batch_size=1), log_level="warning"))
 """
 
 
@@ -370,5 +370,5 @@ def test_cli_serve_rejects_a_missing_model_and_bad_limits_with_exit_2(tmp_path):
 
     missing = CliRunner().invoke(app, ["serve", "--model", str(tmp_path)])
     assert missing.exit_code == 2 and "no model" in missing.output
-    bad = CliRunner().invoke(app, ["serve", "--model", str(tmp_path), "--max-concurrency", "0"])
-    assert bad.exit_code == 2 and "max_concurrency" in bad.output
+    bad = CliRunner().invoke(app, ["serve", "--model", str(tmp_path), "--max-batch-size", "0"])
+    assert bad.exit_code == 2 and "max_batch_size" in bad.output

@@ -133,7 +133,20 @@ CASES = [
         "invalid_value",
     ),
     ("stop-not-string", "/v1/completions", OK | {"stop": 7}, KEY, 400, "stop", "invalid_value"),
-    ("n-two", "/v1/completions", OK | {"n": 2}, KEY, 400, "n", "invalid_value"),
+    ("n-zero", "/v1/completions", OK | {"n": 0}, KEY, 400, "n", "invalid_value"),
+    ("n-too-many", "/v1/completions", OK | {"prompt": ["a", "b"], "n": 9}, KEY, 400, "n", "invalid_value"),
+    ("prompt-empty-list", "/v1/completions", OK | {"prompt": []}, KEY, 400, "prompt", "invalid_value"),
+    ("prompt-bad-token", "/v1/completions", OK | {"prompt": [1, -2]}, KEY, 400, "prompt", "invalid_value"),
+    ("logprobs-too-many", "/v1/completions", OK | {"logprobs": 21}, KEY, 400, "logprobs", "invalid_value"),
+    (
+        "top-logprobs-without-logprobs",
+        "/v1/chat/completions",
+        CHAT | {"top_logprobs": 2},
+        KEY,
+        400,
+        "top_logprobs",
+        "invalid_value",
+    ),
     ("stream-not-bool", "/v1/completions", OK | {"stream": "yes"}, KEY, 400, "stream", "invalid_value"),
     (
         "stream-options",
@@ -254,7 +267,7 @@ def test_body_limit_holds_for_chunked_bodies(tiny_engine):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_concurrency", 0), ("max_queue", -1), ("max_prompt_tokens", 0), ("max_body_bytes", 10),
+    [("max_batch_size", 0), ("max_queue", -1), ("max_prompt_tokens", 0), ("max_body_bytes", 10),
      ("port", 70000), ("api_key", ""), ("retry_after_s", 0), ("drain_timeout_s", -1)],
 )  # fmt: skip
 def test_serve_config_rejects_bad_values_naming_the_field(field, value):

@@ -32,7 +32,7 @@ def wait_idle(state, limit: float) -> float:
 @pytest.mark.slow
 def test_client_disconnect_cancels_generation_and_frees_the_slot_within_2s(tiny_engine):
     # 200 paced steps take >= 2 s, so only cancellation can free the slot in time.
-    with LiveServer(Paced(tiny_engine, delay=0.01), ServeConfig(max_concurrency=2)) as srv:
+    with LiveServer(Paced(tiny_engine, delay=0.01), ServeConfig(max_batch_size=2)) as srv:
 
         def abandon(stream: bool) -> float:
             with httpx.Client(base_url=srv.url) as http:
@@ -61,7 +61,7 @@ def test_client_disconnect_cancels_generation_and_frees_the_slot_within_2s(tiny_
 
 @pytest.mark.slow
 def test_overload_gets_a_fast_503_with_retry_after_while_health_and_metrics_answer(tiny_engine):
-    config = ServeConfig(max_concurrency=1, max_queue=1, retry_after_s=2)
+    config = ServeConfig(max_batch_size=1, max_queue=1, retry_after_s=2)
     with LiveServer(Paced(tiny_engine, delay=0.02), config) as srv:
         release = threading.Event()
 
@@ -158,7 +158,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 @pytest.mark.slow
 def test_load_32_concurrent_clients_no_failures_bounded_memory_and_exact_metrics(tiny_engine, capsys):
-    with LiveServer(tiny_engine, ServeConfig(max_concurrency=4, max_queue=64)) as srv:
+    with LiveServer(tiny_engine, ServeConfig(max_batch_size=4, max_queue=64)) as srv:
         warm = asyncio.run(_load(srv.url, clients=32, per_client=1))
         process = psutil.Process()
         rss = process.memory_info().rss

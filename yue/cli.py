@@ -628,6 +628,43 @@ def bench_cmd(
         json_out.write_text(line + "\n")
 
 
+@app.command("bench-serve")
+@user_errors
+def bench_serve_cmd(
+    model: str | None = typer.Option("yue-code-mini", help=MODEL_HELP),
+    batch_sizes: str = typer.Option(
+        "1,16", help="--max-batch-size values to compare (the first is the base)."
+    ),
+    clients: str = typer.Option("1,4,16,32", help="Concurrent client counts."),
+    max_tokens: int = typer.Option(64, help="Tokens per completion."),
+    mode: str = typer.Option(
+        "verified", help="Decode mode of every request (exact modes allow the output check)."
+    ),
+    requests_per_client: int = typer.Option(2, help="Requests each client sends (at least 8 per level)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
+) -> None:
+    """Tokens/s and time to first token of `yue serve` under concurrent streamed clients; JSON last."""
+    import yue
+    from yue.bench.serving import bench_serve, report
+
+    sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
+    levels = tuple(int(x) for x in clients.split(",") if x.strip())
+    engine = yue.load(model)
+    result = bench_serve(
+        engine,
+        batch_sizes=sizes,
+        clients=levels,
+        max_tokens=max_tokens,
+        mode=mode,
+        requests_per_client=requests_per_client,
+        log=lambda s: typer.echo(f"[bench-serve] {s}", err=True),
+    )
+    text = report(result, sizes[0], sizes[-1])
+    typer.echo(text)
+    if json_out is not None:
+        json_out.write_text(text.splitlines()[-1] + "\n")
+
+
 def _merged_for_bench(model: str | None, adapter: Path) -> Path:
     """The model with `adapter` merged, in a temporary folder removed at exit."""
     import atexit
@@ -718,7 +755,12 @@ def serve_cmd(
     api_key: str | None = typer.Option(
         None, envvar="YUE_API_KEY", help="Require 'Authorization: Bearer KEY'."
     ),
-    max_concurrency: int = typer.Option(4, help="Generations running at once (worker threads)."),
+    max_batch_size: int = typer.Option(
+        16, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
+    ),
+    max_batch_tokens: int = typer.Option(
+        2048, help="Prompt tokens prefilled per decode step (at least one prompt); 0 = no bound."
+    ),
     max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
     max_prompt_tokens: int | None = typer.Option(
         None, help="Longest prompt accepted (default: the context)."
@@ -737,7 +779,8 @@ def serve_cmd(
         host=host,
         port=port,
         api_key=api_key,
-        max_concurrency=max_concurrency,
+        max_batch_size=max_batch_size,
+        max_batch_tokens=max_batch_tokens or None,
         max_queue=max_queue,
         max_prompt_tokens=max_prompt_tokens,
         max_body_bytes=max_body_bytes,

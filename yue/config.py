@@ -109,13 +109,16 @@ class YueConfig(PreTrainedConfig):
         return self.nar_layers != 0
 
 
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """How to decode one request. Validated once; bad values raise `ValueError` naming the field.
 
     Attributes:
         mode: decode policy by name (DESIGN §2): `ar` (reference), `verified` (lossless drafting),
-            `hybrid` (router commits drafts unverified), `nar` (whole blocks, lowest fidelity).
+            `hybrid` (drafts kept within a tolerance of the AR path's choice), `nar` (whole blocks, lowest fidelity).
         max_new_tokens: hard cap on generated tokens.
         temperature: 0 means greedy (argmax), decided in one place (`decode.sampling`).
         top_k: keep the k most likely tokens (0 = off).
@@ -145,6 +148,10 @@ class DecodeConfig:
             before, draft the tokens that followed them (no forward) instead of running the NAR
             drafting pass, when this request's record of such copies says they pay
             (`decode/lookup.py`). The output is `ar`'s either way.
+        logprobs: report each generated token's log-probability under the AR path (raw log-softmax of
+            its logits, before penalty and temperature) with this many top alternatives (0 = the
+            token's own only); None = off. A token committed unverified (`nar`'s slots) has no AR
+            log-prob at commit time and reports None.
     """
 
     mode: Mode = "hybrid"
@@ -162,6 +169,7 @@ class DecodeConfig:
     ignore_eos: bool = False
     drafting: Drafting = "separate"
     prompt_lookup: bool = True
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -184,6 +192,10 @@ class DecodeConfig:
             raise ValueError(f"reeval_every must be >= 1, got {self.reeval_every!r}")
         if self.drafting not in DRAFTINGS:
             raise ValueError(f"drafting must be one of {', '.join(DRAFTINGS)}; got {self.drafting!r}")
+        if self.logprobs is not None and not (
+            isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))

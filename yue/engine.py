@@ -27,7 +27,7 @@ import torch
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import StepCosts, measured_costs
-from yue.decode.loop import StepEmission, decode
+from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
@@ -200,22 +200,21 @@ class Engine:
     def _stream_ids(
         self, ids: list[int], cfg: DecodeConfig, cancel: Callable[[], bool] | None
     ) -> Iterator[StreamEvent]:
-        text = _TextTracker(self.tokenizer, cfg.stop)
-        stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
-        t0 = time.perf_counter()
+        row = RowStream(self.tokenizer, cfg, cfg.draft_gate(self.model.config))
         for em in decode(self.model, [ids], cfg, cancel, self._costs(cfg)):
-            self._count(stats, em, cfg, t0)
-            finish = em.finished[0]
-            delta = text.push(em.tokens[0], final=finish is not None)
-            if text.stopped:
-                finish = "stop"
-            if finish is not None:
-                stats.total_s = time.perf_counter() - t0
-                self._warn_if_collapsed(stats, cfg)
-            trace = [em.step] if em.step is not None else []
-            yield StreamEvent(delta, em.tokens[0], em.sources[0], finish, stats if finish else None, trace)
-            if finish is not None:
+            event = row.fold(em, 0)
+            yield event
+            if event.finish_reason is not None:
                 return
+
+    def decode_batch(self, cfg: DecodeConfig, max_prefill_tokens: int | None = None) -> DecodeBatch:
+        """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved): the
+        seam `batcher.Batcher` decodes through."""
+        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens)
+
+    def row_stream(self, cfg: DecodeConfig) -> RowStream:
+        """A request's text and counters over the steps of its row."""
+        return RowStream(self.tokenizer, cfg, cfg.draft_gate(self.model.config))
 
     def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
         """The step costs draft lengths weigh, measured for this model on this machine the first time a
@@ -226,93 +225,134 @@ class Engine:
             self.costs = measured_costs(self.model)
         return self.costs
 
-    @staticmethod
-    def _count(stats: GenerationStats, em: StepEmission, cfg: DecodeConfig, t0: float) -> None:
-        """Fold one step into the counters (row 0 for sources; lockstep counts are shared)."""
-        if em.mode == "cancelled":  # no forward ran
-            return
-        stats.forwards += em.forwards
-        stats.draft_passes += em.forwards - 1
-        tokens, sources = em.tokens[0], em.sources[0]
-        if tokens and stats.new_tokens == 0:
-            stats.ttft_s = time.perf_counter() - t0
-        stats.new_tokens += len(tokens)
-        stats.nar_tokens += sum(s == "nar" for s in sources)
-        stats.ar_tokens += sum(s == "ar" for s in sources)
-        if cfg.mode != "ar":
-            if em.drafted:
-                stats.drafted += em.drafted
-                stats.accepted += em.accepted
-                stats.accept_lengths.append(em.accepted)
-                for i in range(min(em.accepted, len(stats.accepted_per_pos))):
-                    stats.accepted_per_pos[i] += 1
-            stats.router_decisions["ar"] += em.routed[0]
-            stats.router_decisions["nar"] += em.routed[1]
-
-    def _warn_if_collapsed(self, stats: GenerationStats, cfg: DecodeConfig) -> None:
-        if cfg.mode not in ("hybrid", "verified"):
-            return
-        lo, hi = COLLAPSE_RANGE
-        d = stats.router_decisions
-        total = d["ar"] + d["nar"]
-        gate = cfg.draft_gate(self.model.config)  # the router's threshold (hybrid's dial is not)
-        if lo <= gate <= hi and total >= COLLAPSE_MIN_DECISIONS:
-            for mode, other in (("ar", "nar"), ("nar", "ar")):
-                if d[other] == 0:
-                    logger.warning(
-                        "router decisions collapsed to %s for all %d block positions at router_threshold=%.2f; "
-                        "the router may be miscalibrated for this input",
-                        mode.upper(),
-                        total,
-                        gate,
-                    )
-
     def generate(
         self, prompt: str | list[str], config: DecodeConfig | None = None, **overrides
     ) -> GenerationResult | list[GenerationResult]:
-        """Generate for one prompt (-> GenerationResult) or a batch of prompts (-> list, lockstep)."""
+        """Generate for one prompt (-> GenerationResult) or a batch of prompts (-> list, decoded together
+        with per-row acceptance; row b seeded with seed + b)."""
         if isinstance(prompt, list):
             return self._generate_batch(prompt, self._config(config, overrides))
         cfg = self._config(config, overrides)
         ids = self.encode(prompt)
         self._check_fits(len(ids), cfg)
         parts, tokens, trace = [], [], []
+        logprobs = None if cfg.logprobs is None else []
         for ev in self._stream_ids(ids, cfg, None):
             parts.append(ev.delta)
             tokens.extend(ev.token_ids)
             trace.extend(ev.trace)
+            if logprobs is not None:
+                logprobs.extend(ev.logprobs or [])
             last = ev
-        return GenerationResult("".join(parts), tokens, last.finish_reason, len(ids), last.stats, trace)
+        text = "".join(parts)
+        return GenerationResult(text, tokens, last.finish_reason, len(ids), last.stats, trace, logprobs)
 
     def _generate_batch(self, prompts: list[str], cfg: DecodeConfig) -> list[GenerationResult]:
+        """A batch decoded together, each row accepting its own drafts (no lockstep minimum); row b is
+        seeded with seed + b. Each result has its own stats, counting the forwards its row ran in."""
         if not prompts:
             raise ValueError("prompt: the batch is empty")
         ids = [self.encode(p) for p in prompts]
         for x in ids:
             self._check_fits(len(x), cfg)
-        B = len(prompts)
-        texts = [_TextTracker(self.tokenizer, cfg.stop) for _ in range(B)]
-        parts: list[list[str]] = [[] for _ in range(B)]
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        finish: list[str | None] = [None] * B
-        stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
+        rows = [RowStream(self.tokenizer, cfg, cfg.draft_gate(self.model.config)) for _ in ids]
+        parts: list[list[str]] = [[] for _ in ids]
+        tokens: list[list[int]] = [[] for _ in ids]
         trace: list[Step] = []
-        t0 = time.perf_counter()
-        for em in decode(self.model, ids, cfg, lambda: all(f is not None for f in finish), self._costs(cfg)):
-            self._count(stats, em, cfg, t0)
+        done = lambda: all(r.finish_reason is not None for r in rows)  # noqa: E731
+        for em in decode(self.model, ids, cfg, done, self._costs(cfg)):
             if em.step is not None:
                 trace.append(em.step)
-            for b in range(B):
-                if finish[b] is not None:
-                    continue
-                parts[b].append(texts[b].push(em.tokens[b], final=em.finished[b] is not None))
-                tokens[b].extend(em.tokens[b])
-                finish[b] = "stop" if texts[b].stopped else em.finished[b]
-        stats.total_s = time.perf_counter() - t0
+            for b, row in enumerate(rows):
+                if row.finish_reason is None:
+                    event = row.fold(em, b)
+                    parts[b].append(event.delta)
+                    tokens[b].extend(event.token_ids)
         return [
-            GenerationResult("".join(parts[b]), tokens[b], finish[b] or "stop", len(ids[b]), stats, trace)
-            for b in range(B)
+            GenerationResult(
+                "".join(parts[b]), tokens[b], r.finish_reason or "stop", len(ids[b]), r.stats, trace
+            )
+            for b, r in enumerate(rows)
         ]
+
+
+class RowStream:
+    """One request's view of the decode steps: its text (detokenized, stop strings), its counters, and
+    the `StreamEvent` each step makes of them. Shared by `Engine.stream`, `Engine.generate` of a
+    list and the server's continuous batcher.
+
+    Attributes:
+        stats: the request's counters; forwards count every forward its row took part in.
+        finish_reason: set once the row has finished (its last event carried it).
+    """
+
+    def __init__(self, tokenizer: YueTokenizer, cfg: DecodeConfig, gate: float) -> None:
+        self.cfg, self.gate = cfg, gate  # gate: the router threshold gating draft lengths (`draft_gate`)
+        self.text = _TextTracker(tokenizer, cfg.stop)
+        self.stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
+        self.t0 = time.perf_counter()
+        self.finish_reason: str | None = None
+
+    def fold(self, em: StepEmission, i: int) -> StreamEvent:
+        """The event for row i of a step (its index in `em`'s lists); the last one carries the finish
+        reason and the stats."""
+        self._count(em, i)
+        finish = em.finished[i]
+        delta = self.text.push(em.tokens[i], final=finish is not None)
+        if self.text.stopped:
+            finish = "stop"
+        if finish is not None:
+            self.finish_reason = finish
+            self.stats.total_s = time.perf_counter() - self.t0
+            _warn_if_collapsed(self.stats, self.cfg, self.gate)
+        trace = [em.step] if em.step is not None else []
+        stats = self.stats if finish else None
+        logprobs = None if em.logprobs is None else em.logprobs[i]
+        return StreamEvent(delta, em.tokens[i], em.sources[i], finish, stats, trace, logprobs)
+
+    def _count(self, em: StepEmission, i: int) -> None:
+        """Fold row i of one step into the counters."""
+        if em.mode == "cancelled":  # no forward ran
+            return
+        stats, cfg = self.stats, self.cfg
+        stats.forwards += em.forwards
+        stats.draft_passes += em.forwards - 1
+        tokens, sources = em.tokens[i], em.sources[i]
+        if tokens and stats.new_tokens == 0:
+            stats.ttft_s = time.perf_counter() - self.t0
+        stats.new_tokens += len(tokens)
+        stats.nar_tokens += sum(s == "nar" for s in sources)
+        stats.ar_tokens += sum(s == "ar" for s in sources)
+        if cfg.mode != "ar":
+            drafted, accepted = em.drafted[i], em.accepted[i]
+            if drafted:
+                stats.drafted += drafted
+                stats.accepted += accepted
+                stats.accept_lengths.append(accepted)
+                for j in range(min(accepted, len(stats.accepted_per_pos))):
+                    stats.accepted_per_pos[j] += 1
+            stats.router_decisions["ar"] += em.routed[0]
+            stats.router_decisions["nar"] += em.routed[1]
+
+
+def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig, gate: float) -> None:
+    """Warn where the router, gating draft lengths at `gate` (hybrid's own dial is its tolerance, not
+    this), sent every block position one way."""
+    if cfg.mode not in ("hybrid", "verified"):
+        return
+    lo, hi = COLLAPSE_RANGE
+    d = stats.router_decisions
+    total = d["ar"] + d["nar"]
+    if lo <= gate <= hi and total >= COLLAPSE_MIN_DECISIONS:
+        for mode, other in (("ar", "nar"), ("nar", "ar")):
+            if d[other] == 0:
+                logger.warning(
+                    "router decisions collapsed to %s for all %d block positions at router_threshold=%.2f; "
+                    "the router may be miscalibrated for this input",
+                    mode.upper(),
+                    total,
+                    gate,
+                )
 
 
 def load(

@@ -65,8 +65,11 @@ class OurRunner:
             results = self.engine.generate([p.text for _, p in batch], **self.kw)
             wall = time.perf_counter() - t0
             rows = [(i, r.token_ids, r.text) for (i, _), r in zip(batch, results, strict=True)]
-            st = results[0].stats
-            return Sample(rows, wall, st.ttft_s, st.forwards, list(st.accept_lengths))
+            # The batch ran as many forwards as its longest-running row took part in; rows keep their own
+            # acceptance (no lockstep minimum), so every row's accept lengths count.
+            forwards = max(r.stats.forwards for r in results)
+            lengths = [a for r in results for a in r.stats.accept_lengths]
+            return Sample(rows, wall, results[0].stats.ttft_s, forwards, lengths)
         (i, p), ttft, tokens, parts, stats = batch[0], None, [], [], None
         t0 = time.perf_counter()
         for ev in self.engine.stream(p.text, **self.kw):

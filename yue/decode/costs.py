@@ -151,6 +151,18 @@ class StepCosts:
         last, prev = self.step[-1], self.step[-2] if len(self.step) > 1 else self.step[-1]
         return last + (drafts - len(self.step) + 1) * max(last - prev, 0.0)
 
+    def for_batch(self, rows: int, block_size: int) -> StepCosts:
+        """The costs of a step of `rows` batch rows, in the same unit: a step's cost follows its fed
+        positions (DESIGN §7), so a batch step feeding k drafts costs what one row feeding rows * (k + 1)
+        positions would (the curve, extrapolated past its rows), and the drafting pass grows by the same
+        ratio as a step of its rows * K positions. rows 1: these costs."""
+        if rows == 1:
+            return self
+        positions = lambda n: self.verify(n - 1)  # noqa: E731  cost of a step over n positions
+        step = tuple(positions(rows * (k + 1)) for k in range(block_size + 1))
+        K = max(block_size, 1)
+        return StepCosts(step, self.draft_pass * positions(rows * K) / positions(K))
+
     @classmethod
     def default(cls, block_size: int) -> StepCosts:
         """yue-code-mini's costs on the 2-core CPU (DESIGN §7), for when nothing was measured: an AR step

@@ -1,23 +1,35 @@
-"""The one decode loop: propose -> forward -> accept -> advance, for every policy.
+"""The one decode loop: propose -> forward -> accept -> advance, for every policy, over a batch whose
+rows may join and leave between steps (continuous batching).
 
 Design decisions:
-- Token level only: the loop yields, per step, the tokens each row committed and who wrote them. Text
-  (detokenizing, stop strings) is the engine's business; it simply stops iterating.
+- Token level only: a step reports the tokens each row committed and who wrote them. Text
+  (detokenizing, stop strings) is the engine's business; it removes a row, or stops iterating.
+- `DecodeBatch` is the loop as a small stateful object: `add` queues a prompt (a row), `step` runs one
+  step of every running row, then prefills the queued rows and merges them in; `remove` drops a row
+  (its cache row is gathered away at once, so it stops costing compute). `decode()` is the thin
+  generator over it that the engine, the trainers and the tests use for a fixed list of prompts.
 - One forward per step over `fed` (+ a fused block of mask slots), and, with separate drafting (the
-  default), a second, NAR-only forward over a block anchored at the last kept token. The KV cache is
-  allocated once; after the forward, `cache.advance(keep)` commits the kept positions and everything
-  past them (rejected drafts, slots) is scratch that the next write overwrites: rollback is a pointer
-  move.
-- Per-step work outside the forward is kept small: positions are slices of a precomputed table, the
-  mask is built from two aranges (or skipped for a single unpadded token), and tracing is opt-in.
-- A batch is left-padded and decoded in lockstep (see policies.py); `key_valid` hides padding keys.
+  default), a second, NAR-only forward over a block anchored at each row's last kept token. After the
+  forward, `cache.commit(keep)` commits each row's kept positions (per-row acceptance: rows keep
+  different counts; the shorter leave holes the mask hides, see `model/cache.py`), and everything past
+  them (rejected drafts, slots) is scratch that the next write overwrites: rollback is a pointer move.
+- Per-step work outside the forward is kept small: positions are the rows' lengths plus an arange, the
+  mask is built from two aranges (or skipped for a single row without holes: batch 1 runs as before),
+  and tracing is opt-in.
+- Rows of one batch share what shapes a step (their `batch_key`: mode, K, drafting, threshold, and the
+  sampling warp); each keeps its own seed (a `torch.Generator` per row, so its samples do not depend on
+  its batch-mates), budget, EOS rule and, in the engine, stop strings.
+- Joining: queued rows are prefilled in buckets of similar length (one left-padded forward each, at
+  most `max_prefill_tokens` prompt tokens per step), then appended to the running batch: their cache
+  rows left-aligned, the columns up to the shared pointer holes (`KVCache.join`). A long prompt is
+  prefilled in one forward, not in chunks: it stalls the running rows for that forward.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,33 +37,44 @@ from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.policies import Advance, LoopState, get_policy
-from yue.decode.types import Step
+from yue.decode.rows import Group, Row, merge, select, without_finished
+from yue.decode.types import Step, TokenLogprob
+from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import entropy
 
+# A prefill bucket holds prompts up to this many times as long as its shortest (left padding is compute).
+BUCKET_SPREAD = 2
+
 
 @dataclass
 class StepEmission:
-    """Tokens committed by one step. tokens/sources: per row (empty for finished rows)."""
+    """Tokens committed by one step of a set of rows (one forward, plus its drafting pass).
+
+    Attributes:
+        tokens/sources: per row (empty for rows that had already finished).
+        finished: per row, why it stopped, or None while it runs.
+        step: the trace record (row 0's counts) when `cfg.trace`.
+        drafted/accepted: per row, draft tokens verified (or committed unverified) and kept.
+        mode: the policy's "AR"/"NAR" for the step, or "cancelled".
+        forwards: 2 when a drafting pass followed the step's forward.
+        routed: the step's block positions by the path chosen, (to AR, to NAR), shared by its rows.
+        rows: the row ids the lists refer to (`DecodeBatch.add`'s ids; `decode`: prompt indices).
+        logprobs: per row, a TokenLogprob per token, for rows whose config asks (`logprobs`); else None.
+    """
 
     tokens: list[list[int]]
     sources: list[list[str]]
     finished: list[str | None]
     step: Step | None
-    drafted: int
-    accepted: int
+    drafted: list[int]
+    accepted: list[int]
     mode: str
-    forwards: int = 1  # 2 when a drafting pass followed the step's forward
-    routed: tuple[int, int] = (0, 0)  # the step's block positions by the path chosen: (to AR, to NAR)
-
-
-@dataclass
-class _Rows:
-    """Per-row bookkeeping: tokens left before max_new_tokens, and why a row stopped."""
-
-    budget: list[int]
-    finish: list[str | None] = field(default_factory=list)
+    forwards: int = 1
+    routed: tuple[int, int] = (0, 0)
+    rows: list[int] = field(default_factory=list)
+    logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 def slot_capacity(cfg: DecodeConfig) -> int:
@@ -60,29 +83,247 @@ def slot_capacity(cfg: DecodeConfig) -> int:
     return (k + 1) * (k + 1) + 1 if cfg.drafting == "fused" else 2 * k + 2
 
 
-def _positions(pad: list[int], capacity: int, device) -> torch.Tensor:
-    """RoPE position of every cache index: (capacity,) unpadded, (B, capacity) left-padded."""
-    idx = torch.arange(capacity, device=device)
-    if not any(pad):
-        return idx
-    return (idx[None, :] - torch.tensor(pad, device=device)[:, None]).clamp(min=0)
+def batch_key(cfg: DecodeConfig) -> DecodeConfig:
+    """What rows of one batch must share: the config without the per-row fields (seed, budget, stop
+    strings, EOS rule, log-probs). Requests whose keys differ decode in different batches."""
+    return replace(cfg, seed=None, max_new_tokens=1, stop=(), ignore_eos=False, logprobs=None)
 
 
-def _truncate(adv: Advance, rows: _Rows, eos_ids: frozenset[int]) -> tuple[list[list[int]], list[list[str]]]:
+class DecodeBatch:
+    """A running batch that rows join and leave between steps.
+
+    Args:
+        model: the MoT model (eval mode).
+        cfg: a config already `resolved()`; its `batch_key` is what every row must share.
+        costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
+        max_prefill_tokens: prompt tokens (padding included) prefilled per step, at least one prompt;
+            None = every queued prompt at the next step.
+    """
+
+    def __init__(
+        self,
+        model: YueForCausalLM,
+        cfg: DecodeConfig,
+        costs: StepCosts | None = None,
+        max_prefill_tokens: int | None = None,
+    ) -> None:
+        self.model, self.key, self.costs = model, batch_key(cfg), costs
+        self.policy = get_policy(cfg.mode)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.running: Group | None = None
+        self.queued: list[Row] = []
+        self._ids = 0
+        self._offsets = torch.arange(64, device=model.device)  # `_arange`'s table
+        eos = model.config.eos_token_id
+        self._eos = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    def __len__(self) -> int:
+        """Rows running or queued."""
+        return len(self.queued) + (len(self.running.rows) if self.running else 0)
+
+    def add(self, prompt: list[int], cfg: DecodeConfig) -> int:
+        """Queue a non-empty tokenized prompt; it is prefilled at the next `step`. Returns its row id."""
+        if batch_key(cfg) != self.key:
+            raise ValueError("a row's config must share the batch's mode, K, drafting, threshold and warp")
+        generator = None
+        if not cfg.greedy:
+            generator = torch.Generator(device=self.model.device)
+            generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
+        eos_ids = frozenset() if cfg.ignore_eos else self._eos
+        row = Row(self._ids, list(prompt), cfg, generator, cfg.max_new_tokens, eos_ids)
+        self._ids += 1
+        self.queued.append(row)
+        return row.id
+
+    def remove(self, row_id: int) -> None:
+        """Drop a row (finished elsewhere, or cancelled): from the queue, or from the running batch."""
+        self.queued = [r for r in self.queued if r.id != row_id]
+        g = self.running
+        if g is not None and any(r.id == row_id for r in g.rows):
+            self.running = select(g, [i for i, r in enumerate(g.rows) if r.id != row_id])
+
+    @torch.inference_mode()
+    def step(self) -> list[StepEmission]:
+        """One step of every running row, then the prefill of the queued rows that fit; finished rows
+        leave. Returns one emission per forward group (the running rows, then each prefill bucket)."""
+        emissions = []
+        if self.running is not None:
+            emissions.append(self._step(self.running))
+            self.running = without_finished(self.running)
+        for bucket in self._buckets(self._admit()):
+            group = self._prefill(bucket)
+            emissions.append(self._step(group))
+            group = without_finished(group)
+            if group is not None:
+                vocab = self.model.config.vocab_size
+                self.running = group if self.running is None else merge(self.running, group, vocab)
+        return emissions
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """torch.arange(n) on the model's device, as a view of a table grown on demand (no per-step op)."""
+        if self._offsets.numel() < n:
+            self._offsets = torch.arange(max(n, 2 * self._offsets.numel()), device=self.model.device)
+        return self._offsets[:n]
+
+    def _admit(self) -> list[Row]:
+        """Queued rows to prefill this step, first come first served, within the prefill budget."""
+        taken, tokens = [], 0
+        while self.queued:
+            n = len(self.queued[0].prompt)
+            if taken and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
+                break
+            taken.append(self.queued.pop(0))
+            tokens += n
+        return taken
+
+    @staticmethod
+    def _buckets(rows: list[Row]) -> list[list[Row]]:
+        """Rows grouped by prompt length, each bucket within BUCKET_SPREAD of its shortest."""
+        buckets: list[list[Row]] = []
+        for row in sorted(rows, key=lambda r: len(r.prompt)):
+            if buckets and len(row.prompt) <= BUCKET_SPREAD * len(buckets[-1][0].prompt):
+                buckets[-1].append(row)
+            else:
+                buckets.append([row])
+        return buckets
+
+    def _prefill(self, rows: list[Row]) -> Group:
+        """A new group for these rows: prompts left-padded into one fed block, a cache sized for them."""
+        model, B = self.model, len(rows)
+        T0 = max(len(r.prompt) for r in rows)
+        pad = [T0 - len(r.prompt) for r in rows]
+        capacity = T0 + max(r.cfg.max_new_tokens for r in rows) + slot_capacity(self.key)
+        cache = model.new_cache(B, capacity)
+        cache.set_padding(pad)
+        cache.seq_lens -= torch.tensor(pad, device=cache.seq_lens.device)  # a prompt starts at position 0
+        fill = model.config.pad_token_id or 0
+        prompt = torch.tensor([[fill] * p + r.prompt for p, r in zip(pad, rows, strict=True)])
+        st = LoopState(self.key, [r.generator for r in rows], prompt.to(model.device), costs=self.costs)
+        if self.key.mode == "verified" and self.key.drafting == "separate" and self.key.prompt_lookup:
+            st.contexts = [NgramIndex(r.prompt) for r in rows]
+        if self.key.repetition_penalty != 1.0:
+            st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=model.device)
+            st.seen.scatter_(1, st.fed, True)
+        return Group(rows, cache, st)
+
+    def _step(self, g: Group) -> StepEmission:
+        """One step of a group: propose, forward, accept (+ drafting pass), advance."""
+        model, st, cache, cfg = self.model, g.st, g.cache, self.key
+        t0 = time.perf_counter()
+        device = model.device
+        mask_id = model.config.mask_token_id
+        # 1. Propose: committed tokens to feed, then the policy's block(s) of mask slots.
+        B, n_c = st.fed.shape
+        size, anchors = self.policy.n_slots(st), self.policy.anchors(st)
+        n_s = size * (len(anchors) if anchors else 1)
+        K = cfg.block_size or 1
+        cache.make_room(n_c + n_s + (K if cfg.drafting == "separate" else 0))
+        tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
+        start = cache.length
+        if not anchors:  # one block at the last fed token: positions run on contiguously
+            offsets = self._arange(n_c + n_s)
+        else:  # block m's slots sit at its anchor's position + 1 .. + size
+            blocks = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
+            offsets = torch.cat([torch.arange(n_c), blocks.flatten()]).to(device)
+        mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
+        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
+        positions = cache.positions(offsets, padded=g.index == 0)  # step 0: the (left-padded) prefill
+        out = model.step(tokens, positions, n_c, mask, cache, st.max_drafts + 1)
+        # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
+        adv = self.policy.advance(model, st, out)
+        cache.commit(adv.keep)
+        forwards = 1
+        if adv.draft_pass:
+            adv = self._draft_pass(st, cache, adv, out)
+            forwards = 2
+        # 4. Advance: bookkeeping for the next step.
+        st.fed, st.draft_logprobs = adv.next_fed, adv.next_draft_logprobs
+        st.n_drafts = adv.next_drafts or [0] * B
+        logprobs = _logprobs(g.rows, adv, out.ar_logits)
+        toks, srcs = _truncate(adv, g.rows)
+        if st.seen is not None:
+            for b, t in enumerate(toks):
+                st.seen[b, t] = True
+        step = None
+        if cfg.trace:
+            h = float(entropy(out.ar_logits[0, -1]))
+            dt = (time.perf_counter() - t0) * 1e3
+            step = Step(g.index, adv.mode, adv.drafted[0], adv.accepted[0], adv.p_ar, h, dt)
+        g.index += 1
+        finished = [r.finish for r in g.rows]
+        ids = [r.id for r in g.rows]
+        if logprobs is not None:  # cut where _truncate cut the tokens
+            logprobs = [None if lp is None else lp[: len(t)] for lp, t in zip(logprobs, toks, strict=True)]
+        return StepEmission(
+            toks,
+            srcs,
+            finished,
+            step,
+            adv.drafted,
+            adv.accepted,
+            adv.mode,
+            forwards,
+            adv.routed,
+            ids,
+            logprobs,
+        )
+
+    def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out) -> Advance:
+        """Drafting pass: K slots anchored at each row's last kept token, NAR set only; they see the
+        cache up to that token and each other, and sit in scratch space past it. Slot 1's token is known
+        by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's mask-predict
+        reveals do, and slots 2.. are drafted knowing it."""
+        model, K = self.model, self.key.block_size
+        B, L = st.fed.shape[0], cache.length
+        slots = st.fed.new_full((B, K), model.config.mask_token_id)
+        slots[:, 0] = adv.next_fed[:, 0]
+        mask = decode_mask(L, 0, K, cache.key_valid, model.device)
+        # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
+        entry = None
+        if out.entry is not None:
+            keep = torch.tensor(adv.keep, device=out.entry.device)
+            entry = out.entry[torch.arange(B, device=keep.device), keep - 1][:, None]
+        positions = cache.positions(self._arange(K))
+        draft = model.step(slots, positions, 0, mask, cache, 0, entry)
+        return self.policy.draft(model, st, adv, out, draft.slot_logits)
+
+
+def _logprobs(rows: list[Row], adv: Advance, ar_logits: torch.Tensor) -> list | None:
+    """Per row that asks, the AR log-prob (and top alternatives) of each emitted token: token j < ar_count
+    was predicted by verifying row ar_first + j; the rest were committed unverified (None)."""
+    if all(r.cfg.logprobs is None for r in rows):
+        return None
+    logp = ar_logits.float().log_softmax(-1)  # (B, k + 1, V)
+    out: list[list[TokenLogprob] | None] = []
+    for b, row in enumerate(rows):
+        if row.cfg.logprobs is None:
+            out.append(None)
+            continue
+        entries = []
+        for j, token in enumerate(adv.emitted[b]):
+            if j >= adv.ar_count[b]:
+                entries.append(TokenLogprob(token, None))
+                continue
+            dist = logp[b, adv.ar_first[b] + j]  # (V,)
+            top = torch.topk(dist, row.cfg.logprobs) if row.cfg.logprobs else None
+            alts = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            entries.append(TokenLogprob(token, float(dist[token]), alts))
+        out.append(entries)
+    return out
+
+
+def _truncate(adv: Advance, rows: list[Row]) -> tuple[list[list[int]], list[list[str]]]:
     """Cut each row's emitted tokens at EOS and at its max_new_tokens budget; mark finished rows."""
     toks, srcs = [], []
-    for b, (t, s) in enumerate(zip(adv.emitted, adv.sources, strict=True)):
-        if rows.finish[b] is not None:
-            toks.append([]), srcs.append([])
-            continue
-        cut = next((i for i, x in enumerate(t) if x in eos_ids), None)
+    for row, t, s in zip(rows, adv.emitted, adv.sources, strict=True):
+        cut = next((i for i, x in enumerate(t) if x in row.eos_ids), None)
         if cut is not None:
             t, s = t[:cut], s[:cut]
-            rows.finish[b] = "eos"
-        if len(t) >= rows.budget[b]:
-            t, s = t[: rows.budget[b]], s[: rows.budget[b]]
-            rows.finish[b] = rows.finish[b] or "length"
-        rows.budget[b] -= len(t)
+            row.finish = "eos"
+        if len(t) >= row.budget:
+            t, s = t[: row.budget], s[: row.budget]
+            row.finish = row.finish or "length"
+        row.budget -= len(t)
         toks.append(t), srcs.append(s)
     return toks, srcs
 
@@ -95,96 +336,50 @@ def decode(
     cancel: Callable[[], bool] | None = None,
     costs: StepCosts | None = None,
 ) -> Iterator[StepEmission]:
-    """Decode a batch of tokenized prompts; yield what each step commits.
+    """Decode a fixed batch of tokenized prompts; yield what each step commits.
+
+    Row b is seeded with cfg.seed + b (when seeded), so row 0 samples as a single request would.
 
     Args:
         model: the MoT model (eval mode).
-        prompts: B non-empty token lists; they are left-padded to a common length.
+        prompts: B non-empty token lists.
         cfg: a config already `resolved()` against the model's config.
         cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
     Yields:
-        One StepEmission per forward pass, the prefill included.
+        One StepEmission per forward group, with B-long lists indexed by prompt (the prefill included).
     """
-    device = model.device
-    policy = get_policy(cfg.mode)
-    B, T0 = len(prompts), max(len(p) for p in prompts)
-    pad = [T0 - len(p) for p in prompts]
-    capacity = T0 + cfg.max_new_tokens + slot_capacity(cfg)
-    cache = model.new_cache(B, capacity)
-    cache.set_padding(pad)
-    positions = _positions(pad, capacity, device)
-    prompt = torch.tensor(
-        [[model.config.pad_token_id or 0] * p + q for p, q in zip(pad, prompts, strict=True)]
-    )
-    generator = None
-    if not cfg.greedy:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ()).item()))
-    st = LoopState(cfg, generator, prompt.to(device), costs=costs)
-    if cfg.mode == "verified" and cfg.drafting == "separate" and cfg.prompt_lookup:
-        st.contexts = [NgramIndex(p) for p in prompts]
-    if cfg.repetition_penalty != 1.0:
-        st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
-        st.seen.scatter_(1, st.fed, True)
-    rows = _Rows([cfg.max_new_tokens] * B, [None] * B)
-    mask_id = model.config.mask_token_id
-    eos = model.config.eos_token_id
-    eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None or cfg.ignore_eos else [eos])
-    index = 0
-    while True:
+    batch = DecodeBatch(model, cfg, costs)
+    for b, p in enumerate(prompts):
+        seed = None if cfg.seed is None else (cfg.seed + b) % 2**64
+        batch.add(p, replace(cfg, seed=seed))
+    B = len(prompts)
+    finished: list[str | None] = [None] * B
+    while len(batch):
         if cancel is not None and cancel():
+            finished = [f or "cancelled" for f in finished]
+            empty = [[] for _ in range(B)]
+            yield StepEmission(empty, empty, finished, None, [0] * B, [0] * B, "cancelled", 0)
+            return
+        for em in batch.step():
+            tokens, sources = [[] for _ in range(B)], [[] for _ in range(B)]
+            drafted, accepted = [0] * B, [0] * B
+            logprobs = None if em.logprobs is None else [None] * B
+            for i, row in enumerate(em.rows):
+                tokens[row], sources[row], finished[row] = em.tokens[i], em.sources[i], em.finished[i]
+                drafted[row], accepted[row] = em.drafted[i], em.accepted[i]
+                if logprobs is not None:
+                    logprobs[row] = em.logprobs[i]
             yield StepEmission(
-                [[] for _ in range(B)], [[] for _ in range(B)], ["cancelled"] * B, None, 0, 0, "cancelled"
+                tokens,
+                sources,
+                list(finished),
+                em.step,
+                drafted,
+                accepted,
+                em.mode,
+                em.forwards,
+                em.routed,
+                list(range(B)),
+                logprobs,
             )
-            return
-        t0 = time.perf_counter()
-        # 1. Propose: committed tokens to feed, then the policy's block(s) of mask slots.
-        n_c, size, anchors = st.fed.shape[1], policy.n_slots(st), policy.anchors(st)
-        n_s = size * (len(anchors) if anchors else 1)
-        tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
-        start = cache.length
-        if not anchors:  # one block at the last fed token: positions run on contiguously
-            pos = positions[..., start : start + n_c + n_s]
-        else:  # block m's slots sit at its anchor's position + 1 .. + size
-            idx = torch.arange(start, start + n_c)
-            offsets = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
-            pos = positions[..., torch.cat([idx, start + offsets.flatten()]).to(device)]
-        mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
-        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        out = model.step(tokens, pos, n_c, mask, cache, st.n_drafts + 1)
-        # 3. Accept: the policy verifies / commits and says what to keep and feed next.
-        adv = policy.advance(model, st, out)
-        cache.advance(adv.keep)
-        forwards = 1
-        if adv.draft_pass:
-            # 3b. Drafting pass: K slots anchored at the last kept token, NAR set only; they see the
-            # cache up to that token and each other, and sit in scratch space past it. Slot 1's token
-            # is known by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's
-            # mask-predict reveals do, and slots 2.. are drafted knowing it.
-            L, K = cache.length, cfg.block_size
-            slots = st.fed.new_full((B, K), mask_id)
-            slots[:, 0] = adv.next_fed[:, 0]
-            mask = decode_mask(L, 0, K, cache.key_valid, device)
-            # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
-            entry = None if out.entry is None else out.entry[:, adv.keep - 1 : adv.keep]
-            draft = model.step(slots, positions[..., L : L + K], 0, mask, cache, 0, entry)
-            adv = policy.draft(model, st, adv, out, draft.slot_logits)
-            forwards = 2
-        # 4. Advance: bookkeeping for the next step.
-        st.fed, st.n_drafts, st.draft_logprobs = adv.next_fed, adv.next_drafts, adv.next_draft_logprobs
-        toks, srcs = _truncate(adv, rows, eos_ids)
-        if st.seen is not None:
-            for b, t in enumerate(toks):
-                st.seen[b, t] = True
-        step = None
-        if cfg.trace:
-            h = float(entropy(out.ar_logits[0, -1]))
-            dt = (time.perf_counter() - t0) * 1e3
-            step = Step(index, adv.mode, adv.drafted, adv.accepted, adv.p_ar, h, dt)
-        yield StepEmission(
-            toks, srcs, list(rows.finish), step, adv.drafted, adv.accepted, adv.mode, forwards, adv.routed
-        )
-        index += 1
-        if all(f is not None for f in rows.finish):
-            return

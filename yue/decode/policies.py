@@ -27,8 +27,12 @@ seeing the committed tokens up to its anchor), so the block on the last accepted
 whatever is accepted: one forward per step, but K slot rows per draft, which only pays where a
 forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU.
 
-A batch decodes in lockstep: each row accepts the batch minimum, which keeps every row exact (a
-prefix of an exactly-decoded continuation is exactly decoded) at the cost of some speed.
+In a batch each row accepts its own number of drafts (per-row acceptance: `Advance.keep` and
+`Advance.accepted` are per row; the loop's cache leaves holes where a row kept fewer columns than
+another). What stays shared is the shape of the next step: one draft length k for the batch (the
+router's `draft_length` weighs every row), so `next_fed` is rectangular. Rows that joined a running
+batch may carry fewer drafts than the others for one step (`LoopState.n_drafts` is per row; a row's
+drafts are the tail of its `fed`). Hybrid's unverified commits stay a batch minimum (lossy anyway).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.sampling import (
     apply_repetition_penalty,
-    choose,
+    choose_rows,
+    sample_rows,
     speculative_accept,
     warp,
     within_tolerance,
@@ -56,15 +61,17 @@ MAX_BACKOFF_DOUBLINGS = 3
 
 @dataclass
 class LoopState:
-    """Mutable per-request decode state the policies read and update.
+    """Mutable decode state of a batch, which the policies read and update.
 
     Attributes:
-        cfg: resolved decode config (threshold, K, reeval filled in).
-        generator: the request's random generator (None when greedy).
+        cfg: resolved decode config (threshold, K, reeval filled in); the fields a batch shares (its
+            `loop.batch_key`): policies never read a row's seed, budget or stop strings.
+        generators: each row's random generator (None when greedy).
         fed: (B, n) tokens to feed as committed positions next step. fed[:, 0] is always a token the
             AR path (or an unverified commit) already emitted; in `verified` fed[:, 1:] are drafts.
-        n_drafts: how many trailing tokens of `fed` are unverified drafts (verified mode only).
-        draft_logprobs: (B, n_drafts, V) warped NAR log-probs the drafts were sampled from (sampling).
+        n_drafts: per row, how many trailing tokens of `fed` are unverified drafts.
+        draft_logprobs: (B, max(n_drafts), V) warped NAR log-probs the drafts were sampled from
+            (sampling), aligned to the tail: row b's are the last n_drafts[b].
         seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
         ar_stretch: AR-only steps (verified) or AR-written tokens (hybrid) left before the router is
             asked again.
@@ -79,14 +86,14 @@ class LoopState:
         copy_record: the acceptance record of copied drafts (they cost no drafting pass, and fare
             otherwise than the NAR set's).
         copying: whether the drafts in flight were copied from the context.
-        record: verified: the router's predicted accepted drafts against the accepted ones, over this
-            request's verifying steps (`AcceptanceRecord`).
+        record: verified: the NAR drafts' acceptance record over this batch's verifying steps (a lone
+            request's own; rows that join a running batch share the batch's, `rows.merge`).
     """
 
     cfg: DecodeConfig
-    generator: torch.Generator | None
+    generators: list[torch.Generator | None]
     fed: torch.Tensor
-    n_drafts: int = 0
+    n_drafts: list[int] = field(default_factory=list)
     draft_logprobs: torch.Tensor | None = None
     seen: torch.Tensor | None = None
     ar_stretch: int = 0
@@ -97,6 +104,15 @@ class LoopState:
     copy_record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
     copying: bool = False
     record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
+
+    def __post_init__(self) -> None:
+        if not self.n_drafts:
+            self.n_drafts = [0] * self.fed.shape[0]
+
+    @property
+    def max_drafts(self) -> int:
+        """k: the verifying rows of a step are the last k + 1 fed positions."""
+        return max(self.n_drafts)
 
 
 @dataclass
@@ -157,21 +173,33 @@ class AcceptanceRecord:
 
 @dataclass
 class Advance:
-    """What one step decided. emitted/sources: per row, in order. keep: fed positions whose K/V stay."""
+    """What one step decided, per row: emitted/sources in order; keep: fed positions whose K/V stay;
+    drafted/accepted: draft tokens verified (or committed unverified) and kept."""
 
-    keep: int
+    keep: list[int]
     emitted: list[list[int]]
     sources: list[list[str]]
     next_fed: torch.Tensor
-    next_drafts: int = 0
+    next_drafts: list[int] | None = None  # None: no drafts
     next_draft_logprobs: torch.Tensor | None = None
     mode: str = "AR"
-    draft_pass: bool = False  # run a NAR-only pass anchored at fed[keep - 1], then `policy.draft`
-    drafted: int = 0
-    accepted: int = 0
+    draft_pass: bool = False  # run a NAR-only pass anchored at each row's fed[keep - 1], then `draft`
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    # Per row, the emitted tokens the AR path chose or verified: the first ar_count[b] of them, each
+    # predicted by AR row ar_first[b] + j of the step's verifying rows (for their log-probs).
+    ar_first: list[int] = field(default_factory=list)
+    ar_count: list[int] = field(default_factory=list)
     p_ar: list[float] = field(default_factory=list)
     # Slots 2..K of the block drafted this step, by the path chosen for them: (to AR, to NAR).
     routed: tuple[int, int] = (0, 0)
+
+    @property
+    def anchor_rows(self) -> list[int]:
+        """Per row, the last kept token's index among the step's verifying rows (the last k + 1 fed
+        positions, k = max drafts): its AR logits row, and its fused block's index."""
+        top = max(self.drafted, default=0)
+        return [top - d + a for d, a in zip(self.drafted, self.accepted, strict=True)]
 
 
 def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
@@ -195,7 +223,7 @@ def draft_slots(st: LoopState, slot_logits: torch.Tensor) -> tuple[torch.Tensor,
     if st.cfg.greedy:
         return slot_logits.argmax(-1), None
     q = warp(slot_logits, st.cfg)
-    return torch.multinomial(q.flatten(0, 1).exp(), 1, generator=st.generator).view(q.shape[:2]), q
+    return sample_rows(q, st.generators), q
 
 
 def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | None = None) -> Advance:
@@ -205,24 +233,27 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
     """
     if extra is None:
         extra = token.new_empty(token.shape[0], 0)
-    m = extra.shape[1]
+    B, m = extra.shape
     emitted = [[t] + e for t, e in zip(token.tolist(), extra.tolist(), strict=True)]
     next_fed = torch.cat([token[:, None], extra], dim=1)
-    adv = Advance(st.fed.shape[1], emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
-    adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), m, m
+    adv = Advance([st.fed.shape[1]] * B, emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
+    adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), [m] * B, [m] * B
+    adv.ar_first, adv.ar_count = [st.max_drafts] * B, [1] * B  # the AR token: the last verifying row
     return adv
 
 
 def best_length(st: LoopState, survival: list[float], draft_pass: bool = True) -> int:
     """The number of drafts k to verify next step that writes the most tokens per unit of cost, 0 if
-    none beats a plain AR step. survival[j - 1]: expected P(drafts 1..j all accepted).
+    none beats a plain AR step. survival[j - 1]: expected P(drafts 1..j all accepted) (in a batch, the
+    rows' mean: each row accepts its own drafts).
 
     Verifying k drafts writes 1 + sum_{j<=k} survival[j-1] tokens for a step feeding k drafts plus the
     block's drafting pass (`st.costs`: measured for the model on this machine; fused drafting: a
     block per fed position, approximated as k + 1 passes; none for copied drafts, `draft_pass`
     False); a plain AR step writes one for `costs.verify(0)`.
     """
-    costs = st.costs or StepCosts.default(st.cfg.block_size)
+    # A batch step's costs grow with its rows (`StepCosts.for_batch`): a large batch drafts less.
+    costs = (st.costs or StepCosts.default(st.cfg.block_size)).for_batch(st.fed.shape[0], st.cfg.block_size)
     best_k, best_rate, gain = 0, 1.0 / costs.verify(0), 1.0
     for k, s_k in enumerate(survival, start=1):
         gain += s_k
@@ -253,13 +284,19 @@ class Policy:
         """Indices into `fed` at which fused blocks are anchored; None = one block at the last."""
         return None
 
-    def with_block(self, model, st: LoopState, adv: Advance, out: StepOutput, block: int = 0) -> Advance:
-        """Draft from the step's fused block number `block`, or ask the loop for a drafting pass."""
+    def with_block(self, model, st: LoopState, adv: Advance, out: StepOutput) -> Advance:
+        """Draft from the step's fused block anchored at each row's last kept token (one block, or one
+        per verifying row: `anchors`), or ask the loop for a drafting pass."""
         if st.cfg.drafting == "separate":
             adv.draft_pass = True
             return adv
         K = st.cfg.block_size
-        return self.draft(model, st, adv, out, out.slot_logits[:, block * K : (block + 1) * K])
+        logits = out.slot_logits  # (B, blocks * K, V)
+        if logits.shape[1] > K:  # row b's block: anchor_rows[b]
+            first = torch.tensor(adv.anchor_rows, device=logits.device)[:, None] * K
+            index = first + torch.arange(K, device=logits.device)  # (B, K)
+            logits = logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[2]))
+        return self.draft(model, st, adv, out, logits)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Use a block anchored at the last kept token (fed[adv.keep - 1]). logits: (B, K, V)."""
@@ -267,18 +304,24 @@ class Policy:
 
 
 def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> torch.Tensor:
-    """The router's p_ar(i) = 1 - a_i for a block anchored at the last kept token, fed[adv.keep - 1]:
-    its AR logits are row `adv.accepted` of the step's AR rows (the last row when nothing was
-    verified). logits: (B, n, V), the block's slots -> (B, n).
+    """The router's p_ar(i) = 1 - a_i for a block anchored at each row's last kept token,
+    fed[b, adv.keep[b] - 1]: its AR logits are row `adv.anchor_rows[b]` of the step's AR rows (the
+    last row when nothing was verified). logits: (B, n, V), the block's slots -> (B, n).
 
     A separate drafting pass reveals slot 1 (its token, next_fed[:, 0], is known; see loop.py). A
     revealed slot's own output is untrained, so the router is shown what is true of it instead:
     certain (`Router.features`' slot1_revealed).
     """
     revealed = st.cfg.drafting == "separate"
-    feats = model.router.features(
-        out.hidden[:, adv.keep - 1], out.ar_logits[:, adv.accepted], logits, revealed
-    )
+    anchor = adv.anchor_rows
+    if len(set(adv.keep)) == 1 and len(set(anchor)) == 1:  # every row alike (a lone row): slices
+        hidden, ar_logits = out.hidden[:, adv.keep[0] - 1], out.ar_logits[:, anchor[0]]
+    else:  # per row: gathers
+        rows = torch.arange(len(anchor), device=logits.device)
+        keep = torch.tensor(adv.keep, device=logits.device)
+        hidden = out.hidden[rows, keep - 1]
+        ar_logits = out.ar_logits[rows, torch.tensor(anchor, device=logits.device)]
+    feats = model.router.features(hidden, ar_logits, logits, revealed)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 
 
@@ -288,7 +331,7 @@ class ARPolicy(Policy):
     name = "ar"
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        tok = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)  # (B,)
+        tok = choose_rows(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generators)  # (B,)
         return commit_unverified(st, tok)
 
 
@@ -309,50 +352,60 @@ class VerifiedPolicy(Policy):
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
         """Fused drafting: a block at every fed position from p0 on; whichever prefix of the drafts the
         AR path accepts, the block anchored at its last token is a valid next draft."""
-        if st.cfg.drafting != "fused" or st.n_drafts == 0:
+        k = st.max_drafts
+        if st.cfg.drafting != "fused" or k == 0:
             return None
         n = st.fed.shape[1]
-        return tuple(range(n - st.n_drafts - 1, n))
+        return tuple(range(n - k - 1, n))
 
-    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """Accepted draft count (batch minimum) and each row's next token (B,). target: (B, k+1, V)."""
-        k = st.n_drafts
-        drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k)
+    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """Per row, the accepted draft count and the next token (B,). target: (B, k+1, V), k = max drafts.
+
+        Row b's k_b drafts are the tail of its fed; their targets are the last k_b + 1 rows of target.
+        Each row accepts its own longest verified prefix (no batch minimum: per-row acceptance).
+        """
+        k = st.max_drafts
+        drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k); row b's drafts are its last n_drafts[b]
         if st.cfg.greedy:
             choice = target.argmax(-1)  # (B, k+1)
             if k == 0:
-                return 0, choice[:, 0]
-            n = int((choice[:, :k] == drafts).int().cumprod(-1).sum(-1).min())
-            return n, choice[:, n]
+                return [0] * len(choice), choice[:, 0]
+            if min(st.n_drafts) == k:  # every row verifies k drafts (a lone row always)
+                run = (choice[:, :k] == drafts).int().cumprod(-1).sum(-1)  # (B,)
+                return run.tolist(), choice.gather(1, run[:, None])[:, 0]
+            # A row with k_b < k drafts has k - k_b leading columns that are not drafts: count them as
+            # matched, so run = those + the row's accepted drafts, and choice[b, run] is its next token.
+            lead = k - torch.tensor(st.n_drafts, device=choice.device)  # (B,)
+            pad = torch.arange(k, device=choice.device)[None, :] < lead[:, None]  # (B, k)
+            run = ((choice[:, :k] == drafts) | pad).int().cumprod(-1).sum(-1)  # (B,)
+            return (run - lead).tolist(), choice.gather(1, run[:, None])[:, 0]
         if k == 0:
-            return 0, choose(target[:, 0], st.cfg, st.generator)
+            return [0] * len(target), choose_rows(target[:, 0], st.cfg, st.generators)
         logp = warp(target, st.cfg)
         rows = [
-            speculative_accept(logp[b], st.draft_logprobs[b], drafts[b], st.generator)
-            for b in range(len(logp))
+            speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g)
+            for b, (kb, g) in enumerate(zip(st.n_drafts, st.generators, strict=True))
         ]
-        n = min(r[0] for r in rows)
-        # A row that accepted more than the batch minimum continues with its next accepted draft.
-        nxt = [drafts[b, n].item() if r[0] > n else r[1] for b, r in enumerate(rows)]
-        return n, torch.tensor(nxt, device=target.device)
+        return [r[0] for r in rows], torch.tensor([r[1] for r in rows], device=target.device)
 
     def record_length(self, st: LoopState, n: int) -> int:
         """How many of a block's n drafts to verify next step when the router is not asked (threshold
-        1): the k with the most expected tokens per unit of cost under this request's own acceptance
-        record (`AcceptanceRecord.survival`); 0 = drafting does not pay on this text so far."""
+        1): the k with the most expected tokens per unit of cost under the acceptance record
+        (`AcceptanceRecord.survival`); 0 = drafting does not pay on this text so far."""
         return best_length(st, st.record.survival(n))
 
     def draft_length(self, st: LoopState, p_ar: torch.Tensor, gate: float) -> int:
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
 
         Draft j survives with A_j = a_{j+1} / a_1 (slot 1 is the position of the AR token already
-        chosen). Among the leading drafts with p_ar(i) <= gate (DESIGN's one rule; `DecodeConfig.draft_gate`), we take
-        the k with the most expected tokens per unit of cost (`best_length`), each A_j scaled by how
-        the router's predictions have held on this request (`AcceptanceRecord.ratio`). (At gate 1
-        the router is not asked: see `record_length`.)
+        chosen). Among the leading drafts with p_ar(i) <= gate (DESIGN's one rule;
+        `DecodeConfig.draft_gate`), we take the k with the most expected tokens per unit of cost
+        (`best_length`), each A_j scaled by how the router's predictions have held on this request
+        (`AcceptanceRecord.ratio`). In a batch, k is one number for every row: A_j is the rows' mean
+        (each row accepts its own drafts). (At gate 1 the router is not asked: see `record_length`.)
         """
         acc = 1.0 - p_ar  # (B, n)
-        A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).min(0).values.tolist()
+        A = (acc[:, 1:] / acc[:, :1].clamp(min=1e-6)).clamp(max=1.0).mean(0).tolist()
         allowed = (p_ar[:, 1:] <= gate).all(0).tolist()
         A = A[: next((j for j, ok in enumerate(allowed) if not ok), len(A))]
         # The router's predictions, scaled by how they have held on this request so far.
@@ -361,17 +414,20 @@ class VerifiedPolicy(Policy):
         return k
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        k = st.n_drafts
-        n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, k + 1))
-        if k:
-            (st.copy_record if st.copying else st.record).observe(k, n_acc)
-        drafts = st.fed[:, st.fed.shape[1] - k :][:, :n_acc].tolist()
-        emitted = [d + [t] for d, t in zip(drafts, nxt.tolist(), strict=True)]
+        n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, st.max_drafts + 1))
+        if st.max_drafts:  # the record counts the rows' mean
+            record = st.copy_record if st.copying else st.record
+            record.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
+        W, fed = st.fed.shape[1], st.fed.tolist()
+        rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
+        emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
         # Accepted copies are the AR path's tokens (it would have written them; no NAR set did).
-        sources = [["ar" if st.copying else "nar"] * n_acc + ["ar"] for _ in emitted]
-        keep = st.fed.shape[1] - k + n_acc  # the prefill feeds the whole prompt, with no drafts
-        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if k else "AR")
-        adv.drafted, adv.accepted = k, n_acc
+        sources = [["ar" if st.copying else "nar"] * n + ["ar"] for n in n_acc]
+        keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
+        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
+        adv.drafted, adv.accepted = list(st.n_drafts), n_acc
+        adv.ar_first = [st.max_drafts - k for k in st.n_drafts]
+        adv.ar_count = [n + 1 for n in n_acc]
         st.copying = False
         if st.contexts is not None:
             for ctx, row in zip(st.contexts, emitted, strict=True):
@@ -382,11 +438,9 @@ class VerifiedPolicy(Policy):
         if not self.drafts_now(st):
             st.ar_stretch = max(st.ar_stretch - 1, 0)
             return adv
-        # Fused: one block (at the last fed token) when nothing was drafted, else one per fed position,
-        # block m at fed[-k-1+m]; block n_acc is anchored on the last accepted token.
-        return self.with_block(
-            model, st, adv, out, n_acc if out.slot_logits.shape[1] > st.cfg.block_size else 0
-        )
+        # Fused: one block (at the last fed token) when nothing was drafted, else one per verifying
+        # position; each row drafts from the block on its last accepted token (`with_block`).
+        return self.with_block(model, st, adv, out)
 
     def copy(self, model, st: LoopState, adv: Advance) -> bool:
         """Feed drafts copied from the context next (`decode/lookup.py`) where every row has some and
@@ -400,7 +454,7 @@ class VerifiedPolicy(Policy):
             return False
         drafts = torch.tensor([c[:k] for c in copies], device=adv.next_fed.device)
         adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
-        adv.next_drafts, st.copying = k, True
+        adv.next_drafts, st.copying = [k] * len(copies), True
         if not st.cfg.greedy:  # copies are certain proposals: q is one-hot on each (speculative rule)
             q = torch.full((*drafts.shape, model.config.vocab_size), float("-inf"), device=drafts.device)
             adv.next_draft_logprobs = q.scatter_(2, drafts[..., None], 0.0)
@@ -449,7 +503,7 @@ class VerifiedPolicy(Policy):
         """Feed next, after the AR token, slots 2..1+drafts as drafts to verify (with their sampling
         log-probs q, if sampled). slots: (B, K)."""
         adv.next_fed = torch.cat([adv.next_fed, slots[:, 1 : 1 + drafts]], dim=1)
-        adv.next_drafts = drafts
+        adv.next_drafts = [drafts] * len(adv.next_fed)
         adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + drafts]
 
 
@@ -478,30 +532,27 @@ class HybridPolicy(VerifiedPolicy):
         """`verified`'s, except that t = 0 still drafts (it is `verified`, not `ar`)."""
         return st.ar_stretch == 0 and st.cfg.block_size >= 2
 
-    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """Accepted draft count (batch minimum) and each row's next token (B,). target: (B, k+1, V)."""
-        k, t = st.n_drafts, st.cfg.router_threshold
-        if k == 0:
-            return 0, choose(target[:, 0], st.cfg, st.generator)
+    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """Per row, the accepted draft count and the next token (B,). target: (B, k+1, V), k = max drafts
+        (row b's k_b drafts are the tail of its fed, as in `VerifiedPolicy.verify`)."""
+        k, t = st.max_drafts, st.cfg.router_threshold
+        if k == 0 or t == 0:  # t = 0 is `verified` exactly
+            return super().verify(st, target)
         drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k)
         if st.cfg.greedy:
             choice = target.argmax(-1)  # (B, k+1): the AR path's own tokens
-            ok = drafts == choice[:, :k]  # (B, k); t = 0 stops here, so it is `verified` exactly
-            if t > 0:
-                ok |= within_tolerance(target[:, :k], drafts, t)
-            accepted = ok.int().cumprod(-1).sum(-1)  # (B,) leading drafts accepted, per row
-            own = choice.gather(1, accepted[:, None])[:, 0]  # (B,) the AR token after them
-        else:
-            logp = warp(target, st.cfg)
-            rows = [
-                speculative_accept(logp[b], st.draft_logprobs[b], drafts[b], st.generator, t)
-                for b in range(len(logp))
-            ]
-            accepted = torch.tensor([r[0] for r in rows], device=drafts.device)
-            own = torch.tensor([r[1] for r in rows], device=drafts.device)
-        n = int(accepted.min())
-        # A row that accepted more than the batch minimum continues with its next accepted draft.
-        return n, torch.where(accepted > n, drafts[:, min(n, k - 1)], own)
+            ok = (drafts == choice[:, :k]) | within_tolerance(target[:, :k], drafts, t)  # (B, k)
+            # A row with k_b < k drafts: its k - k_b leading columns are not drafts; count them matched.
+            lead = k - torch.tensor(st.n_drafts, device=choice.device)  # (B,)
+            ok |= torch.arange(k, device=choice.device)[None, :] < lead[:, None]
+            run = ok.int().cumprod(-1).sum(-1)  # (B,)
+            return (run - lead).tolist(), choice.gather(1, run[:, None])[:, 0]  # the AR token after them
+        logp = warp(target, st.cfg)
+        rows = [
+            speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g, t)
+            for b, (kb, g) in enumerate(zip(st.n_drafts, st.generators, strict=True))
+        ]
+        return [r[0] for r in rows], torch.tensor([r[1] for r in rows], device=target.device)
 
 
 class NARPolicy(Policy):
@@ -513,7 +564,7 @@ class NARPolicy(Policy):
         return True
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        bonus = choose(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generator)
+        bonus = choose_rows(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generators)
         return self.with_block(model, st, commit_unverified(st, bonus), out)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:

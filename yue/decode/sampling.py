@@ -95,6 +95,23 @@ def within_tolerance(logits: torch.Tensor, tokens: torch.Tensor, tolerance: floa
     return x >= lp.max(-1).values + math.log1p(-tolerance)
 
 
+def choose_rows(
+    logits: torch.Tensor, cfg: DecodeConfig, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """`choose` for each row of (B, V) logits with the row's own generator -> (B,).
+
+    Each row draws from its own generator, so a request's samples do not depend on its batch-mates.
+    """
+    if cfg.greedy:
+        return logits.argmax(-1)
+    return torch.cat([choose(logits[b : b + 1], cfg, g) for b, g in enumerate(generators)])
+
+
+def sample_rows(logprobs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per (b, i) of (B, n, V) log-probabilities, row b from generators[b] -> (B, n)."""
+    return torch.stack([sample_from_logprobs(logprobs[b], g) for b, g in enumerate(generators)])
+
+
 def speculative_accept(
     target_logprobs: torch.Tensor,
     draft_logprobs: torch.Tensor,

@@ -24,9 +24,8 @@ class Step:
 
     Attributes:
         index: 0-based step number.
-        mode: "AR" when the step drafted nothing, "NAR" when it drafted (or committed) slots; in
-            `hybrid`, "NAR" when the router trusted slots of the block drafted this step.
-        drafted: draft tokens this step verified (verified) or slots it committed unverified (hybrid/nar).
+        mode: "AR" when the step drafted nothing, "NAR" when it drafted (or committed) slots.
+        drafted: draft tokens this step verified (verified, hybrid) or slots it committed unverified (nar).
         accepted: of those, how many were kept.
         p_ar: the router's p_ar(i) for the block drafted this step (empty when no block).
         entropy: AR next-token entropy (nats) at the last committed position.
@@ -51,7 +50,7 @@ class Step:
 
 @dataclass
 class GenerationStats:
-    """Counters for one sequence (or a lockstep batch).
+    """Counters for one sequence (in a batch: the forwards its row took part in, its own drafts).
 
     Attributes:
         forwards: model forward passes, prefill included.
@@ -100,6 +99,21 @@ class GenerationStats:
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the AR path (raw log-softmax of its logits).
+
+    Attributes:
+        token: the token id.
+        logprob: its log-probability; None for a token committed unverified (no AR log-prob then).
+        top: the most likely tokens at that position, id -> log-probability, most likely first.
+    """
+
+    token: int
+    logprob: float | None
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class GenerationResult:
     """The outcome of `Engine.generate` for one prompt."""
 
@@ -109,6 +123,7 @@ class GenerationResult:
     prompt_tokens: int
     stats: GenerationStats
     trace: list[Step] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # per token, when `DecodeConfig.logprobs` is set
 
     def trace_json(self) -> str:
         return json.dumps([asdict(s) for s in self.trace])
@@ -125,6 +140,7 @@ class StreamEvent:
         finish_reason: set on the last event only.
         stats: set on the last event only.
         trace: steps since the last event (when tracing).
+        logprobs: per token of `token_ids`, when `DecodeConfig.logprobs` is set.
     """
 
     delta: str
@@ -133,3 +149,4 @@ class StreamEvent:
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
     trace: list[Step] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None

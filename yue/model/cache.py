@@ -1,13 +1,19 @@
-"""The one KV cache: preallocated, indexed by absolute position, rollback is a pointer move.
+"""The one KV cache: preallocated, written at a shared pointer, rollback is a pointer move.
 
 Design decisions:
-- One (L, B, Hkv, T_max, Dh) buffer for keys and one for values, allocated once per request batch;
-  the decode loop never allocates cache memory per step.
-- `length` counts the positions whose K/V are committed. A step writes its new tokens (and its slots,
-  as scratch) at [length, length + T); accepting j tokens advances `length`, rejecting drafts simply
-  does not advance it; whatever lies beyond `length` is overwritten by the next write.
-- A batch of prompts is left-padded and decoded in lockstep; `key_valid` (B, T_max) marks padding
-  keys so no query ever attends to them.
+- One (L, B, Hkv, T_max, Dh) buffer for keys and one for values; a decode step never allocates cache
+  memory. Only a batch that changes shape (rows joining: `join`; leaving: `select`) or outgrows its
+  buffer (`make_room`) copies it.
+- `length` is the write pointer shared by every row: a step writes its new tokens (and its slots, as
+  scratch) at columns [length, length + T); committing advances it; whatever lies beyond `length` is
+  overwritten by the next write.
+- Rows of a batch may diverge: row b keeps keep[b] of a step's columns and the pointer advances by
+  max(keep) (`commit`). The columns a row did not keep are holes: `key_valid` (B, T_max) marks them,
+  and left padding, False, so no query attends to them. A column index is therefore not a position:
+  `seq_lens[b]` counts the tokens in row b's sequence, and its next token's RoPE position is that
+  count (`positions`). A single row never has holes, and keeps `key_valid` None (no mask needed).
+- Holes cost columns, not compute of their own; `make_room` compacts them away (each row's valid
+  columns gathered to the left) before it grows the buffer.
 - The cache is a plain object, not a module buffer: it never enters a checkpoint.
 """
 
@@ -21,8 +27,10 @@ class KVCache:
 
     Attributes:
         k, v: (L, B, Hkv, T_max, Dh) buffers.
-        length: number of committed positions whose K/V are valid.
-        key_valid: (B, T_max) bool, False on left padding; None for an unpadded batch.
+        length: columns written and committed, shared by every row (the write pointer).
+        key_valid: (B, T_max) bool, False on left padding and holes; None when every column < length
+            holds a token of every row.
+        seq_lens: (B,) long, tokens in each row's sequence (its next RoPE position).
     """
 
     def __init__(
@@ -40,10 +48,15 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
         self.key_valid: torch.Tensor | None = None
+        self.seq_lens = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     @property
     def capacity(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) views of layer i, each (B, Hkv, T_max, Dh)."""
@@ -58,12 +71,120 @@ class KVCache:
         pads = torch.tensor(pad_lengths, device=self.k.device)
         self.key_valid = idx[None, :] >= pads[:, None]
 
+    def positions(self, offsets: torch.Tensor, padded: bool = False) -> torch.Tensor:
+        """RoPE positions of a step's new tokens: seq_lens[b] + offsets, (B, T). offsets: (T,) long,
+        each token's place after the row's last token (a slot block: its anchor's place + 1, ...).
+        padded: a left-padded prefill, whose padding columns get position 0 instead of negative ones."""
+        pos = self.seq_lens[:, None] + offsets[None, :]
+        return pos.clamp_(min=0) if padded else pos
+
     def advance(self, n: int) -> None:
-        """Commit the next n written positions."""
+        """Commit the next n written columns in every row."""
         assert self.length + n <= self.capacity, "KV cache overflow"
         self.length += n
+        self.seq_lens += n
+
+    def commit(self, keep: list[int]) -> None:
+        """Row b keeps the first keep[b] columns of the last write; the pointer moves by max(keep) and
+        each row's columns [keep[b], max) of that write become holes."""
+        top = max(keep)
+        assert self.length + top <= self.capacity, "KV cache overflow"
+        if min(keep) == top:  # every row kept as many: no holes (always so for a single row)
+            self.length += top
+            self.seq_lens += top
+            return
+        valid = self._valid()
+        for b, n in enumerate(keep):
+            valid[b, self.length + n : self.length + top] = False
+        self.length += top
+        self.seq_lens += torch.tensor(keep, device=self.seq_lens.device)
 
     def rollback(self, length: int) -> None:
-        """Forget every position from `length` on: a pointer move, nothing is cleared."""
+        """Forget every column from `length` on: a pointer move, nothing is cleared."""
         assert 0 <= length <= self.length
+        self.length = length
+
+    def _valid(self) -> torch.Tensor:
+        """key_valid, materialized (all True) if it was None."""
+        if self.key_valid is None:
+            self.key_valid = torch.ones(
+                self.batch_size, self.capacity, dtype=torch.bool, device=self.k.device
+            )
+        return self.key_valid
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (a gather on the batch dimension): rows that left stop costing compute."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
+        self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        self.seq_lens = self.seq_lens.index_select(0, index)
+        if self.key_valid is not None:
+            self.key_valid = self.key_valid.index_select(0, index)
+            self._drop_mask_if_whole()
+
+    def make_room(self, n: int) -> None:
+        """Ensure n columns can be written at the pointer: compact the holes away, then grow if needed."""
+        if self.length + n <= self.capacity:
+            return
+        if self.key_valid is not None:
+            self.compact()
+        if self.length + n > self.capacity:
+            self._resize(max(2 * self.capacity, self.length + n))
+
+    def compact(self) -> None:
+        """Gather each row's valid columns to the left, in order; the pointer becomes the longest row's
+        count, and a shorter row's columns after its own are holes."""
+        valid = self._valid()[:, : self.length]  # (B, length)
+        counts = valid.sum(1)  # (B,)
+        new_len = int(counts.max()) if counts.numel() else 0
+        # Row b's j-th valid column, for j < counts[b]; column 0 (masked) after that. (B, new_len)
+        order = torch.argsort((~valid).int(), dim=1, stable=True)[:, :new_len]
+        slot = torch.arange(new_len, device=valid.device)[None, :]
+        index = torch.where(slot < counts[:, None], order, torch.zeros_like(order))
+        gather = index[None, :, None, :, None].expand(
+            self.k.shape[0], -1, self.k.shape[2], -1, self.k.shape[4]
+        )
+        self.k[:, :, :, :new_len] = self.k.gather(3, gather)
+        self.v[:, :, :, :new_len] = self.v.gather(3, gather)
+        columns = torch.arange(self.capacity, device=valid.device)[None, :]
+        self.key_valid = (columns < counts[:, None]) | (columns >= new_len)  # past the pointer: written later
+        self.length = new_len
+        self._drop_mask_if_whole()
+
+    def _drop_mask_if_whole(self) -> None:
+        """key_valid back to None when no row has a hole or padding left (a lone row's fast path)."""
+        if self.key_valid is not None and bool(self.key_valid[:, : self.length].all()):
+            self.key_valid = None
+
+    def _resize(self, capacity: int) -> None:
+        """Copy into buffers of a new capacity (>= length); new columns are valid (written later)."""
+        L, B, H, T, D = self.k.shape
+        k = self.k.new_zeros(L, B, H, capacity, D)
+        v = self.v.new_zeros(L, B, H, capacity, D)
+        n = min(T, capacity)
+        k[:, :, :, :n], v[:, :, :, :n] = self.k[:, :, :, :n], self.v[:, :, :, :n]
+        self.k, self.v = k, v
+        if self.key_valid is not None:
+            valid = torch.ones(B, capacity, dtype=torch.bool, device=k.device)
+            valid[:, :n] = self.key_valid[:, :n]
+            self.key_valid = valid
+
+    def join(self, other: KVCache) -> None:
+        """Append other's rows below this cache's, both committed up to their own pointers.
+
+        The pointer becomes the larger of the two; a row's columns between its cache's old pointer and
+        the new one are holes. Positions stay per row (`seq_lens`), so nothing needs shifting.
+        """
+        length = max(self.length, other.length)
+        capacity = max(self.capacity, other.capacity)
+        parts = []
+        for c in (self, other):
+            if c.capacity < capacity:
+                c._resize(capacity)
+            valid = c._valid().clone()
+            valid[:, c.length : length] = False
+            parts.append(valid)
+        self.k = torch.cat([self.k, other.k], dim=1)
+        self.v = torch.cat([self.v, other.v], dim=1)
+        self.key_valid = torch.cat(parts, dim=0)
+        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
         self.length = length

@@ -4,8 +4,8 @@ Design decisions:
 - A thin adapter: a request is parsed (schemas.py), turned into a `DecodeConfig` (whose validation
   is the only range check: its `ValueError` names the field, which becomes the error's `param`),
   checked against the limits (config.check_limits), admitted by the scheduler (or refused with 503),
-  and run by a worker thread through `Engine.stream`. Streamed and non-streamed answers both come
-  from `Engine.stream`, so a disconnect can cancel either.
+  and run by its one thread, batched with every other running request (`yue.batcher`). Streamed and
+  non-streamed answers both come from the same events, so a disconnect can cancel either.
 - Errors have one shape everywhere, OpenAI's `{"error": {message, type, param, code}}`; FastAPI's 422
   is replaced by 400 (in the handlers and in the OpenAPI document); a 500 never shows a traceback.
 - API key and body size are checked by a pure ASGI middleware (`Gate`) before anything parses the
@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -33,13 +33,14 @@ from yue import __version__
 from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
 from yue.serve import schemas as s
-from yue.serve.config import ServeConfig, check_limits
+from yue.serve.config import MAX_CHOICES, ServeConfig, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, openapi_without_422
 from yue.serve.gate import Gate
 from yue.serve.metrics import Metrics
 from yue.serve.scheduler import Overloaded, Scheduler
 from yue.serve.streaming import (
     ChatFormat,
+    Choice,
     CompletionFormat,
     Format,
     GenerateFormat,
@@ -48,7 +49,7 @@ from yue.serve.streaming import (
     generate_body,
     openai_finish_reason,
     sse_events,
-    usage,
+    total_usage,
 )
 
 log = logging.getLogger("yue.serve")
@@ -61,11 +62,12 @@ _STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}
 
 @dataclass
 class Prepared:
-    """A validated request, ready to run."""
+    """A validated generation (one choice of a request), ready to run."""
 
-    prompt: str
+    prompt: str | list[int]  # text, or token ids
     prompt_tokens: int
     decode: DecodeConfig
+    prompt_index: int = 0  # which of the request's prompts
 
 
 class ServerState:
@@ -98,7 +100,10 @@ class ServerState:
                 self.engine = await asyncio.to_thread(self.loader)
             # An override given by the caller; None: the model's own (`Engine.chat_prompt`).
             self.template = ChatTemplate(self.chat_template_source) if self.chat_template_source else None
-            self.scheduler = Scheduler(self.engine, self.config.max_concurrency, self.config.max_queue)
+            c = self.config
+            self.scheduler = Scheduler(
+                self.engine, c.max_batch_size, c.max_queue, c.max_batch_tokens, on_step=self.metrics.step
+            )
             log.info("model %s ready", self.engine.name)
         except Exception as e:
             log.exception("model failed to load")
@@ -198,15 +203,30 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
         engine = _check_model(state, body.model)
-        prepared = _prepare(state, body, body.prompt, "prompt", default_max_tokens=16, temperature=1.0)
+        prompts = _completion_prompts(body.prompt, engine)
+        prepared = [
+            _prepare(state, body, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
+            for p in prompts
+        ]
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage)
+        tokenizer = engine.tokenizer if body.logprobs is not None else None
+        fmt = CompletionFormat(
+            f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage, tokenizer
+        )
 
-        def build(o: Outcome) -> s.CompletionResponse:
-            choice = s.CompletionChoice(text=o.text, finish_reason=openai_finish_reason(o.finish_reason))
-            return s.CompletionResponse(choices=[choice], **_envelope(fmt, o))
+        def build(outcomes: list[Outcome]) -> s.CompletionResponse:
+            choices = [
+                s.CompletionChoice(
+                    index=i,
+                    text=o.text,
+                    finish_reason=openai_finish_reason(o.finish_reason),
+                    logprobs=fmt.logprobs(i, o.logprobs),
+                )
+                for i, o in enumerate(outcomes)
+            ]
+            return s.CompletionResponse(choices=choices, **_envelope(fmt, outcomes))
 
-        return await _respond(state, request, prepared, fmt, body.stream, build)
+        return await _respond(state, request, _choices(prepared, body.n), fmt, body.stream, build)
 
     @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
@@ -216,35 +236,91 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             prompt = engine.chat_prompt(messages, state.template)
         except Exception as e:  # a model's template may reject a conversation (raise_exception)
             raise ApiError(400, f"chat template: {e}", param="messages", code="invalid_value") from e
-        prepared = _prepare(state, body, prompt, "messages", default_max_tokens=1 << 30, temperature=1.0)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage)
-
-        def build(o: Outcome) -> s.ChatCompletionResponse:
-            choice = s.ChatChoice(
-                message=s.AssistantMessage(content=o.text),
-                finish_reason=openai_finish_reason(o.finish_reason),
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(
+                400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value"
             )
-            return s.ChatCompletionResponse(choices=[choice], **_envelope(fmt, o))
+        prepared = _prepare(
+            state, body, prompt, "messages", default_max_tokens=1 << 30, temperature=1.0, logprobs=logprobs
+        )
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        tokenizer = engine.tokenizer if logprobs is not None else None
+        fmt = ChatFormat(
+            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage, tokenizer
+        )
 
-        return await _respond(state, request, prepared, fmt, body.stream, build)
+        def build(outcomes: list[Outcome]) -> s.ChatCompletionResponse:
+            choices = [
+                s.ChatChoice(
+                    index=i,
+                    message=s.AssistantMessage(content=o.text),
+                    finish_reason=openai_finish_reason(o.finish_reason),
+                    logprobs=fmt.logprobs(i, o.logprobs),
+                )
+                for i, o in enumerate(outcomes)
+            ]
+            return s.ChatCompletionResponse(choices=choices, **_envelope(fmt, outcomes))
+
+        return await _respond(state, request, _choices([prepared], body.n), fmt, body.stream, build)
 
     @app.post("/generate", response_model=s.GenerateResponse, responses=_ERRORS | _STREAM)
     async def generate(body: s.GenerateRequest, request: Request):
         engine = state.ready()
         prepared = _prepare(state, body, body.prompt, "prompt", default_max_tokens=128, temperature=None)
         fmt = GenerateFormat(engine.tokenizer)
-        return await _respond(state, request, prepared, fmt, body.stream, lambda o: generate_body(o))
+        return await _respond(state, request, [prepared], fmt, body.stream, lambda o: generate_body(o[0]))
 
 
-def _envelope(fmt, o: Outcome) -> dict:
+def _envelope(fmt, outcomes: list[Outcome]) -> dict:
     """The fields every OpenAI completion response shares: id, created, model, usage."""
     return {
         "id": fmt.id,
         "created": fmt.created,
         "model": fmt.model,
-        "usage": s.Usage(**usage(o.prompt_tokens, o.stats.new_tokens)),
+        "usage": s.Usage(**total_usage(outcomes)),
     }
+
+
+def _completion_prompts(prompt, engine) -> list[str | list[int]]:
+    """/v1/completions' prompt as a list of prompts: texts, or token-id lists (checked against the vocabulary)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt: the list is empty", param="prompt", code="invalid_value")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    vocab = engine.model_config.vocab_size
+    for p in prompt:
+        if isinstance(p, list) and (not p or not all(0 <= t < vocab for t in p)):
+            raise ApiError(
+                400,
+                f"prompt: token ids must be a non-empty list in [0, {vocab})",
+                param="prompt",
+                code="invalid_value",
+            )
+    return list(prompt)
+
+
+def _choices(prepared: list[Prepared], n: int) -> list[Prepared]:
+    """n choices per prompt, prompt-major (choice i * n + j is prompt i's j-th); a seeded request's
+    choice j samples with seed + j, so its choices differ and each is reproducible."""
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"n must be in [1, {MAX_CHOICES}], got {n}", param="n", code="invalid_value")
+    if len(prepared) * n > MAX_CHOICES:
+        raise ApiError(
+            400,
+            f"at most {MAX_CHOICES} generations per request (prompts x n), got {len(prepared) * n}",
+            param="n",
+            code="invalid_value",
+        )
+    out = []
+    for i, p in enumerate(prepared):
+        for j in range(n):
+            seed = p.decode.seed
+            decode = p.decode if seed is None or j == 0 else replace(p.decode, seed=(seed + j) % 2**64)
+            out.append(replace(p, decode=decode, prompt_index=i))
+    return out
 
 
 def _check_model(state: ServerState, model: str | None):
@@ -262,20 +338,21 @@ def _check_model(state: ServerState, model: str | None):
 def _prepare(
     state: ServerState,
     body: s._Sampling,
-    prompt: str,
+    prompt: str | list[int],
     prompt_param: str,
     *,
     default_max_tokens: int,
     temperature: float | None,
+    logprobs: int | None = None,
 ) -> Prepared:
     """Request fields -> a validated `DecodeConfig` within the server's limits (or a 400)."""
     engine = state.engine
-    n = engine.count_tokens(prompt)
+    n = engine.count_tokens(prompt) if isinstance(prompt, str) else len(prompt)
     max_tokens = body.max_tokens
     if max_tokens is None:  # a default never overflows the context; an explicit value may (and 400s)
         max_tokens = max(1, min(default_max_tokens, engine.context_length - n))
     stop = () if body.stop is None else (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
-    fields = {"max_new_tokens": max_tokens, "stop": stop, "mode": engine.default_mode}
+    fields = {"max_new_tokens": max_tokens, "stop": stop, "mode": engine.default_mode, "logprobs": logprobs}
     if temperature is not None:
         fields["temperature"] = temperature
     for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "mode", "router_threshold"):
@@ -286,6 +363,8 @@ def _prepare(
     except ValueError as e:  # the message starts with the field's name
         field = (str(e).split() or [""])[0]
         param = _REQUEST_FIELD.get(field, field) if field in DecodeConfig.__dataclass_fields__ else None
+        if field == "logprobs" and prompt_param == "messages":
+            param = "top_logprobs"
         raise ApiError(
             400, str(e).replace("max_new_tokens", "max_tokens"), param=param, code="invalid_value"
         ) from e
@@ -308,13 +387,14 @@ def _prepare(
 
 
 async def _respond(
-    state: ServerState, request: Request, prepared: Prepared, fmt: Format, stream: bool, build
+    state: ServerState, request: Request, prepared: list[Prepared], fmt: Format, stream: bool, build
 ):
-    """Admit the request, then stream it or collect it; a disconnect cancels the generation."""
-    tracker = state.metrics.track(request.scope.get("yue.arrival") or time.perf_counter())
+    """Admit the request's generations (all or none), then stream them or collect them; a disconnect
+    cancels them."""
+    arrival = request.scope.get("yue.arrival") or time.perf_counter()
     scheduler = state.scheduler
     try:
-        job = scheduler.submit(prepared.prompt, prepared.decode)
+        jobs = scheduler.submit_all([(p.prompt, p.decode) for p in prepared])
     except Overloaded:
         raise ApiError(
             503,
@@ -323,24 +403,34 @@ async def _respond(
             code="overloaded",
             headers=state.retry_after,
         ) from None
+    choices = [
+        Choice(i, job, state.metrics.track(arrival), p.prompt_tokens, p.prompt_index)
+        for i, (job, p) in enumerate(zip(jobs, prepared, strict=True))
+    ]
+
+    def cancel_all() -> None:
+        for job in jobs:
+            scheduler.cancel(job)
+
     if stream:
-        events = sse_events(job, tracker, fmt, prepared.prompt_tokens)
-        return EventStream(events, on_close=lambda: scheduler.cancel(job))
+        return EventStream(sse_events(choices, fmt), on_close=cancel_all)
     try:
-        task = asyncio.ensure_future(collect(job, tracker, prepared.prompt_tokens))
+        task = asyncio.ensure_future(asyncio.gather(*(collect(c) for c in choices)))
         while not (await asyncio.wait({task}, timeout=0.25))[0]:
             if await request.is_disconnected():
-                scheduler.cancel(job)  # the engine ends at its next step; the answer goes nowhere
-        outcome = task.result()
+                cancel_all()  # the engine drops them before its next step; the answer goes nowhere
+        outcomes = task.result()
     except ValueError as e:  # the engine refused the request itself
-        tracker.fail("invalid_request")
+        for c in choices:
+            c.tracker.fail("invalid_request")
         raise ApiError(400, str(e), code="invalid_value") from e
     except Exception:
-        tracker.fail("engine_error")
+        for c in choices:
+            c.tracker.fail("engine_error")
         raise
     finally:
-        scheduler.cancel(job)
-    return build(outcome)
+        cancel_all()
+    return build(outcomes)
 
 
 class EventStream(StreamingResponse):

@@ -13,11 +13,12 @@ Design decisions:
 |--------------------|------------------------|--------|---------------------------------------------|
 | max_body_bytes     | Gate (ASGI middleware) | 413    | request_too_large                           |
 | api_key            | Gate (ASGI middleware) | 401    | invalid_api_key                             |
-| max_concurrency    | Scheduler (running)    | 503    | overloaded (+ Retry-After)                  |
+| max_batch_size     | Scheduler (running)    | 503    | overloaded (+ Retry-After)                  |
 | max_queue          | Scheduler (waiting)    | 503    | overloaded (+ Retry-After)                  |
 | max_prompt_tokens  | check_limits           | 400    | prompt_too_long, param prompt / messages    |
 | context length     | check_limits           | 400    | context_length_exceeded, param max_tokens   |
 | MAX_STOP (4)       | check_limits           | 400    | invalid_value, param stop                   |
+| MAX_CHOICES (16)   | app (prompts x n)      | 400    | invalid_value, param n                      |
 | decode fields      | DecodeConfig           | 400    | invalid_value, param = the field            |
 """
 
@@ -29,6 +30,8 @@ from yue.serve.errors import ApiError
 
 # OpenAI allows up to 4 stop sequences; more only slows the stop check in the decode loop.
 MAX_STOP = 4
+# Generations one request may ask for (prompts x n): each is a row of the running batch.
+MAX_CHOICES = 16
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,11 @@ class ServeConfig:
         host: interface to bind; localhost unless told otherwise (the server has no TLS).
         port: TCP port.
         api_key: when set, /v1/* and /generate require `Authorization: Bearer <key>`.
-        max_concurrency: generations running at once (one worker thread each).
-        max_queue: admitted requests waiting for a worker; beyond running + waiting, 503.
+        max_batch_size: generations running at once, stepped together by one scheduler thread
+            (continuous batching); 1 = one request at a time.
+        max_batch_tokens: prompt tokens prefilled per decode step (at least one prompt), so a burst of
+            arrivals does not stall the running requests for all its prefills at once; None = no bound.
+        max_queue: admitted requests waiting to join the batch; beyond running + waiting, 503.
         max_prompt_tokens: longest prompt accepted; None = the model's context length.
         max_body_bytes: largest request body, counted as it arrives (chunked bodies included).
         retry_after_s: the Retry-After a 503 suggests.
@@ -50,7 +56,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
-    max_concurrency: int = 4
+    max_batch_size: int = 16
+    max_batch_tokens: int | None = 2048
     max_queue: int = 32
     max_prompt_tokens: int | None = None
     max_body_bytes: int = 1 << 20
@@ -62,8 +69,10 @@ class ServeConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when set")
-        if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:

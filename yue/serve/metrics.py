@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from yue.batcher import BatchStep
 from yue.decode.types import GenerationStats, StreamEvent
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -39,7 +41,7 @@ class Metrics:
         )
         self.queue = Histogram(
             "yue_request_queue_time_seconds",
-            "Time waiting for a worker.",
+            "Time waiting to join the running batch.",
             registry=r,
             buckets=_LATENCY_BUCKETS,
         )
@@ -51,7 +53,7 @@ class Metrics:
         self.failure = Counter("yue_request_failure", "Failed requests by reason.", ["reason"], registry=r)
         self.running = Gauge("yue_num_requests_running", "Requests generating now.", registry=r)
         self.running.set_function(running)
-        self.waiting = Gauge("yue_num_requests_waiting", "Requests waiting for a worker.", registry=r)
+        self.waiting = Gauge("yue_num_requests_waiting", "Requests waiting to join the batch.", registry=r)
         self.waiting.set_function(waiting)
         self.num_drafts = Counter("yue_spec_decode_num_drafts", "Drafting steps.", registry=r)
         self.draft_tokens = Counter("yue_spec_decode_num_draft_tokens", "Draft tokens proposed.", registry=r)
@@ -67,6 +69,25 @@ class Metrics:
         self.router = Counter(
             "yue_router_decisions", "Drafted block positions by the path chosen.", ["mode"], registry=r
         )
+        # Continuous batching: how many requests each decode step served, what it wrote, how long it took.
+        self.batch_size = Histogram(
+            "yue_batch_size", "Requests stepped together per decode step.", registry=r, buckets=_BATCH_BUCKETS
+        )
+        self.step_tokens = Histogram(
+            "yue_step_tokens",
+            "Tokens written per decode step (all requests).",
+            registry=r,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.step_time = Histogram(
+            "yue_step_seconds", "Wall time of a decode step.", registry=r, buckets=_ITL_BUCKETS
+        )
+
+    def step(self, report: BatchStep, seconds: float) -> None:
+        """Book one decode step (called on the scheduler thread)."""
+        self.batch_size.observe(report.rows)
+        self.step_tokens.observe(report.tokens)
+        self.step_time.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,15 +1,18 @@
-"""Runs generations off the event loop: a fixed pool of worker threads fed by a bounded waiting line.
+"""Runs generations off the event loop: one scheduler thread stepping every running request together.
 
 Design decisions:
-- `max_concurrency` threads each run one `Engine.stream` at a time; the event loop only moves
-  chunks. Thread count never changes after start, so load cannot grow threads.
+- Continuous batching (`yue.batcher.Batcher`): one thread owns the engine and, each step, admits
+  waiting jobs (up to `max_batch_size` running), removes cancelled ones, and runs one decode step of
+  a running batch. New requests join between steps; finished and cancelled ones leave within one
+  step. `max_batch_size` 1 runs one request at a time.
 - Admission is decided on the loop thread, in `submit`: running + waiting beyond
-  `max_concurrency + max_queue` is refused at once (the app answers 503 + Retry-After), so overload
+  `max_batch_size + max_queue` is refused at once (the app answers 503 + Retry-After), so overload
   costs the server almost nothing.
-- Every job carries a `threading.Event`; `Engine.stream` polls it every decode step. Cancelling a
-  job that is still waiting removes it from the line at once, so its slot is free immediately.
-- Chunks cross from the worker to the loop with `call_soon_threadsafe` into an `asyncio.Queue`; a
-  worker whose loop has gone away cancels its own job.
+- Every job carries a `threading.Event`; the scheduler thread checks it before every step. Cancelling
+  a job that is still waiting removes it from the line at once, so its slot is free immediately.
+- Chunks cross from the scheduler thread to the loop with `call_soon_threadsafe` into an
+  `asyncio.Queue`; a job whose loop has gone away is cancelled.
+- A step that raises fails the jobs it was running (each gets the exception), not the server.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
+from yue.batcher import Batcher, Request
 from yue.config import DecodeConfig
 from yue.decode.types import StreamEvent
 
@@ -35,21 +39,30 @@ class Overloaded(Exception):
 class Job:
     """One admitted request: what to generate, its cancel flag, and the chunks coming back."""
 
-    def __init__(self, prompt: str, config: DecodeConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, prompt: str | list[int], config: DecodeConfig, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.prompt = prompt
         self.config = config
         self.loop = loop
         self.chunks: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.enqueued = time.perf_counter()
-        self.started: float | None = None  # set by the worker when it picks the job up
+        self.started: float | None = None  # set by the scheduler when the job joins a batch
+        self.request: Request | None = None  # its row in the batcher, once admitted there
 
     def deliver(self, item: object) -> None:
-        """Hand a chunk (or the end, or an exception) to the loop; called from the worker thread."""
+        """Hand a chunk (or the end, or an exception) to the loop; called from the scheduler thread."""
         try:
             self.loop.call_soon_threadsafe(self.chunks.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.cancelled.set()
+
+    def on_event(self, event: StreamEvent) -> None:
+        """The batcher's sink: each event, then the end after the last one."""
+        self.deliver(event)
+        if event.finish_reason is not None:
+            self.deliver(_DONE)
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         """The engine's chunks, in order; re-raises what the engine raised."""
@@ -63,22 +76,34 @@ class Job:
 
 
 class Scheduler:
-    """A pool of worker threads running `engine.stream` for admitted jobs, first come first served."""
+    """One thread stepping every admitted job together, first come first served.
 
-    def __init__(self, engine, max_concurrency: int, max_queue: int) -> None:
-        self.engine = engine
-        self.max_concurrency = max_concurrency
+    Args:
+        engine: the loaded Engine.
+        max_batch_size: jobs generating at once (rows of the running batches).
+        max_queue: admitted jobs waiting beyond those.
+        max_batch_tokens: prompt tokens prefilled per step (None = no bound).
+        on_step: called after each step that ran with its `BatchStep` and its seconds (metrics).
+    """
+
+    def __init__(
+        self,
+        engine,
+        max_batch_size: int,
+        max_queue: int,
+        max_batch_tokens: int | None = None,
+        on_step=None,
+    ) -> None:
+        self.batcher = Batcher(engine, max_batch_size, max_batch_tokens)
+        self.max_batch_size = max_batch_size
         self.max_queue = max_queue
+        self.on_step = on_step
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._work, name=f"yue-worker-{i}", daemon=True)
-            for i in range(max_concurrency)
-        ]
-        for t in self._threads:
-            t.start()
+        self._thread = threading.Thread(target=self._work, name="yue-scheduler", daemon=True)
+        self._thread.start()
 
     @property
     def running(self) -> int:
@@ -93,58 +118,92 @@ class Scheduler:
         with self._cv:
             return not self._running and not self._waiting
 
-    def submit(self, prompt: str, config: DecodeConfig) -> Job:
+    def submit(self, prompt: str | list[int], config: DecodeConfig) -> Job:
         """Admit a job or raise `Overloaded`; call from the event loop."""
-        job = Job(prompt, config, asyncio.get_running_loop())
+        return self.submit_all([(prompt, config)])[0]
+
+    def submit_all(self, items: list[tuple[str | list[int], DecodeConfig]]) -> list[Job]:
+        """Admit every job of a request (its choices), or none: raise `Overloaded`."""
+        loop = asyncio.get_running_loop()
+        jobs = [Job(prompt, config, loop) for prompt, config in items]
         with self._cv:
-            if (
-                self._closed
-                or len(self._running) + len(self._waiting) >= self.max_concurrency + self.max_queue
-            ):
+            taken = len(self._running) + len(self._waiting)
+            if self._closed or taken + len(jobs) > self.max_batch_size + self.max_queue:
                 raise Overloaded
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._cv.notify()
-        return job
+        return jobs
 
     def cancel(self, job: Job) -> None:
-        """Stop a job: dropped from the line if waiting, stopped at the next decode step if running."""
+        """Stop a job: dropped from the line if waiting, out of its batch before the next step if running."""
         job.cancelled.set()
         with self._cv:
             if job in self._waiting:
                 self._waiting.remove(job)
+            self._cv.notify()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Cancel everything and stop the workers (waits up to `timeout` for running jobs to notice)."""
+        """Cancel everything and stop the scheduler thread (waits up to `timeout` for its step to end)."""
         with self._cv:
             self._closed = True
             for job in [*self._waiting, *self._running]:
                 job.cancelled.set()
             self._waiting.clear()
             self._cv.notify_all()
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        self._thread.join(timeout)
 
     def _work(self) -> None:
         while True:
             with self._cv:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not self._running and not self._closed:
                     self._cv.wait()
                 if self._closed:
-                    return
-                job = self._waiting.popleft()
-                self._running.add(job)
+                    break
+                admitted = self._take()
+            for job in admitted:
+                self._start(job)
+            self._reap()
             try:
-                self._run(job)
-            finally:
-                with self._cv:
-                    self._running.discard(job)
+                t0 = time.perf_counter()
+                report = self.batcher.step()
+                if self.on_step is not None and report.rows:
+                    self.on_step(report, time.perf_counter() - t0)
+            except Exception as e:  # handed to each running request, which answers 500 or an error chunk
+                log.exception("decode step failed")
+                failed = {id(r) for r in self.batcher.fail(e)}
+                for job in list(self._running):
+                    if id(job.request) in failed:
+                        job.deliver(e)
+            self._reap()
+        for job in list(self._running):  # closed: running jobs end "cancelled", so no reader waits
+            if job.request is not None and not job.request.done:
+                self.batcher.cancel(job.request)
 
-    def _run(self, job: Job) -> None:
+    def _take(self) -> list[Job]:
+        """Waiting jobs that fit in the running set now (under the lock)."""
+        taken = []
+        while self._waiting and len(self._running) < self.max_batch_size:
+            job = self._waiting.popleft()
+            self._running.add(job)
+            taken.append(job)
+        return taken
+
+    def _start(self, job: Job) -> None:
         job.started = time.perf_counter()
         try:
-            for event in self.engine.stream(job.prompt, job.config, cancel=job.cancelled.is_set):
-                job.deliver(event)
-            job.deliver(_DONE)
-        except Exception as e:  # handed to the request, which answers 400/500 or an error chunk
+            job.request = self.batcher.submit(job.prompt, job.config, job.on_event)
+        except Exception as e:  # the engine refused it (ValueError: 400)
             job.deliver(e)
+            job.request = None
+            with self._cv:
+                self._running.discard(job)
+
+    def _reap(self) -> None:
+        """Cancel the running jobs whose flag is set; forget the finished ones."""
+        for job in list(self._running):
+            request = job.request
+            if job.cancelled.is_set() and request is not None and not request.done:
+                self.batcher.cancel(request)
+            if request is None or request.done:
+                with self._cv:
+                    self._running.discard(job)

@@ -5,7 +5,9 @@ Design decisions:
   checked once, by `DecodeConfig`, whose `ValueError` names the field; the app maps it to a 400 with
   that `param`. The only bound here is `seed`'s, which `DecodeConfig` leaves to `torch.Generator`.
 - Unknown fields are ignored (as OpenAI-compatible servers commonly do), so clients that send
-  `user`, `logprobs: null`, ... keep working; fields we cannot honour (`n` > 1) are rejected.
+  `user`, `echo: false`, ... keep working. `n` choices per prompt, a list of prompts and token-id
+  prompts (`/v1/completions`) each become one generation of the running batch; log-probs come from
+  the AR path (`DecodeConfig.logprobs`: a token committed unverified reports null).
 - `mode` and `router_threshold` extend every generation endpoint: the speed/fidelity dial.
 """
 
@@ -49,12 +51,17 @@ class _Sampling(_Body):
 
 class _OpenAI(_Sampling):
     model: str | None = Field(None, description="must name the served model when given")
-    n: Literal[1] = Field(1, description="only one choice per request is supported")
+    n: int = Field(1, description="choices per prompt, each generated as its own request (1..16)")
     stream_options: StreamOptions | None = None
 
 
 class CompletionRequest(_OpenAI):
-    prompt: str
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text, a list of texts, a list of token ids, or a list of such lists"
+    )
+    logprobs: int | None = Field(
+        None, description="the AR path's log-prob of each token plus this many top alternatives (0-20)"
+    )
 
 
 class TextPart(_Body):
@@ -75,6 +82,8 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_OpenAI):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, description="OpenAI's newer name for max_tokens")
+    logprobs: bool = Field(False, description="the AR path's log-prob of each token")
+    top_logprobs: int | None = Field(None, description="top alternatives per token (0-20), with logprobs")
 
     @model_validator(mode="after")
     def _max_completion_tokens(self) -> ChatCompletionRequest:
@@ -93,11 +102,20 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape. A token committed unverified (`nar`'s slots) has a null log-prob."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -114,11 +132,30 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(BaseModel):
+    """One token's log-prob; null for a token committed unverified (`nar`'s slots)."""
+
+    token: str
+    logprob: float | None
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):

@@ -13,12 +13,13 @@ Design decisions:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from yue.decode.types import GenerationStats, StreamEvent
+from yue.decode.types import GenerationStats, StreamEvent, TokenLogprob
 from yue.serve.metrics import RequestTracker
 from yue.serve.scheduler import Job
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
@@ -45,7 +46,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 @dataclass
 class Outcome:
-    """How a request ended, for the final chunk (or the non-streamed body)."""
+    """How one choice ended, for its final chunk (or the non-streamed body)."""
 
     text: str
     finish_reason: str
@@ -53,22 +54,48 @@ class Outcome:
     prompt_tokens: int
     latency_s: float
     ttft_s: float
+    logprobs: list[TokenLogprob] | None = None
+    prompt_index: int = 0  # which of the request's prompts (n choices of a prompt share it)
+
+
+@dataclass
+class Choice:
+    """One generation of a request: its index among the request's choices, its job and its tracker."""
+
+    index: int
+    job: Job
+    tracker: RequestTracker
+    prompt_tokens: int
+    prompt_index: int = 0
 
 
 class Format:
-    """Shapes chunks for one endpoint; subclasses override what differs."""
+    """Shapes chunks for one endpoint; subclasses override what differs. A request may have several
+    choices (OpenAI's `n`, a list of prompts); every chunk names its choice by `index`."""
 
-    def __init__(self, request_id: str, created: int, model: str, include_usage: bool = False) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        include_usage: bool = False,
+        tokenizer: YueTokenizer | None = None,
+    ) -> None:
         self.id, self.created, self.model, self.include_usage = request_id, created, model, include_usage
+        self.tokenizer = tokenizer  # set when the request asked for log-probs
+        self._offsets: dict[int, int] = {}  # per choice: characters of token text reported so far
 
-    def start(self) -> list[dict]:
+    def start(self, indices: list[int]) -> list[dict]:
         return []
 
-    def delta(self, event: StreamEvent) -> dict | None:
+    def delta(self, index: int, event: StreamEvent) -> dict | None:
         raise NotImplementedError
 
-    def finish(self, outcome: Outcome) -> list[dict]:
+    def finish(self, index: int, outcome: Outcome) -> list[dict]:
         raise NotImplementedError
+
+    def usage(self, outcomes: list[Outcome]) -> list[dict]:
+        return []
 
 
 class CompletionFormat(Format):
@@ -81,28 +108,87 @@ class CompletionFormat(Format):
             chunk["usage"] = usage_
         return chunk
 
-    def _choice(self, text: str, finish_reason: str | None) -> dict:
-        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    def _choice(self, index: int, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict:
+        return {
+            "index": index,
+            "text": text,
+            "finish_reason": finish_reason,
+            "logprobs": self.logprobs(index, logprobs),
+        }
 
-    def delta(self, event: StreamEvent) -> dict | None:
-        return self._chunk(self._choice(event.delta, None)) if event.delta else None
+    def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
+        """OpenAI's legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset (each
+        token's offset in the choice's text, counting the tokens' own decoded texts)."""
+        if self.tokenizer is None or entries is None:
+            return None
+        tokens = [token_text(self.tokenizer, e.token) for e in entries]
+        offsets = []
+        for t in tokens:
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{token_text(self.tokenizer, t): lp for t, lp in e.top.items()} for e in entries],
+            "text_offset": offsets,
+        }
 
-    def finish(self, outcome: Outcome) -> list[dict]:
-        chunks = [self._chunk(self._choice("", openai_finish_reason(outcome.finish_reason)))]
-        if self.include_usage:
-            chunks.append(self._chunk(None, usage(outcome.prompt_tokens, outcome.stats.new_tokens)))
-        return chunks
+    def delta(self, index: int, event: StreamEvent) -> dict | None:
+        if not event.delta and not (self.tokenizer and event.logprobs):
+            return None
+        return self._chunk(self._choice(index, event.delta, None, event.logprobs))
+
+    def finish(self, index: int, outcome: Outcome) -> list[dict]:
+        return [self._chunk(self._choice(index, "", openai_finish_reason(outcome.finish_reason)))]
+
+    def usage(self, outcomes: list[Outcome]) -> list[dict]:
+        if not self.include_usage:
+            return []
+        return [self._chunk(None, total_usage(outcomes))]
 
 
 class ChatFormat(CompletionFormat):
     object = "chat.completion.chunk"
 
-    def _choice(self, text: str | dict, finish_reason: str | None) -> dict:
+    def _choice(
+        self, index: int, text: str | dict, finish_reason: str | None, logprobs: list | None = None
+    ) -> dict:
         delta = text if isinstance(text, dict) else ({"content": text} if text else {})
-        return {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        return {
+            "index": index,
+            "delta": delta,
+            "finish_reason": finish_reason,
+            "logprobs": self.logprobs(index, logprobs),
+        }
 
-    def start(self) -> list[dict]:
-        return [self._chunk(self._choice({"role": "assistant", "content": ""}, None))]
+    def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
+        """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+        if self.tokenizer is None or entries is None:
+            return None
+        return {"content": [chat_logprob(self.tokenizer, e) for e in entries]}
+
+    def start(self, indices: list[int]) -> list[dict]:
+        return [self._chunk(self._choice(i, {"role": "assistant", "content": ""}, None)) for i in indices]
+
+
+def token_text(tokenizer: YueTokenizer, token: int) -> str:
+    """A token's own text (a token that ends inside a UTF-8 character shows U+FFFD)."""
+    return tokenizer.decode([token], skip_special_tokens=False)
+
+
+def chat_logprob(tokenizer: YueTokenizer, e: TokenLogprob) -> dict:
+    text = token_text(tokenizer, e.token)
+    top = [
+        {"token": (t := token_text(tokenizer, tid)), "logprob": lp, "bytes": list(t.encode())}
+        for tid, lp in e.top.items()
+    ]
+    return {"token": text, "logprob": e.logprob, "bytes": list(text.encode()), "top_logprobs": top}
+
+
+def total_usage(outcomes: list[Outcome]) -> dict:
+    """Usage of a request: each prompt's tokens once (its n choices share it), every choice's completion."""
+    prompts = {o.prompt_index: o.prompt_tokens for o in outcomes}
+    return usage(sum(prompts.values()), sum(o.stats.new_tokens for o in outcomes))
 
 
 class GenerateFormat(Format):
@@ -112,7 +198,7 @@ class GenerateFormat(Format):
     def __init__(self, tokenizer: YueTokenizer) -> None:
         self.splitter = SourceSplitter(tokenizer)
 
-    def delta(self, event: StreamEvent) -> dict | None:
+    def delta(self, index: int, event: StreamEvent) -> dict | None:
         if not event.delta and not event.token_ids:
             return None
         pieces = self.splitter.split(event)
@@ -123,7 +209,7 @@ class GenerateFormat(Format):
             "sources": event.sources,
         }
 
-    def finish(self, outcome: Outcome) -> list[dict]:
+    def finish(self, index: int, outcome: Outcome) -> list[dict]:
         return [{"done": True, **generate_body(outcome)}]
 
 
@@ -180,51 +266,95 @@ class SourceSplitter:
         return pieces
 
 
-async def collect(job: Job, tracker: RequestTracker, prompt_tokens: int) -> Outcome:
-    """Run a job to its end and gather its text (the non-streamed path)."""
-    parts, last = [], None
-    async for event in job.events():
-        _seen(tracker, job, event)
+async def collect(choice: Choice) -> Outcome:
+    """Run one choice's job to its end and gather its text (the non-streamed path)."""
+    parts, last, logprobs = [], None, []
+    async for event in choice.job.events():
+        _seen(choice, event)
         parts.append(event.delta)
+        logprobs.extend(event.logprobs or [])
         last = event
-    return _outcome("".join(parts), last, tracker, prompt_tokens)
+    outcome = _outcome("".join(parts), last, choice)
+    if choice.job.config.logprobs is not None:
+        outcome.logprobs = logprobs
+    return outcome
 
 
-def _seen(tracker: RequestTracker, job: Job, event: StreamEvent) -> None:
+def _seen(choice: Choice, event: StreamEvent) -> None:
+    job = choice.job
     if job.started is not None:
-        tracker.queued(job.started - job.enqueued)  # books once
-    tracker.on_event(event)
+        choice.tracker.queued(job.started - job.enqueued)  # books once
+    choice.tracker.on_event(event)
 
 
-def _outcome(text: str, last: StreamEvent | None, tracker: RequestTracker, prompt_tokens: int) -> Outcome:
+def _outcome(text: str, last: StreamEvent | None, choice: Choice) -> Outcome:
     reason = last.finish_reason if last and last.finish_reason else "stop"
     stats = last.stats if last and last.stats else GenerationStats()
-    latency = tracker.finish(prompt_tokens, reason, stats)
-    return Outcome(text, reason, stats, prompt_tokens, latency, tracker.ttft_s)
+    latency = choice.tracker.finish(choice.prompt_tokens, reason, stats)
+    return Outcome(
+        text, reason, stats, choice.prompt_tokens, latency, choice.tracker.ttft_s, None, choice.prompt_index
+    )
 
 
-async def sse_events(
-    job: Job, tracker: RequestTracker, fmt: Format, prompt_tokens: int
-) -> AsyncIterator[bytes]:
-    """The streamed path: one `data:` event per chunk, the final chunk(s), then `[DONE]`."""
+async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, StreamEvent | None]]:
+    """Every choice's events as they come, interleaved; (choice, None) when a choice has ended. An
+    exception of any choice is raised here."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: Choice) -> None:
+        try:
+            async for event in choice.job.events():
+                await queue.put((choice, event))
+            await queue.put((choice, None))
+        except Exception as e:
+            await queue.put((choice, e))
+
+    tasks = [asyncio.ensure_future(pump(c)) for c in choices]
     try:
-        for chunk in fmt.start():
+        for _ in range(len(choices)):
+            while True:
+                choice, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield choice, item
+                if item is None:
+                    break
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def sse_events(choices: list[Choice], fmt: Format) -> AsyncIterator[bytes]:
+    """The streamed path: one `data:` event per chunk, each choice's final chunk, the usage chunk,
+    then `[DONE]`."""
+    try:
+        for chunk in fmt.start([c.index for c in choices]):
             yield sse(chunk)
-        parts, last = [], None
-        async for event in job.events():
-            _seen(tracker, job, event)
-            parts.append(event.delta)
-            last = event
-            if (chunk := fmt.delta(event)) is not None:
+        parts: dict[int, list[str]] = {c.index: [] for c in choices}
+        last: dict[int, StreamEvent | None] = {c.index: None for c in choices}
+        outcomes = []
+        async for choice, event in _merged(choices):
+            if event is None:
+                outcome = _outcome("".join(parts[choice.index]), last[choice.index], choice)
+                outcomes.append(outcome)
+                for chunk in fmt.finish(choice.index, outcome):
+                    yield sse(chunk)
+                continue
+            _seen(choice, event)
+            parts[choice.index].append(event.delta)
+            last[choice.index] = event
+            if (chunk := fmt.delta(choice.index, event)) is not None:
                 yield sse(chunk)
-        for chunk in fmt.finish(_outcome("".join(parts), last, tracker, prompt_tokens)):
+        for chunk in fmt.usage(outcomes):
             yield sse(chunk)
     except Exception:  # the engine failed mid-stream: an error chunk, then [DONE]
         log.exception("generation failed mid-stream")
-        tracker.fail("engine_error")
+        for c in choices:
+            c.tracker.fail("engine_error")
         yield sse(
             {"error": {"message": "generation failed", "type": "server_error", "param": None, "code": None}}
         )
     finally:
-        tracker.fail("cancelled")  # a no-op unless the stream was abandoned (the client went away)
+        for c in choices:
+            c.tracker.fail("cancelled")  # a no-op unless the stream was abandoned (the client went away)
     yield DONE

@@ -61,8 +61,8 @@ def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens:
         steps = accepted = tokens = forwards = 0
         for p in prompts:
             for em in decode(drafter, [p], cfg):
-                steps += em.drafted > 0
-                accepted += em.accepted
+                steps += em.drafted[0] > 0
+                accepted += em.accepted[0]
                 tokens += len(em.tokens[0])
                 forwards += em.forwards
         out[label] = {

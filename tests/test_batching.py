@@ -1,0 +1,216 @@
+"""Continuous batching: rows join and leave a running batch, each accepting its own drafts, and every
+request's output is what it would have been alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import yue
+from tests.stubs import MarkovStub
+from yue.batcher import Batcher
+from yue.config import DecodeConfig
+from yue.decode.costs import StepCosts
+from yue.decode.loop import DecodeBatch, decode
+from yue.model.cache import KVCache
+
+PROMPTS = ["def alpha_1(x):\n", "x", "class Point:\n    def ", "    return gamma(x) + 4\n\ndef ", "def beta"]
+
+
+@pytest.fixture(scope="module")
+def trained(trained_model_dir):
+    return yue.load(trained_model_dir)
+
+
+def _alone(engine, prompt: str, **kw) -> list[int]:
+    return engine.generate(prompt, **kw).token_ids
+
+
+def _staggered(engine, prompts: list[str], configs: list[DecodeConfig], every: int = 2, size: int = 8):
+    """Run prompts through a Batcher, one joining every `every` steps; returns each one's token ids."""
+    batcher = Batcher(engine, max_batch_size=size)
+    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    done: set[int] = set()
+
+    def sink(i):
+        def take(event):
+            out[i].extend(event.token_ids)
+            if event.finish_reason is not None:
+                done.add(i)
+
+        return take
+
+    step = peak = 0
+    while len(done) < len(prompts):
+        if step % every == 0 and step // every < len(prompts):
+            i = step // every
+            batcher.submit(prompts[i], configs[i], sink(i))
+        peak = max(peak, batcher.step().rows)
+        step += 1
+    assert peak > 1 or len(prompts) == 1 or size == 1  # the rows really shared steps
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(mode="ar"),
+        dict(mode="verified", router_threshold=1.0),
+        dict(mode="verified", router_threshold=1.0, drafting="fused"),
+        dict(mode="verified"),  # the router picks draft lengths for the whole batch
+    ],
+)
+def test_outputs_under_concurrency_equal_single_request_outputs_greedy(trained, kw):
+    cfg = DecodeConfig(max_new_tokens=30, **kw)
+    together = _staggered(trained, PROMPTS, [cfg] * len(PROMPTS))
+    ar = [_alone(trained, p, mode="ar", max_new_tokens=30) for p in PROMPTS]
+    assert together == ar
+
+
+def test_seeded_sampling_under_concurrency_equals_the_request_alone(trained):
+    """Each row samples from its own generator: batch-mates, and when they join, change nothing."""
+    cfgs = [DecodeConfig(mode="ar", max_new_tokens=25, temperature=1.0, top_p=0.9, seed=s) for s in range(5)]
+    together = _staggered(trained, PROMPTS, cfgs, every=3)
+    alone = [_alone(trained, p, config=c) for p, c in zip(PROMPTS, cfgs, strict=True)]
+    assert together == alone
+    assert len({tuple(t) for t in together}) > 1
+
+
+def test_a_row_joining_mid_stream_does_not_change_the_others(trained):
+    cfg = DecodeConfig(mode="verified", max_new_tokens=40, router_threshold=1.0)
+    first = _staggered(trained, PROMPTS[:1], [cfg])[0]
+    with_joiners = _staggered(trained, PROMPTS, [cfg] * len(PROMPTS), every=1)
+    assert with_joiners[0] == first
+
+
+def _two_cycles(K: int = 4) -> MarkovStub:
+    """Tokens 0..4 cycle t -> t+1 with slots that always match; tokens 5..9 cycle likewise with slots
+    that never match. A row's acceptance then depends only on which cycle its prompt starts in."""
+    V = 11  # 10 is the mask id
+    ar = torch.full((V, V), -10.0)
+    slots = torch.full((K, V, V), -10.0)
+    for t in range(10):
+        base, off = (0, t) if t < 5 else (5, t - 5)
+        ar[t, base + (off + 1) % 5] = 10.0
+        for i in range(K):
+            right = base + (off + i + 1) % 5
+            slots[i, t, right if t < 5 else base + (off + i + 2) % 5] = 10.0
+    return MarkovStub(ar, slots)
+
+
+def test_each_row_accepts_its_own_drafts_and_stays_exact():
+    """Lockstep would hold the always-matching row to the never-matching row's 0 drafts a step."""
+    N, K = 40, 4
+    # NAR drafts only (the cycles repeat, so copied drafts would match in both rows), drafted whatever
+    # the batch's acceptance record says (free drafting: every block drafted whole).
+    cfg = DecodeConfig(
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, prompt_lookup=False
+    )
+    ar = DecodeConfig(mode="ar", max_new_tokens=N)
+    accepted, tokens = [0, 0], [[], []]
+    for em in decode(_two_cycles(K), [[1], [6]], cfg, costs=StepCosts((1.0,) * 16, 0.0)):
+        for b in range(2):
+            accepted[b] += em.accepted[b]
+            tokens[b] += em.tokens[b]
+    for b, prompt in enumerate([[1], [6]]):
+        assert tokens[b] == [t for em in decode(_two_cycles(K), [prompt], ar) for t in em.tokens[0]]
+    assert accepted[0] >= N * (K - 1) // K - K  # the matching row accepted nearly every draft
+    assert accepted[1] == 0
+
+
+def test_engine_generate_of_a_list_accepts_at_least_the_lockstep_minimum(trained, monkeypatch):
+    # Every block drafted whole (free drafting), NAR drafts only: the acceptance is the drafts', not
+    # the acceptance record's or the context's (a batch's record and copies are shared by its rows).
+    monkeypatch.setattr(trained, "costs", StepCosts((1.0,) * 16, 0.0))
+    kw = dict(mode="verified", max_new_tokens=40, router_threshold=1.0, prompt_lookup=False)
+    batch = trained.generate(PROMPTS, **kw)
+    alone = [trained.generate(p, **kw) for p in PROMPTS]
+    assert [r.token_ids for r in batch] == [_alone(trained, p, mode="ar", max_new_tokens=40) for p in PROMPTS]
+    # Per-row acceptance: each row accepts what it would alone, give or take the shared draft length.
+    assert sum(r.stats.accepted for r in batch) >= 0.8 * sum(r.stats.accepted for r in alone)
+    assert max(r.stats.accepted for r in batch) > min(r.stats.accepted for r in batch)
+
+
+def test_cancel_frees_its_row_within_one_step(trained):
+    batcher = Batcher(trained, max_batch_size=4)
+    events: dict[str, list] = {"a": [], "b": []}
+    cfg = DecodeConfig(mode="verified", max_new_tokens=60, router_threshold=1.0, ignore_eos=True)
+    a = batcher.submit(PROMPTS[0], cfg, events["a"].append)
+    batcher.submit(PROMPTS[1], cfg, events["b"].append)
+    for _ in range(3):
+        batcher.step()
+    (batch,) = batcher.batches.values()
+    assert len(batch) == 2 and batch.running.cache.batch_size == 2
+    batcher.cancel(a)
+    assert events["a"][-1].finish_reason == "cancelled"
+    assert len(batch) == 1 and batch.running.cache.batch_size == 1  # its cache row is gone already
+    report = batcher.step()
+    assert report.rows == 1
+    assert batcher.running == 1
+
+
+def test_rows_over_max_batch_size_wait_and_join_as_others_leave(trained):
+    cfgs = [DecodeConfig(mode="ar", max_new_tokens=8 + 4 * i, ignore_eos=True) for i in range(5)]
+    together = _staggered(trained, PROMPTS, cfgs, every=1, size=2)
+    assert together == [_alone(trained, p, config=c) for p, c in zip(PROMPTS, cfgs, strict=True)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_hybrid_rows_of_different_shapes_merge_and_respect_their_budgets(trained, temperature):
+    """Hybrid groups commit different numbers of unverified slots, so a joining group's fed block can
+    be narrower than the running one's; it is padded with filler drafts, which verification handles."""
+    cfgs = [
+        DecodeConfig(
+            mode="hybrid", max_new_tokens=20 + i, router_threshold=0.9, temperature=temperature, seed=i
+        )
+        for i in range(5)
+    ]
+    together = _staggered(trained, PROMPTS, cfgs, every=1)
+    for toks, c in zip(together, cfgs, strict=True):
+        assert len(toks) <= c.max_new_tokens  # (a sampled row may draw EOS first)
+    assert any(together)
+
+
+def test_a_decode_batch_refuses_a_row_of_another_shape(trained):
+    batch = DecodeBatch(trained.model, DecodeConfig(mode="ar").resolved(trained.model.config))
+    with pytest.raises(ValueError, match="share"):
+        batch.add([1, 2], DecodeConfig(mode="verified").resolved(trained.model.config))
+
+
+def test_compaction_gathers_each_rows_valid_columns_in_order():
+    cache = KVCache(1, 2, 1, 1, 8, "cpu", torch.float32)
+    cache.k[0, :, 0, :6, 0] = torch.arange(6.0)
+    cache.length = 6
+    cache.key_valid = torch.ones(2, 8, dtype=torch.bool)
+    cache.key_valid[0, [1, 4]] = False  # row 0 keeps columns 0 2 3 5
+    cache.key_valid[1, :3] = False  # row 1 keeps 3 4 5
+    cache.compact()
+    assert cache.length == 4
+    assert cache.k[0, 0, 0, :4, 0].tolist() == [0, 2, 3, 5]
+    assert cache.k[0, 1, 0, :3, 0].tolist() == [3, 4, 5]
+    assert cache.key_valid[:, :4].tolist() == [[True] * 4, [True, True, True, False]]
+    assert cache.key_valid[:, 4:].all()  # past the pointer: written by later steps
+
+
+def test_a_sampled_group_without_drafts_merges_with_one_drafting():
+    """A group whose acceptance record stopped drafting carries no draft log-probs; merged with a
+    group that drafts, its rows get unused (zero) entries, aligned to the tail like every row's."""
+    from yue.decode.policies import LoopState
+    from yue.decode.rows import Group, Row, merge
+
+    V, cfg = 7, DecodeConfig(mode="verified", temperature=1.0, block_size=4)
+
+    def group(n_drafts: int) -> Group:
+        st = LoopState(cfg, [torch.Generator()], torch.tensor([[1] + [2] * n_drafts]))
+        st.n_drafts = [n_drafts]
+        st.draft_logprobs = torch.randn(1, n_drafts, V).log_softmax(-1) if n_drafts else None
+        cache = KVCache(1, 1, 1, 1, 16, "cpu", torch.float32)
+        cache.commit([3])
+        return Group([Row(n_drafts, [1, 2, 3], cfg, None, 8, frozenset())], cache, st)
+
+    drafting, idle = group(2), group(0)
+    merged = merge(drafting, idle, V)
+    # One width for both: the drafting row's trailing drafts are dropped (proposals only), and the
+    # log-probs stay row-aligned (the idle group's entries made up), not an error.
+    assert merged.st.n_drafts == [0, 0] and merged.st.fed.shape == (2, 1)
+    assert merged.st.draft_logprobs is not None and merged.st.draft_logprobs.shape == (2, 0, V)

@@ -1,0 +1,173 @@
+"""The server's continuous batching and what it makes natural in the OpenAI API: concurrent answers
+equal lone ones, `n` > 1, lists of prompts, token-id prompts, log-probs from the AR path."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+import yue
+from tests.serve_utils import LiveServer, parse_sse
+from tests.test_serve import _wait_ready, metric
+from yue.serve import ServeConfig, create_app
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def ", "x", "    return gamma(x) + 4\n\ndef ", "import os\n"]
+GREEDY = {"max_tokens": 24, "temperature": 0, "mode": "verified"}
+
+
+@pytest.fixture(scope="module")
+def trained(trained_model_dir):
+    return yue.load(trained_model_dir)
+
+
+@pytest.fixture(scope="module")
+def client(trained):
+    with TestClient(create_app(trained), raise_server_exceptions=False) as c:
+        _wait_ready(c)
+        yield c
+
+
+def _alone(engine, prompt, **kw) -> str:
+    return engine.generate(prompt, mode="ar", max_new_tokens=kw.get("max_tokens", 24)).text
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_concurrent_answers_equal_lone_answers(trained, size):
+    """16 streamed and non-streamed requests at once: each answer is what the request gets alone."""
+    with LiveServer(trained, ServeConfig(max_batch_size=size)) as srv:
+
+        def ask(i: int) -> str:
+            body = {"prompt": PROMPTS[i % len(PROMPTS)]} | GREEDY
+            if i % 2:
+                events = parse_sse(
+                    httpx.post(srv.url + "/v1/completions", json=body | {"stream": True}, timeout=60).text
+                )
+                return "".join(
+                    e["choices"][0]["text"] for e in events if isinstance(e, dict) and e["choices"]
+                )
+            return httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(ask, range(16)))
+        metrics = httpx.get(srv.url + "/metrics").text
+    assert answers == [_alone(trained, PROMPTS[i % len(PROMPTS)]) for i in range(16)]
+    assert metric(metrics, "yue_batch_size_count") > 0
+    if size > 1:  # the steps really were shared
+        assert metric(metrics, "yue_batch_size_sum") > metric(metrics, "yue_batch_size_count")
+
+
+def test_n_choices_and_a_list_of_prompts_come_back_prompt_major(client, trained):
+    body = {"prompt": PROMPTS[:2], "n": 2} | GREEDY
+    r = client.post("/v1/completions", json=body).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    expect = [_alone(trained, p) for p in PROMPTS[:2] for _ in range(2)]
+    assert [c["text"] for c in r["choices"]] == expect
+    prompt_tokens = sum(trained.count_tokens(p) for p in PROMPTS[:2])  # each prompt counted once
+    assert r["usage"]["prompt_tokens"] == prompt_tokens
+
+
+def test_seeded_choices_differ_and_repeat(client):
+    body = {"prompt": PROMPTS[0], "n": 3, "max_tokens": 16, "temperature": 1.0, "seed": 5, "mode": "ar"}
+    first = [c["text"] for c in client.post("/v1/completions", json=body).json()["choices"]]
+    again = [c["text"] for c in client.post("/v1/completions", json=body).json()["choices"]]
+    assert first == again and len(set(first)) > 1
+
+
+def test_streamed_choices_carry_their_index_and_equal_the_whole_answer(client):
+    body = {"prompt": PROMPTS[:2], "n": 2, "stream_options": {"include_usage": True}} | GREEDY
+    whole = client.post("/v1/completions", json=body).json()
+    events = parse_sse(client.post("/v1/completions", json=body | {"stream": True}).text)
+    assert events[-1] == "[DONE]"
+    texts = ["", "", "", ""]
+    finishes = [None] * 4
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+            finishes[c["index"]] = c["finish_reason"] or finishes[c["index"]]
+    assert texts == [c["text"] for c in whole["choices"]]
+    assert finishes == [c["finish_reason"] for c in whole["choices"]]
+    assert events[-2]["usage"] == whole["usage"]
+
+
+def test_token_id_prompts_equal_their_text(client, trained):
+    ids = [trained.encode(p) for p in PROMPTS[:2]]
+    one = client.post("/v1/completions", json={"prompt": ids[0]} | GREEDY).json()
+    many = client.post("/v1/completions", json={"prompt": ids} | GREEDY).json()
+    assert one["choices"][0]["text"] == _alone(trained, PROMPTS[0])
+    assert [c["text"] for c in many["choices"]] == [_alone(trained, p) for p in PROMPTS[:2]]
+    assert one["usage"]["prompt_tokens"] == len(ids[0])
+
+
+def test_completion_logprobs_are_the_ar_paths(client, trained):
+    body = {"prompt": PROMPTS[0], "logprobs": 2} | GREEDY
+    r = client.post("/v1/completions", json=body).json()["choices"][0]
+    lp = r["logprobs"]
+    ref = trained.generate(PROMPTS[0], mode="ar", max_new_tokens=24, logprobs=2)
+    assert len(lp["tokens"]) == len(ref.token_ids) == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+    assert lp["token_logprobs"] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-4)
+    # Greedy: each token is its position's most likely one; two alternatives (fewer if their texts coincide).
+    for logprob, top in zip(lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert len(top) <= 2 and max(top.values()) == pytest.approx(logprob, abs=1e-4) and logprob <= 0
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    streamed = parse_sse(client.post("/v1/completions", json=body | {"stream": True}).text)
+    got = [
+        x
+        for e in streamed[:-1]
+        for c in e["choices"]
+        if c["logprobs"]
+        for x in c["logprobs"]["token_logprobs"]
+    ]
+    assert got == pytest.approx(lp["token_logprobs"], abs=1e-4)
+
+
+def test_nar_reports_null_for_tokens_it_committed_unverified(client):
+    """`nar` commits slots no AR row predicted: null; its AR tokens have log-probs. (`hybrid` commits
+    nothing unverified: every token it keeps was scored by an AR row.)"""
+    body = {"prompt": PROMPTS[1], "logprobs": 0, "max_tokens": 30, "mode": "nar"}
+    lp = client.post("/v1/completions", json=body | {"temperature": 0}).json()["choices"][0]["logprobs"]
+    values = lp["token_logprobs"]
+    assert any(v is None for v in values) and any(v is not None for v in values)
+    assert all(v is None or (v <= 0 and math.isfinite(v)) for v in values)
+
+
+def test_chat_logprobs_with_the_openai_client(trained):
+    with LiveServer(trained) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        chat = client.chat.completions.create(
+            model=trained.name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=3,
+            n=2,
+            extra_body={"mode": "verified"},
+        )
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+
+
+def test_a_request_of_more_choices_than_free_slots_is_refused_whole(trained):
+    with LiveServer(trained, ServeConfig(max_batch_size=1, max_queue=2)) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPTS[:2], "n": 2} | GREEDY, timeout=30)
+        assert r.status_code == 503
+        assert srv.state.scheduler.waiting == 0 and srv.state.scheduler.running == 0
+
+
+def test_bench_serve_measures_every_level_and_checks_outputs(trained):
+    from yue.bench.serving import bench_serve, report
+
+    result = bench_serve(
+        trained, batch_sizes=(1, 4), clients=(1, 4), max_tokens=6, prompts=PROMPTS[:3], requests_per_client=1
+    )
+    assert [(lv.max_batch_size, lv.clients) for lv in result.levels] == [(1, 1), (4, 1), (1, 4), (4, 4)]
+    assert all(lv.identical == lv.requests == 8 and lv.tokens_per_s > 0 for lv in result.levels)
+    text = report(result, 1, 4)
+    assert '"b4/b1"' in text.splitlines()[-1] and "| 4 | 4 | 8 |" in text

@@ -1,0 +1,237 @@
+"""`yue bench-serve`: throughput and time to first token of `yue serve` under concurrent clients.
+
+Design decisions:
+- The real server (`create_app` under uvicorn, in this process, on 127.0.0.1) is measured through
+  HTTP, streamed `/v1/completions` as an OpenAI client sends them, so batching, admission, streaming
+  and detokenizing are all in the figures. One server per `--max-batch-size`, the same engine.
+- Each client is a thread sending its requests one after another; a level's tokens/s is every
+  completion token over the level's wall time; TTFT is the time from sending a request to its first
+  text chunk. Medians and p95 are over the level's requests.
+- Honest: a warm-up request per server first (not reported); every output is compared with the
+  single-request output of the same prompt (`Engine.generate`), and the count of identical ones is
+  reported beside the speed. Use an exact mode (`verified`, `ar`) for that check to mean anything:
+  `hybrid`'s unverified commits depend on the batch.
+- A table on stderr, then one JSON document as the last line (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import httpx
+import torch
+import uvicorn
+
+from yue.bench.prompts import CODE_TEST
+from yue.jsonl import iter_jsonl
+
+
+@dataclass
+class Level:
+    """One (max_batch_size, clients) measurement."""
+
+    max_batch_size: int
+    clients: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    identical: int
+
+
+@dataclass
+class ServeBench:
+    model: str
+    mode: str
+    max_tokens: int
+    prompts: int
+    torch_threads: int
+    cpus: int
+    load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15-min, at start and end
+    levels: list[Level] = field(default_factory=list)
+
+    def ratios(self, base: int, other: int) -> dict[str, dict[str, float]]:
+        """Per client count: other's tokens/s and p95 TTFT over base's."""
+        by = {(lv.max_batch_size, lv.clients): lv for lv in self.levels}
+        out = {}
+        for lv in self.levels:
+            if lv.max_batch_size == base and (other, lv.clients) in by:
+                o = by[(other, lv.clients)]
+                out[str(lv.clients)] = {
+                    "tokens_per_s": round(o.tokens_per_s / lv.tokens_per_s, 3),
+                    "ttft_p95": round(o.ttft_p95_ms / lv.ttft_p95_ms, 3),
+                }
+        return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+class _Server:
+    """`create_app(engine, config)` under uvicorn on a free local port, in a thread."""
+
+    def __init__(self, engine, config) -> None:
+        from yue.serve import create_app
+
+        self.app = create_app(engine, config)
+        uv = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
+        self.server = uvicorn.Server(uv)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not (self.server.started and self.app.state.yue.status == "ok"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def _complete(
+    client: httpx.Client, url: str, prompt: str, mode: str, max_tokens: int
+) -> tuple[str, float, int]:
+    """One streamed completion: (text, seconds to the first text chunk, completion tokens)."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "mode": mode,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft, parts, tokens = None, [], 0
+    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                if choice.get("text"):
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    parts.append(choice["text"])
+    return "".join(parts), ttft if ttft is not None else time.perf_counter() - t0, tokens
+
+
+def _level(
+    url: str, prompts: list[str], refs: list[str], clients: int, n_requests: int, mode: str, max_tokens: int
+):
+    """n_requests spread over `clients` threads; returns (wall_s, [(ttft, tokens, identical)])."""
+    results: list[tuple[float, int, bool]] = []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        with httpx.Client() as http:
+            for i in range(c, n_requests, clients):
+                j = i % len(prompts)
+                text, ttft, tokens = _complete(http, url, prompts[j], mode, max_tokens)
+                with lock:
+                    results.append((ttft, tokens, text == refs[j]))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, results
+
+
+def bench_serve(
+    engine,
+    *,
+    batch_sizes: tuple[int, ...] = (1, 16),
+    clients: tuple[int, ...] = (1, 4, 16, 32),
+    max_tokens: int = 64,
+    mode: str = "verified",
+    n_prompts: int = 16,
+    prompts: list[str] | None = None,
+    requests_per_client: int = 2,
+    max_queue: int = 256,
+    log: Callable[[str], None] = lambda s: None,
+) -> ServeBench:
+    """Measure the server at each max_batch_size and client count (see the module docstring); one server
+    per size, all started first, idle while another is measured.
+
+    Each level sends max(8, clients * requests_per_client) requests over the first `n_prompts` held-out
+    code prompts (cycled), or over `prompts` when given.
+    """
+    from yue.serve import ServeConfig
+
+    if prompts is None:
+        prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][:n_prompts]
+    log(f"single-request references for {len(prompts)} prompts ({mode}, {max_tokens} tokens)")
+    refs = [engine.generate(p, mode=mode, max_new_tokens=max_tokens, temperature=0.0).text for p in prompts]
+    result = ServeBench(
+        engine.name, mode, max_tokens, len(prompts), torch.get_num_threads(), os.cpu_count() or 0
+    )
+    result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
+    servers = [_Server(engine, ServeConfig(max_batch_size=size, max_queue=max_queue)) for size in batch_sizes]
+    urls = [server.__enter__() for server in servers]
+    try:
+        for url in urls:  # warm-up, not reported
+            with httpx.Client() as http:
+                _complete(http, url, prompts[0], mode, max_tokens)
+        # Levels interleaved by client count (every size at 1 client, then at 4, ...), so drift in a
+        # shared machine's load hits the sizes alike.
+        for n in clients:
+            for size, url in zip(batch_sizes, urls, strict=True):
+                n_requests = max(8, n * requests_per_client)
+                wall, rows = _level(url, prompts, refs, n, n_requests, mode, max_tokens)
+                ttfts = [r[0] * 1e3 for r in rows]
+                tokens = sum(r[1] for r in rows)
+                level = Level(
+                    size,
+                    n,
+                    len(rows),
+                    tokens,
+                    round(wall, 3),
+                    round(tokens / wall, 1),
+                    round(_percentile(ttfts, 0.5), 1),
+                    round(_percentile(ttfts, 0.95), 1),
+                    sum(r[2] for r in rows),
+                )
+                log(json.dumps(asdict(level)))
+                result.levels.append(level)
+    finally:
+        for server in servers:
+            server.__exit__()
+    result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
+    return result
+
+
+def report(result: ServeBench, base: int, other: int) -> str:
+    """The table (markdown) and, last, one JSON line."""
+    lines = [
+        f"`yue serve`, {result.model}, {result.mode}, greedy, {result.max_tokens} tokens, "
+        f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
+        f"{result.load_average['start']} at start, {result.load_average['end']} at end",
+        "",
+        "| max batch size | clients | requests | tokens/s | TTFT p50 (ms) | TTFT p95 (ms) | identical to alone |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lv in sorted(result.levels, key=lambda lv: (lv.max_batch_size, lv.clients)):
+        lines.append(
+            f"| {lv.max_batch_size} | {lv.clients} | {lv.requests} | {lv.tokens_per_s} | {lv.ttft_p50_ms} "
+            f"| {lv.ttft_p95_ms} | {lv.identical}/{lv.requests} |"
+        )
+    doc = asdict(result) | {"ratios": {f"b{other}/b{base}": result.ratios(base, other)}}
+    return "\n".join(lines) + "\n" + json.dumps(doc)
