@@ -214,3 +214,24 @@ def test_a_sampled_group_without_drafts_merges_with_one_drafting():
     # log-probs stay row-aligned (the idle group's entries made up), not an error.
     assert merged.st.n_drafts == [0, 0] and merged.st.fed.shape == (2, 1)
     assert merged.st.draft_logprobs is not None and merged.st.draft_logprobs.shape == (2, 0, V)
+
+
+def test_requests_of_different_shapes_run_in_batches_taken_in_turn(trained):
+    """A verified and an ar request cannot share a forward (different batch keys): each gets its own
+    batch, the batcher steps them in turn, and both answers are what they are alone."""
+    cfgs = [DecodeConfig(mode="ar", max_new_tokens=20), DecodeConfig(mode="verified", max_new_tokens=20)]
+    cfgs = cfgs * 2
+    together = _staggered(trained, PROMPTS[:4], cfgs, every=1)
+    assert together == [_alone(trained, p, config=c) for p, c in zip(PROMPTS[:4], cfgs, strict=True)]
+
+
+def test_the_prefill_budget_spreads_a_burst_of_joiners_over_steps(trained):
+    cfg = DecodeConfig(mode="ar", max_new_tokens=10).resolved(trained.model.config)
+    prompts = [trained.encode(p) for p in PROMPTS[:3]]
+    batch = DecodeBatch(trained.model, cfg, max_prefill_tokens=1)  # one prompt a step, at least
+    for p in prompts:
+        batch.add(p, cfg)
+    batch.step()
+    assert len(batch.queued) == 2 and len(batch.running.rows) == 1
+    batch.step()
+    assert len(batch.queued) == 1 and len(batch.running.rows) == 2
