@@ -55,8 +55,9 @@ class YueConfig(PreTrainedConfig):
     # is kept when p_AR(draft) >= (1 - t) * max p_AR (`decode.sampling.within_tolerance`); 0 = exact.
     # Uncalibrated default 0.1: an accepted token costs at most -log(0.9) = 0.105 nats of AR NLL.
     router_threshold: float = 0.1
-    # The mode a caller who names none gets (CLI, server): "hybrid" where its fidelity was measured
-    # within bounds on held-out text, else "verified" (exact; yue-smol's hybrid is not, see its card).
+    # The mode a caller who names none gets (CLI, server): "hybrid" where it is within its fidelity
+    # bounds on held-out text and faster than `verified`, else "verified" (exact; yue-smol's hybrid is
+    # within its NLL bound but no faster at its default, see its card).
     default_mode: Mode = "hybrid"
     # verified mode's default threshold, and hybrid's draft gate (`DecodeConfig.draft_gate`): 1 leaves
     # the router unasked, and each draft length follows the request's own acceptance record and the
