@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,8 +16,8 @@ import yue
 from tests.stubs import MarkovStub, chain_stub
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
-from yue.decode.loop import decode
 from yue.decode.lookup import NgramIndex
+from yue.decode.loop import decode
 from yue.decode.policies import AcceptanceRecord
 from yue.decode.sampling import within_tolerance
 
@@ -126,7 +126,11 @@ def test_always_matching_drafts_need_at_most_n_over_k_plus_2_steps(K, drafting):
     N = 64
     stub = chain_stub(V=12, K=K, slots_match=True)
     cfg = DecodeConfig(
-        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting,
+        mode="verified",
+        max_new_tokens=N,
+        router_threshold=1.0,
+        block_size=K,
+        drafting=drafting,
         prompt_lookup=False,
     )
     tokens = _run(stub, cfg)
@@ -151,7 +155,11 @@ def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
             s.slot_table[i, a, nxt(a, i + 2)] = 10.0
     ar = _run(chain_stub(V, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
     cfg = DecodeConfig(
-        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, drafting=drafting,
+        mode="verified",
+        max_new_tokens=N,
+        router_threshold=1.0,
+        block_size=K,
+        drafting=drafting,
         prompt_lookup=False,
     )
     assert _run(s, cfg) == ar
@@ -163,7 +171,11 @@ def test_never_matching_drafts_cost_about_one_step_per_token(drafting):
     N = 64
     stub = chain_stub(V=12, K=4, slots_match=False)
     cfg = DecodeConfig(
-        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=4, drafting=drafting,
+        mode="verified",
+        max_new_tokens=N,
+        router_threshold=1.0,
+        block_size=4,
+        drafting=drafting,
         prompt_lookup=False,
     )
     tokens = _run(stub, cfg)
@@ -177,10 +189,17 @@ def test_acceptance_record_stops_drafting_drafts_that_never_match():
     probe after each (doubling) AR stretch; output stays exact."""
     N = 128
     stub = chain_stub(V=12, K=8, slots_match=False)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=8, reeval_every=5,
+    cfg = DecodeConfig(
+        mode="verified",
+        max_new_tokens=N,
+        router_threshold=1.0,
+        block_size=8,
+        reeval_every=5,
         prompt_lookup=False,
     )
-    assert _run(stub, cfg, costs=None) == _run(chain_stub(12, 8, False), DecodeConfig(mode="ar", max_new_tokens=N))
+    assert _run(stub, cfg, costs=None) == _run(
+        chain_stub(12, 8, False), DecodeConfig(mode="ar", max_new_tokens=N)
+    )
     assert stub.draft_passes < N / 4  # drafting every step would be one pass per token
 
 
@@ -188,7 +207,12 @@ def test_acceptance_record_keeps_drafting_drafts_that_match():
     """The same costs, drafts that always match: the record keeps the whole block drafted."""
     N, K = 128, 8
     stub = chain_stub(V=12, K=K, slots_match=True)
-    cfg = DecodeConfig(mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, reeval_every=5,
+    cfg = DecodeConfig(
+        mode="verified",
+        max_new_tokens=N,
+        router_threshold=1.0,
+        block_size=K,
+        reeval_every=5,
         prompt_lookup=False,
     )
     _run(stub, cfg, costs=None)

@@ -228,7 +228,9 @@ def test_input_major_layout_keeps_values_and_embedding_rows(trained_model_dir):
     assert torch.allclose(model(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-5)
 
 
-def test_a_large_tied_table_is_shared_by_the_embedding_and_the_input_major_head(trained_model_dir, monkeypatch):
+def test_a_large_tied_table_is_shared_by_the_embedding_and_the_input_major_head(
+    trained_model_dir, monkeypatch
+):
     """Above `SHARED_TABLE` floats the embedding becomes a view of the head's input-major copy (one
     table, not two); lookups through the strided view give the same rows and the same logits."""
     monkeypatch.setattr("yue.model.inference.SHARED_TABLE", 0)

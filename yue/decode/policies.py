@@ -27,12 +27,19 @@ seeing the committed tokens up to its anchor), so the block on the last accepted
 whatever is accepted: one forward per step, but K slot rows per draft, which only pays where a
 forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU.
 
+How many drafts to verify is a cost question (`best_length`): the k with the most expected tokens per
+unit of step cost (the cost curve measured for the model on the machine), by the request's own
+`AcceptanceRecord` (threshold 1) or the router's predictions scaled by it (below 1). `verified` also
+drafts tokens copied from the context where it has a match (`decode/lookup.py`): they cost no drafting
+pass, and keep a record of their own.
+
 In a batch each row accepts its own number of drafts (per-row acceptance: `Advance.keep` and
 `Advance.accepted` are per row; the loop's cache leaves holes where a row kept fewer columns than
 another). What stays shared is the shape of the next step: one draft length k for the batch (the
 router's `draft_length` weighs every row), so `next_fed` is rectangular. Rows that joined a running
 batch may carry fewer drafts than the others for one step (`LoopState.n_drafts` is per row; a row's
-drafts are the tail of its `fed`). Hybrid's unverified commits stay a batch minimum (lossy anyway).
+drafts are the tail of its `fed`). The acceptance records are the batch's (a lone request's own), and
+copies are drafted only where every row has some.
 """
 
 from __future__ import annotations
