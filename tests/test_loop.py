@@ -120,19 +120,20 @@ def _run(stub, cfg, prompt=(1,), costs=FLAT):
     return [t for em in decode(stub, [list(prompt)], cfg, costs=costs) for t in em.tokens[0]]
 
 
+def _nar_drafts(N: int, K: int, **kw) -> DecodeConfig:
+    """`verified` at threshold 1 drafting the NAR set's blocks only (no copies from the context), so a
+    stub's slot tables alone decide what is accepted."""
+    return DecodeConfig(
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, prompt_lookup=False, **kw
+    )
+
+
 @pytest.mark.parametrize("drafting", ["separate", "fused"])
 @pytest.mark.parametrize("K", [2, 4, 8])
 def test_always_matching_drafts_need_at_most_n_over_k_plus_2_steps(K, drafting):
     N = 64
     stub = chain_stub(V=12, K=K, slots_match=True)
-    cfg = DecodeConfig(
-        mode="verified",
-        max_new_tokens=N,
-        router_threshold=1.0,
-        block_size=K,
-        drafting=drafting,
-        prompt_lookup=False,
-    )
+    cfg = _nar_drafts(N, K, drafting=drafting)
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
     steps = stub.forwards - stub.draft_passes
@@ -154,14 +155,7 @@ def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
             s.slot_table[i, a] = -10.0
             s.slot_table[i, a, nxt(a, i + 2)] = 10.0
     ar = _run(chain_stub(V, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
-    cfg = DecodeConfig(
-        mode="verified",
-        max_new_tokens=N,
-        router_threshold=1.0,
-        block_size=K,
-        drafting=drafting,
-        prompt_lookup=False,
-    )
+    cfg = _nar_drafts(N, K, drafting=drafting)
     assert _run(s, cfg) == ar
     assert s.forwards - s.draft_passes <= N // 2 + 2
 
@@ -170,14 +164,7 @@ def test_drafts_half_match_every_step_still_verifies_a_fresh_draft(K, drafting):
 def test_never_matching_drafts_cost_about_one_step_per_token(drafting):
     N = 64
     stub = chain_stub(V=12, K=4, slots_match=False)
-    cfg = DecodeConfig(
-        mode="verified",
-        max_new_tokens=N,
-        router_threshold=1.0,
-        block_size=4,
-        drafting=drafting,
-        prompt_lookup=False,
-    )
+    cfg = _nar_drafts(N, 4, drafting=drafting)
     tokens = _run(stub, cfg)
     assert tokens == _run(chain_stub(12, 4, False), DecodeConfig(mode="ar", max_new_tokens=N))
     assert N - 1 <= stub.forwards - stub.draft_passes <= N + 1
@@ -189,14 +176,7 @@ def test_acceptance_record_stops_drafting_drafts_that_never_match():
     probe after each (doubling) AR stretch; output stays exact."""
     N = 128
     stub = chain_stub(V=12, K=8, slots_match=False)
-    cfg = DecodeConfig(
-        mode="verified",
-        max_new_tokens=N,
-        router_threshold=1.0,
-        block_size=8,
-        reeval_every=5,
-        prompt_lookup=False,
-    )
+    cfg = _nar_drafts(N, 8, reeval_every=5)
     assert _run(stub, cfg, costs=None) == _run(
         chain_stub(12, 8, False), DecodeConfig(mode="ar", max_new_tokens=N)
     )
@@ -207,14 +187,7 @@ def test_acceptance_record_keeps_drafting_drafts_that_match():
     """The same costs, drafts that always match: the record keeps the whole block drafted."""
     N, K = 128, 8
     stub = chain_stub(V=12, K=K, slots_match=True)
-    cfg = DecodeConfig(
-        mode="verified",
-        max_new_tokens=N,
-        router_threshold=1.0,
-        block_size=K,
-        reeval_every=5,
-        prompt_lookup=False,
-    )
+    cfg = _nar_drafts(N, K, reeval_every=5)
     _run(stub, cfg, costs=None)
     assert stub.forwards - stub.draft_passes <= math.ceil(N / K) + 2
 

@@ -310,3 +310,22 @@ def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape):
 def test_unknown_drafting_dtype_is_a_clear_error(trained_model_dir):
     with pytest.raises(ValueError, match="drafting dtype must be one of"):
         yue.load(trained_model_dir, nar_dtype="int4")
+
+
+def test_releasing_freed_memory_is_a_no_op_without_glibc(monkeypatch):
+    """`release_freed_memory` trims glibc's heap; where there is no glibc (musl, macOS) it does nothing."""
+    import ctypes
+
+    from yue.model import inference
+
+    def no_libc(*args, **kwargs):
+        raise OSError("no libc here")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    inference.release_freed_memory()  # must not raise
+    calls = []
+    monkeypatch.setattr(
+        ctypes, "CDLL", lambda name: type("Libc", (), {"malloc_trim": lambda self, n: calls.append(n)})()
+    )
+    inference.release_freed_memory()
+    assert calls == [0]

@@ -54,6 +54,7 @@ from yue.decode.lookup import NgramIndex
 from yue.decode.sampling import (
     apply_repetition_penalty,
     choose_rows,
+    one_hot_logprobs,
     sample_rows,
     speculative_accept,
     warp,
@@ -369,31 +370,40 @@ class VerifiedPolicy(Policy):
         """Per row, the accepted draft count and the next token (B,). target: (B, k+1, V), k = max drafts.
 
         Row b's k_b drafts are the tail of its fed; their targets are the last k_b + 1 rows of target.
-        Each row accepts its own longest verified prefix (no batch minimum: per-row acceptance).
+        Each row accepts its own longest verified prefix (no batch minimum: per-row acceptance). A
+        draft is accepted where it is the AR path's choice, or within `tolerance` of it (`hybrid`).
         """
-        k = st.max_drafts
+        k, t = st.max_drafts, self.tolerance(st)
         drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k); row b's drafts are its last n_drafts[b]
         if st.cfg.greedy:
             choice = target.argmax(-1)  # (B, k+1)
             if k == 0:
                 return [0] * len(choice), choice[:, 0]
+            ok = choice[:, :k] == drafts  # (B, k)
+            if t > 0:
+                ok |= within_tolerance(target[:, :k], drafts, t)
             if min(st.n_drafts) == k:  # every row verifies k drafts (a lone row always)
-                run = (choice[:, :k] == drafts).int().cumprod(-1).sum(-1)  # (B,)
+                run = ok.int().cumprod(-1).sum(-1)  # (B,)
                 return run.tolist(), choice.gather(1, run[:, None])[:, 0]
             # A row with k_b < k drafts has k - k_b leading columns that are not drafts: count them as
             # matched, so run = those + the row's accepted drafts, and choice[b, run] is its next token.
             lead = k - torch.tensor(st.n_drafts, device=choice.device)  # (B,)
             pad = torch.arange(k, device=choice.device)[None, :] < lead[:, None]  # (B, k)
-            run = ((choice[:, :k] == drafts) | pad).int().cumprod(-1).sum(-1)  # (B,)
+            run = (ok | pad).int().cumprod(-1).sum(-1)  # (B,)
             return (run - lead).tolist(), choice.gather(1, run[:, None])[:, 0]
         if k == 0:
             return [0] * len(target), choose_rows(target[:, 0], st.cfg, st.generators)
         logp = warp(target, st.cfg)
         rows = [
-            speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g)
+            speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g, t)
             for b, (kb, g) in enumerate(zip(st.n_drafts, st.generators, strict=True))
         ]
         return [r[0] for r in rows], torch.tensor([r[1] for r in rows], device=target.device)
+
+    @staticmethod
+    def tolerance(st: LoopState) -> float:
+        """How far below the AR path's choice a draft may be and still be accepted: none (exact)."""
+        return 0.0
 
     def record_length(self, st: LoopState, n: int) -> int:
         """How many of a block's n drafts to verify next step when the router is not asked (threshold
@@ -463,8 +473,7 @@ class VerifiedPolicy(Policy):
         adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
         adv.next_drafts, st.copying = [k] * len(copies), True
         if not st.cfg.greedy:  # copies are certain proposals: q is one-hot on each (speculative rule)
-            q = torch.full((*drafts.shape, model.config.vocab_size), float("-inf"), device=drafts.device)
-            adv.next_draft_logprobs = q.scatter_(2, drafts[..., None], 0.0)
+            adv.next_draft_logprobs = one_hot_logprobs(drafts, model.config.vocab_size)
         return True
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
@@ -539,27 +548,10 @@ class HybridPolicy(VerifiedPolicy):
         """`verified`'s, except that t = 0 still drafts (it is `verified`, not `ar`)."""
         return st.ar_stretch == 0 and st.cfg.block_size >= 2
 
-    def verify(self, st: LoopState, target: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-        """Per row, the accepted draft count and the next token (B,). target: (B, k+1, V), k = max drafts
-        (row b's k_b drafts are the tail of its fed, as in `VerifiedPolicy.verify`)."""
-        k, t = st.max_drafts, st.cfg.router_threshold
-        if k == 0 or t == 0:  # t = 0 is `verified` exactly
-            return super().verify(st, target)
-        drafts = st.fed[:, st.fed.shape[1] - k :]  # (B, k)
-        if st.cfg.greedy:
-            choice = target.argmax(-1)  # (B, k+1): the AR path's own tokens
-            ok = (drafts == choice[:, :k]) | within_tolerance(target[:, :k], drafts, t)  # (B, k)
-            # A row with k_b < k drafts: its k - k_b leading columns are not drafts; count them matched.
-            lead = k - torch.tensor(st.n_drafts, device=choice.device)  # (B,)
-            ok |= torch.arange(k, device=choice.device)[None, :] < lead[:, None]
-            run = ok.int().cumprod(-1).sum(-1)  # (B,)
-            return (run - lead).tolist(), choice.gather(1, run[:, None])[:, 0]  # the AR token after them
-        logp = warp(target, st.cfg)
-        rows = [
-            speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g, t)
-            for b, (kb, g) in enumerate(zip(st.n_drafts, st.generators, strict=True))
-        ]
-        return [r[0] for r in rows], torch.tensor([r[1] for r in rows], device=target.device)
+    @staticmethod
+    def tolerance(st: LoopState) -> float:
+        """The acceptance rule's t: `router_threshold` in this mode (`VerifiedPolicy.verify` applies it)."""
+        return st.cfg.router_threshold
 
 
 class NARPolicy(Policy):

@@ -19,6 +19,7 @@ import torch
 
 from yue.config import DecodeConfig
 from yue.decode.policies import LoopState
+from yue.decode.sampling import one_hot_logprobs
 from yue.model.cache import KVCache
 
 
@@ -115,8 +116,7 @@ def _fit_width(st: LoopState, width: int, vocab: int) -> None:
         st.fed = torch.cat([st.fed, filler], dim=1)
         st.n_drafts = [n + width - W for n in st.n_drafts]
         if not st.cfg.greedy:
-            q = torch.full((*filler.shape, vocab), float("-inf"), device=filler.device)
-            q.scatter_(2, filler[:, :, None], 0.0)
+            q = one_hot_logprobs(filler, vocab)
             st.draft_logprobs = q if st.draft_logprobs is None else torch.cat([st.draft_logprobs, q], dim=1)
 
 

@@ -112,6 +112,15 @@ def sample_rows(logprobs: torch.Tensor, generators: list[torch.Generator | None]
     return torch.stack([sample_from_logprobs(logprobs[b], g) for b, g in enumerate(generators)])
 
 
+def one_hot_logprobs(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Log-probs of a certain proposal: 0 at each token, -inf elsewhere. tokens (...) -> (..., vocab).
+
+    The q of drafts that were not sampled (copied from the context, fillers): the speculative rule
+    then accepts token x with probability p(x) and resamples from p without x, exact in distribution."""
+    q = torch.full((*tokens.shape, vocab), float("-inf"), device=tokens.device)
+    return q.scatter_(-1, tokens[..., None], 0.0)
+
+
 def speculative_accept(
     target_logprobs: torch.Tensor,
     draft_logprobs: torch.Tensor,
