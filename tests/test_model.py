@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 import yue
 from tests.conftest import tiny_config
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, kernels, load_model
-from yue.model.inference import Int8Linear, Lowered, RowAdaptiveLinear, input_major, row_adaptive
+from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, input_major, row_adaptive
 from yue.model.masks import decode_mask, training_mask
 
 
@@ -202,7 +202,7 @@ def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir,
     with kernels.forced(*off) as choice:
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # drafting: int8 behind casts
     assert engine.model.dtype == torch.bfloat16
-    assert isinstance(engine.model.ar_head, RowAdaptiveLinear) == choice.ok("onednn-bf16")
+    assert isinstance(engine.model.ar_head, PackedLinear) == choice.ok("onednn-bf16")
     assert isinstance(engine.model.draft_head, Lowered) or choice.int8_engine is None
     drafted = 0
     for prompt in ["def alpha_1(x):\n", "class "]:

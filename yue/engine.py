@@ -31,7 +31,7 @@ from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
-from yue.model.inference import resolve_drafting_dtype
+from yue.model.inference import resolve_drafting_dtype, resolve_dtype
 from yue.model.mot import YueForCausalLM
 from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
@@ -358,7 +358,7 @@ def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig, gate: float) -
 def load(
     path: str | Path | None = None,
     device: str = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     nar_dtype: torch.dtype | str | None = "auto",
     adapter: str | Path | None = None,
 ) -> Engine:
@@ -369,7 +369,10 @@ def load(
             Llama folder with safetensors + tokenizer.json), or a .gguf file (converted once and cached,
             `model/gguf.py`); None = the default model.
         device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
-        dtype: weights dtype (default: as saved, float32).
+        dtype: the precision the model runs in: None / "float32" (as saved, the GGUF's values
+            dequantized), or "bfloat16" / torch.bfloat16, a separate, named precision: weights and
+            activations in bfloat16 (as `LlamaForCausalLM` in bfloat16), attention and KV cache in
+            float32 on a CPU; `ar` and `verified` are exact against each other in it (`inference.py`).
         nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
             `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
@@ -389,6 +392,7 @@ def load(
     if device != "cpu" and not str(device).startswith("cuda"):
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
+    dtype = resolve_dtype(dtype)
     model, tokenizer, files = load_unprepared(path, device, dtype)
     model = apply_adapter(model, adapter)
     model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None)

@@ -34,9 +34,11 @@ import torch
 from yue.bench import llamacpp
 from yue.bench.prompts import PromptSet, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
+from yue.bench import metrics
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
+from yue.model.inference import PRECISIONS
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
 PEERS = (*HF_PEERS, llamacpp.NAME)
@@ -70,6 +72,10 @@ class BenchConfig:
         memory: measure peak RSS per mode in separate processes (seconds per mode).
         device: "cpu" or "cuda[:N]" for ours and the transformers peers (llama.cpp: CPU only).
         cost_curve: time a verifying forward over 1..9 rows and the drafting pass (`costs.py`).
+        dtype: the precision of ours and the transformers peers ("float32" or "bfloat16",
+            `inference.PRECISIONS`); llama.cpp runs the GGUF's own. Below float32, every set also gets
+            a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
+            and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
     """
 
     model: str | None = None
@@ -87,6 +93,7 @@ class BenchConfig:
     memory: bool = True
     device: str = "cpu"
     cost_curve: bool = True
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in ALL_MODES]
@@ -108,6 +115,8 @@ class BenchConfig:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"dtype must be one of {', '.join(PRECISIONS)}; got {self.dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class SetResult:
     file: str
     prompts: int
     summaries: dict[str, Summary]
+    float32_reference: dict | None = None
 
 
 @dataclass
@@ -198,6 +208,7 @@ class BenchResult:
                     "file": s.file,
                     "prompts": s.prompts,
                     "modes": modes(s.summaries),
+                    "float32_reference": s.float32_reference,
                 }
                 for s in self.sets
             ],
@@ -254,13 +265,14 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
 
 
 def _runners(
-    todo: list[Entry], engine, sets: list[PromptSet], cfg: BenchConfig, tmp: str
+    todo: list[Entry], engine, reference, sets: list[PromptSet], cfg: BenchConfig, tmp: str
 ) -> tuple[dict, dict]:
-    """A callable per entry (batch of (index, Prompt) -> Sample), and settings they add to the report."""
+    """A callable per entry (batch of (index, Prompt) -> Sample), and settings they add to the report.
+    The transformers peers get `reference`'s AR set (float32 as loaded) in `cfg.dtype`."""
     runners: dict[str, Callable] = {}
     settings: dict[str, str] = {}
     if any(e.mode in HF_PEERS for e in todo):
-        llama, rec = load_peers(engine, cfg.device, tmp)
+        llama, rec = load_peers(reference, cfg.device, tmp, PRECISIONS[cfg.dtype] or torch.float32)
     if any(e.mode == llamacpp.NAME for e in todo):
         gguf, _ = llamacpp.gguf_source(cfg.model)
         longest = max(len(p.ids) for s in sets for p in s.prompts)
@@ -287,7 +299,10 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.threads)
-    engine = yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
+    engine = yue.load(cfg.model, device=cfg.device, dtype=PRECISIONS[cfg.dtype] or torch.float32)
+    # Below float32: a float32 engine exports the peers' weights (a bfloat16 engine keeps its AR set
+    # only packed) and is the reference the precision's outputs are scored against.
+    reference = engine if cfg.dtype == "float32" else yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
     sets = prompt_sets(engine, cfg.prompts, cfg.dev_prompts, cfg.limit)
     todo = entries(cfg)
     skipped = _skips(todo, cfg, engine)
@@ -296,7 +311,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     todo = [e for e in todo if e.name not in skipped]
     costs = None
     with tempfile.TemporaryDirectory(prefix="yue-bench-") as tmp:
-        runners, extra = _runners(todo, engine, sets, cfg, tmp)
+        runners, extra = _runners(todo, engine, reference, sets, cfg, tmp)
         warmup = _warm_up(todo, runners, sets[0].prompts, log)
         samples = []
         for s in sets:
@@ -314,13 +329,14 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
             s.path.name,
             len(s.prompts),
             summarise([e.name for e in todo], ss, warmup if k == 0 else {}, memory, s.prompts, engine.model),
+            None if reference is engine else _float32_reference(reference, s.prompts, ss.get("ar"), cfg, log),
         )
         for k, (s, ss) in enumerate(zip(sets, samples, strict=True))
     ]
     settings = {
         "threads": str(cfg.threads),
         "device": cfg.device,
-        "dtype": "float32 (ours, hf peers)",
+        "dtype": f"{cfg.dtype} (ours, hf peers)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "repeats": str(cfg.repeats),
@@ -362,6 +378,34 @@ def _timed_runs(todo, runners, prompts, cfg, log) -> dict[str, list[Sample]]:
     return samples
 
 
+def _float32_reference(reference, prompts, ar_samples, cfg, log) -> dict | None:
+    """How `ar` in the bench's precision compares with `ar` in float32 on one prompt set: the float32
+    AR path's NLL of each side's greedy output (summed over the set), their ratio, and how many
+    outputs are identical. None without `ar` samples."""
+    if not ar_samples:
+        return None
+    log("float32 reference: ar in float32 on the same prompts (untimed)")
+    ours = {i: toks for s in ar_samples for i, toks, _ in s.rows}
+    runner = OurRunner(reference, "ar", None, cfg.max_new_tokens, "separate")
+    nll = {"ours": [0.0, 0], "float32": [0.0, 0]}
+    same = 0
+    for i, toks in sorted(ours.items()):
+        ref = runner([(i, prompts[i])]).rows[0][1]
+        same += ref == toks
+        for side, out in (("ours", toks), ("float32", ref)):
+            total, n = metrics.ar_nll(reference.model, prompts[i].ids, out)
+            nll[side][0] += total
+            nll[side][1] += n
+    per_token = {k: v[0] / max(v[1], 1) for k, v in nll.items()}
+    return {
+        "precision": cfg.dtype,
+        "prompts": len(ours),
+        "identical_to_float32_ar": same,
+        "nll_per_token": {k: round(v, 4) for k, v in per_token.items()},
+        "nll_ratio": round(per_token["ours"] / per_token["float32"], 4) if per_token["float32"] else None,
+    }
+
+
 def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
     """Peak RSS per mode (batch 1, default threshold), each in its own process, on the longest prompt
     of the first set (memory is a mode's, not a set's: every set's summary shows the same figure)."""
@@ -375,7 +419,7 @@ def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
             continue
         log(f"peak memory: {e.name}")
         spec = MemorySpec(
-            e.mode, cfg.model, llama_dir, p.text, p.ids, cfg.max_new_tokens, cfg.threads, gguf=gguf
+            e.mode, cfg.model, llama_dir, p.text, p.ids, cfg.max_new_tokens, cfg.threads, gguf=gguf, dtype=cfg.dtype
         )
         out[e.name] = measure(spec)
     return out

@@ -35,6 +35,7 @@ class MemorySpec:
         prompt: the prompt text (ours); prompt_ids: the same prompt's ids (peers).
         router_threshold: for ours; None = the model's default.
         gguf: the GGUF file (llamacpp-greedy).
+        dtype: ours and the hf peers' precision ("float32", "bfloat16").
     """
 
     mode: str
@@ -46,6 +47,7 @@ class MemorySpec:
     threads: int
     router_threshold: float | None = None
     gguf: str | None = None
+    dtype: str = "float32"
 
 
 def _status_kb(field: str) -> float | None:
@@ -94,7 +96,7 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
         llm = llamacpp.load(spec.gguf, len(spec.prompt_ids) + spec.max_new_tokens + 1, spec.threads)
         llamacpp.LlamaCppRunner(llm, None, {llm.token_eos()}, spec.max_new_tokens).generate(spec.prompt_ids)
     elif spec.mode.startswith("hf-"):
-        llama = LlamaForCausalLM.from_pretrained(spec.llama, dtype=torch.float32).eval()
+        llama = LlamaForCausalLM.from_pretrained(spec.llama, dtype=getattr(torch, spec.dtype)).eval()
         gen = llama.generation_config
         kw = {"prompt_lookup_num_tokens": 10} if spec.mode == "hf-prompt-lookup" else {}
         ids = torch.tensor([spec.prompt_ids])
@@ -108,7 +110,7 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
             **kw,
         )
     else:
-        engine = yue.load(spec.model)
+        engine = yue.load(spec.model, dtype=spec.dtype)
         engine.generate(
             spec.prompt,
             mode=spec.mode,

@@ -138,14 +138,15 @@ class HFRunner:
         return Sample([(i, tokens, text)], wall, ttft, len(rec.inputs), accepted)
 
 
-def load_peers(engine, device: str, tmp: str):
-    """Export the AR set, load it as LlamaForCausalLM, attach the recorder's forward hook."""
+def load_peers(engine, device: str, tmp: str, dtype: torch.dtype = torch.float32):
+    """Export the AR set (of a float32 engine), load it as LlamaForCausalLM in `dtype`, attach the
+    recorder's forward hook."""
     from transformers import LlamaForCausalLM
 
     from yue.model.hf import export_ar
 
     export_ar(engine.model, tmp)
-    llama = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
+    llama = LlamaForCausalLM.from_pretrained(tmp, dtype=dtype).to(device).eval()
     rec = Recorder()
     llama.register_forward_pre_hook(rec.hook, with_kwargs=True)
     return llama, rec

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from yue.model import kernels
 from yue.model.gguf import cache_root
 from yue.model.masks import decode_mask
 
@@ -178,10 +179,13 @@ class StepCosts:
 
 
 def cost_cache_key(model) -> str:
-    """Same model shape, device kind, CPU capability, threads and torch: same costs."""
-    capability = torch.backends.cpu.get_cpu_capability() if model.device.type == "cpu" else ""
+    """Same model shape and precision, device kind, CPU capability and kernels, threads and torch: same
+    costs."""
+    on_cpu = model.device.type == "cpu"
+    capability = torch.backends.cpu.get_cpu_capability() + kernels.describe() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
     parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
+    parts += [str(model.dtype), str(model.cache_dtype)]
     parts += [str(torch.get_num_threads()), torch.__version__]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 

@@ -61,16 +61,40 @@ class Lowered(nn.Module):
         return self.inner(x.to(self.in_dtype)).to(x.dtype)
 
 
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x @ W.t() through oneDNN on `kernels.pack_weight(W)`: (..., in) -> (..., out), fewer than
+    `MIN_PACKED_ROWS` rows padded with zeros to that many.
+
+    Padded, every row's result is the same bits whatever the call's row count (checked for 1-40 rows
+    on SmolLM2's shapes, float32 and bfloat16, one thread; without the padding a 1-row call of the
+    1536-wide down projection differs from a 4-row one), so a row verified in a k + 1-row step reads
+    what a one-row AR step would.
+    """
+    rows = x.numel() // x.shape[-1]
+    if rows >= MIN_PACKED_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    flat = x.reshape(rows, x.shape[-1])
+    flat = torch.cat([flat, flat.new_zeros(MIN_PACKED_ROWS - rows, flat.shape[1])])
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+    return out[:rows].view(*x.shape[:-1], out.shape[-1])
+
+
+# oneDNN's packed GEMM over 1-3 rows costs more than over 4 on SmolLM2's shapes (one thread, weights
+# streamed, AVX512: the MLP's gate/up 882 us for 2 rows, 639 for 3, 584 for 5; the head 11.0, 9.1,
+# 8.6 ms), so fewer rows are padded with zeros to this many; each row's values stay its own.
+MIN_PACKED_ROWS = 4
+
+
 class RowAdaptiveLinear(nn.Module):
-    """A float matmul that picks its CPU kernel by row count: one row through MKL on the input-major
+    """A float32 matmul that picks its CPU kernel by row count: one row through MKL on the input-major
     weight (`input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
-    blocked GEMM (`torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
+    blocked GEMM (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
 
     MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
     prefill or a batch pays per matmul: one thread, 8 rows, weights not in cache, a 256x1376 matmul
-    ~175 -> ~85 us and the 256x4096 head ~800 -> ~350 us; for one row MKL's GEMV stays faster (30 vs 40
-    us), hence both. Same values, other kernels: results may differ in the last float bits (as any
-    two GEMM kernels do).
+    ~175 -> ~85 us and the 256x4096 head ~800 -> ~350 us; for one row MKL's GEMV stays faster (SmolLM2's
+    30 layers and head: 36.8 against 40.3 ms packed), hence both copies. Same values, other kernels:
+    a one-row step may differ from a verifying row in the last float bits (as any two GEMM kernels do).
 
     The tensors are held in a tuple, not registered, so the module adds nothing to a state dict and
     moves with no `.to()`: it belongs to a model prepared for decoding on its device.
@@ -88,21 +112,26 @@ class RowAdaptiveLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, packed = self.weights
-        rows = x.numel() // x.shape[-1]
-        if rows <= 1:  # one row (or none: a drafting pass has no AR rows)
+        if x.numel() <= x.shape[-1]:  # one row (or none: a drafting pass has no AR rows)
             return F.linear(x, weight)
-        if rows < MIN_PACKED_ROWS:  # padded: oneDNN's kernel for 2-3 rows is slower than for 4
-            flat = x.reshape(rows, x.shape[-1])
-            flat = torch.cat([flat, flat.new_zeros(MIN_PACKED_ROWS - rows, flat.shape[1])])
-            out = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
-            return out[:rows].view(*x.shape[:-1], out.shape[-1])
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return packed_matmul(x, packed)
 
 
-# oneDNN's packed GEMM over 2 or 3 rows costs more than over 4 on SmolLM2's shapes (one thread,
-# weights streamed, AVX512: the MLP's gate/up 882 us for 2 rows, 639 for 3, 584 for 5; the head 11.0,
-# 9.1, 8.6 ms), so fewer rows are padded with zeros to this many; each row's values stay its own.
-MIN_PACKED_ROWS = 4
+class PackedLinear(nn.Module):
+    """A bfloat16 matmul through oneDNN on a pre-packed copy of the weight, for every row count.
+
+    MKL has no fast bfloat16 GEMV: SmolLM2's 30 layers and head over one row cost 41 ms through
+    `F.linear` against 20 ms packed and padded to 4 rows (`packed_matmul`), so one copy serves every
+    step, and a one-row step and a verifying row run the same kernel on the same padded shape (with
+    `MoTLayer.exact_rows`, attention too): `ar` and `verified` read the same bits.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.packed = (kernels.pack_weight(linear.weight.detach()),)  # a tuple: not in the state dict
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_matmul(x, self.packed[0])
 
 
 class Int8Linear(nn.Module):
@@ -124,15 +153,18 @@ class Int8Linear(nn.Module):
 
 
 def row_adaptive(linear: nn.Module) -> nn.Module:
-    """`RowAdaptiveLinear(linear)` where it applies (a bias-free nn.Linear on the CPU, of a dtype whose
-    packed kernel `kernels.packed_rows` found working here), else `linear` itself (plain F.linear)."""
+    """The decode-path kernel for a float matmul: `PackedLinear` for bfloat16, `RowAdaptiveLinear` for
+    float32, where it applies (a bias-free nn.Linear on the CPU, of a dtype whose packed kernel
+    `kernels.packed_rows` found working here), else `linear` itself (plain F.linear)."""
     usable = (
         isinstance(linear, nn.Linear)
         and linear.bias is None
         and linear.weight.device.type == "cpu"
         and kernels.packed_rows(linear.weight.dtype)
     )
-    return RowAdaptiveLinear(linear) if usable else linear
+    if not usable:
+        return linear
+    return PackedLinear(linear) if linear.weight.dtype == torch.bfloat16 else RowAdaptiveLinear(linear)
 
 
 def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
@@ -186,6 +218,23 @@ def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device 
     if name == "int8" and on_cpu and kernels.int8_engine() is None:
         raise ValueError(int8_unavailable())
     return DRAFTING_DTYPES[name]
+
+
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}  # a model's precision by name (None: as saved)
+
+
+def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """A model precision -> the dtype `load` converts to: "float32" / None (as saved) or "bfloat16";
+    a torch dtype passes as it is.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if not isinstance(name, str):
+        return name
+    if name not in PRECISIONS:
+        raise ValueError(f"dtype must be one of {', '.join(PRECISIONS)}; got {name!r}")
+    return PRECISIONS[name]
 
 
 def input_major(model: nn.Module) -> nn.Module:
@@ -266,11 +315,30 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
             matmuls = (qkv, proj.o_proj, gate_up, mlp.down_proj)
             sets.append(DecodeSet(layer, nar, *(row_adaptive(m) for m in matmuls)))
         layer.decode_sets = nn.ModuleList(sets)
+        layer.exact_rows = isinstance(sets[0].qkv, PackedLinear)
+        if layer.exact_rows:
+            release_unpacked(layer)
         release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
     head = row_adaptive(model.lm_head)
     model.ar_head = head if head is not model.lm_head else None
+    if model.model.layers[0].exact_rows:
+        # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call
+        # against ~28 in float32 (one query, 200 keys, SmolLM2's heads), 30 calls a step.
+        model.cache_dtype = torch.float32
     model.draft_head = draft_head(model, drafting_dtype)
     release_freed_memory()
+
+
+def release_unpacked(layer) -> None:
+    """Drop the AR set's (out, in) weights of a layer whose decode path holds them packed
+    (`PackedLinear`): one copy in memory instead of two. The layer's uncached AR forward (scoring)
+    then runs through its decode path; training it needs a model as loaded (a prepared one cannot be
+    saved or trained anyway)."""
+    _, proj, _, mlp = layer._sets(False)
+    for module in (proj, mlp):
+        for child in module.children():
+            if isinstance(child, nn.Linear):
+                child.weight = nn.Parameter(child.weight.new_empty(0), requires_grad=False)
 
 
 def release_freed_memory() -> None:

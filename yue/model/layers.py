@@ -183,6 +183,10 @@ class MoTLayer(nn.Module):
             self.nar_mlp = MLP(config)
         # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
         self.decode_sets: nn.ModuleList | None = None
+        # Committed rows' attention one query at a time, so that a verifying row computes what a one-row
+        # AR step would, bit for bit (`_attend`); set by `prepare_for_decoding` where the matmuls are
+        # row-exact too (bfloat16: its rounding turns last-bit differences into different tokens).
+        self.exact_rows = False
 
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
         """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
@@ -225,12 +229,37 @@ class MoTLayer(nn.Module):
         fused = None if self.decode_sets is None else self.decode_sets[nar]
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
+        if k_buf.dtype != q.dtype:  # attention in the cache's precision (`YueForCausalLM.cache_dtype`)
+            q, k, v = q.to(k_buf.dtype), k.to(k_buf.dtype), v.to(k_buf.dtype)
         S = start + h.shape[1]
         k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v
-        o = F.scaled_dot_product_attention(
-            q, k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=self.n_kv != self.n_heads
-        )
+        if self.exact_rows and not nar and q.shape[2] > 1:
+            o = self._attend_rows(q, kv, mask, start)
+        else:
+            o = F.scaled_dot_product_attention(
+                q, k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=self.n_kv != self.n_heads
+            )
+        o = o.to(h.dtype)
         return self._finish(h, o, nar) if fused is None else fused.finish(h, o)
+
+    def _attend_rows(self, q, kv, mask, start) -> torch.Tensor:
+        """Attention of T committed queries q (B, H, T, Dh) at cache indices [start, start + T), one
+        query per call, each over the keys a one-row AR step at its position would see.
+
+        SDPA over T queries at once may differ in the last bits from T one-query calls (CPU, both
+        float32 and bfloat16, measured); one call per row costs ~15 us x T per layer and makes a
+        verifying step's committed rows equal to the AR steps they stand for. An all-True mask row
+        and no mask give the same bits (measured), so a row's mask slice stands for an AR step's None.
+        """
+        k_buf, v_buf = kv
+        gqa = self.n_kv != self.n_heads
+        rows = []
+        for t in range(q.shape[2]):
+            S = start + t + 1
+            m = None if mask is None else mask[..., t : t + 1, :S]
+            q_t = q[:, :, t : t + 1]
+            rows.append(F.scaled_dot_product_attention(q_t, k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=gqa))
+        return torch.cat(rows, dim=2)
 
     def forward(
         self,
@@ -273,6 +302,13 @@ class MoTLayer(nn.Module):
             return h_c, h_s
         # Training: committed positions and all blocks in one attention call, under the training mask.
         gqa = self.n_kv != self.n_heads
+        if self.decode_sets is not None and not Ts:
+            # A prepared model's uncached AR forward (scoring): through its decode path, whose packed
+            # weights may be the only copy left (`inference.release_unpacked`).
+            ar = self.decode_sets[0]
+            q_c, k_c, v_c = ar.qkv_rope(h_c, cos[..., :Tc, :], sin[..., :Tc, :])
+            o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)
+            return ar.finish(h_c, o_c), h_s
         q_c, k_c, v_c = self._qkv(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :])
         if not Ts:
             o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)

@@ -217,6 +217,8 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         # count; for slot rows when drafting is lowered. None = the LM head.
         self.ar_head: nn.Module | None = None
         self.draft_head: nn.Module | None = None
+        # KV cache and attention precision (`prepare_for_decoding`); None = the model's dtype.
+        self.cache_dtype: torch.dtype | None = None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -263,7 +265,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             c.head_dim,
             capacity,
             self.device,
-            self.dtype,
+            self.cache_dtype or self.dtype,
         )
 
     def step(
@@ -343,7 +345,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             # A fully padded query row would make SDPA return NaN; let it see itself.
             mask = mask | torch.eye(T, dtype=torch.bool, device=input_ids.device)[None, None]
         hidden = self.model(input_ids, positions, T, mask)
-        logits = self.lm_head(hidden)
+        logits = (self.ar_head or self.lm_head)(hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(

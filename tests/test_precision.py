@@ -1,0 +1,130 @@
+"""The bfloat16 precision: one packed weight copy, float32 attention, and `ar` == `verified` by
+construction (a verifying row computes the bits a one-row AR step would); its kernel's fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_topnar import top_model
+from yue.config import DecodeConfig
+from yue.decode.costs import cost_cache_key
+from yue.decode.loop import decode
+from yue.model import kernels
+from yue.model.inference import PackedLinear, packed_matmul, resolve_dtype
+from yue.model.masks import decode_mask
+
+BF16_PACKED = kernels.packed_rows(torch.bfloat16)
+needs_packed = pytest.mark.skipif(
+    not BF16_PACKED, reason=f"oneDNN bfloat16 packing does not work on this CPU: {kernels.describe()}"
+)
+
+
+def bf16_model(seed: int = 0, nar_layers: int = 2):
+    """A random top-layer NAR model in bfloat16, prepared for decoding (int8 drafting where it works)."""
+    model = top_model(nar_layers, seed=seed).to(torch.bfloat16)
+    return model.prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
+
+
+@needs_packed
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_rows_do_not_depend_on_the_row_count(dtype):
+    """The property `ar` == `verified` rests on: a row's result is the same bits in a call of 1..9 rows."""
+    g = torch.Generator().manual_seed(0)
+    for out_f, in_f in [(96, 64), (64, 1536), (960, 576)]:
+        packed = kernels.pack_weight((torch.randn(out_f, in_f, generator=g) * 0.05).to(dtype))
+        x = torch.randn(9, in_f, generator=g).to(dtype)
+        alone = torch.cat([packed_matmul(x[j : j + 1], packed) for j in range(9)])
+        for rows in range(1, 10):
+            assert torch.equal(packed_matmul(x[:rows], packed), alone[:rows]), (out_f, in_f, rows)
+
+
+@needs_packed
+def test_bfloat16_model_holds_one_packed_copy_and_attends_in_float32():
+    model = bf16_model()
+    for layer in model.model.layers:
+        ar = layer.decode_sets[0]
+        assert layer.exact_rows and isinstance(ar.qkv, PackedLinear) and isinstance(ar.gate_up, PackedLinear)
+        assert layer.self_attn.q_proj.weight.numel() == 0 and layer.mlp.down_proj.weight.numel() == 0
+    assert isinstance(model.ar_head, PackedLinear)
+    cache = model.new_cache(1, 8)
+    assert cache.k.dtype == torch.float32 and model.dtype == torch.bfloat16
+
+
+@needs_packed
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed):
+    """Eight committed tokens in one step give the logits (and cache) of eight one-token steps. (On the
+    2-core AMD EPYC this project develops on, seed 0 differs without `exact_rows`: SDPA over several
+    queries is not row-exact there.)"""
+    model = bf16_model(seed=seed)
+    n, k = 11, 8
+    prompt = torch.randint(4, 96, (1, n), generator=torch.Generator().manual_seed(1))
+    new = torch.randint(4, 96, (1, k), generator=torch.Generator().manual_seed(2))
+
+    def prefilled():
+        cache = model.new_cache(1, n + 2 * k)
+        model.step(prompt, torch.arange(n), n, decode_mask(0, n, 0), cache, n_logits=1)
+        cache.advance(n)
+        return cache
+
+    many = prefilled()
+    together = model.step(new, torch.arange(n, n + k), k, decode_mask(n, k, 0), many).ar_logits[0]
+    one = prefilled()
+    alone = []
+    for t in range(k):
+        out = model.step(new[:, t : t + 1], torch.tensor([n + t]), 1, decode_mask(n + t, 1, 0), one)
+        alone.append(out.ar_logits[0, 0])
+        one.advance(1)
+    assert torch.equal(together, torch.stack(alone))
+    for i in range(model.config.num_hidden_layers):
+        assert all(torch.equal(a[:, :, : n + k], b[:, :, : n + k]) for a, b in zip(many.layer(i), one.layer(i)))
+
+
+@needs_packed
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 40), threshold=st.sampled_from([0.5, 1.0]))
+def test_bfloat16_verified_equals_ar(seed, threshold):
+    model = bf16_model(seed=seed % 7)
+    prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    def run(mode: str) -> list[int]:
+        cfg = DecodeConfig(mode=mode, max_new_tokens=24, ignore_eos=True, router_threshold=threshold)
+        return [t for em in decode(model, [prompt], cfg.resolved(model.config)) for t in em.tokens[0]]
+
+    assert run("verified") == run("ar")
+
+
+def test_forced_fallback_runs_bfloat16_through_plain_linear():
+    with kernels.forced("onednn-bf16"):
+        model = bf16_model()
+    layer = model.model.layers[0]
+    assert not layer.exact_rows and not isinstance(layer.decode_sets[0].qkv, PackedLinear)
+    assert layer.self_attn.q_proj.weight.numel() > 0  # nothing released: plain F.linear reads it
+    assert model.new_cache(1, 8).k.dtype == torch.bfloat16
+    cfg = DecodeConfig(mode="ar", max_new_tokens=6, ignore_eos=True).resolved(model.config)
+    out = [t for em in decode(model, [[5, 6, 7]], cfg) for t in em.tokens[0]]
+    assert len(out) == 6 and all(0 <= t < 96 for t in out)
+
+
+@needs_packed
+def test_scoring_forward_of_a_prepared_bfloat16_model_matches_the_unprepared_one():
+    """The uncached AR forward (bench NLL) runs through the packed decode path once the float copies
+    are released; it computes the same function as the model as loaded, up to kernel rounding."""
+    ids = torch.randint(4, 96, (1, 14), generator=torch.Generator().manual_seed(0))
+    plain = top_model(2, seed=1).to(torch.bfloat16)
+    want = plain(input_ids=ids).logits.float()
+    got = plain.prepare_for_decoding(None)(input_ids=ids).logits.float()
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item())
+
+
+def test_precision_names_and_cost_keys():
+    assert resolve_dtype("bfloat16") == torch.bfloat16 and resolve_dtype("float32") is None
+    assert resolve_dtype(torch.bfloat16) == torch.bfloat16
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        resolve_dtype("float16")
+    f32 = top_model(2).prepare_for_decoding(None)
+    bf16 = bf16_model()
+    assert cost_cache_key(f32) != cost_cache_key(bf16)
