@@ -22,6 +22,15 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
   k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
   8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
 
+The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
+and the head hold one oneDNN-packed bfloat16 copy (`PackedLinear`; MKL has no fast bfloat16 GEMV),
+half float32's bytes: SmolLM2's 30 layers and head over one row 20 ms against 37 ms in float32, 8 rows
+24 ms. Attention and the KV cache stay float32 (torch's CPU SDPA in bfloat16 is ~6x slower), and
+`ar` == `verified` holds by construction, not by luck at near-ties (bfloat16's rounding turns any
+last-bit difference into different tokens within a few steps, measured): a packed matmul padded to 4
+rows gives each row the same bits whatever the row count (`packed_matmul`), and a verifying step's
+committed rows attend one query at a time (`MoTLayer.exact_rows`), as one-row AR steps do.
+
 Which of these kernels exist on the running CPU (oneDNN packing per dtype, the int8 engine) is
 decided by `kernels.py`, probed once per process; where one is missing the matmul stays a plain
 `F.linear` (or drafting stays float), same values, so `ar`/`verified` token ids do not change.

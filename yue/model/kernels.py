@@ -59,10 +59,14 @@ class KernelChoice:
     Attributes:
         cpu: torch's CPU capability ("AVX512", "AVX2", "DEFAULT", ...), for the log.
         probes: one `Probe` per name in `KERNELS`, in order.
+        native_bf16: the CPU has bfloat16 dot products (AVX512-BF16 or AMX); without them oneDNN
+            emulates bfloat16, and `--dtype bfloat16` may be slower than float32 (DESIGN §8: 5.5x slower
+            prefill on an AVX2 CPU). Reported, not acted on: the precision is the user's choice.
     """
 
     cpu: str
     probes: tuple[Probe, ...]
+    native_bf16: bool = False
 
     def ok(self, name: str) -> bool:
         return next(p.ok for p in self.probes if p.name == name)
@@ -74,7 +78,7 @@ class KernelChoice:
 
     @property
     def bfloat16_rows(self) -> str:
-        """Kernel for bfloat16 matmuls over two or more rows."""
+        """Kernel for bfloat16 matmuls, every row count (`inference.PackedLinear`)."""
         return "onednn-packed" if self.ok("onednn-bf16") else "F.linear"
 
     @property
@@ -85,7 +89,8 @@ class KernelChoice:
     def describe(self) -> str:
         """One line for logs and bench headers: the choices, then each kernel left out and why."""
         line = (
-            f"cpu {self.cpu}; float32 rows>1: {self.float32_rows}; bfloat16 rows>1: {self.bfloat16_rows}; "
+            f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
+            f"float32 rows>1: {self.float32_rows}; bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}"
         )
         off = [f"{p.name} ({p.why})" for p in self.probes if not p.ok]
@@ -192,7 +197,13 @@ def _probe(off: frozenset[str]) -> KernelChoice:
         else:
             whys[name] = _probe_packed(next(d for d, k in PACKED_KERNEL.items() if k == name))
     probes = tuple(Probe(n, not w, w) for n, w in whys.items())
-    return KernelChoice(torch.backends.cpu.get_cpu_capability(), probes)
+    return KernelChoice(torch.backends.cpu.get_cpu_capability(), probes, _native_bf16())
+
+
+def _native_bf16() -> bool:
+    """Whether the CPU has bfloat16 dot products (torch's own checks; False where torch lacks them)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, c, lambda: False)() for c in checks)
 
 
 def parse_off(spec: str | Iterable[str]) -> frozenset[str]:
