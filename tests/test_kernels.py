@@ -13,7 +13,7 @@ import torch
 
 import yue
 from yue.model import kernels
-from yue.model.inference import Int8Linear, Lowered, RowAdaptiveLinear
+from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear
 from yue.model.masks import decode_mask
 
 PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
@@ -52,8 +52,10 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
     int8 drafting iff an engine works (else float drafting: no draft head)."""
     model = engine.model
     packed = choice.ok("onednn-f32" if model.dtype == torch.float32 else "onednn-bf16")
-    assert isinstance(model.model.layers[0].decode_sets[0].qkv, RowAdaptiveLinear) == packed
-    assert isinstance(model.ar_head, RowAdaptiveLinear) == packed
+    kind = RowAdaptiveLinear if model.dtype == torch.float32 else PackedLinear
+    assert isinstance(model.model.layers[0].decode_sets[0].qkv, kind) == packed
+    assert isinstance(model.ar_head, kind) == packed
+    assert model.model.layers[0].exact_rows == (packed and kind is PackedLinear)
     int8 = Int8Linear if model.dtype == torch.float32 else Lowered
     assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
 
@@ -115,7 +117,7 @@ def test_a_kernel_raising_at_the_probe_falls_back_and_bfloat16_loading_works(
     with kernels.forced() as choice:
         assert choice.bfloat16_rows == "F.linear" and "avx_ne_convert" in choice.describe()
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # raised this error before the seam
-    assert not isinstance(engine.model.ar_head, RowAdaptiveLinear)
+    assert not isinstance(engine.model.ar_head, (RowAdaptiveLinear, PackedLinear))
     kw = dict(max_new_tokens=20, ignore_eos=True)
     ar = engine.generate(PROMPTS[0], mode="ar", **kw)
     assert engine.generate(PROMPTS[0], mode="verified", **kw).token_ids == ar.token_ids

@@ -9,7 +9,14 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 import yue
 from tests.conftest import tiny_config
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, kernels, load_model
-from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, input_major, row_adaptive
+from yue.model.inference import (
+    Int8Linear,
+    Lowered,
+    PackedLinear,
+    RowAdaptiveLinear,
+    input_major,
+    row_adaptive,
+)
 from yue.model.masks import decode_mask, training_mask
 
 

@@ -80,7 +80,9 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed):
         one.advance(1)
     assert torch.equal(together, torch.stack(alone))
     for i in range(model.config.num_hidden_layers):
-        assert all(torch.equal(a[:, :, : n + k], b[:, :, : n + k]) for a, b in zip(many.layer(i), one.layer(i)))
+        assert all(
+            torch.equal(a[:, :, : n + k], b[:, :, : n + k]) for a, b in zip(many.layer(i), one.layer(i))
+        )
 
 
 @needs_packed

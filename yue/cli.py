@@ -38,7 +38,7 @@ MODEL_HELP = (
     "A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the default model)."
 )
 DTYPE_HELP = (
-    "float32 (the GGUF's values) | bfloat16: a named precision, ~1.4x faster on a CPU with AVX512-BF16 "
+    "float32 (the GGUF's values) | bfloat16: a named precision, ~1.3x faster on a CPU with AVX512-BF16 "
     "or AMX; ar and verified stay exact against each other in it."
 )
 
@@ -803,7 +803,9 @@ def serve_cmd(
     if adapter is not None:
         check_adapter_folder(adapter)  # missing files fail here, not in the background load
     # Chat requests use the model's own template (`Engine.chat_prompt`).
-    code = serve(lambda: yue.load(model, device=device, dtype=dtype, adapter=adapter), config, log_level=log_level)
+    code = serve(
+        lambda: yue.load(model, device=device, dtype=dtype, adapter=adapter), config, log_level=log_level
+    )
     raise typer.Exit(code=code)
 
 

@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from yue.bench import llamacpp
+from yue.bench import llamacpp, metrics
 from yue.bench.prompts import PromptSet, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
-from yue.bench import metrics
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
@@ -302,7 +301,9 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     engine = yue.load(cfg.model, device=cfg.device, dtype=PRECISIONS[cfg.dtype] or torch.float32)
     # Below float32: a float32 engine exports the peers' weights (a bfloat16 engine keeps its AR set
     # only packed) and is the reference the precision's outputs are scored against.
-    reference = engine if cfg.dtype == "float32" else yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
+    reference = (
+        engine if cfg.dtype == "float32" else yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
+    )
     sets = prompt_sets(engine, cfg.prompts, cfg.dev_prompts, cfg.limit)
     todo = entries(cfg)
     skipped = _skips(todo, cfg, engine)
@@ -419,7 +420,15 @@ def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
             continue
         log(f"peak memory: {e.name}")
         spec = MemorySpec(
-            e.mode, cfg.model, llama_dir, p.text, p.ids, cfg.max_new_tokens, cfg.threads, gguf=gguf, dtype=cfg.dtype
+            e.mode,
+            cfg.model,
+            llama_dir,
+            p.text,
+            p.ids,
+            cfg.max_new_tokens,
+            cfg.threads,
+            gguf=gguf,
+            dtype=cfg.dtype,
         )
         out[e.name] = measure(spec)
     return out

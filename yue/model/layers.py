@@ -258,7 +258,9 @@ class MoTLayer(nn.Module):
             S = start + t + 1
             m = None if mask is None else mask[..., t : t + 1, :S]
             q_t = q[:, :, t : t + 1]
-            rows.append(F.scaled_dot_product_attention(q_t, k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=gqa))
+            rows.append(
+                F.scaled_dot_product_attention(q_t, k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=gqa)
+            )
         return torch.cat(rows, dim=2)
 
     def forward(
