@@ -81,7 +81,8 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed):
     assert torch.equal(together, torch.stack(alone))
     for i in range(model.config.num_hidden_layers):
         assert all(
-            torch.equal(a[:, :, : n + k], b[:, :, : n + k]) for a, b in zip(many.layer(i), one.layer(i))
+            torch.equal(a[:, :, : n + k], b[:, :, : n + k])
+            for a, b in zip(many.layer(i), one.layer(i), strict=True)
         )
 
 
