@@ -128,7 +128,7 @@ def test_yue_kernels_environment_variable_forces_fallbacks_and_forced_wins(monke
     choice = kernels.choice()
     assert choice is kernels.choice()  # probed once, cached
     assert choice.float32_rows == "F.linear" and choice.int8_engine is None
-    assert choice.describe().startswith(f"cpu {torch.backends.cpu.get_cpu_capability()};")
+    assert choice.describe().startswith(f"cpu {torch.backends.cpu.get_cpu_capability()} (bfloat16 ")
     with kernels.forced() as inner:  # the function wins over the environment
         assert inner.ok("onednn-f32") == kernels._probe(frozenset()).ok("onednn-f32")
     monkeypatch.setenv("YUE_KERNELS", "portable")
