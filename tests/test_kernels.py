@@ -153,3 +153,19 @@ def test_the_choice_is_logged_at_load(trained_model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="yue"):
         yue.load(trained_model_dir)
     assert f"kernels: {kernels.describe()}" in caplog.text
+
+
+def test_a_cpu_without_native_bfloat16_is_reported_as_emulating_it(monkeypatch):
+    for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, check, lambda: False, raising=False)
+    kernels.reset()
+    try:
+        choice = kernels.choice()
+        assert not choice.native_bf16 and "(bfloat16 emulated)" in choice.describe()
+    finally:
+        monkeypatch.undo()
+        kernels.reset()
+    assert kernels.choice().native_bf16 == any(
+        getattr(torch.cpu, c, lambda: False)()
+        for c in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )

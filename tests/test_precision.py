@@ -14,7 +14,7 @@ from yue.decode.costs import cost_cache_key
 from yue.decode.loop import decode
 from yue.model import kernels
 from yue.model.inference import PackedLinear, packed_matmul, resolve_dtype
-from yue.model.masks import decode_mask
+from yue.model.masks import decode_mask, slot_positions, training_mask
 
 BF16_PACKED = kernels.packed_rows(torch.bfloat16)
 needs_packed = pytest.mark.skipif(
@@ -131,3 +131,19 @@ def test_precision_names_and_cost_keys():
     f32 = top_model(2).prepare_for_decoding(None)
     bf16 = bf16_model()
     assert cost_cache_key(f32) != cost_cache_key(bf16)
+
+
+@needs_packed
+def test_training_forward_with_slots_runs_on_a_prepared_bfloat16_model():
+    """Slots in an uncached forward (draft training's features) still find the AR set's weights once
+    the float copies are released: the committed rows go through the packed decode path."""
+    model = bf16_model()
+    T, K, D = 10, model.config.block_size, model.config.hidden_size
+    x = torch.randint(4, 96, (1, T), generator=torch.Generator().manual_seed(0))
+    entry = model.model.run_to_entry(x)
+    anchors = torch.tensor([[2, 4]])
+    slot_anchor = entry.gather(1, anchors.repeat_interleave(K, 1)[:, :, None].expand(1, 2 * K, D))
+    positions = torch.cat([torch.arange(T)[None], slot_positions(anchors, K)], 1)
+    slots = torch.full((1, 2 * K), model.config.mask_token_id)
+    h = model.model.run_from_entry(entry, slots, slot_anchor, positions, training_mask(T, anchors, K))
+    assert h.shape[-1] == D and torch.isfinite(h.float()).all()

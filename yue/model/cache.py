@@ -63,13 +63,15 @@ class KVCache:
         return self.k[i], self.v[i]
 
     def set_padding(self, pad_lengths: list[int]) -> None:
-        """Mark the first pad_lengths[b] positions of row b as padding (left-padded batch)."""
+        """Mark the first pad_lengths[b] positions of row b as padding (left-padded batch); a row's
+        positions count from its first real token (its prompt starts at position 0)."""
         if not any(pad_lengths):
             self.key_valid = None
             return
         idx = torch.arange(self.capacity, device=self.k.device)
         pads = torch.tensor(pad_lengths, device=self.k.device)
         self.key_valid = idx[None, :] >= pads[:, None]
+        self.seq_lens -= pads.to(self.seq_lens.device)
 
     def positions(self, offsets: torch.Tensor, padded: bool = False) -> torch.Tensor:
         """RoPE positions of a step's new tokens: seq_lens[b] + offsets, (B, T). offsets: (T,) long,
@@ -88,11 +90,9 @@ class KVCache:
         """Row b keeps the first keep[b] columns of the last write; the pointer moves by max(keep) and
         each row's columns [keep[b], max) of that write become holes."""
         top = max(keep)
-        assert self.length + top <= self.capacity, "KV cache overflow"
         if min(keep) == top:  # every row kept as many: no holes (always so for a single row)
-            self.length += top
-            self.seq_lens += top
-            return
+            return self.advance(top)
+        assert self.length + top <= self.capacity, "KV cache overflow"
         valid = self._valid()
         for b, n in enumerate(keep):
             valid[b, self.length + n : self.length + top] = False
@@ -113,13 +113,16 @@ class KVCache:
         return self.key_valid
 
     def select(self, rows: list[int]) -> None:
-        """Keep only these rows (a gather on the batch dimension): rows that left stop costing compute."""
+        """Keep only these rows (a gather on the batch dimension): rows that left stop costing compute.
+        A lone row left is compacted: without holes it decodes without a mask (the batch-1 fast path)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
         self.seq_lens = self.seq_lens.index_select(0, index)
         if self.key_valid is not None:
             self.key_valid = self.key_valid.index_select(0, index)
             self._drop_mask_if_whole()
+        if len(rows) == 1 and self.key_valid is not None:
+            self.compact()
 
     def make_room(self, n: int) -> None:
         """Ensure n columns can be written at the pointer: compact the holes away, then grow if needed."""

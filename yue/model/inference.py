@@ -81,10 +81,11 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """
     rows = x.numel() // x.shape[-1]
     if rows >= MIN_PACKED_ROWS:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return kernels.packed_linear(x, packed)
     flat = x.reshape(rows, x.shape[-1])
-    flat = torch.cat([flat, flat.new_zeros(MIN_PACKED_ROWS - rows, flat.shape[1])])
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed, None, "none", [], "")
+    out = kernels.packed_linear(
+        torch.cat([flat, flat.new_zeros(MIN_PACKED_ROWS - rows, flat.shape[1])]), packed
+    )
     return out[:rows].view(*x.shape[:-1], out.shape[-1])
 
 
@@ -321,10 +322,10 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
                 for module in (proj, mlp):
                     for name, child in list(module.named_children()):
                         setattr(module, name, lower_linear(child, drafting_dtype))
-            matmuls = (qkv, proj.o_proj, gate_up, mlp.down_proj)
-            sets.append(DecodeSet(layer, nar, *(row_adaptive(m) for m in matmuls)))
+            matmuls = [row_adaptive(m) for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)]
+            exact = not nar and all(isinstance(m, PackedLinear) for m in matmuls)
+            sets.append(DecodeSet(layer, nar, *matmuls, exact=exact))
         layer.decode_sets = nn.ModuleList(sets)
-        layer.exact_rows = isinstance(sets[0].qkv, PackedLinear)
         if layer.exact_rows:
             release_unpacked(layer)
         release_freed_memory()  # per layer, so the freed copies do not pile up into the peak

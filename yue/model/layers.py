@@ -131,9 +131,12 @@ class DecodeSet(nn.Module):
         o_proj: nn.Module,
         gate_up: nn.Module,
         down: nn.Module,
+        exact: bool = False,
     ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
+        # Row-exact matmuls (`inference.PackedLinear`): a row's bits do not depend on the step's rows.
+        self.exact = exact
         norm, _, post_norm, _ = layer._sets(nar)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
@@ -183,10 +186,12 @@ class MoTLayer(nn.Module):
             self.nar_mlp = MLP(config)
         # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
         self.decode_sets: nn.ModuleList | None = None
-        # Committed rows' attention one query at a time, so that a verifying row computes what a one-row
-        # AR step would, bit for bit (`_attend`); set by `prepare_for_decoding` where the matmuls are
-        # row-exact too (bfloat16: its rounding turns last-bit differences into different tokens).
-        self.exact_rows = False
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether a verifying step's committed rows compute, bit for bit, what one-row AR steps would
+        (`DecodeSet.exact`: row-exact matmuls, and attention one query at a time, `_attend_rows`)."""
+        return self.decode_sets is not None and self.decode_sets[0].exact
 
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
         """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
@@ -229,17 +234,21 @@ class MoTLayer(nn.Module):
         fused = None if self.decode_sets is None else self.decode_sets[nar]
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
-        if k_buf.dtype != q.dtype:  # attention in the cache's precision (`YueForCausalLM.cache_dtype`)
-            q, k, v = q.to(k_buf.dtype), k.to(k_buf.dtype), v.to(k_buf.dtype)
+        cast = k_buf.dtype != q.dtype  # attention in the cache's precision (`YueForCausalLM.cache_dtype`)
+        if cast:
+            q = q.to(k_buf.dtype)
         S = start + h.shape[1]
-        k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v
-        if self.exact_rows and not nar and q.shape[2] > 1:
+        k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v  # the write casts k and v
+        # A verifying step's rows one query at a time; a prefill (start 0) is the same call in every
+        # mode, so it need not be.
+        if fused is not None and fused.exact and start and q.shape[2] > 1:
             o = self._attend_rows(q, kv, mask, start)
         else:
             o = F.scaled_dot_product_attention(
                 q, k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=self.n_kv != self.n_heads
             )
-        o = o.to(h.dtype)
+        if cast:
+            o = o.to(h.dtype)
         return self._finish(h, o, nar) if fused is None else fused.finish(h, o)
 
     def _attend_rows(self, q, kv, mask, start) -> torch.Tensor:
@@ -247,7 +256,7 @@ class MoTLayer(nn.Module):
         query per call, each over the keys a one-row AR step at its position would see.
 
         SDPA over T queries at once may differ in the last bits from T one-query calls (CPU, both
-        float32 and bfloat16, measured); one call per row costs ~15 us x T per layer and makes a
+        float32 and bfloat16, measured); one call per row costs ~28 us x T per layer and makes a
         verifying step's committed rows equal to the AR steps they stand for. An all-True mask row
         and no mask give the same bits (measured), so a row's mask slice stands for an AR step's None.
         """
@@ -304,18 +313,17 @@ class MoTLayer(nn.Module):
             return h_c, h_s
         # Training: committed positions and all blocks in one attention call, under the training mask.
         gqa = self.n_kv != self.n_heads
-        if self.decode_sets is not None and not Ts:
-            # A prepared model's uncached AR forward (scoring): through its decode path, whose packed
-            # weights may be the only copy left (`inference.release_unpacked`).
-            ar = self.decode_sets[0]
-            q_c, k_c, v_c = ar.qkv_rope(h_c, cos[..., :Tc, :], sin[..., :Tc, :])
-            o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)
-            return ar.finish(h_c, o_c), h_s
-        q_c, k_c, v_c = self._qkv(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :])
+        # A prepared model's committed rows go through its AR decode path: always for a plain AR forward
+        # (scoring), and with slots too where the packed weights are the only copy left
+        # (`inference.release_unpacked`).
+        ar = self.decode_sets[0] if self.decode_sets is not None and (not Ts or self.exact_rows) else None
+        cos_c, sin_c = cos[..., :Tc, :], sin[..., :Tc, :]
+        q_c, k_c, v_c = self._qkv(h_c, False, cos_c, sin_c) if ar is None else ar.qkv_rope(h_c, cos_c, sin_c)
+        finish_c = (lambda h, o: self._finish(h, o, False)) if ar is None else ar.finish
         if not Ts:
             o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)
-            return self._finish(h_c, o_c, False), h_s
+            return finish_c(h_c, o_c), h_s
         q_s, k_s, v_s = self._qkv(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :])
         q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))
         o_c, o_s = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa).split([Tc, Ts], 2)
-        return self._finish(h_c, o_c, False), self._finish(h_s, o_s, True)
+        return finish_c(h_c, o_c), self._finish(h_s, o_s, True)

@@ -303,7 +303,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             logits = head(hidden[:, first:])  # (B, T - first, V): one matmul for all rows
             return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)
         # Lowered or reduced drafting: AR rows through the LM head as loaded, slot rows their own way.
-        ar_logits = head(hidden[:, first:n_committed])  # (B, n_ar, V)
+        # A drafting pass has no AR rows: no head call (a padded packed head would cost a whole step's).
+        B, V = hidden.shape[0], self.config.vocab_size
+        ar_logits = head(hidden[:, first:n_committed]) if n_ar else hidden.new_empty(B, 0, V)  # (B, n_ar, V)
         if hidden.shape[1] == n_committed:  # no slots: an empty (B, 0, V), without a head call
             return StepOutput(ar_logits, ar_logits[:, :0], hidden, entry)
         return StepOutput(ar_logits, self.slot_logits(hidden[:, n_committed:]), hidden, entry)
