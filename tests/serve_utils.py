@@ -3,43 +3,17 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 
-import uvicorn
+from yue.serve import ServeConfig
+from yue.serve.server import LocalServer
 
-from yue.serve import ServeConfig, create_app
 
-
-class LiveServer:
-    """`create_app(engine, config)` served by uvicorn on 127.0.0.1 (a free port) in a thread.
-
-    Use as a context manager; `.url` is the base URL and `.state` the app's ServerState.
-    """
+class LiveServer(LocalServer):
+    """`LocalServer` with the default ServeConfig unless given; `.url`, `.state` as there."""
 
     def __init__(self, engine, config: ServeConfig | None = None, **kw) -> None:
-        self.app = create_app(engine, config or ServeConfig(), **kw)
-        self.state = self.app.state.yue
-        uv = uvicorn.Config(
-            self.app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2
-        )
-        self.server = uvicorn.Server(uv)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not (self.server.started and self.state.status == "ok"):
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("test server did not start")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
+        super().__init__(engine, config or ServeConfig(), start_timeout_s=30.0, **kw)
 
 
 class Paced:

@@ -404,6 +404,36 @@ def test_every_mode_and_peer_is_fed_the_same_templated_ids(
     assert result.summaries["hf-greedy"].values["exact_match_vs_ar"] == 1.0
 
 
+def test_bfloat16_bench_runs_ours_and_the_peers_in_it_with_a_float32_reference(tiny_model_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in ["def a(x):", "class B:", "import "])
+    )
+    cfg = BenchConfig(
+        model=tiny_model_dir,
+        prompts=str(prompts),
+        max_new_tokens=6,
+        modes=("hf-greedy", "ar", "verified"),
+        thresholds=(),
+        verified_thresholds=(),
+        fused_drafts=False,
+        limit=3,
+        memory=False,
+        cost_curve=False,
+        dtype="bfloat16",
+    )
+    doc = run_bench(cfg).document()
+    assert doc["settings"]["dtype"].startswith("bfloat16")
+    assert doc["modes"]["verified"]["exact_match_vs_ar"] == 1.0
+    for s in doc["prompt_sets"]:
+        ref = s["float32_reference"]
+        assert ref["precision"] == "bfloat16" and ref["prompts"] == 3
+        assert 0 <= ref["identical_to_float32_ar"] <= 3
+        assert ref["nll_ratio"] > 0 and ref["ar_speedup_vs_float32"] > 0
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        BenchConfig(dtype="float16")
+
+
 # --- the llama.cpp peer ----------------------------------------------------------------------------
 
 

@@ -81,11 +81,9 @@ class Batcher:
     ) -> Request:
         """Queue a request (text, or prompt token ids); raises ValueError for a bad config or a prompt
         that does not fit the context, before anything runs."""
-        cfg = self.engine._config(config, {})
-        ids = self.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids, cfg = self.engine.request(prompt, config, {})
         if not ids:
             raise ValueError("prompt: no tokens")
-        self.engine._check_fits(len(ids), cfg)
         request = Request(ids, cfg, sink)
         self.waiting.append(request)
         return request
@@ -131,13 +129,18 @@ class Batcher:
             self.rows[request.row] = request
 
     def _deliver(self, key: DecodeConfig, em: StepEmission) -> None:
+        stopped = []  # rows finished here (a stop string): still in their batch, which dropped the others
         for i, row in enumerate(em.rows):
             request = self.rows[(key, row)]
             event = request.stream.fold(em, i)
             if event.finish_reason is not None:
-                self._leave(request)
+                del self.rows[request.row]
                 request.done = True
+                if em.finished[i] is None:
+                    stopped.append(row)
             request.sink(event)
+        if stopped:
+            self.batches[key].remove(*stopped)
 
     def _leave(self, request: Request) -> None:
         key, row = request.row

@@ -112,7 +112,7 @@ class Engine:
     @property
     def default_mode(self) -> str:
         """The mode a caller who names none gets: the model's `default_mode`, or "ar" without a NAR set."""
-        return getattr(self.model.config, "default_mode", "hybrid") if self.has_nar_set else "ar"
+        return self.model.config.default_mode if self.has_nar_set else "ar"
 
     def chat_prompt(self, messages: list[dict[str, str]], template: ChatTemplate | None = None) -> str:
         """The prompt text for a conversation: the chat template rendered with the generation prompt,
@@ -192,15 +192,13 @@ class Engine:
         Yields:
             StreamEvent per step; the last one carries finish_reason and stats.
         """
-        cfg = self._config(config, overrides)
-        ids = self.encode(prompt)
-        self._check_fits(len(ids), cfg)
+        ids, cfg = self.request(prompt, config, overrides)
         yield from self._stream_ids(ids, cfg, cancel)
 
     def _stream_ids(
         self, ids: list[int], cfg: DecodeConfig, cancel: Callable[[], bool] | None
     ) -> Iterator[StreamEvent]:
-        row = RowStream(self.tokenizer, cfg, cfg.draft_gate(self.model.config))
+        row = self.row_stream(cfg)
         for em in decode(self.model, [ids], cfg, cancel, self._costs(cfg)):
             event = row.fold(em, 0)
             yield event
@@ -211,6 +209,19 @@ class Engine:
         """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved): the
         seam `batcher.Batcher` decodes through."""
         return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens)
+
+    def request(
+        self, prompt: str | list[int], config: DecodeConfig | None, overrides: dict
+    ) -> tuple[list[int], DecodeConfig]:
+        """A request's prompt ids (text encoded) and resolved config, checked to fit the context.
+
+        Raises:
+            ValueError: a bad setting, or a prompt plus max_new_tokens longer than the context.
+        """
+        cfg = self._config(config, overrides)
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_fits(len(ids), cfg)
+        return ids, cfg
 
     def row_stream(self, cfg: DecodeConfig) -> RowStream:
         """A request's text and counters over the steps of its row."""
@@ -232,9 +243,7 @@ class Engine:
         with per-row acceptance; row b seeded with seed + b)."""
         if isinstance(prompt, list):
             return self._generate_batch(prompt, self._config(config, overrides))
-        cfg = self._config(config, overrides)
-        ids = self.encode(prompt)
-        self._check_fits(len(ids), cfg)
+        ids, cfg = self.request(prompt, config, overrides)
         parts, tokens, trace = [], [], []
         logprobs = None if cfg.logprobs is None else []
         for ev in self._stream_ids(ids, cfg, None):
@@ -255,7 +264,7 @@ class Engine:
         ids = [self.encode(p) for p in prompts]
         for x in ids:
             self._check_fits(len(x), cfg)
-        rows = [RowStream(self.tokenizer, cfg, cfg.draft_gate(self.model.config)) for _ in ids]
+        rows = [self.row_stream(cfg) for _ in ids]
         parts: list[list[str]] = [[] for _ in ids]
         tokens: list[list[int]] = [[] for _ in ids]
         trace: list[Step] = []

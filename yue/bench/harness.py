@@ -37,7 +37,7 @@ from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
-from yue.model.inference import PRECISIONS
+from yue.model.inference import resolve_dtype
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
 PEERS = (*HF_PEERS, llamacpp.NAME)
@@ -72,7 +72,7 @@ class BenchConfig:
         device: "cpu" or "cuda[:N]" for ours and the transformers peers (llama.cpp: CPU only).
         cost_curve: time a verifying forward over 1..9 rows and the drafting pass (`costs.py`).
         dtype: the precision of ours and the transformers peers ("float32" or "bfloat16",
-            `inference.PRECISIONS`); llama.cpp runs the GGUF's own. Below float32, every set also gets
+            `inference.resolve_dtype`); llama.cpp runs the GGUF's own. Below float32, every set also gets
             a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
             and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
     """
@@ -114,8 +114,12 @@ class BenchConfig:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.dtype not in PRECISIONS:
-            raise ValueError(f"dtype must be one of {', '.join(PRECISIONS)}; got {self.dtype!r}")
+        resolve_dtype(self.dtype)  # an unknown name raises, naming the precisions
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` as the torch dtype ours and the transformers peers load in."""
+        return resolve_dtype(self.dtype) or torch.float32
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,7 @@ def _runners(
     runners: dict[str, Callable] = {}
     settings: dict[str, str] = {}
     if any(e.mode in HF_PEERS for e in todo):
-        llama, rec = load_peers(reference, cfg.device, tmp, PRECISIONS[cfg.dtype] or torch.float32)
+        llama, rec = load_peers(reference, cfg.device, tmp, cfg.torch_dtype)
     if any(e.mode == llamacpp.NAME for e in todo):
         gguf, _ = llamacpp.gguf_source(cfg.model)
         longest = max(len(p.ids) for s in sets for p in s.prompts)
@@ -298,7 +302,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.threads)
-    engine = yue.load(cfg.model, device=cfg.device, dtype=PRECISIONS[cfg.dtype] or torch.float32)
+    engine = yue.load(cfg.model, device=cfg.device, dtype=cfg.torch_dtype)
     # Below float32: a float32 engine exports the peers' weights (a bfloat16 engine keeps its AR set
     # only packed) and is the reference the precision's outputs are scored against.
     reference = (
@@ -381,24 +385,34 @@ def _timed_runs(todo, runners, prompts, cfg, log) -> dict[str, list[Sample]]:
 
 def _float32_reference(reference, prompts, ar_samples, cfg, log) -> dict | None:
     """How `ar` in the bench's precision compares with `ar` in float32 on one prompt set: the float32
-    AR path's NLL of each side's greedy output (summed over the set), their ratio, and how many
-    outputs are identical. None without `ar` samples."""
+    AR path's NLL of each side's greedy output (summed over the set), their ratio, how many outputs are
+    identical, and their speeds (tokens over wall time, each side's prompts one after another in this
+    process: float32 runs after the timed entries, not interleaved with them). None without `ar`
+    samples."""
     if not ar_samples:
         return None
     log("float32 reference: ar in float32 on the same prompts (untimed)")
     ours = {i: toks for s in ar_samples for i, toks, _ in s.rows}
     runner = OurRunner(reference, "ar", None, cfg.max_new_tokens, "separate")
     nll = {"ours": [0.0, 0], "float32": [0.0, 0]}
-    same = 0
+    same, ref_tokens, ref_wall = 0, 0, 0.0
     for i, toks in sorted(ours.items()):
-        ref = runner([(i, prompts[i])]).rows[0][1]
+        sample = runner([(i, prompts[i])])
+        ref = sample.rows[0][1]
+        ref_tokens, ref_wall = ref_tokens + len(ref), ref_wall + sample.wall_s
         same += ref == toks
-        for side, out in (("ours", toks), ("float32", ref)):
-            total, n = metrics.ar_nll(reference.model, prompts[i].ids, out)
+        scored = metrics.ar_nll(reference.model, prompts[i].ids, toks)
+        for side, (total, n) in (
+            ("ours", scored),
+            ("float32", scored if ref == toks else metrics.ar_nll(reference.model, prompts[i].ids, ref)),
+        ):
             nll[side][0] += total
             nll[side][1] += n
     per_token = {k: v[0] / max(v[1], 1) for k, v in nll.items()}
+    ours_tps = sum(s.new_tokens for s in ar_samples) / sum(s.wall_s for s in ar_samples)
     return {
+        "ar_tokens_per_s": {"ours": round(ours_tps, 2), "float32": round(ref_tokens / ref_wall, 2)},
+        "ar_speedup_vs_float32": round(ours_tps / (ref_tokens / ref_wall), 3),
         "precision": cfg.dtype,
         "prompts": len(ours),
         "identical_to_float32_ar": same,

@@ -84,6 +84,7 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
     from transformers import LlamaForCausalLM
 
     import yue
+    from yue.model.inference import resolve_dtype
 
     torch.set_num_threads(spec.threads)
     # Imports allocate and free transient memory; reset the peak mark so it measures the run only
@@ -96,7 +97,9 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
         llm = llamacpp.load(spec.gguf, len(spec.prompt_ids) + spec.max_new_tokens + 1, spec.threads)
         llamacpp.LlamaCppRunner(llm, None, {llm.token_eos()}, spec.max_new_tokens).generate(spec.prompt_ids)
     elif spec.mode.startswith("hf-"):
-        llama = LlamaForCausalLM.from_pretrained(spec.llama, dtype=getattr(torch, spec.dtype)).eval()
+        llama = LlamaForCausalLM.from_pretrained(
+            spec.llama, dtype=resolve_dtype(spec.dtype) or torch.float32
+        ).eval()
         gen = llama.generation_config
         kw = {"prompt_lookup_num_tokens": 10} if spec.mode == "hf-prompt-lookup" else {}
         ids = torch.tensor([spec.prompt_ids])

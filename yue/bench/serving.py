@@ -16,6 +16,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -25,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 import torch
-import uvicorn
 
 from yue.bench.prompts import CODE_TEST
 from yue.jsonl import iter_jsonl
@@ -74,32 +74,6 @@ class ServeBench:
 def _percentile(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
-class _Server:
-    """`create_app(engine, config)` under uvicorn on a free local port, in a thread."""
-
-    def __init__(self, engine, config) -> None:
-        from yue.serve import create_app
-
-        self.app = create_app(engine, config)
-        uv = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
-        self.server = uvicorn.Server(uv)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not (self.server.started and self.app.state.yue.status == "ok"):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 def _complete(
@@ -175,6 +149,7 @@ def bench_serve(
     code prompts (cycled), or over `prompts` when given.
     """
     from yue.serve import ServeConfig
+    from yue.serve.server import LocalServer
 
     if prompts is None:
         prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][:n_prompts]
@@ -184,9 +159,11 @@ def bench_serve(
         engine.name, mode, max_tokens, len(prompts), torch.get_num_threads(), os.cpu_count() or 0
     )
     result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
-    servers = [_Server(engine, ServeConfig(max_batch_size=size, max_queue=max_queue)) for size in batch_sizes]
-    urls = [server.__enter__() for server in servers]
-    try:
+    with contextlib.ExitStack() as stack:  # every server started is stopped, even if a later one fails
+        servers = [
+            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=max_queue)) for size in batch_sizes
+        ]
+        urls = [stack.enter_context(server).url for server in servers]
         for url in urls:  # warm-up, not reported
             with httpx.Client() as http:
                 _complete(http, url, prompts[0], mode, max_tokens)
@@ -211,9 +188,6 @@ def bench_serve(
                 )
                 log(json.dumps(asdict(level)))
                 result.levels.append(level)
-    finally:
-        for server in servers:
-            server.__exit__()
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 

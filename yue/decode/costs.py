@@ -17,6 +17,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -152,6 +153,9 @@ class StepCosts:
         last, prev = self.step[-1], self.step[-2] if len(self.step) > 1 else self.step[-1]
         return last + (drafts - len(self.step) + 1) * max(last - prev, 0.0)
 
+    # Asked up to twice a step; the answer changes only with the batch's rows. Bounded: the cache keeps
+    # its (small, frozen) StepCosts alive.
+    @functools.lru_cache(maxsize=256)  # noqa: B019
     def for_batch(self, rows: int, block_size: int) -> StepCosts:
         """The costs of a step of `rows` batch rows, in the same unit: a step's cost follows its fed
         positions (DESIGN §7), so a batch step feeding k drafts costs what one row feeding rows * (k + 1)
@@ -165,6 +169,7 @@ class StepCosts:
         return StepCosts(step, self.draft_pass * positions(rows * K) / positions(K))
 
     @classmethod
+    @functools.cache
     def default(cls, block_size: int) -> StepCosts:
         """yue-code-mini's costs on the 2-core CPU (DESIGN §7), for when nothing was measured: an AR step
         ~2.4 ms, verifying ~0.7 ms more plus ~0.09 ms a draft, a drafting pass ~1.9 ms + 0.05 ms a slot."""

@@ -36,7 +36,7 @@ import torch
 from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
-from yue.decode.policies import Advance, LoopState, get_policy
+from yue.decode.policies import Advance, LoopState, get_policy, rows_at
 from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
@@ -135,12 +135,14 @@ class DecodeBatch:
         self.queued.append(row)
         return row.id
 
-    def remove(self, row_id: int) -> None:
-        """Drop a row (finished elsewhere, or cancelled): from the queue, or from the running batch."""
-        self.queued = [r for r in self.queued if r.id != row_id]
+    def remove(self, *row_ids: int) -> None:
+        """Drop rows (finished elsewhere, or cancelled): from the queue, or from the running batch (one
+        gather of its cache for all of them)."""
+        gone = set(row_ids)
+        self.queued = [r for r in self.queued if r.id not in gone]
         g = self.running
-        if g is not None and any(r.id == row_id for r in g.rows):
-            self.running = select(g, [i for i, r in enumerate(g.rows) if r.id != row_id])
+        if g is not None and any(r.id in gone for r in g.rows):
+            self.running = select(g, [i for i, r in enumerate(g.rows) if r.id not in gone])
 
     @torch.inference_mode()
     def step(self) -> list[StepEmission]:
@@ -195,7 +197,6 @@ class DecodeBatch:
         capacity = T0 + max(r.cfg.max_new_tokens for r in rows) + slot_capacity(self.key)
         cache = model.new_cache(B, capacity)
         cache.set_padding(pad)
-        cache.seq_lens -= torch.tensor(pad, device=cache.seq_lens.device)  # a prompt starts at position 0
         fill = model.config.pad_token_id or 0
         prompt = torch.tensor([[fill] * p + r.prompt for p, r in zip(pad, rows, strict=True)])
         st = LoopState(self.key, [r.generator for r in rows], prompt.to(model.device), costs=self.costs)
@@ -239,8 +240,8 @@ class DecodeBatch:
         # 4. Advance: bookkeeping for the next step.
         st.fed, st.draft_logprobs = adv.next_fed, adv.next_draft_logprobs
         st.n_drafts = adv.next_drafts or [0] * B
-        logprobs = _logprobs(g.rows, adv, out.ar_logits)
         toks, srcs = _truncate(adv, g.rows)
+        logprobs = _logprobs(g.rows, adv, toks, out.ar_logits)
         if st.seen is not None:
             for b, t in enumerate(toks):
                 st.seen[b, t] = True
@@ -252,8 +253,6 @@ class DecodeBatch:
         g.index += 1
         finished = [r.finish for r in g.rows]
         ids = [r.id for r in g.rows]
-        if logprobs is not None:  # cut where _truncate cut the tokens
-            logprobs = [None if lp is None else lp[: len(t)] for lp, t in zip(logprobs, toks, strict=True)]
         return StepEmission(
             toks,
             srcs,
@@ -279,18 +278,16 @@ class DecodeBatch:
         slots[:, 0] = adv.next_fed[:, 0]
         mask = decode_mask(L, 0, K, cache.key_valid, model.device)
         # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
-        entry = None
-        if out.entry is not None:
-            keep = torch.tensor(adv.keep, device=out.entry.device)
-            entry = out.entry[torch.arange(B, device=keep.device), keep - 1][:, None]
+        entry = None if out.entry is None else rows_at(out.entry, [k - 1 for k in adv.keep])[:, None]
         positions = cache.positions(self._arange(K))
         draft = model.step(slots, positions, 0, mask, cache, 0, entry)
         return self.policy.draft(model, st, adv, out, draft.slot_logits)
 
 
-def _logprobs(rows: list[Row], adv: Advance, ar_logits: torch.Tensor) -> list | None:
-    """Per row that asks, the AR log-prob (and top alternatives) of each emitted token: token j < ar_count
-    was predicted by verifying row ar_first + j; the rest were committed unverified (None)."""
+def _logprobs(rows: list[Row], adv: Advance, toks: list[list[int]], ar_logits: torch.Tensor) -> list | None:
+    """Per row that asks, the AR log-prob (and top alternatives) of each token it emits (`toks`: the
+    step's tokens as `_truncate` cut them, a prefix of `adv.emitted`): token j < ar_count was predicted
+    by verifying row ar_first + j; the rest were committed unverified (None)."""
     if all(r.cfg.logprobs is None for r in rows):
         return None
     logp = ar_logits.float().log_softmax(-1)  # (B, k + 1, V)
@@ -300,7 +297,7 @@ def _logprobs(rows: list[Row], adv: Advance, ar_logits: torch.Tensor) -> list | 
             out.append(None)
             continue
         entries = []
-        for j, token in enumerate(adv.emitted[b]):
+        for j, token in enumerate(toks[b]):
             if j >= adv.ar_count[b]:
                 entries.append(TokenLogprob(token, None))
                 continue

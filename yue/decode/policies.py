@@ -311,6 +311,14 @@ class Policy:
         raise NotImplementedError
 
 
+def rows_at(t: torch.Tensor, index: list[int]) -> torch.Tensor:
+    """Row b's position index[b] of t (B, T, ...) -> (B, ...): a slice when every row takes the same
+    position (always so for a lone request), else a gather."""
+    if len(set(index)) == 1:
+        return t[:, index[0]]
+    return t[torch.arange(len(index), device=t.device), torch.tensor(index, device=t.device)]
+
+
 def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> torch.Tensor:
     """The router's p_ar(i) = 1 - a_i for a block anchored at each row's last kept token,
     fed[b, adv.keep[b] - 1]: its AR logits are row `adv.anchor_rows[b]` of the step's AR rows (the
@@ -321,14 +329,8 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
     certain (`Router.features`' slot1_revealed).
     """
     revealed = st.cfg.drafting == "separate"
-    anchor = adv.anchor_rows
-    if len(set(adv.keep)) == 1 and len(set(anchor)) == 1:  # every row alike (a lone row): slices
-        hidden, ar_logits = out.hidden[:, adv.keep[0] - 1], out.ar_logits[:, anchor[0]]
-    else:  # per row: gathers
-        rows = torch.arange(len(anchor), device=logits.device)
-        keep = torch.tensor(adv.keep, device=logits.device)
-        hidden = out.hidden[rows, keep - 1]
-        ar_logits = out.ar_logits[rows, torch.tensor(anchor, device=logits.device)]
+    hidden = rows_at(out.hidden, [k - 1 for k in adv.keep])
+    ar_logits = rows_at(out.ar_logits, adv.anchor_rows)
     feats = model.router.features(hidden, ar_logits, logits, revealed)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 

@@ -55,8 +55,6 @@ def select(g: Group, keep: list[int]) -> Group | None:
     st = g.st
     index = torch.tensor(keep, device=st.fed.device)
     g.cache.select(keep)
-    if len(keep) == 1 and g.cache.key_valid is not None:
-        g.cache.compact()  # a lone row without holes decodes without a mask (the batch-1 fast path)
     st.fed = st.fed.index_select(0, index)
     st.n_drafts = [st.n_drafts[i] for i in keep]
     st.generators = [st.generators[i] for i in keep]

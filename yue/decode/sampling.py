@@ -66,13 +66,6 @@ def sample_from_logprobs(logprobs: torch.Tensor, generator: torch.Generator | No
     return torch.multinomial(flat, 1, generator=generator).view(logprobs.shape[:-1])
 
 
-def choose(logits: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator | None) -> torch.Tensor:
-    """The token the AR path writes: argmax when greedy, else a sample of `warp(logits)`. (..., V) -> (...)."""
-    if cfg.greedy:
-        return logits.argmax(-1)
-    return sample_from_logprobs(warp(logits, cfg), generator)
-
-
 def within_tolerance(logits: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> torch.Tensor:
     """Whether each token is within `tolerance` of the most likely: p(x) >= (1 - tolerance) * max p.
 
@@ -98,13 +91,12 @@ def within_tolerance(logits: torch.Tensor, tokens: torch.Tensor, tolerance: floa
 def choose_rows(
     logits: torch.Tensor, cfg: DecodeConfig, generators: list[torch.Generator | None]
 ) -> torch.Tensor:
-    """`choose` for each row of (B, V) logits with the row's own generator -> (B,).
-
-    Each row draws from its own generator, so a request's samples do not depend on its batch-mates.
-    """
+    """The token the AR path writes for each row of (B, V) logits -> (B,): argmax when greedy, else a
+    sample of `warp(logits)`, row b from generators[b] (a request's samples do not depend on its
+    batch-mates)."""
     if cfg.greedy:
         return logits.argmax(-1)
-    return torch.cat([choose(logits[b : b + 1], cfg, g) for b, g in enumerate(generators)])
+    return sample_rows(warp(logits, cfg), generators)
 
 
 def sample_rows(logprobs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -64,7 +64,7 @@ _STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}
 class Prepared:
     """A validated generation (one choice of a request), ready to run."""
 
-    prompt: str | list[int]  # text, or token ids
+    prompt: list[int]  # token ids (encoded once, here, not again on the scheduler thread)
     prompt_tokens: int
     decode: DecodeConfig
     prompt_index: int = 0  # which of the request's prompts
@@ -347,7 +347,8 @@ def _prepare(
 ) -> Prepared:
     """Request fields -> a validated `DecodeConfig` within the server's limits (or a 400)."""
     engine = state.engine
-    n = engine.count_tokens(prompt) if isinstance(prompt, str) else len(prompt)
+    ids = engine.encode(prompt) if isinstance(prompt, str) else prompt
+    n = len(ids)
     max_tokens = body.max_tokens
     if max_tokens is None:  # a default never overflows the context; an explicit value may (and 400s)
         max_tokens = max(1, min(default_max_tokens, engine.context_length - n))
@@ -383,7 +384,7 @@ def _prepare(
         stop=stop,
         prompt_param=prompt_param,
     )
-    return Prepared(prompt, n, decode)
+    return Prepared(ids, n, decode)
 
 
 async def _respond(

@@ -118,10 +118,6 @@ class Scheduler:
         with self._cv:
             return not self._running and not self._waiting
 
-    def submit(self, prompt: str | list[int], config: DecodeConfig) -> Job:
-        """Admit a job or raise `Overloaded`; call from the event loop."""
-        return self.submit_all([(prompt, config)])[0]
-
     def submit_all(self, items: list[tuple[str | list[int], DecodeConfig]]) -> list[Job]:
         """Admit every job of a request (its choices), or none: raise `Overloaded`."""
         loop = asyncio.get_running_loop()
@@ -175,9 +171,7 @@ class Scheduler:
                     if id(job.request) in failed:
                         job.deliver(e)
             self._reap()
-        for job in list(self._running):  # closed: running jobs end "cancelled", so no reader waits
-            if job.request is not None and not job.request.done:
-                self.batcher.cancel(job.request)
+        self._reap()  # closed: `close` flagged every running job, which ends "cancelled": no reader waits
 
     def _take(self) -> list[Job]:
         """Waiting jobs that fit in the running set now (under the lock)."""
@@ -202,8 +196,8 @@ class Scheduler:
         """Cancel the running jobs whose flag is set; forget the finished ones."""
         for job in list(self._running):
             request = job.request
-            if job.cancelled.is_set() and request is not None and not request.done:
-                self.batcher.cancel(request)
+            if job.cancelled.is_set() and request is not None:
+                self.batcher.cancel(request)  # a no-op for a request already done
             if request is None or request.done:
                 with self._cv:
                     self._running.discard(job)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from types import FrameType
 
@@ -77,3 +78,36 @@ def _log_like_uvicorn(level: str) -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s:     [yue] %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level.upper())
+
+
+class LocalServer:
+    """`create_app(engine, config)` under uvicorn on 127.0.0.1 (a free port) in a thread, for the serving
+    bench and the tests. A context manager: entered, the model is loaded and `.url` is the base URL;
+    `.state` is the app's ServerState.
+    """
+
+    def __init__(self, engine, config: ServeConfig, start_timeout_s: float = 60.0, **kw) -> None:
+        self.app = create_app(engine, config, **kw)
+        self.state = self.app.state.yue
+        self.start_timeout_s = start_timeout_s
+        uv = uvicorn.Config(
+            self.app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2
+        )
+        self.server = uvicorn.Server(uv)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-local", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> LocalServer:
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while not (self.server.started and self.state.status == "ok"):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the local server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from yue.decode.types import GenerationStats, StreamEvent, TokenLogprob
 from yue.serve.metrics import RequestTracker
@@ -67,6 +67,31 @@ class Choice:
     tracker: RequestTracker
     prompt_tokens: int
     prompt_index: int = 0
+    # What its events brought so far (`see`): text pieces, token log-probs, the latest event.
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    last: StreamEvent | None = None
+
+    def see(self, event: StreamEvent) -> None:
+        """Book an event: queueing time (once) and tokens in the tracker, then its text and log-probs."""
+        if self.job.started is not None:
+            self.tracker.queued(self.job.started - self.job.enqueued)  # books once
+        self.tracker.on_event(event)
+        self.parts.append(event.delta)
+        self.logprobs.extend(event.logprobs or [])
+        self.last = event
+
+    def outcome(self) -> Outcome:
+        """The finished choice: its text, finish reason, stats, latency (log-probs when asked for)."""
+        last = self.last
+        reason = last.finish_reason if last and last.finish_reason else "stop"
+        stats = last.stats if last and last.stats else GenerationStats()
+        latency = self.tracker.finish(self.prompt_tokens, reason, stats)
+        logprobs = self.logprobs if self.job.config.logprobs is not None else None
+        text = "".join(self.parts)
+        return Outcome(
+            text, reason, stats, self.prompt_tokens, latency, self.tracker.ttft_s, logprobs, self.prompt_index
+        )
 
 
 class Format:
@@ -108,13 +133,19 @@ class CompletionFormat(Format):
             chunk["usage"] = usage_
         return chunk
 
-    def _choice(self, index: int, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict:
+    def _choice(
+        self, index: int, text: str | dict, finish_reason: str | None, logprobs: list | None = None
+    ) -> dict:
         return {
             "index": index,
-            "text": text,
+            **self._content(text),
             "finish_reason": finish_reason,
             "logprobs": self.logprobs(index, logprobs),
         }
+
+    def _content(self, text: str) -> dict:
+        """A chunk choice's text field."""
+        return {"text": text}
 
     def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
         """OpenAI's legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset (each
@@ -150,16 +181,9 @@ class CompletionFormat(Format):
 class ChatFormat(CompletionFormat):
     object = "chat.completion.chunk"
 
-    def _choice(
-        self, index: int, text: str | dict, finish_reason: str | None, logprobs: list | None = None
-    ) -> dict:
-        delta = text if isinstance(text, dict) else ({"content": text} if text else {})
-        return {
-            "index": index,
-            "delta": delta,
-            "finish_reason": finish_reason,
-            "logprobs": self.logprobs(index, logprobs),
-        }
+    def _content(self, text: str | dict) -> dict:
+        """A chat chunk's delta: a role opening (a dict as given), content, or nothing."""
+        return {"delta": text if isinstance(text, dict) else ({"content": text} if text else {})}
 
     def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
         """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
@@ -268,32 +292,9 @@ class SourceSplitter:
 
 async def collect(choice: Choice) -> Outcome:
     """Run one choice's job to its end and gather its text (the non-streamed path)."""
-    parts, last, logprobs = [], None, []
     async for event in choice.job.events():
-        _seen(choice, event)
-        parts.append(event.delta)
-        logprobs.extend(event.logprobs or [])
-        last = event
-    outcome = _outcome("".join(parts), last, choice)
-    if choice.job.config.logprobs is not None:
-        outcome.logprobs = logprobs
-    return outcome
-
-
-def _seen(choice: Choice, event: StreamEvent) -> None:
-    job = choice.job
-    if job.started is not None:
-        choice.tracker.queued(job.started - job.enqueued)  # books once
-    choice.tracker.on_event(event)
-
-
-def _outcome(text: str, last: StreamEvent | None, choice: Choice) -> Outcome:
-    reason = last.finish_reason if last and last.finish_reason else "stop"
-    stats = last.stats if last and last.stats else GenerationStats()
-    latency = choice.tracker.finish(choice.prompt_tokens, reason, stats)
-    return Outcome(
-        text, reason, stats, choice.prompt_tokens, latency, choice.tracker.ttft_s, None, choice.prompt_index
-    )
+        choice.see(event)
+    return choice.outcome()
 
 
 async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, StreamEvent | None]]:
@@ -330,19 +331,15 @@ async def sse_events(choices: list[Choice], fmt: Format) -> AsyncIterator[bytes]
     try:
         for chunk in fmt.start([c.index for c in choices]):
             yield sse(chunk)
-        parts: dict[int, list[str]] = {c.index: [] for c in choices}
-        last: dict[int, StreamEvent | None] = {c.index: None for c in choices}
         outcomes = []
         async for choice, event in _merged(choices):
             if event is None:
-                outcome = _outcome("".join(parts[choice.index]), last[choice.index], choice)
+                outcome = choice.outcome()
                 outcomes.append(outcome)
                 for chunk in fmt.finish(choice.index, outcome):
                     yield sse(chunk)
                 continue
-            _seen(choice, event)
-            parts[choice.index].append(event.delta)
-            last[choice.index] = event
+            choice.see(event)
             if (chunk := fmt.delta(choice.index, event)) is not None:
                 yield sse(chunk)
         for chunk in fmt.usage(outcomes):
