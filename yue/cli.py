@@ -38,7 +38,7 @@ MODEL_HELP = (
     "A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the default model)."
 )
 DTYPE_HELP = (
-    "float32 (the GGUF's values) | bfloat16: a named precision, ~1.3x faster on a CPU with AVX512-BF16 "
+    "float32 (the GGUF's values) | bfloat16: a named precision, ~1.5x faster on a CPU with AVX512-BF16 "
     "or AMX; ar and verified stay exact against each other in it."
 )
 
