@@ -28,10 +28,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square norm over the last dim, computed in float32 as Llama does."""
     if x.dtype == torch.float32:  # one fused op; the same numbers as the three-step form below
         return F.rms_norm(x, weight.shape, weight, eps)
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
+    # Below float32: normalise in float32 (the fused op, as above), scale in the input's precision.
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
