@@ -79,6 +79,7 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed):
         alone.append(out.ar_logits[0, 0])
         one.advance(1)
     assert torch.equal(together, torch.stack(alone))
+    assert together.dtype == torch.float32  # the AR logits leave the head in float32 (fast argmax)
     for i in range(model.config.num_hidden_layers):
         assert all(
             torch.equal(a[:, :, : n + k], b[:, :, : n + k])
