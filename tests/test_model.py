@@ -329,10 +329,13 @@ def test_releasing_freed_memory_is_a_no_op_without_glibc(monkeypatch):
         raise OSError("no libc here")
 
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    inference._malloc_trim.cache_clear()  # libc is looked up once per process
     inference.release_freed_memory()  # must not raise
     calls = []
     monkeypatch.setattr(
         ctypes, "CDLL", lambda name: type("Libc", (), {"malloc_trim": lambda self, n: calls.append(n)})()
     )
+    inference._malloc_trim.cache_clear()
     inference.release_freed_memory()
     assert calls == [0]
+    inference._malloc_trim.cache_clear()  # the real one again for later tests

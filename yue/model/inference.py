@@ -45,6 +45,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 import torch
@@ -358,10 +359,19 @@ def release_freed_memory() -> None:
     mostly in blocks below glibc's mmap threshold, which stay in the heap, counted as resident, until
     trimmed: 176 MB on SmolLM2 (measured).
     """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (`find_library` runs `ldconfig`: ~2 ms, and preparing trims
+    once per layer); None without glibc, whose allocator returns memory its own way."""
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
-        pass
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 # Logit of tokens outside a reduced drafting vocabulary: finite (entropies stay defined), never drafted.
