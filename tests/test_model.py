@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
@@ -251,8 +253,9 @@ def test_a_large_tied_table_is_shared_by_the_embedding_and_the_input_major_head(
 
 
 def test_loaded_weights_are_copies_not_views_of_the_file(trained_model_dir, tmp_path):
-    """`_read_weights` copies out of the file's mapping, so preparing a model does not leave the file's
-    pages resident beside its copies: deleting the file leaves the loaded tensors readable and equal."""
+    """`_read_weights` reads the file into memory of its own instead of mapping it, so preparing a model
+    does not leave the file's pages resident beside its copies: overwriting the file leaves the loaded
+    tensors readable and equal."""
     import shutil
 
     from yue.model.hf import _read_weights
@@ -265,6 +268,64 @@ def test_loaded_weights_are_copies_not_views_of_the_file(trained_model_dir, tmp_
         with f.open("r+b") as fh:  # overwritten in place (no truncation): a mapped tensor would read zeros
             fh.write(b"\0" * f.stat().st_size)
     assert all(torch.equal(state[k], ref[k]) for k in ref)
+
+
+def test_unmapped_reader_reads_every_dtype_and_rejects_a_lying_header(tmp_path):
+    """`_read_unmapped` gives safetensors' own values for float, bfloat16, integer and bool tensors; a
+    header whose byte range disagrees with its shape, or a dtype yue does not load, is a CheckpointError."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from yue.model.hf import _read_unmapped
+
+    ref = {
+        "f": torch.randn(3, 5),
+        "b": torch.randn(4).to(torch.bfloat16),
+        "i": torch.arange(7),
+        "m": torch.tensor([True, False]),
+        "s": torch.tensor(2.5),
+    }
+    save_file(ref, str(tmp_path / "ok.safetensors"))
+    read = dict(_read_unmapped(tmp_path / "ok.safetensors"))
+    stock = load_file(str(tmp_path / "ok.safetensors"))
+    assert read.keys() == ref.keys()
+    assert all(read[k].dtype == stock[k].dtype and torch.equal(read[k], stock[k]) for k in ref)
+
+    def raw(header: dict, data: bytes) -> Path:
+        h = json.dumps(header).encode()
+        path = tmp_path / "raw.safetensors"
+        path.write_bytes(len(h).to_bytes(8, "little") + h + data)
+        return path
+
+    lying = raw({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8)
+    with pytest.raises(CheckpointError, match="tensor a"):
+        dict(_read_unmapped(lying))
+    odd = raw({"a": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}}, b"\0" * 8)
+    with pytest.raises(CheckpointError, match="F8_E4M3"):
+        dict(_read_unmapped(odd))
+
+
+@pytest.mark.skipif(
+    not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
+)
+def test_a_large_float32_model_keeps_one_packed_copy_of_its_layers(trained_model_dir, monkeypatch):
+    """Above `ONE_COPY_BYTES` the AR layers hold their packed copy only (row-exact verifying rows, the
+    unpacked weights released); the head keeps both; logits and `ar` == `verified` hold as before."""
+    monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
+    prepared = load_model(trained_model_dir).prepare_for_decoding()
+    for layer in prepared.model.layers:
+        ar = layer.decode_sets[0]
+        assert layer.exact_rows and all(isinstance(m, PackedLinear) for m in (ar.qkv, ar.gate_up))
+        assert layer.self_attn.q_proj.weight.numel() == 0 and layer.mlp.down_proj.weight.numel() == 0
+    assert isinstance(prepared.ar_head, RowAdaptiveLinear)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    assert torch.allclose(prepared(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-4)
+    engine = yue.load(trained_model_dir)
+    assert engine.model.model.layers[0].exact_rows
+    for prompt in ("def add(a, b):", "import os\n", "class Stack:"):
+        ar = engine.generate(prompt, mode="ar", max_new_tokens=24, ignore_eos=True).token_ids
+        assert engine.generate(prompt, mode="verified", max_new_tokens=24, ignore_eos=True).token_ids == ar
 
 
 def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):

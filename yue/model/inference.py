@@ -21,6 +21,8 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
 - Kernels by row count (`RowAdaptiveLinear`): float matmuls over two or more rows (a verifying step's
   k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
   8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
+  A large model's layers keep the packed copy only (`streamed_weights`): their memory, not MKL's
+  one-row speed, is what counts there.
 
 The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
 and the head hold one oneDNN-packed bfloat16 copy (`PackedLinear`; MKL has no fast bfloat16 GEMV),
@@ -163,10 +165,11 @@ class Int8Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic(x, self.packed[0], reduce_range=True)
 
 
-def row_adaptive(linear: nn.Module) -> nn.Module:
-    """The decode-path kernel for a float matmul: `PackedLinear` for bfloat16, `RowAdaptiveLinear` for
-    float32, where it applies (a bias-free nn.Linear on the CPU, of a dtype whose packed kernel
-    `kernels.packed_rows` found working here), else `linear` itself (plain F.linear)."""
+def row_adaptive(linear: nn.Module, one_copy: bool = False) -> nn.Module:
+    """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU, of
+    a dtype whose packed kernel `kernels.packed_rows` found working here), else `linear` itself (plain
+    F.linear): `PackedLinear` for bfloat16, and for float32 with `one_copy` (`streamed_weights`);
+    otherwise `RowAdaptiveLinear` (float32: MKL's GEMV for one row, a packed copy for more)."""
     usable = (
         isinstance(linear, nn.Linear)
         and linear.bias is None
@@ -175,7 +178,38 @@ def row_adaptive(linear: nn.Module) -> nn.Module:
     )
     if not usable:
         return linear
-    return PackedLinear(linear) if linear.weight.dtype == torch.bfloat16 else RowAdaptiveLinear(linear)
+    if linear.weight.dtype == torch.bfloat16 or one_copy:
+        return PackedLinear(linear)
+    return RowAdaptiveLinear(linear)
+
+
+# Float32 decode-path weights above this many bytes are held once, packed (`streamed_weights`).
+ONE_COPY_BYTES = 64 * 2**20
+
+
+def streamed_weights(model) -> bool:
+    """Whether a float32 model's AR layers keep only their oneDNN-packed copy (`PackedLinear`, as in
+    bfloat16), not MKL's input-major one beside it: where they exceed `ONE_COPY_BYTES`.
+
+    A second copy of every layer weight doubles a real model's memory: SmolLM2's float32 peak was 1.6
+    GB, 1.76x transformers', and 1.19 GB with one copy (1.30x). It buys speed: one row through the
+    packed kernel (padded to 4 rows) costs more than MKL's GEMV, SmolLM2 `ar` ~7% fewer tokens/s and
+    `verified` ~4% (6 held-out chat prompts, 6 alternating process pairs, one thread; the bare matmuls
+    alone, out of the model, were level: 37.4 against 38.0 ms). At that size the bytes weigh more, and
+    the layers' verifying rows become row-exact (`DecodeSet.exact`). A small model keeps both copies: its
+    step is per-call overhead, not bytes (yue-code-mini's 4 layers and head over one row, 0.55 ms through
+    MKL against 1.35 ms packed), and the copy is 14 MB. The head keeps both copies at any size: its
+    input-major copy is the embedding table too (`input_major`), so only the packed copy is extra.
+    """
+    layers = model.model.layers
+    ar_bytes = sum(
+        m.weight.numel() * m.weight.element_size()
+        for layer in layers
+        for module in layer._sets(False)[1:4:2]
+        for m in module.children()
+        if isinstance(m, nn.Linear)
+    )
+    return ar_bytes > ONE_COPY_BYTES
 
 
 def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
@@ -268,6 +302,7 @@ def input_major(model: nn.Module) -> nn.Module:
             if id(w) not in seen:
                 seen[id(w)] = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
             module.weight = seen[id(w)]
+            release_freed_memory()  # the replaced weight's pages, before the next copy adds to the peak
     for module in model.modules():
         if isinstance(module, nn.Embedding) and id(module.weight) in seen:  # tied to a head
             if module.weight.numel() > SHARED_TABLE:
@@ -300,7 +335,8 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
     - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `model.ar_head`)
       with a oneDNN-packed copy for steps of two or more rows (`RowAdaptiveLinear`) where `kernels`
-      found that kernel working for their dtype.
+      found that kernel working for their dtype; the packed copy alone for bfloat16 and for a large
+      float32 model's layers (`PackedLinear`, `streamed_weights`).
     - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
       (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.
@@ -309,6 +345,7 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
         raise ValueError("the model is already prepared for decoding")
     if model.device.type == "cpu":
         logger.info("kernels: %s", kernels.describe())
+    one_copy = streamed_weights(model)
     input_major(model)
     release_freed_memory()
     for layer in model.model.layers:
@@ -323,14 +360,14 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None) -> None:
                 for module in (proj, mlp):
                     for name, child in list(module.named_children()):
                         setattr(module, name, lower_linear(child, drafting_dtype))
-            matmuls = [row_adaptive(m) for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)]
+            matmuls = [row_adaptive(m, one_copy) for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)]
             exact = not nar and all(isinstance(m, PackedLinear) for m in matmuls)
             sets.append(DecodeSet(layer, nar, *matmuls, exact=exact))
         layer.decode_sets = nn.ModuleList(sets)
         if layer.exact_rows:
             release_unpacked(layer)
         release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
-    head = row_adaptive(model.lm_head)
+    head = row_adaptive(model.lm_head)  # two copies at any size: see `streamed_weights`
     model.ar_head = head if head is not model.lm_head else None
     if model.model.layers[0].exact_rows:
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call
