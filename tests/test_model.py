@@ -309,7 +309,7 @@ def test_unmapped_reader_reads_every_dtype_and_rejects_a_lying_header(tmp_path):
 @pytest.mark.skipif(
     not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
 )
-def test_a_large_float32_model_keeps_one_packed_copy_of_its_layers(trained_model_dir, monkeypatch):
+def test_a_large_float32_model_keeps_one_packed_copy_of_its_layers(trained_model_dir, monkeypatch, tmp_path):
     """Above `ONE_COPY_BYTES` the AR layers hold their packed copy only (row-exact verifying rows, the
     unpacked weights released); the head keeps both; logits and `ar` == `verified` hold as before."""
     monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
@@ -319,6 +319,8 @@ def test_a_large_float32_model_keeps_one_packed_copy_of_its_layers(trained_model
         assert layer.exact_rows and all(isinstance(m, PackedLinear) for m in (ar.qkv, ar.gate_up))
         assert layer.self_attn.q_proj.weight.numel() == 0 and layer.mlp.down_proj.weight.numel() == 0
     assert isinstance(prepared.ar_head, RowAdaptiveLinear)
+    with pytest.raises(ValueError, match="load_unprepared"):  # its AR layers are gone but for the packing
+        export_ar(prepared, tmp_path)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     assert torch.allclose(prepared(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-4)
     engine = yue.load(trained_model_dir)

@@ -268,14 +268,14 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
 
 
 def _runners(
-    todo: list[Entry], engine, reference, sets: list[PromptSet], cfg: BenchConfig, tmp: str
+    todo: list[Entry], engine, sets: list[PromptSet], cfg: BenchConfig, tmp: str
 ) -> tuple[dict, dict]:
     """A callable per entry (batch of (index, Prompt) -> Sample), and settings they add to the report.
-    The transformers peers get `reference`'s AR set (float32 as loaded) in `cfg.dtype`."""
+    The transformers peers get the model's AR set as stored, in `cfg.dtype`."""
     runners: dict[str, Callable] = {}
     settings: dict[str, str] = {}
     if any(e.mode in HF_PEERS for e in todo):
-        llama, rec = load_peers(reference, cfg.device, tmp, cfg.torch_dtype)
+        llama, rec = load_peers(cfg.model, cfg.device, tmp, cfg.torch_dtype)
     if any(e.mode == llamacpp.NAME for e in todo):
         gguf, _ = llamacpp.gguf_source(cfg.model)
         longest = max(len(p.ids) for s in sets for p in s.prompts)
@@ -303,8 +303,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.threads)
     engine = yue.load(cfg.model, device=cfg.device, dtype=cfg.torch_dtype)
-    # Below float32: a float32 engine exports the peers' weights (a bfloat16 engine keeps its AR set
-    # only packed) and is the reference the precision's outputs are scored against.
+    # Below float32: a float32 engine is the reference the precision's outputs are scored against.
     reference = (
         engine if cfg.dtype == "float32" else yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
     )
@@ -316,7 +315,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     todo = [e for e in todo if e.name not in skipped]
     costs = None
     with tempfile.TemporaryDirectory(prefix="yue-bench-") as tmp:
-        runners, extra = _runners(todo, engine, reference, sets, cfg, tmp)
+        runners, extra = _runners(todo, engine, sets, cfg, tmp)
         warmup = _warm_up(todo, runners, sets[0].prompts, log)
         samples = []
         for s in sets:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -138,14 +139,16 @@ class HFRunner:
         return Sample([(i, tokens, text)], wall, ttft, len(rec.inputs), accepted)
 
 
-def load_peers(engine, device: str, tmp: str, dtype: torch.dtype = torch.float32):
-    """Export the AR set (of a float32 engine), load it as LlamaForCausalLM in `dtype`, attach the
-    recorder's forward hook."""
+def load_peers(model: str | Path | None, device: str, tmp: str, dtype: torch.dtype = torch.float32):
+    """Export the AR set of `model` (a name or path, as `yue.load` takes it) as stored, load it as
+    LlamaForCausalLM in `dtype`, attach the recorder's forward hook. The export reads the model as
+    stored, not an engine's: a model prepared for decoding may hold its layers only packed."""
     from transformers import LlamaForCausalLM
 
+    from yue.engine import load_unprepared
     from yue.model.hf import export_ar
 
-    export_ar(engine.model, tmp)
+    export_ar(load_unprepared(model)[0], tmp)
     llama = LlamaForCausalLM.from_pretrained(tmp, dtype=dtype).to(device).eval()
     rec = Recorder()
     llama.register_forward_pre_hook(rec.hook, with_kwargs=True)

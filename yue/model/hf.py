@@ -335,8 +335,18 @@ def ar_state_dict(model: YueForCausalLM) -> dict[str, torch.Tensor]:
 
 
 def export_ar(model: YueForCausalLM, out_dir: str | Path, tokenizer_file: str | Path | None = None) -> Path:
-    """Write the AR set as a plain `LlamaForCausalLM` checkpoint (safetensors) to `out_dir`."""
+    """Write the AR set as a plain `LlamaForCausalLM` checkpoint (safetensors) to `out_dir`.
+
+    Raises:
+        ValueError: a model prepared for decoding whose AR layers are held only packed
+            (`inference.release_unpacked`): export the model as loaded (`engine.load_unprepared`).
+    """
     out_dir = Path(out_dir)
+    if any(layer.exact_rows for layer in model.model.layers):
+        raise ValueError(
+            "this model was prepared for decoding and holds its AR layers only packed; "
+            "export the AR set from the model as stored (yue.engine.load_unprepared)"
+        )
     llama = LlamaForCausalLM(llama_config_from(model.config)).to(model.dtype)
     missing, unexpected = llama.load_state_dict(ar_state_dict(model), strict=False)
     # A tied head appears as "missing" lm_head.weight; anything else is a real mismatch.
