@@ -382,6 +382,9 @@ def load(
             dequantized), or "bfloat16" / torch.bfloat16, a separate, named precision: weights and
             activations in bfloat16 (as `LlamaForCausalLM` in bfloat16), attention and KV cache in
             float32 on a CPU; `ar` and `verified` are exact against each other in it (`inference.py`).
+            "int4" (CPU): another named precision, the AR layers' weights in 4 bits per group of 32
+            (a Q4_1 GGUF's own codes) on bfloat16 activations, the head in bfloat16, the rest float32;
+            `ar` and `verified` exact against each other too (`inference.Int4Linear`).
         nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
             `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
@@ -401,10 +404,11 @@ def load(
     if device != "cpu" and not str(device).startswith("cuda"):
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
+    int4 = dtype == "int4"
     dtype = resolve_dtype(dtype)
     model, tokenizer, files = load_unprepared(path, device, dtype)
     model = apply_adapter(model, adapter)
-    model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None)
+    model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None, int4=int4)
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
     return Engine(model, tokenizer, name=model_name(path), chat_template=template)
 

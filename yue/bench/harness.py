@@ -72,7 +72,8 @@ class BenchConfig:
         device: "cpu" or "cuda[:N]" for ours and the transformers peers (llama.cpp: CPU only).
         cost_curve: time a verifying forward over 1..9 rows and the drafting pass (`costs.py`).
         dtype: the precision of ours and the transformers peers ("float32" or "bfloat16",
-            `inference.resolve_dtype`); llama.cpp runs the GGUF's own. Below float32, every set also gets
+            `inference.resolve_dtype`; "int4" is ours only, the peers run float32, the values it
+            quantizes); llama.cpp runs the GGUF's own. Below float32, every set also gets
             a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
             and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
     """
@@ -302,7 +303,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.threads)
-    engine = yue.load(cfg.model, device=cfg.device, dtype=cfg.torch_dtype)
+    engine = yue.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
     # Below float32: a float32 engine is the reference the precision's outputs are scored against.
     reference = (
         engine if cfg.dtype == "float32" else yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
@@ -340,7 +341,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     settings = {
         "threads": str(cfg.threads),
         "device": cfg.device,
-        "dtype": f"{cfg.dtype} (ours, hf peers)",
+        "dtype": f"{cfg.dtype} (ours), {str(cfg.torch_dtype).removeprefix('torch.')} (hf peers)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "repeats": str(cfg.repeats),

@@ -190,9 +190,17 @@ def cost_cache_key(model) -> str:
     capability = torch.backends.cpu.get_cpu_capability() + kernels.describe() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
     parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
-    parts += [str(model.dtype), str(model.cache_dtype)]
+    parts += [str(model.dtype), str(model.cache_dtype), decode_layout(model)]
     parts += [str(torch.get_num_threads()), torch.__version__]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def decode_layout(model) -> str:
+    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head): the
+    int4 precision and a large float32 model's one-copy layers cost otherwise than two-copy float32."""
+    sets = model.model.layers[0].decode_sets
+    kinds = [type(m).__name__ for m in sets[0].children()] if sets is not None else []
+    return ",".join([*kinds, type(model.ar_head).__name__])
 
 
 def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:

@@ -230,16 +230,20 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def prepare_for_decoding(self, drafting_dtype: torch.dtype | None = None) -> YueForCausalLM:
+    def prepare_for_decoding(
+        self, drafting_dtype: torch.dtype | None = None, int4: bool = False
+    ) -> YueForCausalLM:
         """Ready the model for fast decoding, in place: matmul weights input-major, fused Q/K/V and
         gate/up, and optionally drafting in a lower precision (`drafting_dtype`: torch.qint8 on a CPU,
         or torch.bfloat16) for the NAR set and a copy of the LM head for slot rows.
 
         The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts
-        (and what `hybrid`/`nar` commit of them) can change. See `inference.py` for why and the measured
-        gains. Inference only: a prepared model cannot be saved; save it before preparing it.
+        (and what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its
+        own: the AR layers in 4 bits, the head in bfloat16 (`inference.Int4Linear`). See `inference.py`
+        for why and the measured gains. Inference only: a prepared model cannot be saved; save it before
+        preparing it.
         """
-        prepare_for_decoding(self, drafting_dtype)
+        prepare_for_decoding(self, drafting_dtype, int4)
         return self
 
     @property
