@@ -8,7 +8,7 @@ import torch
 import yue.decode.costs as costs_mod
 from yue.config import DecodeConfig
 from yue.decode.costs import CostCurve, StepCosts, measured_costs
-from yue.decode.policies import LoopState, VerifiedPolicy
+from yue.decode.policies import LoopState, VerifiedPolicy, probe_length
 
 
 def test_verify_costs_extrapolate_past_the_measured_rows():
@@ -41,6 +41,21 @@ def test_draft_length_follows_the_measured_cost_curve():
     assert _policy_length(cheap_rows, 0.8) > _policy_length(dear_rows, 0.8) >= 1
     # Poor drafts on a CPU where rows are dear: plain AR steps are the better deal.
     assert _policy_length(StepCosts(tuple(1.0 + 0.5 * k for k in range(9)), 0.5), 0.2) == 0
+
+
+def test_a_probe_verifies_as_many_drafts_as_its_cost_allows():
+    cfg = DecodeConfig(mode="verified", router_threshold=1.0, block_size=8)
+
+    def probe(costs: StepCosts, rows: int = 1) -> int:
+        return probe_length(
+            LoopState(cfg, [None] * rows, torch.zeros(rows, 1, dtype=torch.long), costs=costs), 7
+        )
+
+    flat = StepCosts((1.0, 1.09, 1.09, 1.04, 1.05, 1.07, 1.27, 1.30, 1.33), 0.1)  # float32 on this CPU
+    steep = StepCosts((1.0, 1.22, 1.37, 1.54, 1.94, 2.10, 2.29, 2.47, 2.93), 0.3)  # int4
+    assert probe(flat) == 5 and probe(steep) == 1
+    assert probe(StepCosts((1.0, 2.0, 3.0), 0.1)) == 1  # at least one draft, whatever it costs
+    assert probe(flat, rows=4) < probe(flat)  # a batch step's rows cost more
 
 
 def test_measured_costs_are_cached_and_a_corrupt_cache_is_remeasured(
