@@ -9,10 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yue
+from tests.test_precision import assert_layers_hold_only, assert_verified_equals_ar
 from tests.test_topnar import top_model
-from yue.config import DecodeConfig
 from yue.decode.costs import cost_cache_key
-from yue.decode.loop import decode
 from yue.model import kernels
 from yue.model.inference import Int4Linear, Lowered, PackedLinear, int4_usable, quantize_int4
 
@@ -69,10 +68,7 @@ def int4_model(seed: int = 0):
 @needs_int4
 def test_int4_model_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
     model = int4_model()
-    for layer in model.model.layers:
-        ar = layer.decode_sets[0]
-        assert layer.exact_rows and isinstance(ar.qkv, Int4Linear) and isinstance(ar.gate_up, Int4Linear)
-        assert layer.self_attn.q_proj.weight.numel() == 0  # the float copy is released
+    assert_layers_hold_only(model, Int4Linear)
     packed_bf16 = kernels.packed_rows(torch.bfloat16)
     assert isinstance(model.ar_head, Lowered) == packed_bf16
     assert not packed_bf16 or isinstance(model.ar_head.inner, PackedLinear)
@@ -90,14 +86,7 @@ def test_shapes_the_int4_kernel_does_not_take_are_named():
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 40), threshold=st.sampled_from([0.5, 1.0]))
 def test_int4_verified_equals_ar(seed, threshold):
-    model = int4_model(seed=seed % 5)
-    prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-    def run(mode: str) -> list[int]:
-        cfg = DecodeConfig(mode=mode, max_new_tokens=24, ignore_eos=True, router_threshold=threshold)
-        return [t for em in decode(model, [prompt], cfg.resolved(model.config)) for t in em.tokens[0]]
-
-    assert run("verified") == run("ar")
+    assert_verified_equals_ar(int4_model(seed=seed % 5), seed, threshold)
 
 
 @needs_int4

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import yue
 from tests.conftest import tiny_config
+from tests.test_precision import assert_layers_hold_only
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, kernels, load_model
 from yue.model.inference import (
     Int8Linear,
@@ -314,10 +315,7 @@ def test_a_large_float32_model_keeps_one_packed_copy_of_its_layers(trained_model
     unpacked weights released); the head keeps both; logits and `ar` == `verified` hold as before."""
     monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
     prepared = load_model(trained_model_dir).prepare_for_decoding()
-    for layer in prepared.model.layers:
-        ar = layer.decode_sets[0]
-        assert layer.exact_rows and all(isinstance(m, PackedLinear) for m in (ar.qkv, ar.gate_up))
-        assert layer.self_attn.q_proj.weight.numel() == 0 and layer.mlp.down_proj.weight.numel() == 0
+    assert_layers_hold_only(prepared, PackedLinear)
     assert isinstance(prepared.ar_head, RowAdaptiveLinear)
     with pytest.raises(ValueError, match="load_unprepared"):  # its AR layers are gone but for the packing
         export_ar(prepared, tmp_path)

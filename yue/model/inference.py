@@ -21,8 +21,8 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
 - Kernels by row count (`RowAdaptiveLinear`): float matmuls over two or more rows (a verifying step's
   k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
   8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
-  A large model's layers keep the packed copy only (`streamed_weights`): their memory, not MKL's
-  one-row speed, is what counts there.
+  A model whose float32 layers exceed 1 GiB keeps the packed copy only (`streamed_weights`): there
+  memory counts more than MKL's one-row speed.
 
 The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
 and the head hold one oneDNN-packed bfloat16 copy (`PackedLinear`; MKL has no fast bfloat16 GEMV),
@@ -254,23 +254,24 @@ def row_adaptive(linear: nn.Module, one_copy: bool = False) -> nn.Module:
     return RowAdaptiveLinear(linear)
 
 
-# Float32 decode-path weights above this many bytes are held once, packed (`streamed_weights`).
-ONE_COPY_BYTES = 64 * 2**20
+# Float32 AR layer weights above this many bytes are held once, packed (`streamed_weights`).
+ONE_COPY_BYTES = 2**30
 
 
 def streamed_weights(model) -> bool:
     """Whether a float32 model's AR layers keep only their oneDNN-packed copy (`PackedLinear`, as in
-    bfloat16), not MKL's input-major one beside it: where they exceed `ONE_COPY_BYTES`.
+    bfloat16), not MKL's input-major one beside it: where they exceed `ONE_COPY_BYTES` (1 GiB, ~270M
+    parameters), for a model whose second copy would cost more memory than its speed is worth.
 
-    A second copy of every layer weight doubles a real model's memory: SmolLM2's float32 peak was 1.6
-    GB, 1.76x transformers', and 1.19 GB with one copy (1.30x). It buys speed: one row through the
-    packed kernel (padded to 4 rows) costs more than MKL's GEMV, SmolLM2 `ar` ~7% fewer tokens/s and
-    `verified` ~4% (6 held-out chat prompts, 6 alternating process pairs, one thread; the bare matmuls
-    alone, out of the model, were level: 37.4 against 38.0 ms). At that size the bytes weigh more, and
-    the layers' verifying rows become row-exact (`DecodeSet.exact`). A small model keeps both copies: its
-    step is per-call overhead, not bytes (yue-code-mini's 4 layers and head over one row, 0.55 ms through
-    MKL against 1.35 ms packed), and the copy is 14 MB. The head keeps both copies at any size: its
-    input-major copy is the embedding table too (`input_major`), so only the packed copy is extra.
+    The second copy buys one-row speed: the packed kernel over one row (padded to 4) is slower than
+    MKL's GEMV in the model, though level out of it (SmolLM2's bare matmuls 37.4 vs 38.0 ms). Measured
+    on SmolLM2 (425 MB of layers, below the bound), one `yue bench` run each, held-out: one copy took
+    peak memory from 1.76x to 1.30x transformers' (1.6 -> 1.2 GB) but `ar` from 1.51x to 1.38x and
+    `verified` from 1.88x to 1.62x transformers' tokens/s; its bfloat16 and int4 precisions hold one
+    copy already (1.01x, 1.19x memory). A small model keeps both copies for the same reason, more so:
+    its step is per-call overhead (yue-code-mini's 4 layers and head over one row, 0.55 ms through MKL
+    against 1.35 ms packed). The head keeps both at any size: its input-major copy is the embedding
+    table too (`input_major`), so only the packed copy is extra.
     """
     layers = model.model.layers
     ar_bytes = sum(
