@@ -160,14 +160,13 @@ class Int4Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        codes, self.scales_zeros = quantize_int4(linear.weight.detach())
-        self.packed = (kernels.pack_int4(codes),)  # tuples: nothing in a state dict
-        self.scales_zeros = (self.scales_zeros,)
+        codes, scales_zeros = quantize_int4(linear.weight.detach())
+        self.packed = (kernels.pack_int4(codes), scales_zeros)  # a tuple: nothing in a state dict
         self.out_features = linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        out = kernels.int4_linear(flat, self.packed[0], self.scales_zeros[0])
+        out = kernels.int4_linear(flat, *self.packed)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -265,10 +264,10 @@ def streamed_weights(model) -> bool:
 
     The second copy buys one-row speed: the packed kernel over one row (padded to 4) is slower than
     MKL's GEMV in the model, though level out of it (SmolLM2's bare matmuls 37.4 vs 38.0 ms). Measured
-    on SmolLM2 (425 MB of layers, below the bound), one `yue bench` run each, held-out: one copy took
-    peak memory from 1.76x to 1.30x transformers' (1.6 -> 1.2 GB) but `ar` from 1.51x to 1.38x and
-    `verified` from 1.88x to 1.62x transformers' tokens/s; its bfloat16 and int4 precisions hold one
-    copy already (1.01x, 1.19x memory). A small model keeps both copies for the same reason, more so:
+    on SmolLM2 (425 MB of layers, below the bound), one `yue bench` run each, held-out, against
+    transformers: one copy 1.30x its peak memory (1.2 GB), `ar` 1.38x and `verified` 1.62x its
+    tokens/s; two copies 1.75x (1.6 GB), 1.48x and 1.76x. Its bfloat16 and int4 precisions hold one
+    copy already (0.72x, 1.19x memory). A small model keeps both copies for the same reason, more so:
     its step is per-call overhead (yue-code-mini's 4 layers and head over one row, 0.55 ms through MKL
     against 1.35 ms packed). The head keeps both at any size: its input-major copy is the embedding
     table too (`input_major`), so only the packed copy is extra.
