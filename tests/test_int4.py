@@ -102,5 +102,9 @@ def test_int4_engine_generates_and_verified_equals_ar(trained_model_dir):
 def test_int4_where_its_kernel_is_off_is_a_clear_error(trained_model_dir):
     with kernels.forced("int4") as choice:
         assert "int4 (forced off)" in choice.describe() and "int4 layers: off" in choice.describe()
-        with pytest.raises(ValueError, match="int4 precision needs"):
+        with pytest.raises(ValueError, match="int4 precision needs a CPU where"):
             yue.load(trained_model_dir, dtype="int4")
+        with pytest.raises(ValueError, match="int4 precision needs"):  # the API below `load` says so too
+            top_model(2).prepare_for_decoding(None, int4=True)
+    with pytest.raises(ValueError, match="int4 precision needs (a float32 model|a CPU where)"):
+        top_model(2).to(torch.bfloat16).prepare_for_decoding(None, int4=True)

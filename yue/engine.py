@@ -31,7 +31,7 @@ from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
-from yue.model.inference import resolve_drafting_dtype, resolve_dtype
+from yue.model.inference import int4_unavailable, resolve_drafting_dtype, resolve_dtype
 from yue.model.mot import YueForCausalLM
 from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
@@ -405,6 +405,8 @@ def load(
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
     int4 = dtype == "int4"
+    if int4 and (why := int4_unavailable(device)):
+        raise ValueError(f"the int4 precision needs {why}")
     dtype = resolve_dtype(dtype)
     model, tokenizer, files = load_unprepared(path, device, dtype)
     model = apply_adapter(model, adapter)

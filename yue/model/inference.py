@@ -202,6 +202,16 @@ def int4_usable(linear: nn.Module) -> bool:
     )
 
 
+def int4_unavailable(device: torch.device | str) -> str:
+    """Why the int4 precision cannot run on `device` ("" = it can): for `load`, before any weights
+    are read, and for `prepare_for_decoding`."""
+    if torch.device(device).type != "cpu":
+        return "the CPU (its kernel is torch's CPU int4pack)"
+    if not kernels.choice().int4_rows:
+        return f"a CPU where torch's int4 kernel runs ({kernels.describe()})"
+    return ""
+
+
 def row_exact(matmul: nn.Module) -> bool:
     """Whether a decode matmul gives each row the same bits whatever the call's row count."""
     inner = matmul.inner if isinstance(matmul, Lowered) else matmul
@@ -421,12 +431,10 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None, int4: bool =
     """
     if model.prepared_for_decoding:
         raise ValueError("the model is already prepared for decoding")
-    if int4 and (
-        model.device.type != "cpu" or model.dtype != torch.float32 or not kernels.choice().int4_rows
-    ):
-        raise ValueError(
-            f"the int4 precision needs a float32 model on a CPU where torch's int4 kernel runs ({kernels.describe()})"
-        )
+    if int4:
+        why = int4_unavailable(model.device) or ("a float32 model" if model.dtype != torch.float32 else "")
+        if why:
+            raise ValueError(f"the int4 precision needs {why}")
     if model.device.type == "cpu":
         logger.info("kernels: %s", kernels.describe())
     one_copy = streamed_weights(model)
