@@ -189,13 +189,16 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(out_f, in_f), scales_zeros
 
 
+def cpu_matmul(linear: nn.Module) -> bool:
+    """Whether a module is a bias-free nn.Linear on the CPU: what every decode kernel here takes."""
+    return isinstance(linear, nn.Linear) and linear.bias is None and linear.weight.device.type == "cpu"
+
+
 def int4_usable(linear: nn.Module) -> bool:
     """Whether the int4 kernel takes this matmul: a bias-free float32 nn.Linear on the CPU whose inputs
     are whole groups of 32 and whose outputs a multiple of 16 (the kernel's packing)."""
     return (
-        isinstance(linear, nn.Linear)
-        and linear.bias is None
-        and linear.weight.device.type == "cpu"
+        cpu_matmul(linear)
         and linear.weight.dtype == torch.float32
         and linear.in_features % kernels.INT4_GROUP == 0
         and linear.out_features % 16 == 0
@@ -222,7 +225,7 @@ def bf16_packed(linear: nn.Module) -> nn.Module:
     """A bfloat16 `PackedLinear` copy of a float32 `linear` taking and returning float32 (row-exact, half
     the bytes): the int4 precision's head, and its matmuls the int4 kernel does not take; `linear`'s
     own `row_adaptive` kernel where oneDNN's bfloat16 packing does not work here."""
-    if not (isinstance(linear, nn.Linear) and linear.bias is None and kernels.packed_rows(torch.bfloat16)):
+    if not (cpu_matmul(linear) and kernels.packed_rows(torch.bfloat16)):
         return row_adaptive(linear)
     return Lowered(PackedLinear(copy.deepcopy(linear).to(torch.bfloat16)), torch.bfloat16)
 
@@ -250,13 +253,7 @@ def row_adaptive(linear: nn.Module, one_copy: bool = False) -> nn.Module:
     a dtype whose packed kernel `kernels.packed_rows` found working here), else `linear` itself (plain
     F.linear): `PackedLinear` for bfloat16, and for float32 with `one_copy` (`streamed_weights`);
     otherwise `RowAdaptiveLinear` (float32: MKL's GEMV for one row, a packed copy for more)."""
-    usable = (
-        isinstance(linear, nn.Linear)
-        and linear.bias is None
-        and linear.weight.device.type == "cpu"
-        and kernels.packed_rows(linear.weight.dtype)
-    )
-    if not usable:
+    if not (cpu_matmul(linear) and kernels.packed_rows(linear.weight.dtype)):
         return linear
     if linear.weight.dtype == torch.bfloat16 or one_copy:
         return PackedLinear(linear)
