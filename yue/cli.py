@@ -211,6 +211,42 @@ def export_ar_cmd(
     typer.echo(f"wrote LlamaForCausalLM to {out}")
 
 
+@app.command("build-ngrams")
+@user_errors
+def build_ngrams_cmd(
+    model_dir: Path = typer.Argument(..., help="yue model folder: ngrams.safetensors is written into it."),
+    sequences: list[Path] = typer.Option(
+        ...,
+        "--sequences",
+        help="The model's own greedy answers: a `yue distill --nar-layers` run's work/sequences.json "
+        "(or .json.gz); repeatable. Prompts repeated across files count once.",
+    ),
+    min_count: int = typer.Option(2, help="Keep a continuation seen at least this many times."),
+    min_share: float = typer.Option(0.3, help="... and in at least this share of its context's occurrences."),
+    max_order: int = typer.Option(4, help="Longest context looked up (tokens)."),
+) -> None:
+    """Build the n-gram table of a model's own answers, from which `verified` drafts where the context
+    has no copy (decode/corpus.py). The output stays `ar`'s; only speed changes."""
+    from yue.config import YueConfig
+    from yue.decode.corpus import CorpusNgrams
+    from yue.model.hf import NGRAMS_FILE
+    from yue.train.topnar import ChatSequences
+
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"not a model folder (no config.json): {model_dir}")
+    vocab = YueConfig.from_pretrained(str(model_dir)).vocab_size
+    pairs, seen = [], set()
+    for file in sequences:
+        for ids, p in ChatSequences.load(file).pairs():
+            if (prompt := tuple(ids[:p])) not in seen:
+                seen.add(prompt)
+                pairs.append((ids, p))
+    table = CorpusNgrams.build(pairs, vocab, max_order=max_order, min_count=min_count, min_share=min_share)
+    names = ", ".join(str(f) for f in sequences)
+    table.save(model_dir / NGRAMS_FILE, source=f"{len(pairs)} answers from {names}")
+    typer.echo(f"wrote {model_dir / NGRAMS_FILE}: {len(table):,} contexts from {len(pairs):,} answers")
+
+
 @app.command("train-tokenizer")
 @user_errors
 def train_tokenizer_cmd(

@@ -149,6 +149,10 @@ class DecodeConfig:
             before, draft the tokens that followed them (no forward) instead of running the NAR
             drafting pass, when this request's record of such copies says they pay
             (`decode/lookup.py`). The output is `ar`'s either way.
+        corpus_drafts: `verified` with separate drafting, a model that ships an n-gram table of its
+            own answers (`decode/corpus.py`): where the context has no copy, draft what followed the
+            context's last few tokens in that corpus (no forward), when this request's record of
+            such drafts says they pay. The output is `ar`'s either way.
         logprobs: report each generated token's log-probability under the AR path (raw log-softmax of
             its logits, before penalty and temperature) with this many top alternatives (0 = the
             token's own only); None = off. A token committed unverified (`nar`'s slots) has no AR
@@ -170,6 +174,7 @@ class DecodeConfig:
     ignore_eos: bool = False
     drafting: Drafting = "separate"
     prompt_lookup: bool = True
+    corpus_drafts: bool = True
     logprobs: int | None = None
 
     def __post_init__(self) -> None:

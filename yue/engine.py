@@ -26,6 +26,7 @@ import torch
 
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
+from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
@@ -80,6 +81,8 @@ class Engine:
         name: model id reported by the CLI and the server (its name, or the folder's / file's).
         chat_template: the Jinja source `chat_prompt` renders: the tokenizer's own (an instruct
             model's), else one stored in the model folder, else the built-in default.
+        corpus: the model's n-gram table of its own answers, for `verified`'s corpus drafts
+            (`decode/corpus.py`; the model folder's `ngrams.safetensors`), or None.
     """
 
     def __init__(
@@ -88,12 +91,14 @@ class Engine:
         tokenizer: YueTokenizer,
         name: str = "yue",
         chat_template: str | None = None,
+        corpus: CorpusNgrams | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
         self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE
         self._template = ChatTemplate(self.chat_template)
+        self.corpus = corpus
         # Step costs for the router's draft lengths: measured on first need (`_costs`), or set by hand.
         self.costs: StepCosts | None = None
 
@@ -199,7 +204,7 @@ class Engine:
         self, ids: list[int], cfg: DecodeConfig, cancel: Callable[[], bool] | None
     ) -> Iterator[StreamEvent]:
         row = self.row_stream(cfg)
-        for em in decode(self.model, [ids], cfg, cancel, self._costs(cfg)):
+        for em in decode(self.model, [ids], cfg, cancel, self._costs(cfg), self.corpus):
             event = row.fold(em, 0)
             yield event
             if event.finish_reason is not None:
@@ -208,7 +213,7 @@ class Engine:
     def decode_batch(self, cfg: DecodeConfig, max_prefill_tokens: int | None = None) -> DecodeBatch:
         """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved): the
         seam `batcher.Batcher` decodes through."""
-        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens)
+        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens, self.corpus)
 
     def request(
         self, prompt: str | list[int], config: DecodeConfig | None, overrides: dict
@@ -269,7 +274,7 @@ class Engine:
         tokens: list[list[int]] = [[] for _ in ids]
         trace: list[Step] = []
         done = lambda: all(r.finish_reason is not None for r in rows)  # noqa: E731
-        for em in decode(self.model, ids, cfg, done, self._costs(cfg)):
+        for em in decode(self.model, ids, cfg, done, self._costs(cfg), self.corpus):
             if em.step is not None:
                 trace.append(em.step)
             for b, row in enumerate(rows):
@@ -412,7 +417,8 @@ def load(
     model = apply_adapter(model, adapter)
     model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None, int4=int4)
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
-    return Engine(model, tokenizer, name=model_name(path), chat_template=template)
+    corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
+    return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)
 
 
 def load_unprepared(

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.policies import Advance, LoopState, get_policy, rows_at
@@ -98,6 +99,8 @@ class DecodeBatch:
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
         max_prefill_tokens: prompt tokens (padding included) prefilled per step, at least one prompt;
             None = every queued prompt at the next step.
+        corpus: the model's n-gram table of its own answers, for `verified`'s corpus drafts
+            (`decode/corpus.py`); None = none.
     """
 
     def __init__(
@@ -106,8 +109,10 @@ class DecodeBatch:
         cfg: DecodeConfig,
         costs: StepCosts | None = None,
         max_prefill_tokens: int | None = None,
+        corpus: CorpusNgrams | None = None,
     ) -> None:
         self.model, self.key, self.costs = model, batch_key(cfg), costs
+        self.corpus = corpus if self.key.corpus_drafts else None
         self.policy = get_policy(cfg.mode)
         self.max_prefill_tokens = max_prefill_tokens
         self.running: Group | None = None
@@ -200,8 +205,10 @@ class DecodeBatch:
         fill = model.config.pad_token_id or 0
         prompt = torch.tensor([[fill] * p + r.prompt for p, r in zip(pad, rows, strict=True)])
         st = LoopState(self.key, [r.generator for r in rows], prompt.to(model.device), costs=self.costs)
-        if self.key.mode == "verified" and self.key.drafting == "separate" and self.key.prompt_lookup:
-            st.contexts = [NgramIndex(r.prompt) for r in rows]
+        if self.key.mode == "verified" and self.key.drafting == "separate":
+            st.corpus = self.corpus
+            if self.key.prompt_lookup or st.corpus is not None:  # copies and corpus drafts read it
+                st.contexts = [NgramIndex(r.prompt) for r in rows]
         if self.key.repetition_penalty != 1.0:
             st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=model.device)
             st.seen.scatter_(1, st.fed, True)
@@ -332,6 +339,7 @@ def decode(
     cfg: DecodeConfig,
     cancel: Callable[[], bool] | None = None,
     costs: StepCosts | None = None,
+    corpus: CorpusNgrams | None = None,
 ) -> Iterator[StepEmission]:
     """Decode a fixed batch of tokenized prompts; yield what each step commits.
 
@@ -343,10 +351,11 @@ def decode(
         cfg: a config already `resolved()` against the model's config.
         cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
+        corpus: the model's n-gram table for `verified`'s corpus drafts; None = none.
     Yields:
         One StepEmission per forward group, with B-long lists indexed by prompt (the prefill included).
     """
-    batch = DecodeBatch(model, cfg, costs)
+    batch = DecodeBatch(model, cfg, costs, corpus=corpus)
     for b, p in enumerate(prompts):
         seed = None if cfg.seed is None else (cfg.seed + b) % 2**64
         batch.add(p, replace(cfg, seed=seed))

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.sampling import (
@@ -91,9 +92,12 @@ class LoopState:
             (`probe_length`), whatever the record says (set when an AR stretch starts).
         contexts: verified with prompt lookup: each row's context, indexed for copied drafts
             (`decode/lookup.py`); None = no lookup.
-        copy_record: the acceptance record of copied drafts (they cost no drafting pass, and fare
-            otherwise than the NAR set's).
-        copying: whether the drafts in flight were copied from the context.
+        corpus: verified: the model's n-gram table of its own answers, for corpus drafts where the
+            context has no copy (`decode/corpus.py`); None = none.
+        copy_record / corpus_record: the acceptance records of copied and corpus drafts (they cost no
+            drafting pass, and each source fares otherwise than the NAR set's).
+        copied: the record of the free drafts in flight (copy_record or corpus_record); None when
+            they are the NAR set's (or none).
         record: verified: the NAR drafts' acceptance record over this batch's verifying steps (a lone
             request's own; rows that join a running batch share the batch's, `rows.merge`).
     """
@@ -109,8 +113,10 @@ class LoopState:
     costs: StepCosts | None = None
     probe: bool = False
     contexts: list[NgramIndex] | None = None
+    corpus: CorpusNgrams | None = None
     copy_record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
-    copying: bool = False
+    corpus_record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
+    copied: AcceptanceRecord | None = None
     record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
 
     def __post_init__(self) -> None:
@@ -251,9 +257,14 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
 
 
 def best_length(st: LoopState, survival: list[float], draft_pass: bool = True) -> int:
-    """The number of drafts k to verify next step that writes the most tokens per unit of cost, 0 if
-    none beats a plain AR step. survival[j - 1]: expected P(drafts 1..j all accepted) (in a batch, the
-    rows' mean: each row accepts its own drafts).
+    """`best_draft`'s k: the number of drafts to verify next step (0 = none pays)."""
+    return best_draft(st, survival, draft_pass)[0]
+
+
+def best_draft(st: LoopState, survival: list[float], draft_pass: bool = True) -> tuple[int, float]:
+    """The number of drafts k to verify next step that writes the most tokens per unit of cost (0 if
+    none beats a plain AR step), and those expected tokens per unit of cost. survival[j - 1]:
+    expected P(drafts 1..j all accepted) (in a batch, the rows' mean: each row accepts its own drafts).
 
     Verifying k drafts writes 1 + sum_{j<=k} survival[j-1] tokens for a step feeding k drafts plus the
     block's drafting pass (`st.costs`: measured for the model on this machine; fused drafting: a
@@ -269,7 +280,7 @@ def best_length(st: LoopState, survival: list[float], draft_pass: bool = True) -
         rate = gain / (costs.verify(k) + costs.draft_pass * passes)
         if rate > best_rate:
             best_k, best_rate = k, rate
-    return best_k
+    return best_k, best_rate
 
 
 def probe_length(st: LoopState, n: int) -> int:
@@ -451,19 +462,19 @@ class VerifiedPolicy(Policy):
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, st.max_drafts + 1))
         if st.max_drafts:  # the record counts the rows' mean
-            record = st.copy_record if st.copying else st.record
+            record = st.copied or st.record
             record.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
         W, fed = st.fed.shape[1], st.fed.tolist()
         rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
         emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
         # Accepted copies are the AR path's tokens (it would have written them; no NAR set did).
-        sources = [["ar" if st.copying else "nar"] * n + ["ar"] for n in n_acc]
+        sources = [["ar" if st.copied else "nar"] * n + ["ar"] for n in n_acc]
         keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
         adv.drafted, adv.accepted = list(st.n_drafts), n_acc
         adv.ar_first = [st.max_drafts - k for k in st.n_drafts]
         adv.ar_count = [n + 1 for n in n_acc]
-        st.copying = False
+        st.copied = None
         if st.contexts is not None:
             for ctx, row in zip(st.contexts, emitted, strict=True):
                 ctx.extend(row)
@@ -478,21 +489,40 @@ class VerifiedPolicy(Policy):
         return self.with_block(model, st, adv, out)
 
     def copy(self, model, st: LoopState, adv: Advance) -> bool:
-        """Feed drafts copied from the context next (`decode/lookup.py`) where every row has some and
-        their record says they pay; sets adv.next_* and returns True, else leaves adv as it is."""
-        if st.cfg.block_size < 2:
+        """Feed free drafts next where every row has some and their record says they pay: copied
+        from the context (`decode/lookup.py`), else from the model's corpus (`decode/corpus.py`).
+        Sets adv.next_* and returns True, else leaves adv as it is."""
+        n = st.cfg.block_size - 1
+        if n < 1:
             return False
-        copies = [ctx.drafts(st.cfg.block_size - 1) for ctx in st.contexts]
-        n = min(len(c) for c in copies)
-        k = best_length(st, st.copy_record.survival(n), draft_pass=False) if n else 0
-        if not k:
+        sources = []
+        if st.cfg.prompt_lookup:
+            sources.append((st.copy_record, lambda ctx: ctx.drafts(n)))
+        if st.corpus is not None:
+            sources.append((st.corpus_record, lambda ctx: st.corpus.drafts(ctx.tokens, n)))
+        for record, propose in sources:
+            copies = [propose(ctx) for ctx in st.contexts]
+            m = min(len(c) for c in copies)
+            k, rate = best_draft(st, record.survival(m), draft_pass=False) if m else (0, 0.0)
+            if k:
+                break
+        else:
+            return False
+        if rate < self.nar_rate(model, st, n):  # the NAR set's drafts promise more here
             return False
         drafts = torch.tensor([c[:k] for c in copies], device=adv.next_fed.device)
         adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
-        adv.next_drafts, st.copying = [k] * len(copies), True
+        adv.next_drafts, st.copied = [k] * len(copies), record
         if not st.cfg.greedy:  # copies are certain proposals: q is one-hot on each (speculative rule)
             adv.next_draft_logprobs = one_hot_logprobs(drafts, model.config.vocab_size)
         return True
+
+    def nar_rate(self, model, st: LoopState, n: int) -> float:
+        """The expected tokens per unit of cost of drafting n NAR slots next step, under the record
+        (threshold 1; 0 where the NAR set would not draft now, or the router decides its drafts)."""
+        if not self.drafts_now(st) or st.cfg.draft_gate(model.config) < 1.0:
+            return 0.0
+        return best_draft(st, st.record.survival(n))[1]
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""

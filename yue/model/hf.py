@@ -65,7 +65,7 @@ def check_checkpoint(path: str | Path) -> Path:
         json.loads(config_file.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"corrupt {config_file}: {e}") from e
-    weights = sorted(path.glob("*.safetensors"))
+    weights = weight_files(path)
     if not weights:
         pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
         hint = f" (found {', '.join(pickles)}: pickle files are never loaded)" if pickles else ""
@@ -243,11 +243,20 @@ AR_SHAPE_FIELDS = (
 )
 
 
+# A model folder's safetensors file that holds no weights: `decode/corpus.py`'s n-gram table.
+NGRAMS_FILE = "ngrams.safetensors"
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """A model folder's safetensors weights files, sorted (every *.safetensors but `NGRAMS_FILE`)."""
+    return sorted(p for p in folder.glob("*.safetensors") if p.name != NGRAMS_FILE)
+
+
 def _read_weights(folder: Path, dtype: torch.dtype, drop_lm_head: bool = False) -> dict[str, torch.Tensor]:
     """Every tensor of a folder's safetensors files (checked by `check_checkpoint` first), floats in
     `dtype`; integer tensors (token-id tables) as stored."""
     state = {}
-    for file in sorted(folder.glob("*.safetensors")):
+    for file in weight_files(folder):
         state |= {k: v.to(dtype) if v.is_floating_point() else v for k, v in _read_unmapped(file)}
     if drop_lm_head:  # a tied head some checkpoints store anyway: the embedding is the head
         state.pop("lm_head.weight", None)

@@ -26,6 +26,7 @@ held-out sequences, reported against training tokens.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -107,8 +108,14 @@ class ChatSequences:
 
     @classmethod
     def load(cls, path: str | Path) -> ChatSequences:
-        data = json.loads(Path(path).read_text())
+        """Read a file `save` wrote (or its gzip: a name ending in .gz)."""
+        raw = Path(path).read_bytes()
+        data = json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
         return cls(data["ids"], data["prompt_lens"])
+
+    def pairs(self) -> list[tuple[list[int], int]]:
+        """(token ids, prompt length) per sequence: what `CorpusNgrams.build` reads."""
+        return list(zip(self.ids, self.prompt_lens, strict=True))
 
 
 def greedy_answers(

@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 
 from yue.chat import ChatTemplate, find_chat_template
 from yue.jsonl import iter_jsonl
-from yue.model.hf import from_llama, is_nar_or_router, model_files
+from yue.decode.corpus import CorpusNgrams
+from yue.model.hf import NGRAMS_FILE, from_llama, is_nar_or_router, model_files
 from yue.model.mot import YueForCausalLM
 from yue.train.distill import load_llama
 from yue.train.router import RouterTrainConfig, train_router
@@ -262,5 +263,9 @@ def distill_top_nar(
         },
     }
     save_nar_folder(model, out, ar_source or {"base": str(base_dir)}, max_shard_bytes)
+    # 6. The n-gram table of the training answers, for `verified`'s corpus drafts (seconds).
+    ngrams = CorpusNgrams.build(train.pairs(), model.config.vocab_size)
+    ngrams.save(out / NGRAMS_FILE, source=f"{len(train)} training answers of {out.name}")
+    report["ngrams"] = {"entries": len(ngrams), "sequences": len(train)}
     (out / "topnar_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
