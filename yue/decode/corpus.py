@@ -133,7 +133,9 @@ class CorpusNgrams:
         except (SafetensorError, OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: not a readable n-gram table ({e})") from e
         if stored_vocab != vocab_size:
-            raise CheckpointError(f"{path}: an n-gram table for a vocabulary of {stored_vocab}, not {vocab_size}")
+            raise CheckpointError(
+                f"{path}: an n-gram table for a vocabulary of {stored_vocab}, not {vocab_size}"
+            )
         orders = range(min_order, min_order + len(tensors) // 2)
         try:
             keys = [tensors[f"keys.{n}"] for n in orders]

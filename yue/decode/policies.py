@@ -30,8 +30,10 @@ forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU
 How many drafts to verify is a cost question (`best_length`): the k with the most expected tokens per
 unit of step cost (the cost curve measured for the model on the machine), by the request's own
 `AcceptanceRecord` (threshold 1) or the router's predictions scaled by it (below 1). `verified` also
-drafts tokens copied from the context where it has a match (`decode/lookup.py`): they cost no drafting
-pass, and keep a record of their own.
+drafts tokens copied from the context where it has a match (`decode/lookup.py`), else from the model's
+corpus of its own answers (`decode/corpus.py`): they cost no drafting pass, each source keeps a record
+of its own, and one is drafted when its record promises more tokens per unit of cost than the NAR
+set's (`VerifiedPolicy.copy`).
 
 In a batch each row accepts its own number of drafts (per-row acceptance: `Advance.keep` and
 `Advance.accepted` are per row; the loop's cache leaves holes where a row kept fewer columns than

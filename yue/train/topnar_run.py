@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from yue.chat import ChatTemplate, find_chat_template
-from yue.jsonl import iter_jsonl
 from yue.decode.corpus import CorpusNgrams
+from yue.jsonl import iter_jsonl
 from yue.model.hf import NGRAMS_FILE, from_llama, is_nar_or_router, model_files
 from yue.model.mot import YueForCausalLM
 from yue.train.distill import load_llama

@@ -1,0 +1,175 @@
+"""Corpus drafts (decode/corpus.py): the n-gram table of a model's own answers, its file, and
+`verified` drafting from it while staying `ar`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import yue
+from tests.stubs import chain_stub
+from tests.test_loop import _chi2_pvalue, _random_stub
+from yue.cli import app
+from yue.config import DecodeConfig
+from yue.decode.corpus import CorpusNgrams, load_ngrams
+from yue.decode.costs import StepCosts
+from yue.decode.loop import decode
+from yue.errors import CheckpointError
+from yue.model.hf import NGRAMS_FILE, weight_files
+from yue.registry import ASSETS
+from yue.train.topnar import ChatSequences
+
+FLAT = StepCosts((1.0,) * 16, 0.0)
+
+
+def _table(**kw) -> CorpusNgrams:
+    # Prompt [9, 9] then answers: after (5, 6) came 7 three times and 8 once; (1, 2) -> 3 once only.
+    seqs = [([9, 9, 5, 6, 7, 1, 2, 3], 2), ([9, 9, 5, 6, 7], 2), ([9, 5, 6, 7], 1), ([9, 9, 5, 6, 8], 2)]
+    return CorpusNgrams.build(seqs, vocab_size=10, **kw)
+
+
+def test_build_keeps_the_most_frequent_continuation_where_it_repeats():
+    t = _table(min_count=2, min_share=0.5)
+    assert t.drafts([0, 5, 6], 1) == [7]  # 3 of 4
+    assert t.drafts([1, 2], 3) == []  # seen once: below min_count
+    assert _table(min_count=1, min_share=0.0).drafts([1, 2], 1) == [3]
+    assert _table(min_count=2, min_share=0.8).drafts([0, 5, 6], 1) == []  # 3/4 < 0.8
+    # Only answer tokens are predicted (from contexts that may reach into the prompt).
+    t = CorpusNgrams.build([([9, 9, 4, 5, 6], 4)], vocab_size=10, min_count=1, min_share=0.0)
+    assert t.drafts([9, 9], 1) == [] and t.drafts([4, 5], 1) == [6]
+
+
+def test_drafts_chain_through_the_longest_known_context():
+    # The answer 1 2 3 4 twice, and 7 2 5 twice: (2,) alone is ambiguous, (1, 2) and (7, 2) are not.
+    seqs = [([0, 1, 2, 3, 4], 1), ([0, 1, 2, 3, 4], 1), ([0, 7, 2, 5], 1), ([0, 7, 2, 5], 1)]
+    t = CorpusNgrams.build(seqs, vocab_size=10, min_order=1, max_order=3, min_count=2, min_share=0.0)
+    assert t.drafts([1, 2], 5) == [3, 4]  # chained: (1, 2) -> 3, then (1, 2, 3) -> 4, then nothing
+    assert t.drafts([8, 7, 2], 5) == [5]
+    assert t.drafts([2], 1) in ([3], [5])  # the unigram context: either continuation, once each
+
+
+def test_build_refuses_contexts_that_do_not_fit_a_key():
+    with pytest.raises(ValueError, match="fit at most 3"):
+        CorpusNgrams.build([([1, 2, 3], 0)], vocab_size=2**20, max_order=4)
+
+
+def test_save_and_load_round_trip_with_checks(tmp_path):
+    t = _table(min_count=1, min_share=0.0)
+    path = tmp_path / NGRAMS_FILE
+    t.save(path, source="test")
+    back = CorpusNgrams.load(path, vocab_size=10)
+    assert len(back) == len(t) and back.drafts([0, 5, 6], 3) == t.drafts([0, 5, 6], 3)
+    with pytest.raises(CheckpointError, match="vocabulary of 10, not 11"):
+        CorpusNgrams.load(path, vocab_size=11)
+    path.write_bytes(path.read_bytes()[:-5])  # truncated
+    with pytest.raises(CheckpointError, match="not a readable n-gram table"):
+        CorpusNgrams.load(path, vocab_size=10)
+
+
+def test_a_table_with_unsorted_keys_is_refused(tmp_path):
+    t = _table(min_count=1, min_share=0.0)
+    t.keys[0] = t.keys[0][::-1].copy()
+    t.save(tmp_path / NGRAMS_FILE)
+    with pytest.raises(CheckpointError, match="corrupt n-gram table"):
+        CorpusNgrams.load(tmp_path / NGRAMS_FILE, vocab_size=10)
+
+
+def _walk(V: int, n: int, start: int = 1) -> list[int]:
+    """chain_stub's greedy AR walk after `start`: t -> t + 1 (mod V - 1)."""
+    return [(start + i) % (V - 1) for i in range(1, n + 1)]
+
+
+def test_corpus_drafts_follow_the_models_answers_and_stay_exact():
+    """The NAR drafts never match and the context has no copies (prompt lookup off); a corpus of the
+    model's own walk makes most steps verify several tokens, no drafting pass; a corpus of junk is
+    rejected. Either way the output is `ar`'s."""
+    N, K, V = 60, 8, 12
+    cfg = DecodeConfig(
+        mode="verified",
+        max_new_tokens=N,
+        router_threshold=1.0,
+        block_size=K,
+        reeval_every=5,
+        prompt_lookup=False,
+    )
+    ar = _walk(V, N)
+    walk = CorpusNgrams.build([([0, *ar], 1)], V, min_count=1, min_share=0.0)
+    stub = chain_stub(V, K, slots_match=False)
+    out = [t for em in decode(stub, [[1]], cfg, costs=None, corpus=walk) for t in em.tokens[0]]
+    assert out == ar
+    assert stub.forwards - stub.draft_passes < N / 3 and stub.draft_passes < N / 8
+    g = np.random.default_rng(0)
+    junk = CorpusNgrams.build([([0, *g.integers(0, V - 1, 400).tolist()], 1)], V, min_count=1, min_share=0.0)
+    stub = chain_stub(V, K, slots_match=False)
+    assert [t for em in decode(stub, [[1]], cfg, costs=None, corpus=junk) for t in em.tokens[0]] == ar
+    off = chain_stub(V, K, slots_match=False)  # the same config without a corpus: a token a step
+    cfg_off = DecodeConfig(**{**cfg.__dict__, "corpus_drafts": False})
+    assert [t for em in decode(off, [[1]], cfg_off, costs=None, corpus=walk) for t in em.tokens[0]] == ar
+    assert off.forwards - off.draft_passes > N - 2
+
+
+def test_verified_sampling_with_corpus_drafts_matches_ar_distribution():
+    """Corpus drafts are certain proposals (q one-hot), as copies are: the speculative rule keeps the
+    distribution. Tokens 6-8, where a corpus over the 4 emitted tokens always has a draft."""
+    g = np.random.default_rng(1)
+    table = CorpusNgrams.build([([0, *g.integers(0, 4, 2000).tolist()], 1)], 5, min_count=1, min_share=0.0)
+
+    def joint(mode: str, seed: int) -> Counter:
+        cfg = DecodeConfig(
+            mode=mode, max_new_tokens=8, temperature=1.0, seed=seed, router_threshold=1.0, block_size=4,
+            reeval_every=5, prompt_lookup=False,
+        )  # fmt: skip
+        rows: list[list[int]] = [[] for _ in range(6000)]
+        for em in decode(_random_stub(0), [[1]] * 6000, cfg, costs=FLAT, corpus=table):
+            for r, t in zip(rows, em.tokens, strict=True):
+                r.extend(t)
+        return Counter(tuple(r[5:8]) for r in rows)
+
+    assert _chi2_pvalue(joint("ar", 1), joint("verified", 2)) > 1e-3
+
+
+def test_a_model_folder_table_is_loaded_and_never_read_as_weights(tiny_model_dir, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, folder)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    CorpusNgrams.build([([0, 1, 2, 3, 1, 2, 3], 1)], vocab, min_count=1).save(folder / NGRAMS_FILE)
+    assert NGRAMS_FILE not in [p.name for p in weight_files(folder)]
+    engine = yue.load(folder)
+    assert engine.corpus is not None and engine.corpus.drafts([1, 2], 1) == [3]
+    with pytest.raises(CheckpointError, match="vocabulary"):
+        load_ngrams(folder, vocab + 1)
+    (folder / NGRAMS_FILE).write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="n-gram table"):
+        yue.load(folder)
+    (folder / NGRAMS_FILE).unlink()
+    assert yue.load(folder).corpus is None
+
+
+def test_build_ngrams_command_writes_the_table_from_sequences(tiny_model_dir, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, folder)
+    seq = ChatSequences([[5, 1, 2, 3, 1, 2, 3], [5, 1, 2, 3, 1, 2, 3], [6, 1, 2, 3]], [1, 1, 1])
+    seq.save(tmp_path / "sequences.json")
+    result = CliRunner().invoke(
+        app,
+        ["build-ngrams", str(folder), "--sequences", str(tmp_path / "sequences.json"), "--min-count", "2"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "from 2 answers" in result.output  # the repeated prompt counts once
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    # (1, 2) -> 3 three times; (2, 3) -> 1 once (twice had the repeated prompt counted): pruned.
+    assert CorpusNgrams.load(folder / NGRAMS_FILE, vocab).drafts([0, 1, 2], 2) == [3]
+    missing = CliRunner().invoke(app, ["build-ngrams", str(tmp_path / "nope"), "--sequences", "x.json"])
+    assert missing.exit_code == 2 and "no config.json" in missing.output
+
+
+def test_shipped_yue_smol_table_matches_its_vocabulary():
+    """The table shipped beside yue-smol's NAR set reads back, for the model's vocabulary."""
+    config = json.loads((ASSETS / "yue-smol" / "config.json").read_text())
+    table = CorpusNgrams.load(ASSETS / "yue-smol" / NGRAMS_FILE, vocab_size=config["vocab_size"])
+    assert len(table) > 100_000 and table.bits == 16
