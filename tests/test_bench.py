@@ -376,9 +376,9 @@ def test_every_mode_and_peer_is_fed_the_same_templated_ids(
     seen: dict[str, list[list[int]]] = {"ours": [], "hf": []}
     real_decode, real_generate = yue.engine.decode, transformers.LlamaForCausalLM.generate
 
-    def decode(model, prompts, cfg, cancel=None, costs=None):
+    def decode(model, prompts, cfg, cancel=None, costs=None, corpus=None):
         seen["ours"] += [list(p) for p in prompts]
-        return real_decode(model, prompts, cfg, cancel, costs)
+        return real_decode(model, prompts, cfg, cancel, costs, corpus)
 
     def generate(self, input_ids, **kw):
         seen["hf"] += input_ids.tolist()
@@ -473,9 +473,9 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
     real_decode, real_hf = yue.engine.decode, transformers.LlamaForCausalLM.generate
     real_lc = llamacpp.LlamaCppRunner.generate
 
-    def decode(model, prompts, cfg, cancel=None, costs=None):
+    def decode(model, prompts, cfg, cancel=None, costs=None, corpus=None):
         seen["ours"] += [list(p) for p in prompts]
-        return real_decode(model, prompts, cfg, cancel, costs)
+        return real_decode(model, prompts, cfg, cancel, costs, corpus)
 
     def hf_generate(self, input_ids, **kw):
         seen["hf"] += input_ids.tolist()
