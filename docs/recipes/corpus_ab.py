@@ -48,5 +48,7 @@ for name, kw in variants.items():
     rate = tokens / seconds
     ar_rate = ar_rate or rate
     by_drafts = {d: round(step_ms[d] / steps[d], 1) for d in sorted(steps)}
-    print(f"{name:20s} {rate:6.2f} tok/s  {rate / ar_rate:.3f}x ar  {dict(counts)}  exact {exact}/{len(prompts)}")
+    print(
+        f"{name:20s} {rate:6.2f} tok/s  {rate / ar_rate:.3f}x ar  {dict(counts)}  exact {exact}/{len(prompts)}"
+    )
     print(f"{'':20s} mean step ms by drafts verified: {by_drafts}")
