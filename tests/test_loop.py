@@ -289,6 +289,21 @@ def test_copied_drafts_follow_a_repeating_answer_and_stay_exact():
     assert off.forwards - off.draft_passes > N - 2  # without copies: a token per step
 
 
+def test_hybrid_drafts_copies_too_and_labels_them_drafts():
+    """`hybrid` drafts copies from the context as `verified` does; its tolerance could keep a copy the
+    AR path did not choose, so kept copies are labelled as drafts ("nar"), never as the AR path's."""
+    N, K = 96, 8
+    ar = _run(chain_stub(12, K, False), DecodeConfig(mode="ar", max_new_tokens=N))
+    stub = chain_stub(V=12, K=K, slots_match=False)
+    cfg = DecodeConfig(mode="hybrid", max_new_tokens=N, router_threshold=0.3, block_size=K, reeval_every=5)
+    tokens, sources = [], []
+    for em in decode(stub, [[1]], cfg, costs=None):
+        tokens += em.tokens[0]
+        sources += em.sources[0]
+    assert tokens == ar  # the copies are the AR walk's own tokens
+    assert stub.forwards - stub.draft_passes < N / 3 and sources.count("nar") > N / 2
+
+
 def test_hybrid_sampling_at_tolerance_zero_matches_ar_and_is_lossy_above():
     """Sampled hybrid is speculative sampling plus the tolerance bound: at t = 0 it is exact in
     distribution; at t = 1 every draft is kept, which the same test detects."""
@@ -328,8 +343,7 @@ def test_hybrid_at_tolerance_zero_equals_verified_and_ar(trained, pieces, block_
     prompt = "".join(pieces)
     kw = dict(max_new_tokens=40, block_size=block_size, drafting=drafting)
     ar = trained.generate(prompt, mode="ar", max_new_tokens=40)
-    # (`verified`'s drafts copied from the context are its own: hybrid drafts only the NAR set's)
-    ver = trained.generate(prompt, mode="verified", router_threshold=1.0, prompt_lookup=False, **kw)
+    ver = trained.generate(prompt, mode="verified", router_threshold=1.0, **kw)
     hy = trained.generate(prompt, mode="hybrid", router_threshold=0.0, **kw)
     assert hy.token_ids == ver.token_ids == ar.token_ids
     assert (hy.stats.forwards, hy.stats.accepted) == (ver.stats.forwards, ver.stats.accepted)
@@ -393,8 +407,13 @@ def test_hybrid_keeps_a_draft_only_within_the_tolerance(drafting, tolerance, kep
     N, K = 40, 4
     ar = _run(_near_tie_stub(K=K), DecodeConfig(mode="ar", max_new_tokens=N))
     stub = _near_tie_stub(K=K)
-    cfg = DecodeConfig(
-        mode="hybrid", max_new_tokens=N, router_threshold=tolerance, block_size=K, drafting=drafting
+    cfg = DecodeConfig(  # the NAR set's drafts only (no copies from the context)
+        mode="hybrid",
+        max_new_tokens=N,
+        router_threshold=tolerance,
+        block_size=K,
+        drafting=drafting,
+        prompt_lookup=False,
     )
     tokens, sources = [], []
     for em in decode(stub, [[1]], cfg, costs=FLAT):

@@ -145,14 +145,14 @@ class DecodeConfig:
             CPU the bench runs on, separate is the faster for every mode (and the better drafts);
             on a GPU at batch 1, where a forward costs about the same whatever its rows, fused may
             be (not measured: no GPU was available).
-        prompt_lookup: `verified` with separate drafting: where the context's last few tokens occurred
-            before, draft the tokens that followed them (no forward) instead of running the NAR
-            drafting pass, when this request's record of such copies says they pay
-            (`decode/lookup.py`). The output is `ar`'s either way.
-        corpus_drafts: `verified` with separate drafting, a model that ships an n-gram table of its
-            own answers (`decode/corpus.py`): where the context has no copy, draft what followed the
-            context's last few tokens in that corpus (no forward), when this request's record of
-            such drafts says they pay. The output is `ar`'s either way.
+        prompt_lookup: `verified` / `hybrid` with separate drafting: where the context's last few
+            tokens occurred before, draft the tokens that followed them (no forward) instead of
+            running the NAR drafting pass, when this request's record of such copies says they pay
+            (`decode/lookup.py`). `verified`'s output is `ar`'s either way.
+        corpus_drafts: `verified` / `hybrid` with separate drafting, a model that ships an n-gram
+            table of its own answers (`decode/corpus.py`): where the context has no copy, draft what
+            followed the context's last few tokens in that corpus (no forward), when this request's
+            record of such drafts says they pay. `verified`'s output is `ar`'s either way.
         logprobs: report each generated token's log-probability under the AR path (raw log-softmax of
             its logits, before penalty and temperature) with this many top alternatives (0 = the
             token's own only); None = off. A token committed unverified (`nar`'s slots) has no AR

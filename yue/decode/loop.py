@@ -205,7 +205,7 @@ class DecodeBatch:
         fill = model.config.pad_token_id or 0
         prompt = torch.tensor([[fill] * p + r.prompt for p, r in zip(pad, rows, strict=True)])
         st = LoopState(self.key, [r.generator for r in rows], prompt.to(model.device), costs=self.costs)
-        if self.key.mode == "verified" and self.key.drafting == "separate":
+        if self.key.mode in ("verified", "hybrid") and self.key.drafting == "separate":
             st.corpus = self.corpus
             if self.key.prompt_lookup or st.corpus is not None:  # copies and corpus drafts read it
                 st.contexts = [NgramIndex(r.prompt) for r in rows]

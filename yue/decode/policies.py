@@ -92,9 +92,9 @@ class LoopState:
             `decode.costs`); None = `StepCosts.default`.
         probe: verified at threshold 1: the next block is drafted as far as a probe may cost
             (`probe_length`), whatever the record says (set when an AR stretch starts).
-        contexts: verified with prompt lookup: each row's context, indexed for copied drafts
+        contexts: verified / hybrid: each row's context, indexed for copied and corpus drafts
             (`decode/lookup.py`); None = no lookup.
-        corpus: verified: the model's n-gram table of its own answers, for corpus drafts where the
+        corpus: verified / hybrid: the model's n-gram table of its own answers, for corpus drafts where the
             context has no copy (`decode/corpus.py`); None = none.
         copy_record / corpus_record: the acceptance records of copied and corpus drafts (they cost no
             drafting pass, and each source fares otherwise than the NAR set's).
@@ -469,8 +469,10 @@ class VerifiedPolicy(Policy):
         W, fed = st.fed.shape[1], st.fed.tolist()
         rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
         emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
-        # Accepted copies are the AR path's tokens (it would have written them; no NAR set did).
-        sources = [["ar" if st.copied else "nar"] * n + ["ar"] for n in n_acc]
+        # Accepted copies are the AR path's tokens in `verified` (it would have written them; no NAR
+        # set did); `hybrid`'s tolerance may keep copies the AR path did not choose: drafts, as the NAR's.
+        copies_are_ar = st.copied is not None and self.tolerance(st) == 0
+        sources = [["ar" if copies_are_ar else "nar"] * n + ["ar"] for n in n_acc]
         keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
         adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
         adv.drafted, adv.accepted = list(st.n_drafts), n_acc
