@@ -173,3 +173,23 @@ def test_shipped_yue_smol_table_matches_its_vocabulary():
     config = json.loads((ASSETS / "yue-smol" / "config.json").read_text())
     table = CorpusNgrams.load(ASSETS / "yue-smol" / NGRAMS_FILE, vocab_size=config["vocab_size"])
     assert len(table) > 100_000 and table.bits == 16
+
+
+def test_batched_rows_draft_from_the_corpus_and_stay_exact(tiny_model_dir):
+    """A batch (the server's path: `Engine.decode_batch` under `generate` of a list) drafts from the
+    engine's table: built from the model's own answers, it saves forwards; the output stays `ar`'s."""
+    engine = yue.load(tiny_model_dir)
+    prompts = ["def alpha(x):\n", "class Point:\n"]
+    ar = [engine.generate(p, mode="ar", max_new_tokens=32) for p in prompts]
+    answers = [
+        (engine.encode(p) + r.token_ids, len(engine.encode(p))) for p, r in zip(prompts, ar, strict=True)
+    ]
+    engine.corpus = CorpusNgrams.build(answers, engine.model.config.vocab_size, min_count=1, min_share=0.0)
+    kw = dict(mode="verified", max_new_tokens=32, router_threshold=1.0, prompt_lookup=False)
+    with_corpus = engine.generate(prompts, **kw)
+    assert [r.token_ids for r in with_corpus] == [r.token_ids for r in ar]
+    engine.corpus = None
+    without = engine.generate(prompts, **kw)
+    assert [r.token_ids for r in without] == [r.token_ids for r in ar]
+    forwards = lambda runs: sum(r.stats.forwards - r.stats.draft_passes for r in runs)  # noqa: E731
+    assert forwards(with_corpus) < forwards(without)
