@@ -6,7 +6,7 @@ Design decisions:
   other prompts is a good guess of what follows it now. Retrieval drafting (REST, He et al. 2023;
   llama.cpp's static n-gram cache) over the answers its NAR set was trained on: no forward, like
   copies from the context (`decode/lookup.py`), and verified like any draft, so `verified` stays
-  exactly `ar`. It drafts where the context has no match: at the positions of yue-smol's `ar`
+  exactly `ar` (`hybrid` drafts from it too). It drafts where the context has no match: at the positions of yue-smol's `ar`
   answers to its 40 held-out chat prompts, 74% have a free draft with it against 36% with context
   copies alone, and a corpus draft there is accepted 0.90 tokens on average (the table's settings
   were chosen on the calibration split; model card).
@@ -38,7 +38,8 @@ class CorpusNgrams:
 
     Attributes:
         keys: per order n (index n - min_order), the packed contexts, sorted (uint64).
-        nexts: per order, the token that followed each context most often.
+        nexts: per order, the token that followed each context most often (uint16, or uint32 for a
+            vocabulary over 65,536).
         bits: bits per token in a packed context (16 for a vocabulary of at most 65,536).
         min_order / max_order: the shortest and longest context looked up.
         vocab_size: the tokenizer's vocabulary the ids belong to.
@@ -49,7 +50,7 @@ class CorpusNgrams:
     ) -> None:
         if len(keys) != len(nexts) or not keys:
             raise ValueError("keys and nexts: one array per order, at least one")
-        self.keys, self.nexts, self.bits = keys, [n.astype(np.int64) for n in nexts], bits
+        self.keys, self.nexts, self.bits = keys, nexts, bits
         self.min_order, self.max_order = min_order, min_order + len(keys) - 1
         self.vocab_size = vocab_size
 
@@ -113,7 +114,7 @@ class CorpusNgrams:
         tensors = {}
         for n, (k, t) in enumerate(zip(self.keys, self.nexts, strict=True), start=self.min_order):
             tensors[f"keys.{n}"] = k
-            tensors[f"next.{n}"] = t.astype(np.uint16 if self.bits == 16 else np.uint32)
+            tensors[f"next.{n}"] = t
         meta = {"bits": str(self.bits), "min_order": str(self.min_order), "vocab_size": str(self.vocab_size)}
         save_file(tensors, str(path), metadata=meta | metadata)
 

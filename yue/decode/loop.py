@@ -99,8 +99,8 @@ class DecodeBatch:
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
         max_prefill_tokens: prompt tokens (padding included) prefilled per step, at least one prompt;
             None = every queued prompt at the next step.
-        corpus: the model's n-gram table of its own answers, for `verified`'s corpus drafts
-            (`decode/corpus.py`); None = none.
+        corpus: the model's n-gram table of its own answers, for `verified`'s and `hybrid`'s corpus
+            drafts (`decode/corpus.py`); None = none.
     """
 
     def __init__(
@@ -351,7 +351,7 @@ def decode(
         cfg: a config already `resolved()` against the model's config.
         cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
-        corpus: the model's n-gram table for `verified`'s corpus drafts; None = none.
+        corpus: the model's n-gram table for `verified`'s and `hybrid`'s corpus drafts; None = none.
     Yields:
         One StepEmission per forward group, with B-long lists indexed by prompt (the prefill included).
     """

@@ -464,7 +464,7 @@ class VerifiedPolicy(Policy):
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, st.max_drafts + 1))
         if st.max_drafts:  # the record counts the rows' mean
-            record = st.copied or st.record
+            record = st.record if st.copied is None else st.copied
             record.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
         W, fed = st.fed.shape[1], st.fed.tolist()
         rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
