@@ -169,3 +169,25 @@ def test_a_cpu_without_native_bfloat16_is_reported_as_emulating_it(monkeypatch):
         getattr(torch.cpu, c, lambda: False)()
         for c in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     )
+
+
+@pytest.mark.parametrize("cpu, pad", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
+def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pay(monkeypatch, cpu, pad):
+    """Padding 2-3 rows to 4 is for speed only (faster with AVX512, slower with AVX2): the values are
+    the unpadded call's either way, and the choice is reported."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cpu)
+    kernels.reset()
+    try:
+        with kernels.forced() as choice:
+            assert choice.pad_float32_rows == pad
+            # In the line, and so in the step costs' cache key (`costs.cost_cache_key`).
+            assert ("(2-3 padded to 4)" if pad else "(unpadded)") in choice.describe()
+            if not choice.ok("onednn-f32"):
+                pytest.skip("no oneDNN float32 packing here")
+            linear = torch.nn.Linear(64, 48, bias=False)
+            module = RowAdaptiveLinear(linear)
+        assert module.pad == pad
+        x = torch.randn(1, 3, 64)
+        torch.testing.assert_close(module(x), linear(x).detach(), atol=1e-5, rtol=1e-5)
+    finally:
+        kernels.reset()

@@ -198,10 +198,24 @@ def test_record_survival_estimates_follow_what_was_accepted():
     for _ in range(8):
         rec.observe(drafted=3, accepted=1)  # draft 1 always held, draft 2 never
     s = rec.survival(4)
-    assert s[0] == 1.0 and s[1] == s[2] == pytest.approx(2 / 10) and s[3] <= s[2]
+    # Draft 2 was judged 8 times and never held; drafts 3-4, never judged, inherit draft 2's rate.
+    assert s[0] == 1.0 and s[1] == pytest.approx(2 / 10)
+    assert s[2] == pytest.approx((2 / 10) ** 2) and s[3] == pytest.approx((2 / 10) ** 3)
     rec.pending = 2.0
     rec.observe(drafted=3, accepted=0)  # the router expected 2 and none held
     assert rec.ratio == pytest.approx(2 / 4)
+    assert rec.reached[:2] == [9, 8] and rec.held[:2] == [8, 0]  # only draft 1 was judged
+
+
+def test_record_survival_decays_past_the_positions_it_has_seen():
+    """One step whose whole block failed at its first draft: the estimate of a long prefix falls
+    geometrically (each later draft inherits draft 1's rate), so a costly block is not drafted again
+    on the strength of the prior alone."""
+    rec = AcceptanceRecord()
+    rec.observe(drafted=8, accepted=0)
+    s = rec.survival(8)
+    assert s[0] == pytest.approx(2 / 3) and s[7] == pytest.approx((2 / 3) ** 8)
+    assert all(a >= b for a, b in zip(s, s[1:], strict=False))
 
 
 def _random_stub(seed: int, V: int = 5, K: int = 4) -> MarkovStub:

@@ -3,6 +3,8 @@ construction (a verifying row computes the bits a one-row AR step would); its ke
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -110,12 +112,15 @@ def assert_verified_equals_ar(model, seed: int, threshold: float) -> None:
     assert run("verified") == run("ar")
 
 
-def test_forced_fallback_runs_bfloat16_through_plain_linear():
-    with kernels.forced("onednn-bf16"):
+def test_forced_fallback_runs_bfloat16_through_plain_linear(caplog):
+    with kernels.forced("onednn-bf16"), caplog.at_level(logging.WARNING, logger="yue"):
         model = bf16_model()
+    assert "bfloat16 on this CPU runs through plain F.linear (forced off)" in caplog.text
     layer = model.model.layers[0]
     assert not layer.exact_rows and not isinstance(layer.decode_sets[0].qkv, PackedLinear)
     assert layer.self_attn.q_proj.weight.numel() > 0  # nothing released: plain F.linear reads it
+    # Row-major storage, not float32's input-major: F.linear over input-major bfloat16 is ~7x slower.
+    assert layer.decode_sets[0].qkv.weight.is_contiguous() and model.lm_head.weight.is_contiguous()
     assert model.new_cache(1, 8).k.dtype == torch.bfloat16
     cfg = DecodeConfig(mode="ar", max_new_tokens=6, ignore_eos=True).resolved(model.config)
     out = [t for em in decode(model, [[5, 6, 7]], cfg) for t in em.tokens[0]]

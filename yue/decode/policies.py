@@ -139,21 +139,29 @@ class AcceptanceRecord:
     pass; how many are depends on the text. yue-smol's drafts, trained on model-written answers,
     accept 1.01 per step on its calibration split but 0.29 on hand-written held-out chat, where
     drafting every block made `verified` 0.95x `ar`. So each verifying step is recorded:
-    - per draft position j, how often a step that verified j or more drafts accepted j or more
-      (`survival`: this request's own estimate, used when the router is not asked, threshold 1);
+    - per draft position j, how often draft j held where it was judged (verified, with drafts
+      1..j-1 held) (`survival`: this request's own estimate, used when the router is not asked,
+      threshold 1);
     - what the router expected of the drafts it chose against what was accepted (`ratio`: scales
       the router's predictions, which the drafting data's distribution calibrated, to this text).
     Both start from priors worth `PRIOR` steps (survival 1, ratio 1: draft), so a few bad steps are
     needed to stop drafting, and AR stretches end with a probe that refreshes the record.
 
+    Survival is a chain of per-position rates: c_j, the chance that draft j holds where drafts 1..j-1
+    did, is estimated from the steps that judged it, with a prior worth `PRIOR` steps whose mean is
+    c_{j-1} (1 for draft 1); P(drafts 1..j) = c_1 ... c_j. A position no step has judged yet so
+    inherits its predecessor's rate, and the estimate decays geometrically past the data: after one
+    step whose 8 drafts all failed at the first, P(1..8) reads 0.67^8 = 0.04, not 0.67, which on a
+    CPU whose verifying rows cost much (AVX2: 9 rows 2.3x one) would keep drafting whole blocks.
+
     Attributes:
-        tried / held: per draft position (index j - 1), steps that verified >= j drafts, and of those
-            the steps that accepted >= j (batch minimum).
+        reached / held: per draft position (index j - 1), steps that verified >= j drafts and accepted
+            >= j - 1 (so judged draft j), and of those the steps that accepted >= j (batch mean).
         predicted / accepted: the router's expected accepted drafts and the accepted ones, summed.
         pending: the router's expectation for the drafts now in flight (None: not the router's).
     """
 
-    tried: list[int] = field(default_factory=list)
+    reached: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     predicted: float = 0.0
     accepted: float = 0.0
@@ -167,19 +175,20 @@ class AcceptanceRecord:
 
     def survival(self, n: int) -> list[float]:
         """Estimated P(drafts 1..j all accepted) for j = 1..n, non-increasing."""
-        out, last = [], 1.0
+        out, rate, last = [], 1.0, 1.0
         for j in range(n):
-            tried, held = (self.tried[j], self.held[j]) if j < len(self.tried) else (0, 0)
-            last = min(last, (held + self.PRIOR) / (tried + self.PRIOR))
+            reached, held = (self.reached[j], self.held[j]) if j < len(self.reached) else (0, 0)
+            rate = (held + self.PRIOR * rate) / (reached + self.PRIOR)
+            last *= rate
             out.append(last)
         return out
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Fold in a verifying step that verified `drafted` drafts and accepted `accepted` of them."""
-        while len(self.tried) < drafted:
-            self.tried.append(0), self.held.append(0)
-        for j in range(drafted):
-            self.tried[j] += 1
+        while len(self.reached) < drafted:
+            self.reached.append(0), self.held.append(0)
+        for j in range(min(drafted, accepted + 1)):  # drafts 1..accepted + 1 were judged
+            self.reached[j] += 1
             self.held[j] += accepted > j
         if self.pending is not None:
             self.predicted += self.pending

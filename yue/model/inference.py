@@ -94,7 +94,8 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 # oneDNN's packed GEMM over 1-3 rows costs more than over 4 on SmolLM2's shapes (one thread, weights
 # streamed, AVX512: the MLP's gate/up 882 us for 2 rows, 639 for 3, 584 for 5; the head 11.0, 9.1,
-# 8.6 ms), so fewer rows are padded with zeros to this many; each row's values stay its own.
+# 8.6 ms), so fewer rows are padded with zeros to this many; each row's values stay its own. With AVX2
+# padding costs instead; float32, where it is only for speed, pads by `kernels.pad_float32_rows`.
 MIN_PACKED_ROWS = 4
 
 
@@ -117,6 +118,7 @@ class RowAdaptiveLinear(nn.Module):
         super().__init__()
         w = linear.weight.detach()
         self.weights = (w, kernels.pack_weight(w))
+        self.pad = kernels.choice().pad_float32_rows  # 2-3 rows padded to 4 where that is faster
 
     @property
     def weight(self) -> torch.Tensor:
@@ -127,7 +129,7 @@ class RowAdaptiveLinear(nn.Module):
         weight, packed = self.weights
         if x.numel() <= x.shape[-1]:  # one row (or none: a drafting pass has no AR rows)
             return F.linear(x, weight)
-        return packed_matmul(x, packed)
+        return packed_matmul(x, packed) if self.pad else kernels.packed_linear(x, packed)
 
 
 class PackedLinear(nn.Module):
@@ -302,7 +304,9 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
         ValueError: int8 requested for a module on a GPU, or where no int8 engine works (`kernels`).
     """
     if dtype != INT8:
-        return Lowered(copy.deepcopy(linear).to(dtype), dtype)
+        lowered = copy.deepcopy(linear).to(dtype)
+        lowered.weight = nn.Parameter(decode_storage(lowered.weight.detach()), requires_grad=False)
+        return Lowered(lowered, dtype)
     engine = kernels.int8_engine()
     if linear.weight.device.type != "cpu" or engine is None:
         raise ValueError(int8_unavailable())
@@ -363,8 +367,8 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
 
 
 def input_major(model: nn.Module) -> nn.Module:
-    """Store every float nn.Linear weight input-major, in place: same (out, in) shape and values, but
-    the storage is the transpose, (in, out) row-major.
+    """Store every float32 nn.Linear weight input-major, in place: same (out, in) shape and values, but
+    the storage is the transpose, (in, out) row-major (other dtypes stay row-major: `decode_storage`).
 
     `F.linear(x, W)` multiplies by W.t(); with this layout W.t() is contiguous and MKL's small-row GEMM
     streams it (one thread, weights not in cache: a 256x688 matmul over 1 row 95 -> 56 us, the 256x4096
@@ -380,7 +384,7 @@ def input_major(model: nn.Module) -> nn.Module:
         if isinstance(module, nn.Linear):
             w = module.weight
             if id(w) not in seen:
-                seen[id(w)] = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+                seen[id(w)] = nn.Parameter(decode_storage(w.detach()), requires_grad=False)
             module.weight = seen[id(w)]
             release_freed_memory()  # the replaced weight's pages, before the next copy adds to the peak
     for module in model.modules():
@@ -394,13 +398,22 @@ def input_major(model: nn.Module) -> nn.Module:
 SHARED_TABLE = 8 * 2**20
 
 
+def decode_storage(w: torch.Tensor) -> torch.Tensor:
+    """An (out, in) weight's decode-time copy: input-major storage for float32 (MKL's GEMV, above),
+    row-major for other dtypes. Input-major storage does not pay below float32: where oneDNN's packed
+    bfloat16 kernel is missing (a CPU without AVX512, `kernels`), F.linear over an input-major
+    bfloat16 weight takes a slow path (576x3072, one row, AVX2, one thread: 4.4 ms against 0.64 ms
+    row-major and 0.34 ms float32 input-major); where it is present the packed copy serves the matmul."""
+    return w.t().contiguous().t() if w.dtype == torch.float32 else w.contiguous()
+
+
 def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
     """One input-major nn.Linear computing `parts` side by side (outputs concatenated, in order);
     each part's weight becomes a view of the fused storage, so no weight is held twice."""
     out = sum(p.out_features for p in parts)
     fused = nn.Linear(parts[0].in_features, out, bias=False, device=parts[0].weight.device)
     w = torch.cat([p.weight.detach() for p in parts], dim=0).to(parts[0].weight.dtype)  # (out, in)
-    fused.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+    fused.weight = nn.Parameter(decode_storage(w), requires_grad=False)
     start = 0
     for p in parts:
         p.weight = nn.Parameter(fused.weight[start : start + p.out_features], requires_grad=False)
@@ -434,6 +447,13 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None, int4: bool =
             raise ValueError(f"the int4 precision needs {why}")
     if model.device.type == "cpu":
         logger.info("kernels: %s", kernels.describe())
+        if model.dtype == torch.bfloat16 and not kernels.packed_rows(torch.bfloat16):
+            logger.warning(
+                "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here "
+                "(SmolLM2 on an AVX2 CPU, one thread: a step 77 ms against 58, verifying rows 1.6-5.9x a "
+                "step); float32 or int4 run faster",
+                next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
+            )
     one_copy = streamed_weights(model)
     input_major(model)
     release_freed_memory()

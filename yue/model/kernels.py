@@ -82,6 +82,16 @@ class KernelChoice:
         return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
 
     @property
+    def pad_float32_rows(self) -> bool:
+        """Whether float32 packed matmuls over 2-3 rows are padded with zeros to 4
+        (`inference.packed_matmul`). Speed only (a float32 one-row step runs MKL, so no bits are kept
+        equal by it), and it depends on the vector width: with AVX512 oneDNN's 4-row kernel beats its
+        2- and 3-row ones (SmolLM2's gate/up: 882 us for 2 rows, 639 for 3, 584 for 5), with AVX2 it
+        does not (SmolLM2's 30 layers and head, one thread: 2 rows 56 ms unpadded against 73 padded,
+        3 rows 66 against 73). bfloat16 and int4 pad on every CPU: there padding keeps rows exact."""
+        return self.cpu.startswith("AVX512")
+
+    @property
     def bfloat16_rows(self) -> str:
         """Kernel for bfloat16 matmuls, every row count (`inference.PackedLinear`)."""
         return "onednn-packed" if self.ok("onednn-bf16") else "F.linear"
@@ -100,7 +110,8 @@ class KernelChoice:
         """One line for logs and bench headers: the choices, then each kernel left out and why."""
         line = (
             f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
-            f"float32 rows>1: {self.float32_rows}; bfloat16 rows: {self.bfloat16_rows}; "
+            f"float32 rows>1: {self.float32_rows} ({'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}); "
+            f"bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}; "
             f"int4 layers: {self.int4_rows or 'off (no int4 precision)'}"
         )
