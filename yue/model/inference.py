@@ -408,7 +408,7 @@ def decode_storage(w: torch.Tensor) -> torch.Tensor:
 
 
 def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
-    """One input-major nn.Linear computing `parts` side by side (outputs concatenated, in order);
+    """One nn.Linear in `decode_storage` computing `parts` side by side (outputs concatenated, in order);
     each part's weight becomes a view of the fused storage, so no weight is held twice."""
     out = sum(p.out_features for p in parts)
     fused = nn.Linear(parts[0].in_features, out, bias=False, device=parts[0].weight.device)

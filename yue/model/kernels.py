@@ -86,9 +86,9 @@ class KernelChoice:
         """Whether float32 packed matmuls over 2-3 rows are padded with zeros to 4
         (`inference.packed_matmul`). Speed only (a float32 one-row step runs MKL, so no bits are kept
         equal by it), and it depends on the vector width: with AVX512 oneDNN's 4-row kernel beats its
-        2- and 3-row ones (SmolLM2's gate/up: 882 us for 2 rows, 639 for 3, 584 for 5), with AVX2 it
-        does not (SmolLM2's 30 layers and head, one thread: 2 rows 56 ms unpadded against 73 padded,
-        3 rows 66 against 73). bfloat16 and int4 pad on every CPU: there padding keeps rows exact."""
+        2- and 3-row ones (figures at `inference.MIN_PACKED_ROWS`), with AVX2 it does not (SmolLM2's
+        30 layers and head, one thread: 2 rows 56 ms unpadded against 73 padded, 3 rows 66 against
+        73). bfloat16 and int4 pad on every CPU: there padding keeps rows exact."""
         return self.cpu.startswith("AVX512")
 
     @property
