@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from yue.config import YueConfig
-from yue.model import YueForCausalLM
+from yue.model import YueForCausalLM, kernels
 from yue.tokenizer import YueTokenizer
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a 2-core CI machine
@@ -115,3 +115,17 @@ def gguf_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("YUE_CACHE_DIR", str(cache))
     return cache
+
+
+@pytest.fixture
+def cpu_capability():
+    """Set the CPU capability torch reports ("AVX512", "AVX2", "DEFAULT"), the kernel choice re-probed
+    for it; both restored afterwards. Models prepared meanwhile keep the choices made for it."""
+    with pytest.MonkeyPatch.context() as patch:
+
+        def set_to(cpu: str) -> None:
+            patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cpu)
+            kernels.reset()
+
+        yield set_to
+    kernels.reset()

@@ -220,11 +220,15 @@ def test_sweep_and_batch_entries_follow_the_modes():
 
 
 @pytest.mark.slow
-def test_peak_memory_is_measured_in_a_process_of_its_own(tiny_model_dir):
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_peak_memory_is_measured_in_a_process_of_its_own(tiny_model_dir, low_memory):
     from yue.bench.memory import MemorySpec, measure
 
     engine = yue.load(tiny_model_dir)
-    spec = MemorySpec("verified", tiny_model_dir, None, "def f(x):", engine.encode("def f(x):"), 8, 1)
+    prompt = "def f(x):"
+    spec = MemorySpec(
+        "verified", tiny_model_dir, None, prompt, engine.encode(prompt), 8, 1, low_memory=low_memory
+    )
     mem = measure(spec)
     assert 0 < mem["base_rss_mb"] <= mem["peak_rss_mb"]
 

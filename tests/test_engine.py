@@ -157,11 +157,17 @@ def test_cli_generate_takes_drafting_options_and_names_bad_ones(trained_model_di
         "12",
     ]
     outs = []
-    for extra in (["--drafting", "fused"], ["--draft-dtype", "float32"], ["--draft-dtype", "bfloat16"]):
+    options = (
+        ["--drafting", "fused"],
+        ["--draft-dtype", "float32"],
+        ["--draft-dtype", "bfloat16"],
+        ["--low-memory"],
+    )
+    for extra in options:
         res = CliRunner().invoke(app, [*base, *extra])
         assert res.exit_code == 0, res.output
         outs.append(res.output)
-    assert len(set(outs)) == 1  # verified: the same text however it drafts
+    assert len(set(outs)) == 1  # verified: the same text however it drafts, with one weight copy or two
     for bad in (["--drafting", "lazy"], ["--draft-dtype", "int4"]):
         res = CliRunner().invoke(app, [*base, *bad])
         assert res.exit_code == 2 and bad[1] in res.output

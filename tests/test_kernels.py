@@ -172,22 +172,32 @@ def test_a_cpu_without_native_bfloat16_is_reported_as_emulating_it(monkeypatch):
 
 
 @pytest.mark.parametrize("cpu, pad", [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
-def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pay(monkeypatch, cpu, pad):
+def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pay(cpu_capability, cpu, pad):
     """Padding 2-3 rows to 4 is for speed only (faster with AVX512, slower with AVX2): the values are
     the unpadded call's either way, and the choice is reported."""
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cpu)
-    kernels.reset()
-    try:
-        with kernels.forced() as choice:
-            assert choice.pad_float32_rows == pad
-            # In the line, and so in the step costs' cache key (`costs.cost_cache_key`).
-            assert ("(2-3 padded to 4)" if pad else "(unpadded)") in choice.describe()
-            if not choice.ok("onednn-f32"):
-                pytest.skip("no oneDNN float32 packing here")
-            linear = torch.nn.Linear(64, 48, bias=False)
-            module = RowAdaptiveLinear(linear)
-        assert module.pad == pad
-        x = torch.randn(1, 3, 64)
-        torch.testing.assert_close(module(x), linear(x).detach(), atol=1e-5, rtol=1e-5)
-    finally:
-        kernels.reset()
+    cpu_capability(cpu)
+    with kernels.forced() as choice:
+        assert choice.pad_float32_rows == pad
+        # In the line, and so in the step costs' cache key (`costs.cost_cache_key`).
+        assert ("(2-3 padded to 4)" if pad else "(unpadded)") in choice.describe()
+        if not choice.ok("onednn-f32"):
+            pytest.skip("no oneDNN float32 packing here")
+        linear = torch.nn.Linear(64, 48, bias=False)
+        module = RowAdaptiveLinear(linear)
+    assert module.pad == pad
+    x = torch.randn(1, 3, 64)
+    torch.testing.assert_close(module(x), linear(x).detach(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cpu", ["AVX512", "AVX2", "DEFAULT"])
+def test_a_float32_weight_held_once_is_the_packed_copy_only_with_avx512(cpu_capability, cpu):
+    """With AVX2 oneDNN's one-row GEMM is ~1.4x MKL's GEMV, so a weight held once (`low_memory`, a large
+    model) stays input-major there; with AVX512 the packed copy, level over one row. Reported, so in
+    the step costs' cache key; without the packed kernel, F.linear everywhere."""
+    cpu_capability(cpu)
+    with kernels.forced() as choice:
+        expected = "onednn-packed" if cpu == "AVX512" and choice.ok("onednn-f32") else "F.linear"
+        assert choice.float32_one_copy == expected
+        assert f"one copy: {expected}" in choice.describe()
+    with kernels.forced("onednn-f32") as choice:
+        assert choice.float32_one_copy == "F.linear"

@@ -310,19 +310,36 @@ def test_unmapped_reader_reads_every_dtype_and_rejects_a_lying_header(tmp_path):
 @pytest.mark.skipif(
     not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
 )
-def test_a_large_float32_model_keeps_one_packed_copy_of_its_layers(trained_model_dir, monkeypatch, tmp_path):
-    """Above `ONE_COPY_BYTES` the AR layers hold their packed copy only (row-exact verifying rows, the
-    unpacked weights released); the head keeps both; logits and `ar` == `verified` hold as before."""
-    monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
-    prepared = load_model(trained_model_dir).prepare_for_decoding()
-    assert_layers_hold_only(prepared, PackedLinear)
-    assert isinstance(prepared.ar_head, RowAdaptiveLinear)
-    with pytest.raises(ValueError, match="load_unprepared"):  # its AR layers are gone but for the packing
-        export_ar(prepared, tmp_path)
+@pytest.mark.parametrize("cpu", ["AVX512", "AVX2"])
+@pytest.mark.parametrize("why", ["low_memory", "size"])
+def test_one_copy_of_each_float32_layer_weight_packed_with_avx512_else_input_major(
+    trained_model_dir, monkeypatch, cpu_capability, tmp_path, cpu, why
+):
+    """Loaded with `low_memory`, or with layers above `ONE_COPY_BYTES`, a float32 model holds each AR
+    layer weight once. AVX512: the packed copy (row-exact rows, the unpacked weights released), the
+    head keeping its input-major copy (the embedding table) beside its packed one. AVX2: the
+    input-major weight through plain F.linear, the head too. Logits and `ar` == `verified` hold."""
+    cpu_capability(cpu)
+    low_memory = why == "low_memory"
+    if not low_memory:
+        monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
+    prepared = load_model(trained_model_dir).prepare_for_decoding(low_memory=low_memory)
+    if cpu == "AVX512":
+        assert_layers_hold_only(prepared, PackedLinear)
+        assert isinstance(prepared.ar_head, RowAdaptiveLinear)
+        with pytest.raises(ValueError, match="load_unprepared"):  # its AR layers are gone but for the packing
+            export_ar(prepared, tmp_path)
+    else:
+        for layer in prepared.model.layers:
+            ar = layer.decode_sets[0]
+            assert not layer.exact_rows
+            assert all(type(m) is torch.nn.Linear for m in (ar.qkv, ar.gate_up, ar.shared[1], ar.shared[3]))
+            assert ar.qkv.weight.t().is_contiguous()  # input-major: MKL's GEMV for one row
+        assert prepared.ar_head is None  # AR rows take lm_head itself
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     assert torch.allclose(prepared(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-4)
-    engine = yue.load(trained_model_dir)
-    assert engine.model.model.layers[0].exact_rows
+    engine = yue.load(trained_model_dir, low_memory=low_memory)
+    assert engine.model.model.layers[0].exact_rows == (cpu == "AVX512")
     for prompt in ("def add(a, b):", "import os\n", "class Stack:"):
         ar = engine.generate(prompt, mode="ar", max_new_tokens=24, ignore_eos=True).token_ids
         assert engine.generate(prompt, mode="verified", max_new_tokens=24, ignore_eos=True).token_ids == ar

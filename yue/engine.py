@@ -375,6 +375,7 @@ def load(
     dtype: torch.dtype | str | None = None,
     nar_dtype: torch.dtype | str | None = "auto",
     adapter: str | Path | None = None,
+    low_memory: bool = False,
 ) -> Engine:
     """Load a model (default: `registry.DEFAULT_MODEL`) into an Engine.
 
@@ -396,6 +397,10 @@ def load(
             whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
         adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
             drafts applied (`model/adapters.py`); it must have been trained on this model.
+        low_memory: float32 on a CPU: hold each AR matmul's weight once, not twice (an input-major copy
+            for one-row steps and a packed one for verifying rows). yue-smol: ~0.4 GB less; `ar` and
+            `verified` stay exact against each other, but one of the two step kinds gets slower
+            (which, by CPU: `kernels.KernelChoice.float32_one_copy`; README, Portability).
     Raises:
         CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the
             file), or an adapter for another base model (`AdapterError`, naming the mismatch).
@@ -415,7 +420,9 @@ def load(
     dtype = resolve_dtype(dtype)
     model, tokenizer, files = load_unprepared(path, device, dtype)
     model = apply_adapter(model, adapter)
-    model.prepare_for_decoding(drafting if model.config.nar_layers != 0 else None, int4=int4)
+    model.prepare_for_decoding(
+        drafting if model.config.nar_layers != 0 else None, int4=int4, low_memory=low_memory
+    )
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
     corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
     return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)

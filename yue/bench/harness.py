@@ -76,6 +76,7 @@ class BenchConfig:
             quantizes); llama.cpp runs the GGUF's own. Below float32, every set also gets
             a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
             and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
+        low_memory: ours hold each float32 layer weight once (`yue.load(low_memory=True)`).
     """
 
     model: str | None = None
@@ -94,6 +95,7 @@ class BenchConfig:
     device: str = "cpu"
     cost_curve: bool = True
     dtype: str = "float32"
+    low_memory: bool = False
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in ALL_MODES]
@@ -303,7 +305,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.threads)
-    engine = yue.load(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    engine = yue.load(cfg.model, device=cfg.device, dtype=cfg.dtype, low_memory=cfg.low_memory)
     # Below float32: a float32 engine is the reference the precision's outputs are scored against.
     reference = (
         engine if cfg.dtype == "float32" else yue.load(cfg.model, device=cfg.device, dtype=torch.float32)
@@ -342,6 +344,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
         "threads": str(cfg.threads),
         "device": cfg.device,
         "dtype": f"{cfg.dtype} (ours), {str(cfg.torch_dtype).removeprefix('torch.')} (hf peers)",
+        "low_memory": str(cfg.low_memory).lower(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "repeats": str(cfg.repeats),
@@ -443,6 +446,7 @@ def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
             cfg.threads,
             gguf=gguf,
             dtype=cfg.dtype,
+            low_memory=cfg.low_memory,
         )
         out[e.name] = measure(spec)
     return out

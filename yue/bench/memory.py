@@ -36,6 +36,7 @@ class MemorySpec:
         router_threshold: for ours; None = the model's default.
         gguf: the GGUF file (llamacpp-greedy).
         dtype: ours and the hf peers' precision ("float32", "bfloat16").
+        low_memory: ours hold each float32 layer weight once (`yue.load`).
     """
 
     mode: str
@@ -48,6 +49,7 @@ class MemorySpec:
     router_threshold: float | None = None
     gguf: str | None = None
     dtype: str = "float32"
+    low_memory: bool = False
 
 
 def _status_kb(field: str) -> float | None:
@@ -113,7 +115,7 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
             **kw,
         )
     else:
-        engine = yue.load(spec.model, dtype=spec.dtype)
+        engine = yue.load(spec.model, dtype=spec.dtype, low_memory=spec.low_memory)
         engine.generate(
             spec.prompt,
             mode=spec.mode,

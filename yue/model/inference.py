@@ -21,8 +21,8 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
 - Kernels by row count (`RowAdaptiveLinear`): float matmuls over two or more rows (a verifying step's
   k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
   8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
-  A model whose float32 layers exceed 1 GiB keeps the packed copy only (`streamed_weights`): there
-  memory counts more than MKL's one-row speed.
+  A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one copy
+  (`streamed_weights`; which one, `kernels`): there memory counts more than speed.
 
 The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
 and the head hold one oneDNN-packed bfloat16 copy (`PackedLinear`; MKL has no fast bfloat16 GEMV),
@@ -253,33 +253,40 @@ class Int8Linear(nn.Module):
 def row_adaptive(linear: nn.Module, one_copy: bool = False) -> nn.Module:
     """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU, of
     a dtype whose packed kernel `kernels.packed_rows` found working here), else `linear` itself (plain
-    F.linear): `PackedLinear` for bfloat16, and for float32 with `one_copy` (`streamed_weights`);
-    otherwise `RowAdaptiveLinear` (float32: MKL's GEMV for one row, a packed copy for more)."""
+    F.linear): `PackedLinear` for bfloat16; for float32 `RowAdaptiveLinear` (MKL's GEMV for one row, a
+    packed copy for more), or with `one_copy` (`streamed_weights`, `low_memory`) the one kernel
+    `kernels` chose for a weight held once: `PackedLinear`, or `linear` itself on its input-major
+    weight."""
     if not (cpu_matmul(linear) and kernels.packed_rows(linear.weight.dtype)):
         return linear
-    if linear.weight.dtype == torch.bfloat16 or one_copy:
+    if linear.weight.dtype == torch.bfloat16:
         return PackedLinear(linear)
+    if one_copy:
+        return PackedLinear(linear) if kernels.choice().float32_one_copy == "onednn-packed" else linear
     return RowAdaptiveLinear(linear)
 
 
-# Float32 AR layer weights above this many bytes are held once, packed (`streamed_weights`).
+# Float32 AR layer weights above this many bytes are held once (`streamed_weights`).
 ONE_COPY_BYTES = 2**30
 
 
 def streamed_weights(model) -> bool:
-    """Whether a float32 model's AR layers keep only their oneDNN-packed copy (`PackedLinear`, as in
-    bfloat16), not MKL's input-major one beside it: where they exceed `ONE_COPY_BYTES` (1 GiB, ~270M
-    parameters), for a model whose second copy would cost more memory than its speed is worth.
+    """Whether a float32 model's AR layers keep one copy of each weight, not two (MKL's input-major one
+    and oneDNN's packed one, `RowAdaptiveLinear`): where they exceed `ONE_COPY_BYTES` (1 GiB, ~270M
+    parameters), for a model whose second copy would cost more memory than its speed is worth. Which
+    copy is `kernels.choice().float32_one_copy`: the packed one with AVX512 (`PackedLinear`, as in
+    bfloat16), the input-major one elsewhere. A smaller model holds one copy when loaded with
+    `low_memory` (`prepare_for_decoding`).
 
     The second copy buys one-row speed: the packed kernel over one row (padded to 4) is slower than
     MKL's GEMV in the model, though level out of it (SmolLM2's bare matmuls 37.4 vs 38.0 ms). Measured
-    on SmolLM2 (425 MB of layers, below the bound), one `yue bench` run each, held-out, against
-    transformers: one copy 1.30x its peak memory (1.2 GB), `ar` 1.38x and `verified` 1.62x its
-    tokens/s; two copies 1.75x (1.6 GB), 1.48x and 1.76x. Its bfloat16 and int4 precisions hold one
+    on SmolLM2 (425 MB of layers, below the bound) with AVX512, one `yue bench` run each, held-out,
+    against transformers: one packed copy 1.30x its peak memory (1.2 GB), `ar` 1.38x and `verified`
+    1.62x its tokens/s; two copies 1.75x (1.6 GB), 1.48x and 1.76x. Its bfloat16 and int4 precisions hold one
     copy already (0.72x, 1.19x memory). A small model keeps both copies for the same reason, more so:
     its step is per-call overhead (yue-code-mini's 4 layers and head over one row, 0.55 ms through MKL
-    against 1.35 ms packed). The head keeps both at any size: its input-major copy is the embedding
-    table too (`input_major`), so only the packed copy is extra.
+    against 1.35 ms packed). Where the one copy is the packed one the head keeps both: its input-major
+    copy is the embedding table too (`input_major`), so only the packed copy is extra.
     """
     layers = model.model.layers
     ar_bytes = sum(
@@ -421,7 +428,9 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def prepare_for_decoding(model, drafting_dtype: torch.dtype | None, int4: bool = False) -> None:
+def prepare_for_decoding(
+    model, drafting_dtype: torch.dtype | None, int4: bool = False, low_memory: bool = False
+) -> None:
     """Ready a YueForCausalLM for fast decoding, in place (inference only; see the module docstring).
 
     - Every matmul weight input-major (`input_major`).
@@ -435,6 +444,10 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None, int4: bool =
       `verified` output is the same whatever the drafting precision.
     - With `int4` (the int4 precision, a float32 model on the CPU): the AR layers' matmuls in 4 bits
       (`Int4Linear`), the head for AR rows in bfloat16 (`bf16_packed`), both row-exact.
+    - With `low_memory`, a float32 model's AR matmuls hold one copy whatever their size, as a large
+      model's do (`streamed_weights`): `kernels.choice().float32_one_copy`, the packed copy (AVX512;
+      the head then keeps its input-major copy too, the embedding table) or the input-major weight
+      alone (elsewhere; verifying rows then cost more, and the step costs steer drafting by them).
 
     Raises:
         ValueError: `int4` where the model is not float32 on the CPU, or the kernel does not run here.
@@ -454,7 +467,7 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None, int4: bool =
                 "step); float32 or int4 run faster",
                 next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
             )
-    one_copy = streamed_weights(model)
+    one_copy = low_memory or streamed_weights(model)
     input_major(model)
     release_freed_memory()
     for layer in model.model.layers:
@@ -481,7 +494,10 @@ def prepare_for_decoding(model, drafting_dtype: torch.dtype | None, int4: bool =
         if layer.exact_rows:
             release_unpacked(layer)
         release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
-    head = bf16_packed(model.lm_head) if int4 else row_adaptive(model.lm_head)  # see `streamed_weights`
+    # One copy of the head only where it is the input-major one, which the embedding table shares
+    # (`input_major`); a packed copy would be a second (`streamed_weights`).
+    head_once = one_copy and kernels.choice().float32_one_copy == "F.linear"
+    head = bf16_packed(model.lm_head) if int4 else row_adaptive(model.lm_head, head_once)
     model.ar_head = head if head is not model.lm_head else None
     if model.model.layers[0].exact_rows:
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call

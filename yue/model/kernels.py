@@ -92,6 +92,17 @@ class KernelChoice:
         return self.cpu.startswith("AVX512")
 
     @property
+    def float32_one_copy(self) -> str:
+        """Kernel for a float32 matmul whose weight is held once, not twice (`inference.row_adaptive`:
+        `yue.load(low_memory=True)`, or a large model, `inference.streamed_weights`): oneDNN's packed
+        copy with AVX512, where its one row (padded to 4) is level with MKL's GEMV (SmolLM2's bare
+        matmuls 38.0 against 37.4 ms) and its verifying rows far cheaper; elsewhere the input-major
+        weight through F.linear (MKL's GEMV), since with AVX2 the packed kernel's one row costs 1.44x
+        it (SmolLM2's 30 layers and head, one thread: 65.2 against 45.2 ms), which every `ar` step
+        would pay."""
+        return "onednn-packed" if self.ok("onednn-f32") and self.cpu.startswith("AVX512") else "F.linear"
+
+    @property
     def bfloat16_rows(self) -> str:
         """Kernel for bfloat16 matmuls, every row count (`inference.PackedLinear`)."""
         return "onednn-packed" if self.ok("onednn-bf16") else "F.linear"
@@ -110,7 +121,8 @@ class KernelChoice:
         """One line for logs and bench headers: the choices, then each kernel left out and why."""
         line = (
             f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
-            f"float32 rows>1: {self.float32_rows} ({'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}); "
+            f"float32 rows>1: {self.float32_rows} ({'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}), "
+            f"one copy: {self.float32_one_copy}; "
             f"bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}; "
             f"int4 layers: {self.int4_rows or 'off (no int4 precision)'}"

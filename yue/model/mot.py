@@ -231,7 +231,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def prepare_for_decoding(
-        self, drafting_dtype: torch.dtype | None = None, int4: bool = False
+        self, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
     ) -> YueForCausalLM:
         """Ready the model for fast decoding, in place: matmul weights input-major, fused Q/K/V and
         gate/up, and optionally drafting in a lower precision (`drafting_dtype`: torch.qint8 on a CPU,
@@ -239,11 +239,13 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
 
         The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts
         (and what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its
-        own: the AR layers in 4 bits, the head in bfloat16 (`inference.Int4Linear`). See `inference.py`
-        for why and the measured gains. Inference only: a prepared model cannot be saved; save it before
+        own: the AR layers in 4 bits, the head in bfloat16 (`inference.Int4Linear`). `low_memory`: a
+        float32 model's AR matmuls hold one copy of their weights, not two (slower verifying rows or
+        one-row steps, by CPU; `inference.prepare_for_decoding`). See `inference.py` for why and the
+        measured gains. Inference only: a prepared model cannot be saved; save it before
         preparing it.
         """
-        prepare_for_decoding(self, drafting_dtype, int4)
+        prepare_for_decoding(self, drafting_dtype, int4, low_memory)
         return self
 
     @property
