@@ -1,0 +1,51 @@
+"""One weight copy against two in one process: `ar` and `verified` with float32 AR matmuls held twice
+(the default) and once (`yue.load(low_memory=True)`), interleaved per prompt
+so that both see the same machine load (a development script, not part of the package).
+
+    python docs/recipes/low_memory_ab.py chat_calibration 8 [max_new_tokens]
+
+Prints tokens/s per variant, its ratio to two-copy `ar`, accepted drafts per verifying step, how many
+outputs equal two-copy `ar`'s, and the chosen kernels. Each engine measures its own cost curve first.
+"""
+
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import yue
+from yue.model import kernels
+
+torch.set_num_threads(1)
+split, n = sys.argv[1], int(sys.argv[2])
+new_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+engines = {"two copies": yue.load(low_memory=False), "one copy": yue.load(low_memory=True)}
+print(kernels.choice().describe())
+lines = (Path(yue.__file__).parent / "assets" / f"{split}.jsonl").read_text().splitlines()
+prompts = [engines["one copy"].chat_prompt(json.loads(line)["messages"]) for line in lines][:n]
+for engine in engines.values():
+    engine.generate(prompts[0], mode="verified", max_new_tokens=8)  # warm-up, and the step costs
+variants = [(f"{mode}, {copies}", copies, mode) for mode in ("ar", "verified") for copies in engines]
+seconds, tokens = collections.Counter(), collections.Counter()
+exact, accepted, verifying = collections.Counter(), collections.Counter(), collections.Counter()
+for prompt in prompts:
+    reference = None
+    for name, copies, mode in variants:
+        t0 = time.perf_counter()
+        r = engines[copies].generate(prompt, mode=mode, max_new_tokens=new_tokens)
+        seconds[name] += time.perf_counter() - t0
+        tokens[name] += len(r.token_ids)
+        reference = reference or r.token_ids
+        exact[name] += r.token_ids == reference
+        accepted[name] += r.stats.accepted
+        verifying[name] += r.stats.forwards
+base = tokens[variants[0][0]] / seconds[variants[0][0]]
+for name, _, _ in variants:
+    rate = tokens[name] / seconds[name]
+    print(
+        f"{name:22s} {rate:6.2f} tok/s  {rate / base:.3f}x two-copy ar  "
+        f"accepted/forward {accepted[name] / max(verifying[name], 1):.2f}  exact {exact[name]}/{len(prompts)}"
+    )
