@@ -533,6 +533,34 @@ def test_llamacpp_runner_stops_at_eos_or_the_budget_and_reuses_nothing_across_ca
     assert again.rows[0][1] == tokens
 
 
+@pytest.mark.parametrize("child, works", [("pass", True), ("import ctypes; ctypes.string_at(0)", False)])
+def test_llamacpp_extra_buffers_are_judged_by_a_child_surviving_a_batch(tmp_path, monkeypatch, child, works):
+    """Where llama.cpp's extra CPU buffer types crash (a segfault: AMX with a Q4_1 file, llama-cpp-python
+    0.3.36), the probe's child dies, not the bench, and the peer is loaded without them."""
+    monkeypatch.delenv(llamacpp.EXTRA_BUFFERS_ENV, raising=False)
+    monkeypatch.setattr(llamacpp, "PROBE", child)
+    assert llamacpp.extra_buffers_work(tmp_path / "m.gguf") is works
+
+
+@needs_llama_cpp
+def test_llamacpp_peer_without_extra_buffers_writes_the_same_tokens_and_says_so(
+    f32_gguf, gguf_cache, monkeypatch
+):
+    import llama_cpp.llama_cpp as lib
+
+    engine = yue.load(str(f32_gguf))
+    p = Prompt("The sea", None, engine.encode("The sea"))
+    tokens = {}
+    for forced in ("1", "0"):  # the fallback forced, as on a machine where the probe's child dies
+        monkeypatch.setenv(llamacpp.EXTRA_BUFFERS_ENV, forced)
+        llm = llamacpp.load(f32_gguf, 128, threads=1)
+        assert llm.yue_extra_buffers is (forced == "1")
+        assert ("extra CPU buffer types off" in llamacpp.precision(llm, f32_gguf)) is (forced == "0")
+        tokens[forced] = llamacpp.LlamaCppRunner(llm, engine.tokenizer, set(), 12)([(0, p)]).rows[0][1]
+    assert len(tokens["1"]) == 12 and tokens["0"] == tokens["1"]
+    assert lib.llama_model_default_params().use_extra_bufts  # llama.cpp's defaults are restored
+
+
 @needs_llama_cpp
 @pytest.mark.slow
 def test_llamacpp_peak_memory_is_measured_in_a_process_of_its_own(f32_gguf):

@@ -14,18 +14,35 @@ Design decisions:
   (the forward whose token is EOS counts, EOS itself does not), as the transformers peers count.
 - It runs only where the model has a GGUF source and `llama_cpp` imports; otherwise `unavailable`
   gives the one-line reason the report prints instead.
+- llama.cpp's extra CPU buffer types (AMX tiles, repacked weights) are probed before the peer loads
+  (`extra_buffers_work`): llama-cpp-python 0.3.36 built on a Xeon with AMX segfaults on yue-smol's
+  Q4_1 file for any batch of 2+ tokens (a prompt), taking the bench process with it. The probe runs
+  one 2-token decode in a child process; where it dies, the peer loads with
+  `use_extra_bufts = False` (44 tok/s there, one thread) and the report's settings say so.
+  `YUE_LLAMACPP_EXTRA_BUFFERS=0/1` skips the probe and forces either.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from yue.bench.runners import Prompt, Sample
 
 NAME = "llamacpp-greedy"
 INSTALL = "pip install 'yue[llamacpp]' (llama-cpp-python builds from source: ~9 min on 2 cores)"
+EXTRA_BUFFERS_ENV = "YUE_LLAMACPP_EXTRA_BUFFERS"
+# The probe's child: load the file with llama.cpp's defaults and decode a 2-token batch (argv: path).
+PROBE = (
+    "import sys, llama_cpp; "
+    "m = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=16, n_threads=1, n_gpu_layers=0, verbose=False); "
+    "m.eval([0, 0])"
+)
 
 
 def gguf_source(model: str | None) -> tuple[Path | None, str]:
@@ -62,20 +79,57 @@ def unavailable(model: str | None) -> str | None:
     return None
 
 
+def extra_buffers_work(path: str | Path) -> bool:
+    """Whether llama.cpp survives a multi-token batch on the GGUF at `path` with its extra CPU buffer
+    types on (its default), tried in a child process, since where they fail it segfaults (module
+    docstring). `YUE_LLAMACPP_EXTRA_BUFFERS` ("0" or "1") answers instead of the probe."""
+    forced = os.environ.get(EXTRA_BUFFERS_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    child = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, timeout=300)
+    return child.returncode == 0
+
+
+@contextmanager
+def _extra_buffers_off():
+    """`Llama.__init__` takes its model parameters from `llama_model_default_params()` and has no
+    argument for `use_extra_bufts`: while a Llama is built here, the defaults come with it off."""
+    import llama_cpp.llama_cpp as lib
+
+    defaults = lib.llama_model_default_params
+
+    def without_extra_buffers():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = without_extra_buffers
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = defaults
+
+
 def load(path: str | Path, n_ctx: int, threads: int):
-    """A `llama_cpp.Llama` on the GGUF at `path`: CPU, `threads` for decode and prefill, quiet."""
+    """A `llama_cpp.Llama` on the GGUF at `path`: CPU, `threads` for decode and prefill, quiet; its
+    extra CPU buffer types off where they crash here (`extra_buffers_work`). The Llama carries
+    `yue_extra_buffers` (bool) for the report."""
     from llama_cpp import Llama
 
-    return Llama(
-        model_path=str(path),
-        n_ctx=n_ctx,
-        n_batch=min(512, n_ctx),
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_gpu_layers=0,
-        logits_all=False,
-        verbose=False,
-    )
+    extra = extra_buffers_work(path)
+    with nullcontext() if extra else _extra_buffers_off():
+        llm = Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_batch=min(512, n_ctx),
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=0,
+            logits_all=False,
+            verbose=False,
+        )
+    llm.yue_extra_buffers = extra
+    return llm
 
 
 def precision(llm, path: str | Path) -> str:
@@ -89,7 +143,8 @@ def precision(llm, path: str | Path) -> str:
         kind = f"file type {ftype}"
     import llama_cpp
 
-    return f"{Path(path).name} ({kind} weights, llama.cpp kernels; llama-cpp-python {llama_cpp.__version__})"
+    off = "" if getattr(llm, "yue_extra_buffers", True) else "; extra CPU buffer types off: they crash here"
+    return f"{Path(path).name} ({kind} weights, llama.cpp kernels{off}; llama-cpp-python {llama_cpp.__version__})"
 
 
 class LlamaCppRunner:
