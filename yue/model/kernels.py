@@ -99,7 +99,9 @@ class KernelChoice:
         matmuls 38.0 against 37.4 ms) and its verifying rows far cheaper; elsewhere the input-major
         weight through F.linear (MKL's GEMV), since with AVX2 the packed kernel's one row costs 1.44x
         it (SmolLM2's 30 layers and head, one thread: 65.2 against 45.2 ms), which every `ar` step
-        would pay."""
+        would pay. The vector width is a proxy: on an Intel Xeon with AVX512 and AMX the packed copy's
+        one-row step was 1.35x the two-copy one (90.0 against 66.8 ms, README), so there this rule
+        costs `ar` speed; a timed choice would fit both and is not built."""
         return "onednn-packed" if self.ok("onednn-f32") and self.cpu.startswith("AVX512") else "F.linear"
 
     @property
