@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 import torch
 
+from yue.bench.metrics import percentile
 from yue.bench.prompts import CODE_TEST
 from yue.jsonl import iter_jsonl
 
@@ -69,11 +70,6 @@ class ServeBench:
                     "ttft_p95": round(o.ttft_p95_ms / lv.ttft_p95_ms, 3),
                 }
         return out
-
-
-def _percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def _complete(
@@ -182,8 +178,8 @@ def bench_serve(
                     tokens,
                     round(wall, 3),
                     round(tokens / wall, 1),
-                    round(_percentile(ttfts, 0.5), 1),
-                    round(_percentile(ttfts, 0.95), 1),
+                    round(percentile(ttfts, 50), 1),
+                    round(percentile(ttfts, 95), 1),
                     sum(r[2] for r in rows),
                 )
                 log(json.dumps(asdict(level)))
