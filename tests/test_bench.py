@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -533,12 +534,20 @@ def test_llamacpp_runner_stops_at_eos_or_the_budget_and_reuses_nothing_across_ca
     assert again.rows[0][1] == tokens
 
 
-@pytest.mark.parametrize("child, works", [("pass", True), ("import ctypes; ctypes.string_at(0)", False)])
+@pytest.mark.parametrize(
+    "child, works", [("pass", True), ("import ctypes; ctypes.string_at(0)", False), ("hang", False)]
+)
 def test_llamacpp_extra_buffers_are_judged_by_a_child_surviving_a_batch(tmp_path, monkeypatch, child, works):
     """Where llama.cpp's extra CPU buffer types crash (a segfault: AMX with a Q4_1 file, llama-cpp-python
     0.3.36), the probe's child dies, not the bench, and the peer is loaded without them."""
     monkeypatch.delenv(llamacpp.EXTRA_BUFFERS_ENV, raising=False)
     monkeypatch.setattr(llamacpp, "PROBE", child)
+    if child == "hang":  # the child outlives its time limit
+
+        def hung(cmd, **kwargs):
+            raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+        monkeypatch.setattr(llamacpp.subprocess, "run", hung)
     assert llamacpp.extra_buffers_work(tmp_path / "m.gguf") is works
 
 

@@ -86,7 +86,10 @@ def extra_buffers_work(path: str | Path) -> bool:
     forced = os.environ.get(EXTRA_BUFFERS_ENV)
     if forced in ("0", "1"):
         return forced == "1"
-    child = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, timeout=300)
+    try:
+        child = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:  # a hung child counts as a failed one
+        return False
     return child.returncode == 0
 
 
