@@ -1,11 +1,11 @@
 """One weight copy against two in one process: `ar` and `verified` with float32 AR matmuls held twice
-(the default) and once (`yue.load(low_memory=True)`), interleaved per prompt
-so that both see the same machine load (a development script, not part of the package).
+(the default) and once (`yue.load(low_memory=True)`), interleaved per prompt so that both see the
+same machine load (a development script, not part of the package).
 
     python docs/recipes/low_memory_ab.py chat_calibration 8 [max_new_tokens]
 
-Prints tokens/s per variant, its ratio to two-copy `ar`, accepted drafts per verifying step, how many
-outputs equal two-copy `ar`'s, and the chosen kernels. Each engine measures its own cost curve first.
+Prints tokens/s per variant, its ratio to two-copy `ar`, accepted drafts per forward (drafting passes
+and the prefill counted), how many outputs equal two-copy `ar`'s, and the chosen kernels. Each engine measures its own cost curve first.
 """
 
 import collections
@@ -30,7 +30,7 @@ for engine in engines.values():
     engine.generate(prompts[0], mode="verified", max_new_tokens=8)  # warm-up, and the step costs
 variants = [(f"{mode}, {copies}", copies, mode) for mode in ("ar", "verified") for copies in engines]
 seconds, tokens = collections.Counter(), collections.Counter()
-exact, accepted, verifying = collections.Counter(), collections.Counter(), collections.Counter()
+exact, accepted, forwards = collections.Counter(), collections.Counter(), collections.Counter()
 for prompt in prompts:
     reference = None
     for name, copies, mode in variants:
@@ -41,11 +41,11 @@ for prompt in prompts:
         reference = reference or r.token_ids
         exact[name] += r.token_ids == reference
         accepted[name] += r.stats.accepted
-        verifying[name] += r.stats.forwards
+        forwards[name] += r.stats.forwards
 base = tokens[variants[0][0]] / seconds[variants[0][0]]
 for name, _, _ in variants:
     rate = tokens[name] / seconds[name]
     print(
         f"{name:22s} {rate:6.2f} tok/s  {rate / base:.3f}x two-copy ar  "
-        f"accepted/forward {accepted[name] / max(verifying[name], 1):.2f}  exact {exact[name]}/{len(prompts)}"
+        f"accepted/forward {accepted[name] / max(forwards[name], 1):.2f}  exact {exact[name]}/{len(prompts)}"
     )

@@ -445,6 +445,7 @@ def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
             cfg.max_new_tokens,
             cfg.threads,
             gguf=gguf,
+            llamacpp_extra_buffers=llamacpp.extra_buffers_work(gguf) if e.mode == llamacpp.NAME else None,
             dtype=cfg.dtype,
             low_memory=cfg.low_memory,
         )

@@ -24,6 +24,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -86,8 +87,13 @@ def extra_buffers_work(path: str | Path) -> bool:
     forced = os.environ.get(EXTRA_BUFFERS_ENV)
     if forced in ("0", "1"):
         return forced == "1"
+    return _child_survives(str(path))
+
+
+@functools.cache  # once per file and process: the bench's load and its memory spec ask alike
+def _child_survives(path: str) -> bool:
     try:
-        child = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, timeout=300)
+        child = subprocess.run([sys.executable, "-c", PROBE, path], capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:  # a hung child counts as a failed one
         return False
     return child.returncode == 0
@@ -113,13 +119,13 @@ def _extra_buffers_off():
         lib.llama_model_default_params = defaults
 
 
-def load(path: str | Path, n_ctx: int, threads: int):
+def load(path: str | Path, n_ctx: int, threads: int, extra_buffers: bool | None = None):
     """A `llama_cpp.Llama` on the GGUF at `path`: CPU, `threads` for decode and prefill, quiet; its
-    extra CPU buffer types off where they crash here (`extra_buffers_work`). The Llama carries
-    `yue_extra_buffers` (bool) for the report."""
+    extra CPU buffer types on or off as `extra_buffers` says (None: where they do not crash here,
+    `extra_buffers_work`). The Llama carries `yue_extra_buffers` (bool) for the report."""
     from llama_cpp import Llama
 
-    extra = extra_buffers_work(path)
+    extra = extra_buffers_work(path) if extra_buffers is None else extra_buffers
     with nullcontext() if extra else _extra_buffers_off():
         llm = Llama(
             model_path=str(path),

@@ -34,7 +34,8 @@ class MemorySpec:
         model: the yue model name or path (ours); llama: the exported LlamaForCausalLM folder (hf peers).
         prompt: the prompt text (ours); prompt_ids: the same prompt's ids (peers).
         router_threshold: for ours; None = the model's default.
-        gguf: the GGUF file (llamacpp-greedy).
+        gguf: the GGUF file (llamacpp-greedy); llamacpp_extra_buffers: the bench's verdict on llama.cpp's
+            extra CPU buffer types for it (`llamacpp.extra_buffers_work`), so the child does not probe again.
         dtype: ours and the hf peers' precision ("float32", "bfloat16").
         low_memory: ours hold each float32 layer weight once (`yue.load`).
     """
@@ -48,6 +49,7 @@ class MemorySpec:
     threads: int
     router_threshold: float | None = None
     gguf: str | None = None
+    llamacpp_extra_buffers: bool | None = None
     dtype: str = "float32"
     low_memory: bool = False
 
@@ -96,7 +98,8 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
     if spec.mode == "llamacpp-greedy":
         from yue.bench import llamacpp
 
-        llm = llamacpp.load(spec.gguf, len(spec.prompt_ids) + spec.max_new_tokens + 1, spec.threads)
+        n_ctx = len(spec.prompt_ids) + spec.max_new_tokens + 1
+        llm = llamacpp.load(spec.gguf, n_ctx, spec.threads, spec.llamacpp_extra_buffers)
         llamacpp.LlamaCppRunner(llm, None, {llm.token_eos()}, spec.max_new_tokens).generate(spec.prompt_ids)
     elif spec.mode.startswith("hf-"):
         llama = LlamaForCausalLM.from_pretrained(
