@@ -274,8 +274,9 @@ def streamed_weights(model) -> bool:
     """Whether a float32 model's AR layers keep one copy of each weight, not two (MKL's input-major one
     and oneDNN's packed one, `RowAdaptiveLinear`): where they exceed `ONE_COPY_BYTES` (1 GiB, ~270M
     parameters), for a model whose second copy would cost more memory than its speed is worth. Which
-    copy is `kernels.choice().float32_one_copy`: the packed one with AVX512 (`PackedLinear`, as in
-    bfloat16), the input-major one elsewhere. A smaller model holds one copy when loaded with
+    copy is `kernels.choice().float32_one_copy`, timed on this CPU: the packed one where its one row
+    is about level with MKL's GEMV (`PackedLinear`, as in bfloat16), else the input-major one. A
+    smaller model holds one copy when loaded with
     `low_memory` (`prepare_for_decoding`).
 
     The second copy buys one-row speed: the packed kernel over one row (padded to 4) is slower than
@@ -445,9 +446,10 @@ def prepare_for_decoding(
     - With `int4` (the int4 precision, a float32 model on the CPU): the AR layers' matmuls in 4 bits
       (`Int4Linear`), the head for AR rows in bfloat16 (`bf16_packed`), both row-exact.
     - With `low_memory`, a float32 model's AR matmuls hold one copy whatever their size, as a large
-      model's do (`streamed_weights`): `kernels.choice().float32_one_copy`, the packed copy (AVX512;
-      the head then keeps its input-major copy too, the embedding table) or the input-major weight
-      alone (elsewhere; verifying rows then cost more, and the step costs steer drafting by them).
+      model's do (`streamed_weights`): `kernels.choice().float32_one_copy`, the packed copy (where
+      its one row is timed level with MKL's GEMV; the head then keeps its input-major copy too, the
+      embedding table) or the input-major weight alone (elsewhere; verifying rows then cost more,
+      and the step costs steer drafting by them).
 
     Raises:
         ValueError: `int4` where the model is not float32 on the CPU, or the kernel does not run here.

@@ -9,8 +9,12 @@ Design decisions:
   the reason kept for `describe()`. Torch reports some gaps only when a kernel runs (oneDNN's bf16
   reorder on a CPU without AVX512 or avx_ne_convert: "mkldnn_reorder_linear_weight: bf16 path needs
   the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"), hence the try.
-- Tried, not timed: a timing on the probe's tiny shapes would not predict the model's, and would make
-  the choice (and the tests) depend on the machine's load.
+- Tried, not timed, with one exception: a timing on the probe's tiny shapes would not predict the
+  model's, and would make the choice (and the tests) depend on the machine's load. The exception is
+  the copy kept of a float32 weight held once (`float32_one_copy`), where the vector width proved a
+  wrong proxy: it is timed on one layer of SmolLM2's shapes (`one_row_packed_ratio`), whose ratio
+  matched the whole model's where measured (Intel Xeon with AMX, one row unpadded: 1.41 for one
+  layer, 1.32 for thirty). Tests force either side through `ONE_COPY_TOLERANCE`.
 - Every fallback computes the same function: plain `F.linear` in the same dtype for float matmuls
   (results may differ in the last float bits, as any two GEMM kernels do); float drafting when no
   int8 engine works (only drafts change, so `ar`/`verified` token ids do not).
@@ -32,6 +36,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -46,6 +51,9 @@ INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works dr
 KERNELS = ("onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES), "int4")
 ENV = "YUE_KERNELS"
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
+# A weight held once is kept packed where the packed kernel's one row costs at most this many times
+# MKL's GEMV (`KernelChoice.float32_one_copy`): level (1.02) on one CPU, 1.3-1.5 on the others measured.
+ONE_COPY_TOLERANCE = 1.15
 
 
 @dataclass(frozen=True)
@@ -95,14 +103,16 @@ class KernelChoice:
     def float32_one_copy(self) -> str:
         """Kernel for a float32 matmul whose weight is held once, not twice (`inference.row_adaptive`:
         `yue.load(low_memory=True)`, or a large model, `inference.streamed_weights`): oneDNN's packed
-        copy with AVX512, where its one row (padded to 4) is level with MKL's GEMV (SmolLM2's bare
-        matmuls 38.0 against 37.4 ms) and its verifying rows far cheaper; elsewhere the input-major
-        weight through F.linear (MKL's GEMV), since with AVX2 the packed kernel's one row costs 1.44x
-        it (SmolLM2's 30 layers and head, one thread: 65.2 against 45.2 ms), which every `ar` step
-        would pay. The vector width is a proxy: on an Intel Xeon with AVX512 and AMX the packed copy's
-        one-row step was 1.35x the two-copy one (90.0 against 66.8 ms, README), so there this rule
-        costs `ar` speed; a timed choice would fit both and is not built."""
-        return "onednn-packed" if self.ok("onednn-f32") and self.cpu.startswith("AVX512") else "F.linear"
+        copy where its one row (padded to 4) costs at most `ONE_COPY_TOLERANCE` x MKL's GEMV, timed
+        here (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
+        weight through F.linear (MKL's GEMV), whose one row every `ar` step pays. Measured (SmolLM2's
+        30 layers and head, one thread): AMD EPYC with AVX512 1.02 (38.0 against 37.4 ms), AVX2 1.44
+        (65.2 against 45.2), Intel Xeon with AVX512 and AMX 1.32-1.47, where the packed copy's `ar`
+        ran 0.93x transformers against 1.26x with MKL's GEMV (README). The vector width, used before,
+        had the Xeon wrong."""
+        if not self.ok("onednn-f32"):
+            return "F.linear"
+        return "onednn-packed" if one_row_packed_ratio() <= ONE_COPY_TOLERANCE else "F.linear"
 
     @property
     def bfloat16_rows(self) -> str:
@@ -184,6 +194,40 @@ def _tried(fn, ref: torch.Tensor, atol: float) -> str:
     if out.shape != ref.shape or not torch.allclose(out.float(), ref, atol=atol * ref.abs().max().item()):
         return "tried: wrong values"
     return ""
+
+
+# One SmolLM2 layer's float32 matmuls, (out, in): Q/K/V fused, O, gate/up fused, down (14 MB).
+TIMED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+
+
+@functools.cache
+def one_row_packed_ratio(rounds: int = 7) -> float:
+    """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `inference.packed_matmul`
+    calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES` at the process's thread
+    count: the best of `rounds` interleaved passes each, so a busy moment skews neither side alone.
+    Cached per process (~0.1 s and 28 MB while it runs); call only where oneDNN float32 packing works."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(out, inp, generator=g) for out, inp in TIMED_SHAPES]
+    input_major = [w.t().contiguous().t() for w in weights]
+    packed = [pack_weight(w) for w in weights]
+    rows = [torch.randn(1, w.shape[1], generator=g) for w in weights]
+    padded = [torch.cat([x, x.new_zeros(3, x.shape[1])]) for x in rows]
+
+    def gemv() -> None:
+        for x, w in zip(rows, input_major, strict=True):
+            F.linear(x, w)
+
+    def packed_one_row() -> None:
+        for x, p in zip(padded, packed, strict=True):
+            packed_linear(x, p)
+
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for side, run in enumerate((gemv, packed_one_row)):
+            start = time.perf_counter()
+            run()
+            best[side] = min(best[side], time.perf_counter() - start)
+    return best[1] / best[0]
 
 
 def _probe_packed(dtype: torch.dtype) -> str:
@@ -325,6 +369,7 @@ def forced(*off: str) -> Iterator[KernelChoice]:
 def reset() -> None:
     """Forget every cached probe (after patching a kernel in a test)."""
     _probe.cache_clear()
+    one_row_packed_ratio.cache_clear()
 
 
 def packed_rows(dtype: torch.dtype) -> bool:
