@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -313,7 +314,7 @@ def test_unmapped_reader_reads_every_dtype_and_rejects_a_lying_header(tmp_path):
 @pytest.mark.parametrize("copy", ["packed", "input-major"])
 @pytest.mark.parametrize("why", ["low_memory", "size"])
 def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
-    trained_model_dir, monkeypatch, tmp_path, copy, why
+    trained_model_dir, monkeypatch, tmp_path, caplog, copy, why
 ):
     """Loaded with `low_memory`, or with layers above `ONE_COPY_BYTES`, a float32 model holds each AR
     layer weight once, the copy `kernels` times as faster for one row (forced to each side through
@@ -324,7 +325,10 @@ def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
     low_memory = why == "low_memory"
     if not low_memory:
         monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
+    caplog.set_level(logging.INFO, logger="yue.model.inference")
     prepared = load_model(trained_model_dir).prepare_for_decoding(low_memory=low_memory)
+    kernel = "onednn-packed" if copy == "packed" else "F.linear"
+    assert f"one copy of each float32 weight: {kernel} (oneDNN's packed one row timed at" in caplog.text
     if copy == "packed":
         assert_layers_hold_only(prepared, PackedLinear)
         assert isinstance(prepared.ar_head, RowAdaptiveLinear)

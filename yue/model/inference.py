@@ -470,6 +470,12 @@ def prepare_for_decoding(
                 next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
             )
     one_copy = low_memory or streamed_weights(model)
+    if one_copy and model.dtype == torch.float32 and kernels.packed_rows(torch.float32):
+        logger.info(
+            "one copy of each float32 weight: %s (oneDNN's packed one row timed at %.2fx MKL's GEMV here)",
+            kernels.choice().float32_one_copy,
+            kernels.one_row_packed_ratio(),
+        )
     input_major(model)
     release_freed_memory()
     for layer in model.model.layers:

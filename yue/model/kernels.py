@@ -107,9 +107,10 @@ class KernelChoice:
         here (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
         weight through F.linear (MKL's GEMV), whose one row every `ar` step pays. Measured (SmolLM2's
         30 layers and head, one thread): AMD EPYC with AVX512 1.02 (38.0 against 37.4 ms), AVX2 1.44
-        (65.2 against 45.2), Intel Xeon with AVX512 and AMX 1.32-1.47, where the packed copy's `ar`
-        ran 0.93x transformers against 1.26x with MKL's GEMV (README). The vector width, used before,
-        had the Xeon wrong."""
+        (65.2 against 45.2), Intel Xeon with AVX512 and AMX 1.32-1.47 (the timing here: 1.5-1.6),
+        where in one process `ar` on the packed copy ran 0.68x two-copy `ar`, on the input-major one
+        1.00x, and `verified` 0.98x and 0.95x (README). The vector width, used before, had the Xeon
+        wrong."""
         if not self.ok("onednn-f32"):
             return "F.linear"
         return "onednn-packed" if one_row_packed_ratio() <= ONE_COPY_TOLERANCE else "F.linear"
