@@ -37,6 +37,7 @@ from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
+from yue.model import kernels
 from yue.model.inference import resolve_dtype
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
@@ -351,6 +352,8 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
         "ttft_hf": "streamer: first put after the prompt",
         **extra,
     }
+    if engine.model.device.type == "cpu":  # which kernels ours ran (`model/kernels.py`), as in the log
+        settings["kernels"] = kernels.describe()
     return BenchResult(engine.name, cfg.max_new_tokens, results, todo, settings, skipped, costs)
 
 
