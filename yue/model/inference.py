@@ -276,8 +276,7 @@ def streamed_weights(model) -> bool:
     parameters), for a model whose second copy would cost more memory than its speed is worth. Which
     copy is `kernels.choice().float32_one_copy`, timed on this CPU: the packed one where its one row
     is about level with MKL's GEMV (`PackedLinear`, as in bfloat16), else the input-major one. A
-    smaller model holds one copy when loaded with
-    `low_memory` (`prepare_for_decoding`).
+    smaller model holds one copy when loaded with `low_memory` (`prepare_for_decoding`).
 
     The second copy buys one-row speed: the packed kernel over one row (padded to 4) is slower than
     MKL's GEMV in the model, though level out of it (SmolLM2's bare matmuls 37.4 vs 38.0 ms). Measured
