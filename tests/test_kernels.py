@@ -209,10 +209,17 @@ def test_a_float32_weight_held_once_is_the_packed_copy_where_its_timed_one_row_i
     not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
 )
 def test_the_one_copy_timing_is_a_ratio_of_real_calls_and_decides_the_choice():
-    """The timing runs both kernels (a positive, finite ratio, cached per process until `reset`), and the
-    choice on this machine is what that ratio and the tolerance say."""
+    """The timing runs both kernels (a positive, finite ratio, cached per process until `reset`) on one
+    thread, leaving the process's thread count as it was, and the choice on this machine is what that
+    ratio and the tolerance say."""
     kernels.reset()
-    ratio = kernels.one_row_packed_ratio(rounds=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ratio = kernels.one_row_packed_ratio(rounds=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     assert 0 < ratio < float("inf")
     assert kernels.one_row_packed_ratio(rounds=2) == ratio  # cached: no second timing
     kernels.reset()

@@ -105,7 +105,7 @@ class KernelChoice:
         """Kernel for a float32 matmul whose weight is held once, not twice (`inference.row_adaptive`:
         `yue.load(low_memory=True)`, or a large model, `inference.streamed_weights`): oneDNN's packed
         copy where its one row (padded to 4) costs at most `ONE_COPY_TOLERANCE` x MKL's GEMV, timed
-        here (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
+        here on one thread (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
         weight through F.linear (MKL's GEMV), whose one row every `ar` step pays. Measured (SmolLM2's
         30 layers and head, one thread): AMD EPYC with AVX512 1.02 (38.0 against 37.4 ms), AVX2 1.44
         (65.2 against 45.2), Intel Xeon with AVX512 and AMX 1.32-1.47 (the timing here: 1.5-1.6),
@@ -205,15 +205,23 @@ TIMED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 @functools.cache
 def one_row_packed_ratio(rounds: int = 7) -> float:
     """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `inference.packed_matmul`
-    calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES` at the process's thread
-    count: the best of `rounds` interleaved passes each, so a busy moment skews neither side alone.
-    Cached per process (~0.1 s and 28 MB while it runs); call only where oneDNN float32 packing works."""
+    calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES`: the median over `rounds`
+    rounds of each kernel's pass timed back to back, on one thread. One thread, because with more an
+    OpenMP call waits for every core, and one busy core skewed the ratio (two threads, the other core
+    running a test suite: 1.62-1.67 in most runs, 0.04 and 0.50 in others; one thread 1.46-1.48); the
+    median, because one slow pass then moves one round, not the verdict. Cached per process (~0.1 s
+    and 28 MB while it runs); call only where oneDNN float32 packing works."""
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=g) for out, inp in TIMED_SHAPES]
     input_major = [w.t().contiguous().t() for w in weights]
     packed = [pack_weight(w) for w in weights]
     rows = [torch.randn(1, w.shape[1], generator=g) for w in weights]
     padded = [torch.cat([x, x.new_zeros(3, x.shape[1])]) for x in rows]
+
+    def seconds(run) -> float:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
 
     def gemv() -> None:
         for x, w in zip(rows, input_major, strict=True):
@@ -223,13 +231,14 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
         for x, p in zip(padded, packed, strict=True):
             packed_linear(x, p)
 
-    best = [float("inf"), float("inf")]
-    for _ in range(rounds):
-        for side, run in enumerate((gemv, packed_one_row)):
-            start = time.perf_counter()
-            run()
-            best[side] = min(best[side], time.perf_counter() - start)
-    return best[1] / best[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gemv(), packed_one_row()  # first calls: kernel dispatch and caches
+        ratios = sorted(seconds(packed_one_row) / seconds(gemv) for _ in range(rounds))
+    finally:
+        torch.set_num_threads(threads)
+    return ratios[len(ratios) // 2]
 
 
 def _probe_packed(dtype: torch.dtype) -> str:
