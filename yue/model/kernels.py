@@ -208,7 +208,8 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
     calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES`: the median over `rounds`
     rounds of each kernel's pass timed back to back, on one thread. One thread, because with more an
     OpenMP call waits for every core, and one busy core skewed the ratio (two threads, the other core
-    running a test suite: 1.62-1.67 in most runs, 0.04 and 0.50 in others; one thread 1.46-1.48); the
+    running a test suite: 1.62-1.67 in most runs, 0.04 and 0.50 in others; one thread 1.46-1.48; idle,
+    SmolLM2's whole layers and head: 1.49 on one thread, 1.64 on two, the same verdict); the
     median, because one slow pass then moves one round, not the verdict. Cached per process (~0.1 s
     and 28 MB while it runs); call only where oneDNN float32 packing works."""
     g = torch.Generator().manual_seed(0)
