@@ -15,11 +15,21 @@ Design decisions:
 - Holes cost columns, not compute of their own; `make_room` compacts them away (each row's valid
   columns gathered to the left) before it grows the buffer.
 - The cache is a plain object, not a module buffer: it never enters a checkpoint.
+- Its capacity is a multiple of 64 columns (`padded_capacity`): row-exact attention reads keys in
+  ranges padded to that multiple (`layers.MoTLayer._attend_exact`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from yue.model.layers import EXACT_KEY_PAD
+
+
+def padded_capacity(columns: int) -> int:
+    """Columns rounded up to a multiple of `layers.EXACT_KEY_PAD`, so row-exact attention's padded key
+    range (`MoTLayer._attend_exact`) always lies inside the buffers."""
+    return -(-columns // EXACT_KEY_PAD) * EXACT_KEY_PAD
 
 
 class KVCache:
@@ -43,7 +53,7 @@ class KVCache:
         device: torch.device | str,
         dtype: torch.dtype,
     ) -> None:
-        shape = (n_layers, batch_size, n_kv_heads, capacity, head_dim)
+        shape = (n_layers, batch_size, n_kv_heads, padded_capacity(capacity), head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
@@ -161,6 +171,7 @@ class KVCache:
     def _resize(self, capacity: int) -> None:
         """Copy into buffers of a new capacity (>= length); new columns are valid (written later)."""
         L, B, H, T, D = self.k.shape
+        capacity = padded_capacity(capacity)
         k = self.k.new_zeros(L, B, H, capacity, D)
         v = self.v.new_zeros(L, B, H, capacity, D)
         n = min(T, capacity)
