@@ -30,8 +30,9 @@ half float32's bytes: SmolLM2's 30 layers and head over one row 20 ms against 37
 24 ms. Attention and the KV cache stay float32 (torch's CPU SDPA in bfloat16 is ~6x slower), and
 `ar` == `verified` holds by construction, not by luck at near-ties (bfloat16's rounding turns any
 last-bit difference into different tokens within a few steps, measured): a packed matmul padded to 4
-rows gives each row the same bits whatever the row count (`packed_matmul`), and a verifying step's
-committed rows attend one query at a time (`MoTLayer.exact_rows`), as one-row AR steps do.
+rows gives each row the same bits whatever the row count (`packed_matmul`), and committed rows attend
+in one call padded to 4 queries and 64 keys, one-row AR steps and verifying rows alike
+(`MoTLayer._attend_exact`).
 
 Which of these kernels exist on the running CPU (oneDNN packing per dtype, the int8 engine) is
 decided by `kernels.py`, probed once per process; where one is missing the matmul stays a plain
