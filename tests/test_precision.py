@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
-from yue.decode.costs import cost_cache_key
+from yue.decode.costs import cost_cache_key, decode_layout
 from yue.decode.loop import decode
 from yue.model import kernels
 from yue.model.cache import padded_capacity
@@ -172,6 +172,8 @@ def test_precision_names_and_cost_keys():
     f32 = top_model(2).prepare_for_decoding(None)
     bf16 = bf16_model()
     assert cost_cache_key(f32) != cost_cache_key(bf16)
+    # Row-exact layers' attention form is in the key: costs measured with another form are not reused.
+    assert "attention padded 4x64" in decode_layout(bf16) and "attention" not in decode_layout(f32)
 
 
 @needs_packed

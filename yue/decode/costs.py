@@ -31,6 +31,7 @@ import torch
 
 from yue.model import kernels
 from yue.model.gguf import cache_root
+from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD
 from yue.model.masks import decode_mask
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
@@ -196,11 +197,15 @@ def cost_cache_key(model) -> str:
 
 
 def decode_layout(model) -> str:
-    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head): the
-    int4 precision and a large float32 model's one-copy layers cost otherwise than two-copy float32."""
-    sets = model.model.layers[0].decode_sets
+    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
+    padded attention of row-exact layers): the int4 precision and a large float32 model's one-copy
+    layers cost otherwise than two-copy float32, and a cost measured with another attention form (one
+    query per call, before the padded one) is not this one's."""
+    layer = model.model.layers[0]
+    sets = layer.decode_sets
     kinds = [type(m).__name__ for m in sets[0].children()] if sets is not None else []
-    return ",".join([*kinds, type(model.ar_head).__name__])
+    attention = [f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"] if layer.exact_rows else []
+    return ",".join([*kinds, type(model.ar_head).__name__, *attention])
 
 
 def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:
