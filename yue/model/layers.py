@@ -17,6 +17,8 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -163,6 +165,14 @@ class DecodeSet(nn.Module):
         return h + down_proj(F.silu(gate) * up)
 
 
+@functools.lru_cache(maxsize=4)
+def _causal_padded_mask(start: int, T: int, keys: int, rows: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, rows, keys) bool: query t (t < T) at cache index start + t sees keys up to its own, padding
+    rows as the last; cached, since a step's 30 layers ask for the same one (built once, ~40 us)."""
+    last = torch.arange(rows, device=device).clamp(max=T - 1) + start  # each row's last visible key
+    return (torch.arange(keys, device=device)[None, :] <= last[:, None])[None, None]
+
+
 class MoTLayer(nn.Module):
     """One transformer layer with an AR and a NAR parameter set sharing one attention."""
 
@@ -270,11 +280,11 @@ class MoTLayer(nn.Module):
         S = start + T
         keys = -(-S // EXACT_KEY_PAD) * EXACT_KEY_PAD  # <= capacity, a multiple of EXACT_KEY_PAD
         rows = -(-T // EXACT_QUERY_PAD) * EXACT_QUERY_PAD
-        if mask is None:  # every key up to the row's own: a one-row step over the whole cache
-            mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device).tril(start)
-        # Keys past S masked; padding rows repeat the last row's mask (their outputs are dropped).
-        mask = F.pad(mask, (0, keys - S), value=False)
-        mask = torch.cat([mask, mask[..., -1:, :].expand(*mask.shape[:2], rows - T, keys)], dim=2)
+        if mask is None:  # a lone row's step: every key up to its own, the same mask in every layer
+            mask = _causal_padded_mask(start, T, keys, rows, q.device)
+        else:  # keys past S masked; padding rows repeat the last row's mask (their outputs are dropped)
+            mask = F.pad(mask, (0, keys - S), value=False)
+            mask = torch.cat([mask, mask[..., -1:, :].expand(*mask.shape[:2], rows - T, keys)], dim=2)
         q = torch.cat([q, q.new_zeros(B, H, rows - T, Dh)], dim=2)
         o = F.scaled_dot_product_attention(
             q, k_buf[:, :, :keys], v_buf[:, :, :keys], mask, enable_gqa=self.n_kv != self.n_heads
