@@ -330,7 +330,15 @@ def test_sigterm_drains_in_flight_requests_then_exits(tiny_model_dir):
         threads = [threading.Thread(target=stream) for _ in range(2)]  # one runs, one waits
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        # SIGTERM once both are in the server (a fixed sleep lost the race on a loaded machine: the
+        # second request arrived after the signal and was refused as draining).
+        deadline = time.monotonic() + 30
+        while True:
+            text = httpx.get(url + "/metrics").text
+            if metric(text, "yue_num_requests_running") + metric(text, "yue_num_requests_waiting") == 2:
+                break
+            assert time.monotonic() < deadline, "the two requests never were in the server together"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.1)
         health = httpx.get(url + "/health")
