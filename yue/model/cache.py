@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import torch
 
-from yue.model.layers import EXACT_KEY_PAD
+from yue.model.layers import EXACT_KEY_PAD, round_up
 
 
 def padded_capacity(columns: int) -> int:
     """Columns rounded up to a multiple of `layers.EXACT_KEY_PAD`, so row-exact attention's padded key
     range (`MoTLayer._attend_exact`) always lies inside the buffers."""
-    return -(-columns // EXACT_KEY_PAD) * EXACT_KEY_PAD
+    return round_up(columns, EXACT_KEY_PAD)
 
 
 class KVCache:

@@ -30,6 +30,11 @@ from yue.config import YueConfig
 EXACT_QUERY_PAD, EXACT_KEY_PAD = 4, 64
 
 
+def round_up(n: int, multiple: int) -> int:
+    """The least multiple of `multiple` at or above n."""
+    return -(-n // multiple) * multiple
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square norm over the last dim, computed in float32 as Llama does."""
     if x.dtype == torch.float32:  # one fused op; the same numbers as the three-step form below
@@ -278,8 +283,8 @@ class MoTLayer(nn.Module):
         k_buf, v_buf = kv
         B, H, T, Dh = q.shape
         S = start + T
-        keys = -(-S // EXACT_KEY_PAD) * EXACT_KEY_PAD  # <= capacity, a multiple of EXACT_KEY_PAD
-        rows = -(-T // EXACT_QUERY_PAD) * EXACT_QUERY_PAD
+        keys = round_up(S, EXACT_KEY_PAD)  # <= the cache's capacity (`cache.padded_capacity`)
+        rows = round_up(T, EXACT_QUERY_PAD)
         if mask is None:  # a lone row's step: every key up to its own, the same mask in every layer
             mask = _causal_padded_mask(start, T, keys, rows, q.device)
         else:  # keys past S masked; padding rows repeat the last row's mask (their outputs are dropped)
