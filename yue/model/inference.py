@@ -118,7 +118,9 @@ class RowAdaptiveLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         w = linear.weight.detach()
-        self.weights = (w, kernels.pack_weight(w))
+        # (out, in) as nn.Linear's, the packed copy, and the first's (in, out) view (contiguous where the
+        # weight is input-major, `input_major`: the operand MKL's GEMV streams).
+        self.weights = (w, kernels.pack_weight(w), w.t())
         self.pad = kernels.choice().pad_float32_rows  # 2-3 rows padded to 4 where that is faster
 
     @property
@@ -127,8 +129,10 @@ class RowAdaptiveLinear(nn.Module):
         return self.weights[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, packed = self.weights
+        weight, packed, by_input = self.weights
         if x.numel() <= x.shape[-1]:  # one row (or none: a drafting pass has no AR rows)
+            if x.dim() == 2:  # the decode path's rows (`DecodeSet`): one `mm`, where F.linear dispatches
+                return torch.mm(x, by_input)  # `t`, `mm` and, for 3-d input, views around them
             return F.linear(x, weight)
         return packed_matmul(x, packed) if self.pad else kernels.packed_linear(x, packed)
 

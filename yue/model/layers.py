@@ -156,26 +156,35 @@ class DecodeSet(nn.Module):
         """As `MoTLayer._qkv`, with one matmul and one rotation: (q, k, v) from h (B, T, D)."""
         norm = self.shared[0]
         H, Hkv, Dh = self.heads
-        B, T, _ = h.shape
-        qkv = self.qkv(rms_norm(h, norm.weight, norm.eps)).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        B, T, D = h.shape
+        # The matmuls take 2-d rows (B * T, D): one `mm` for a one-row step (`RowAdaptiveLinear`).
+        x = rms_norm(h.reshape(B * T, D), norm.weight, norm.eps)
+        qkv = self.qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
         return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
 
     def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """As `MoTLayer._finish`, with gate/up as one matmul."""
+        """As `MoTLayer._finish`, with gate/up as one matmul, over 2-d rows (B * T, D)."""
         _, o_proj, post_norm, down_proj = self.shared
         B, H, T, Dh = o.shape
-        h = h + o_proj(o.transpose(1, 2).reshape(B, T, H * Dh))
-        gate, up = self.gate_up(rms_norm(h, post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
-        return h + down_proj(F.silu(gate) * up)
+        rows = h.reshape(B * T, -1)
+        rows = rows + o_proj(o.transpose(1, 2).reshape(B * T, H * Dh))
+        gate, up = self.gate_up(rms_norm(rows, post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
+        return (rows + down_proj(F.silu(gate) * up)).view(h.shape)
 
 
 @functools.lru_cache(maxsize=4)
-def _causal_padded_mask(start: int, T: int, keys: int, rows: int, device: torch.device) -> torch.Tensor:
-    """(1, 1, rows, keys) bool: query t (t < T) at cache index start + t sees keys up to its own, padding
-    rows as the last; cached, since a step's 30 layers ask for the same one (built once, ~40 us)."""
+def _causal_padded_mask(
+    start: int, T: int, keys: int, rows: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """(1, 1, rows, keys) additive mask (0, or -inf where masked): query t (t < T) at cache index
+    start + t sees keys up to its own, padding rows as the last. Cached, since a step's 30 layers ask for
+    the same one (built once, ~40 us), and additive, since SDPA turns a bool mask into this one on every
+    call (~25 us; same result, tested)."""
     last = torch.arange(rows, device=device).clamp(max=T - 1) + start  # each row's last visible key
-    return (torch.arange(keys, device=device)[None, :] <= last[:, None])[None, None]
+    visible = torch.arange(keys, device=device)[None, :] <= last[:, None]
+    additive = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
+    return additive[None, None]
 
 
 class MoTLayer(nn.Module):
@@ -286,7 +295,7 @@ class MoTLayer(nn.Module):
         keys = round_up(S, EXACT_KEY_PAD)  # <= the cache's capacity (`cache.padded_capacity`)
         rows = round_up(T, EXACT_QUERY_PAD)
         if mask is None:  # a lone row's step: every key up to its own, the same mask in every layer
-            mask = _causal_padded_mask(start, T, keys, rows, q.device)
+            mask = _causal_padded_mask(start, T, keys, rows, q.dtype, q.device)
         else:  # keys past S masked; padding rows repeat the last row's mask (their outputs are dropped)
             mask = F.pad(mask, (0, keys - S), value=False)
             mask = torch.cat([mask, mask[..., -1:, :].expand(*mask.shape[:2], rows - T, keys)], dim=2)
