@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import yue
 from tests.test_precision import assert_layers_hold_only, assert_verified_equals_ar
 from tests.test_topnar import top_model
-from yue.decode.costs import cost_cache_key
+from yue.decode.costs import cost_cache_key, decode_layout
 from yue.model import kernels
 from yue.model.inference import Int4Linear, Lowered, PackedLinear, int4_usable, quantize_int4
 
@@ -73,6 +73,9 @@ def test_int4_model_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
     assert isinstance(model.ar_head, Lowered) == packed_bf16
     assert not packed_bf16 or isinstance(model.ar_head.inner, PackedLinear)
     assert cost_cache_key(model) != cost_cache_key(top_model(2).prepare_for_decoding(None))
+    # One query per attention call (`MoTLayer._attend_per_row`), named in the step costs' key.
+    assert model.model.layers[0].exact_rows and not model.model.layers[0].decode_sets[0].padded_attention
+    assert "attention per row" in decode_layout(model)
 
 
 def test_shapes_the_int4_kernel_does_not_take_are_named():

@@ -189,6 +189,21 @@ def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pa
     torch.testing.assert_close(module(x), linear(x).detach(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(
+    not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
+)
+def test_a_one_row_float32_matmul_on_2d_rows_is_f_linear_bit_for_bit():
+    """The decode path hands `RowAdaptiveLinear` 2-d rows, whose one row is a bare `mm` on the weight's
+    (in, out) storage: the same kernel and bits as F.linear on the input-major weight, 2-d or 3-d."""
+    linear = torch.nn.Linear(96, 80, bias=False)
+    linear.weight = torch.nn.Parameter(linear.weight.detach().t().contiguous().t())  # input-major
+    module = RowAdaptiveLinear(linear)
+    x = torch.randn(1, 96)
+    expected = torch.nn.functional.linear(x, linear.weight.detach())
+    assert torch.equal(module(x), expected)
+    assert torch.equal(module(x[None]), expected[None])
+
+
 @pytest.mark.parametrize("tolerance, packed", [(float("inf"), True), (0.0, False)])
 def test_a_float32_weight_held_once_is_the_packed_copy_where_its_timed_one_row_is_level(
     monkeypatch, tolerance, packed

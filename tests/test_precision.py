@@ -96,14 +96,17 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed):
         )
 
 
+@pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row"])
 @pytest.mark.parametrize("start", [1, 57, 127, 509])
-def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start):
-    """`MoTLayer._attend_exact` over 9 committed queries gives, bit for bit, nine one-query calls at their
-    positions (SmolLM2's heads: 9 query, 3 key/value, 64 dims; ranges crossing 64-column boundaries),
-    in a batch whose second row has holes and for a lone row with no mask."""
+def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
+    """Both row-exact attention forms (`MoTLayer._attend_exact`, padded; `_attend_per_row`) over 9
+    committed queries give, bit for bit, nine one-query calls of the same form at their positions
+    (SmolLM2's heads: 9 query, 3 key/value, 64 dims; ranges crossing 64-column boundaries), in a batch
+    whose second row has holes and for a lone row with no mask."""
     config = YueConfig(vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
     layer = MoTLayer(config, has_nar=False)
+    attend = getattr(layer, form)
     g = torch.Generator().manual_seed(start)
     T, capacity = 9, padded_capacity(start + 9)
     assert capacity % EXACT_KEY_PAD == 0 and capacity >= start + T
@@ -111,12 +114,12 @@ def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start):
     q = torch.randn(2, 9, T, 64, generator=g)
     valid = torch.ones(2, capacity, dtype=torch.bool)
     valid[1, : start // 2] = False  # row 1: left padding / holes
-    together = layer._attend_exact(q, kv, decode_mask(start, T, 0, valid), start)
+    together = attend(q, kv, decode_mask(start, T, 0, valid), start)
     for t in range(T):
-        alone = layer._attend_exact(q[:, :, t : t + 1], kv, decode_mask(start + t, 1, 0, valid), start + t)
+        alone = attend(q[:, :, t : t + 1], kv, decode_mask(start + t, 1, 0, valid), start + t)
         assert torch.equal(together[:, :, t : t + 1], alone), t
-        lone = layer._attend_exact(q[:1, :, t : t + 1], tuple(b[:1] for b in kv), None, start + t)
-        lone_batch = layer._attend_exact(q[:1], tuple(b[:1] for b in kv), decode_mask(start, T, 0), start)
+        lone = attend(q[:1, :, t : t + 1], tuple(b[:1] for b in kv), None, start + t)
+        lone_batch = attend(q[:1], tuple(b[:1] for b in kv), decode_mask(start, T, 0), start)
         assert torch.equal(lone_batch[:, :, t : t + 1], lone), t
 
 

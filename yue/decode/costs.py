@@ -198,13 +198,16 @@ def cost_cache_key(model) -> str:
 
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
-    padded attention of row-exact layers): the int4 precision and a large float32 model's one-copy
-    layers cost otherwise than two-copy float32, and a cost measured with another attention form (one
-    query per call, before the padded one) is not this one's."""
+    attention form of row-exact layers, padded or one query per call): the int4 precision and a large
+    float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
+    attention form is not the other's."""
     layer = model.model.layers[0]
     sets = layer.decode_sets
     kinds = [type(m).__name__ for m in sets[0].children()] if sets is not None else []
-    attention = [f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"] if layer.exact_rows else []
+    attention = []
+    if layer.exact_rows:
+        padded = sets[0].padded_attention
+        attention = [f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}" if padded else "attention per row"]
     return ",".join([*kinds, type(model.ar_head).__name__, *attention])
 
 

@@ -141,11 +141,15 @@ class DecodeSet(nn.Module):
         gate_up: nn.Module,
         down: nn.Module,
         exact: bool = False,
+        padded_attention: bool = True,
     ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
         # Row-exact matmuls (`inference.PackedLinear`): a row's bits do not depend on the step's rows.
         self.exact = exact
+        # With `exact`, how committed rows attend: all in one padded call, or one query per call
+        # (`MoTLayer._attend_exact`, `MoTLayer._attend_per_row`).
+        self.padded_attention = padded_attention
         norm, _, post_norm, _ = layer._sets(nar)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
@@ -173,18 +177,34 @@ class DecodeSet(nn.Module):
         return (rows + down_proj(F.silu(gate) * up)).view(h.shape)
 
 
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as SDPA's additive one (0, or -inf where masked): what SDPA turns a bool mask into on
+    every call (~25 us), done once (same result, tested)."""
+    additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return additive.masked_fill_(~visible, float("-inf"))
+
+
 @functools.lru_cache(maxsize=4)
 def _causal_padded_mask(
     start: int, T: int, keys: int, rows: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """(1, 1, rows, keys) additive mask (0, or -inf where masked): query t (t < T) at cache index
-    start + t sees keys up to its own, padding rows as the last. Cached, since a step's 30 layers ask for
-    the same one (built once, ~40 us), and additive, since SDPA turns a bool mask into this one on every
-    call (~25 us; same result, tested)."""
+    """(1, 1, rows, keys) additive: query t (t < T) at cache index start + t sees keys up to its own,
+    padding rows as the last. Cached: a step's 30 layers ask for the same one (built once, ~40 us)."""
     last = torch.arange(rows, device=device).clamp(max=T - 1) + start  # each row's last visible key
-    visible = torch.arange(keys, device=device)[None, :] <= last[:, None]
-    additive = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
-    return additive[None, None]
+    return _additive((torch.arange(keys, device=device)[None, :] <= last[:, None])[None, None], dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _padded_step_mask(
+    mask: torch.Tensor, start: int, T: int, keys: int, rows: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """(1|B, 1, rows, keys) additive, from a step's mask (1|B, 1, >= T, >= start + T): its first T rows
+    over keys [0, start + T), keys past that masked, padding rows repeating the last row (their outputs
+    are dropped). Cached by the mask object (a tensor hashes by identity, and the cache's reference
+    keeps that identity from being reused), so a step's layers pad it once, not 30 times (~50 us each)."""
+    S = start + T
+    m = F.pad(mask[..., :T, :S], (0, keys - S), value=False)
+    return _additive(torch.cat([m, m[..., -1:, :].expand(*m.shape[:2], rows - T, keys)], dim=2), dtype)
 
 
 class MoTLayer(nn.Module):
@@ -253,10 +273,11 @@ class MoTLayer(nn.Module):
         h = h + proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         return h + mlp(norm(h))
 
-    def _decode(self, h, nar, cos, sin, mask, kv, start) -> torch.Tensor:
+    def _decode(self, h, nar, cos, sin, mask, kv, start, row0) -> torch.Tensor:
         """One parameter set's positions in a cached forward: their K/V land at cache indices
-        [start, start + T) and they attend over the cache up to there, under `mask` (1|B, 1, T, start + T)
-        or None (every key)."""
+        [start, start + T) and they attend over the cache up to there, under the step's `mask` rows
+        [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
+        step, `_padded_step_mask`), or None (every key)."""
         fused = None if self.decode_sets is None else self.decode_sets[nar]
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
@@ -267,11 +288,13 @@ class MoTLayer(nn.Module):
         k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v  # the write casts k and v
         # Row-exact layers attend with padded shapes, one-row steps and verifying rows alike; a prefill
         # (start 0) is the same call in every mode, so it need not be.
-        if fused is not None and fused.exact and start:
-            o = self._attend_exact(q, kv, mask, start)
+        if fused is not None and fused.exact and start:  # committed rows only: row0 == 0
+            attend = self._attend_exact if fused.padded_attention else self._attend_per_row
+            o = attend(q, kv, mask, start)
         else:
+            m = None if mask is None else mask[..., row0 : row0 + h.shape[1], :S]
             o = F.scaled_dot_product_attention(
-                q, k_buf[:, :, :S], v_buf[:, :, :S], mask, enable_gqa=self.n_kv != self.n_heads
+                q, k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=self.n_kv != self.n_heads
             )
         if cast:
             o = o.to(h.dtype)
@@ -288,6 +311,8 @@ class MoTLayer(nn.Module):
         padded one-row call (SmolLM2's heads, 1,170 rows at positions 1-530, 1-16 rows per call; with a
         one-row call padded to 1 instead of 4, none did). One call for the step: 9 rows ~170 us against
         ~560 for nine one-query calls, a one-row step ~90 us against ~62 unpadded (one thread).
+
+        `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """
         k_buf, v_buf = kv
         B, H, T, Dh = q.shape
@@ -296,14 +321,35 @@ class MoTLayer(nn.Module):
         rows = round_up(T, EXACT_QUERY_PAD)
         if mask is None:  # a lone row's step: every key up to its own, the same mask in every layer
             mask = _causal_padded_mask(start, T, keys, rows, q.dtype, q.device)
-        else:  # keys past S masked; padding rows repeat the last row's mask (their outputs are dropped)
-            mask = F.pad(mask, (0, keys - S), value=False)
-            mask = torch.cat([mask, mask[..., -1:, :].expand(*mask.shape[:2], rows - T, keys)], dim=2)
+        else:
+            mask = _padded_step_mask(mask, start, T, keys, rows, q.dtype)
         q = torch.cat([q, q.new_zeros(B, H, rows - T, Dh)], dim=2)
         o = F.scaled_dot_product_attention(
             q, k_buf[:, :, :keys], v_buf[:, :, :keys], mask, enable_gqa=self.n_kv != self.n_heads
         )
         return o[:, :, :T]
+
+    def _attend_per_row(self, q, kv, mask, start) -> torch.Tensor:
+        """`_attend_exact`'s other form: each of the T committed queries in a call of its own over the
+        keys up to its own, unpadded, as a one-row AR step attends (so its bits are that step's). A
+        one-row step costs what plain SDPA does (~60 us a layer against ~120 padded), a verifying
+        step T calls: the form for a precision whose one-row step is cheap and whose verifying rows are
+        dear, so that its steps verify few rows (int4, `inference.prepare_for_decoding`).
+
+        `mask` is the step's (its first T rows are these queries'), or None for a lone row.
+        """
+        k_buf, v_buf = kv
+        gqa = self.n_kv != self.n_heads
+        rows = []
+        for t in range(q.shape[2]):
+            S = start + t + 1
+            m = None if mask is None else mask[..., t : t + 1, :S]
+            rows.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, t : t + 1], k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=gqa
+                )
+            )
+        return torch.cat(rows, dim=2)
 
     def forward(
         self,
@@ -338,11 +384,9 @@ class MoTLayer(nn.Module):
             # logits. Slots follow, in scratch space past the committed length that the next
             # committed write overwrites.
             if Tc:
-                m_c = None if mask is None else mask[..., :Tc, : start + Tc]
-                h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], m_c, kv, start)
+                h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], mask, kv, start, 0)
             if Ts:
-                m_s = None if mask is None else mask[..., Tc:, :]
-                h_s = self._decode(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], m_s, kv, start + Tc)
+                h_s = self._decode(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], mask, kv, start + Tc, Tc)
             return h_c, h_s
         # Training: committed positions and all blocks in one attention call, under the training mask.
         gqa = self.n_kv != self.n_heads
