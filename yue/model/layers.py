@@ -201,7 +201,7 @@ def _padded_step_mask(
     """(1|B, 1, rows, keys) additive, from a step's mask (1|B, 1, >= T, >= start + T): its first T rows
     over keys [0, start + T), keys past that masked, padding rows repeating the last row (their outputs
     are dropped). Cached by the mask object (a tensor hashes by identity, and the cache's reference
-    keeps that identity from being reused), so a step's layers pad it once, not 30 times (~50 us each)."""
+    keeps that identity from being reused), so a step's layers pad it once, not once each."""
     S = start + T
     m = F.pad(mask[..., :T, :S], (0, keys - S), value=False)
     return _additive(torch.cat([m, m[..., -1:, :].expand(*m.shape[:2], rows - T, keys)], dim=2), dtype)
@@ -286,8 +286,9 @@ class MoTLayer(nn.Module):
             q = q.to(k_buf.dtype)
         S = start + h.shape[1]
         k_buf[:, :, start:S], v_buf[:, :, start:S] = k, v  # the write casts k and v
-        # Row-exact layers attend with padded shapes, one-row steps and verifying rows alike; a prefill
-        # (start 0) is the same call in every mode, so it need not be.
+        # Row-exact layers attend in a form whose rows' bits do not depend on the step's rows (one padded
+        # call, or one query per call), one-row steps and verifying rows alike; a prefill (start 0) is
+        # the same call in every mode, so it need not.
         if fused is not None and fused.exact and start:  # committed rows only: row0 == 0
             attend = self._attend_exact if fused.padded_attention else self._attend_per_row
             o = attend(q, kv, mask, start)
