@@ -502,7 +502,7 @@ def prepare_for_decoding(
             ]
             exact = not nar and all(row_exact(m) for m in matmuls)
             # int4 attends one query per call: its one-row step is the cheapest, and a padded call's
-            # extra ~60 us a layer cost it 7% (`ar` 0.933x, `verified` 0.99x the per-row form; one
+            # extra ~60 us a layer costs it 7% (`ar` 0.933x, `verified` 0.99x the per-row form; one
             # process, 8 calibration prompts x 96 tokens, Xeon); bfloat16's nearly free verifying rows
             # (AMX) verify many, where one padded call pays (`verified` 1.085x, `ar` 0.973x).
             sets.append(DecodeSet(layer, nar, *matmuls, exact=exact, padded_attention=not int4))

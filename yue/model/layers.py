@@ -177,34 +177,36 @@ class DecodeSet(nn.Module):
         return (rows + down_proj(F.silu(gate) * up)).view(h.shape)
 
 
-def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool mask as SDPA's additive one (0, or -inf where masked): what SDPA turns a bool mask into on
-    every call (~25 us), done once (same result, tested)."""
-    additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return additive.masked_fill_(~visible, float("-inf"))
+def _padded_additive(visible: torch.Tensor, keys: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """`_attend_exact`'s mask from a bool one (1|B, 1, T, S), True = may attend: keys past S masked,
+    padding rows repeating the last row (their outputs are dropped), as SDPA's additive mask (0, or -inf
+    where masked): what SDPA turns a bool mask into on every call (~25 us), done once (same result,
+    tested). (1|B, 1, rows, keys)."""
+    T, S = visible.shape[-2:]
+    m = F.pad(visible, (0, keys - S), value=False)
+    m = torch.cat([m, m[..., -1:, :].expand(*m.shape[:2], rows - T, keys)], dim=2)
+    return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
 
 
 @functools.lru_cache(maxsize=4)
 def _causal_padded_mask(
     start: int, T: int, keys: int, rows: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """(1, 1, rows, keys) additive: query t (t < T) at cache index start + t sees keys up to its own,
-    padding rows as the last. Cached: a step's 30 layers ask for the same one (built once, ~40 us)."""
-    last = torch.arange(rows, device=device).clamp(max=T - 1) + start  # each row's last visible key
-    return _additive((torch.arange(keys, device=device)[None, :] <= last[:, None])[None, None], dtype)
+    """A lone committed row's step: query t (t < T) at cache index start + t sees keys up to its own.
+    Cached: a step's 30 layers ask for the same one (built once, ~40 us)."""
+    S = start + T
+    visible = torch.arange(S, device=device)[None, :] <= torch.arange(start, S, device=device)[:, None]
+    return _padded_additive(visible[None, None], keys, rows, dtype)
 
 
 @functools.lru_cache(maxsize=4)
 def _padded_step_mask(
     mask: torch.Tensor, start: int, T: int, keys: int, rows: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """(1|B, 1, rows, keys) additive, from a step's mask (1|B, 1, >= T, >= start + T): its first T rows
-    over keys [0, start + T), keys past that masked, padding rows repeating the last row (their outputs
-    are dropped). Cached by the mask object (a tensor hashes by identity, and the cache's reference
-    keeps that identity from being reused), so a step's layers pad it once, not once each."""
-    S = start + T
-    m = F.pad(mask[..., :T, :S], (0, keys - S), value=False)
-    return _additive(torch.cat([m, m[..., -1:, :].expand(*m.shape[:2], rows - T, keys)], dim=2), dtype)
+    """From a step's mask (1|B, 1, >= T, >= start + T): its first T rows over keys [0, start + T).
+    Cached by the mask object (a tensor hashes by identity, and the cache's reference keeps that
+    identity from being reused), so a step's layers pad it once, not once each."""
+    return _padded_additive(mask[..., :T, : start + T], keys, rows, dtype)
 
 
 class MoTLayer(nn.Module):
@@ -311,7 +313,8 @@ class MoTLayer(nn.Module):
         `EXACT_QUERY_PAD` and the keys to a multiple of `EXACT_KEY_PAD` (masked) every row matched its
         padded one-row call (SmolLM2's heads, 1,170 rows at positions 1-530, 1-16 rows per call; with a
         one-row call padded to 1 instead of 4, none did). One call for the step: 9 rows ~170 us against
-        ~560 for nine one-query calls, a one-row step ~90 us against ~62 unpadded (one thread).
+        ~560 for nine one-query calls, a one-row step 90-145 us against 59-73 unpadded (one thread, the
+        Xeon, measured in two sessions).
 
         `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """
@@ -333,7 +336,7 @@ class MoTLayer(nn.Module):
     def _attend_per_row(self, q, kv, mask, start) -> torch.Tensor:
         """`_attend_exact`'s other form: each of the T committed queries in a call of its own over the
         keys up to its own, unpadded, as a one-row AR step attends (so its bits are that step's). A
-        one-row step costs what plain SDPA does (~60 us a layer against ~120 padded), a verifying
+        one-row step costs what plain SDPA does (59-73 us a layer, `_attend_exact`'s figures), a verifying
         step T calls: the form for a precision whose one-row step is cheap and whose verifying rows are
         dear, so that its steps verify few rows (int4, `inference.prepare_for_decoding`).
 
