@@ -51,16 +51,20 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
     """The prepared modules are the kernels `choice` names: packed iff its dtype's probe passed,
     int8 drafting iff an engine works (else float drafting: no draft head)."""
     model = engine.model
-    packed = choice.ok("onednn-f32" if model.dtype == torch.float32 else "onednn-bf16")
-    kind = RowAdaptiveLinear if model.dtype == torch.float32 else PackedLinear
-    assert isinstance(model.model.layers[0].decode_sets[0].qkv, kind) == packed
+    f32 = model.dtype == torch.float32
+    packed = choice.float32_rows != "F.linear" if f32 else choice.ok("onednn-bf16")
+    kind = RowAdaptiveLinear if f32 else PackedLinear
+    qkv = model.model.layers[0].decode_sets[0].qkv
+    assert isinstance(qkv, kind) == packed
     assert isinstance(model.ar_head, kind) == packed
+    if f32 and packed:  # a model this small keeps oneDNN for its rows where it works (`rows_kernel`)
+        assert qkv.rows_kernel == ("onednn-packed" if choice.ok("onednn-f32") else "row-stream")
     assert model.model.layers[0].exact_rows == (packed and kind is PackedLinear)
     int8 = Int8Linear if model.dtype == torch.float32 else Lowered
     assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
 
 
-@pytest.mark.parametrize("off", ["onednn-f32", "onednn-bf16", "int8-x86", "int8", "portable"])
+@pytest.mark.parametrize("off", ["onednn-f32", "rows-f32", "onednn-bf16", "int8-x86", "int8", "portable"])
 def test_each_forced_fallback_is_reported_and_decodes_the_fast_paths_tokens(trained_model_dir, fast, off):
     with kernels.forced(off) as choice:
         engine = yue.load(trained_model_dir)
@@ -124,7 +128,7 @@ def test_a_kernel_raising_at_the_probe_falls_back_and_bfloat16_loading_works(
 
 
 def test_yue_kernels_environment_variable_forces_fallbacks_and_forced_wins(monkeypatch):
-    monkeypatch.setenv("YUE_KERNELS", "no-onednn-f32,no-int8")
+    monkeypatch.setenv("YUE_KERNELS", "no-onednn-f32,no-rows-f32,no-int8")
     choice = kernels.choice()
     assert choice is kernels.choice()  # probed once, cached
     assert choice.float32_rows == "F.linear" and choice.int8_engine is None

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yue.model import kernels
+from yue.model import kernels, rowkernel
 from yue.model.layers import DecodeSet
 
 logger = logging.getLogger(__name__)
@@ -101,27 +101,34 @@ MIN_PACKED_ROWS = 4
 
 
 class RowAdaptiveLinear(nn.Module):
-    """A float32 matmul that picks its CPU kernel by row count: one row through MKL on the input-major
-    weight (`input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
-    blocked GEMM (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
+    """A float32 matmul that picks its CPU kernel by row count: one row through MKL's GEMV on the
+    input-major weight (`input_major`), 2-9 rows (a verifying step's k + 1, a small batch) through the
+    kernel `kernels.choice().float32_rows` names on a second copy of the weight laid out for it: the
+    row-streaming kernel (`rowkernel`: the weight read once for all rows), or oneDNN's pre-packed GEMM
+    (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses). More rows (a
+    prefill) take oneDNN where that copy is held, else MKL's GEMM on the input-major weight (level with
+    oneDNN from ~64 rows: SmolLM2's layers and head over 200 rows, 793 against 785 ms).
 
-    MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
-    prefill or a batch pays per matmul: one thread, 8 rows, weights not in cache, a 256x1376 matmul
-    ~175 -> ~85 us and the 256x4096 head ~800 -> ~350 us; for one row MKL's GEMV stays faster (SmolLM2's
-    30 layers and head: 36.8 against 40.3 ms packed), hence both copies. Same values, other kernels:
-    a one-row step may differ from a verifying row in the last float bits (as any two GEMM kernels do).
+    MKL's small-M GEMM re-packs the weight on every call, which a verifying step pays per matmul: one
+    thread, SmolLM2's 30 layers and head over 2 / 9 rows 137 / 162 ms against a 54-63 ms GEMV; oneDNN's
+    packed copy 90 / 110, the row-streaming one 74 / 77 (figures in `rowkernel`). Same values, other
+    kernels: a one-row step may differ from a verifying row in the last float bits (as any two GEMM
+    kernels do).
 
     The tensors are held in a tuple, not registered, so the module adds nothing to a state dict and
     moves with no `.to()`: it belongs to a model prepared for decoding on its device.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, rows_kernel: str = "onednn-packed") -> None:
         super().__init__()
         w = linear.weight.detach()
-        # (out, in) as nn.Linear's, the packed copy, and the first's (in, out) view (contiguous where the
-        # weight is input-major, `input_major`: the operand MKL's GEMV streams).
-        self.weights = (w, kernels.pack_weight(w), w.t())
-        self.pad = kernels.choice().pad_float32_rows  # 2-3 rows padded to 4 where that is faster
+        self.rows_kernel = rows_kernel  # "row-stream" or "onednn-packed" (`rows_kernel`)
+        self.streamed = rows_kernel == "row-stream"
+        rows_copy = rowkernel.block(w) if self.streamed else kernels.pack_weight(w)
+        # (out, in) as nn.Linear's, the 2-9 rows' copy, and the first's (in, out) view (contiguous where
+        # the weight is input-major, `input_major`: the operand MKL's GEMV streams).
+        self.weights = (w, rows_copy, w.t())
+        self.pad = kernels.choice().pad_float32_rows  # oneDNN's 2-3 rows padded to 4 where that is faster
 
     @property
     def weight(self) -> torch.Tensor:
@@ -129,12 +136,17 @@ class RowAdaptiveLinear(nn.Module):
         return self.weights[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, packed, by_input = self.weights
-        if x.numel() <= x.shape[-1]:  # one row (or none: a drafting pass has no AR rows)
+        weight, rows_copy, by_input = self.weights
+        rows = x.numel() // x.shape[-1]
+        if rows <= 1:  # one row (or none: a drafting pass has no AR rows)
             if x.dim() == 2:  # the decode path's rows (`DecodeSet`): one `mm`, where F.linear dispatches
                 return torch.mm(x, by_input)  # `t`, `mm` and, for 3-d input, views around them
             return F.linear(x, weight)
-        return packed_matmul(x, packed) if self.pad else kernels.packed_linear(x, packed)
+        if self.streamed:
+            if rows <= rowkernel.MAX_ROWS:
+                return rowkernel.matmul(x, rows_copy, weight.shape[0])
+            return F.linear(x, weight)
+        return packed_matmul(x, rows_copy) if self.pad else kernels.packed_linear(x, rows_copy)
 
 
 class PackedLinear(nn.Module):
@@ -255,24 +267,53 @@ class Int8Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic(x, self.packed[0], reduce_range=True)
 
 
-def row_adaptive(linear: nn.Module, one_copy: bool = False) -> nn.Module:
-    """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU, of
-    a dtype whose packed kernel `kernels.packed_rows` found working here), else `linear` itself (plain
-    F.linear): `PackedLinear` for bfloat16; for float32 `RowAdaptiveLinear` (MKL's GEMV for one row, a
-    packed copy for more), or with `one_copy` (`streamed_weights`, `low_memory`) the one kernel
-    `kernels` chose for a weight held once: `PackedLinear`, or `linear` itself on its input-major
-    weight."""
-    if not (cpu_matmul(linear) and kernels.packed_rows(linear.weight.dtype)):
+def row_adaptive(linear: nn.Module, one_copy: bool = False, rows: str | None = None) -> nn.Module:
+    """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU
+    whose dtype has a faster kernel here, `kernels`), else `linear` itself (plain F.linear):
+    `PackedLinear` for bfloat16; for float32 `RowAdaptiveLinear` (MKL's GEMV for one row, a second copy
+    for 2-9 rows, run by `rows`, default `kernels.choice().float32_rows`; `rows_kernel` chooses per
+    model), or with `one_copy` (`streamed_weights`, `low_memory`) the one kernel `kernels` chose for a
+    weight held once: `PackedLinear`, or `linear` itself on its input-major weight."""
+    if not cpu_matmul(linear):
         return linear
     if linear.weight.dtype == torch.bfloat16:
-        return PackedLinear(linear)
+        return PackedLinear(linear) if kernels.packed_rows(torch.bfloat16) else linear
+    if linear.weight.dtype != torch.float32:
+        return linear
     if one_copy:
         return PackedLinear(linear) if kernels.choice().float32_one_copy == "onednn-packed" else linear
-    return RowAdaptiveLinear(linear)
+    rows = rows or kernels.choice().float32_rows
+    return linear if rows == "F.linear" else RowAdaptiveLinear(linear, rows)
 
 
 # Float32 AR layer weights above this many bytes are held once (`streamed_weights`).
 ONE_COPY_BYTES = 2**30
+# Float32 AR layer weights above this many bytes stream from memory in every step, where the
+# row-streaming kernel's 2-9 rows beat oneDNN's; smaller ones can stay in a last-level cache (105 MiB
+# on this project's Xeon), where oneDNN's GEMM computes faster (`kernels.KernelChoice.float32_rows`).
+ROW_STREAM_BYTES = 2**27
+
+
+def ar_layer_bytes(model) -> int:
+    """Bytes of the AR set's layer matmul weights (the head not counted)."""
+    return sum(
+        m.weight.numel() * m.weight.element_size()
+        for layer in model.model.layers
+        for module in layer._sets(False)[1:4:2]
+        for m in module.children()
+        if isinstance(m, nn.Linear)
+    )
+
+
+def rows_kernel(model) -> str:
+    """The kernel of a float32 model's 2-9-row matmuls (`RowAdaptiveLinear`): `kernels`' choice, except
+    that a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works. SmolLM2 (425 MB of
+    layers; one thread, Xeon): its verifying step's 2-9 rows 1.20-1.39x a one-row step with the row
+    kernel against 1.51-1.78x with oneDNN, and `verified` 1.23x faster on 8 calibration prompts."""
+    rows = kernels.choice().float32_rows
+    if rows == "row-stream" and kernels.choice().ok("onednn-f32") and ar_layer_bytes(model) <= ROW_STREAM_BYTES:
+        return "onednn-packed"
+    return rows
 
 
 def streamed_weights(model) -> bool:
@@ -293,15 +334,7 @@ def streamed_weights(model) -> bool:
     against 1.35 ms packed). Where the one copy is the packed one the head keeps both: its input-major
     copy is the embedding table too (`input_major`), so only the packed copy is extra.
     """
-    layers = model.model.layers
-    ar_bytes = sum(
-        m.weight.numel() * m.weight.element_size()
-        for layer in layers
-        for module in layer._sets(False)[1:4:2]
-        for m in module.children()
-        if isinstance(m, nn.Linear)
-    )
-    return ar_bytes > ONE_COPY_BYTES
+    return ar_layer_bytes(model) > ONE_COPY_BYTES
 
 
 def lower_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
@@ -480,6 +513,7 @@ def prepare_for_decoding(
             kernels.choice().float32_one_copy,
             kernels.one_row_packed_ratio(),
         )
+    rows = rows_kernel(model) if model.dtype == torch.float32 else None
     input_major(model)
     release_freed_memory()
     for layer in model.model.layers:
@@ -497,7 +531,7 @@ def prepare_for_decoding(
             matmuls = [
                 (Int4Linear(m) if int4_usable(m) else bf16_packed(m))
                 if int4 and not nar
-                else row_adaptive(m, one_copy)
+                else row_adaptive(m, one_copy, rows)
                 for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
             ]
             exact = not nar and all(row_exact(m) for m in matmuls)
@@ -513,7 +547,7 @@ def prepare_for_decoding(
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
     head_once = one_copy and kernels.choice().float32_one_copy == "F.linear"
-    head = bf16_packed(model.lm_head) if int4 else row_adaptive(model.lm_head, head_once)
+    head = bf16_packed(model.lm_head) if int4 else row_adaptive(model.lm_head, head_once, rows)
     model.ar_head = head if head is not model.lm_head else None
     if model.model.layers[0].exact_rows:
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call

@@ -46,9 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from yue.model import rowkernel
+
 PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works drafts
-KERNELS = ("onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES), "int4")
+KERNELS = ("rows-f32", "onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES), "int4")
 ENV = "YUE_KERNELS"
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
 # A weight held once is kept packed where the packed kernel's one row costs at most this many times
@@ -87,7 +89,14 @@ class KernelChoice:
 
     @property
     def float32_rows(self) -> str:
-        """Kernel for float32 matmuls over two or more rows (one row always takes F.linear)."""
+        """Kernel for float32 matmuls over 2-9 rows (one row always takes MKL's GEMV): the row-streaming
+        kernel (`rowkernel`) where it builds, else oneDNN's packed GEMM, else F.linear. Tried, not timed:
+        it wins where the weights stream from memory, which a timing on the probe's cache-sized shapes
+        would not see (one SmolLM2 layer, 14 MB, 2 / 4 / 9 rows: 1.56x oneDNN's time, against 0.7-0.8x
+        in the whole model); a model small enough to stay in cache keeps oneDNN
+        (`inference.rows_kernel`)."""
+        if self.ok("rows-f32"):
+            return "row-stream"
         return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
 
     @property
@@ -243,6 +252,19 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
     return ratios[len(ratios) // 2]
 
 
+def _probe_rows() -> str:
+    """Why the row-streaming float32 kernel cannot run here ("" = it can): built (or found in the cache)
+    and tried against F.linear, with a partial column block and rows beyond one pass."""
+    try:
+        rowkernel.library()
+    except rowkernel.KernelUnavailable as e:
+        return str(e)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 24, generator=g)
+    x = torch.randn(11, 24, generator=g)
+    return _tried(lambda: rowkernel.matmul(x, rowkernel.block(w), 40), F.linear(x, w), 1e-4)
+
+
 def _probe_packed(dtype: torch.dtype) -> str:
     """Why oneDNN's pre-packed matmul cannot serve `dtype` here ("" = it can)."""
     if not torch.backends.mkldnn.is_available():
@@ -317,6 +339,8 @@ def _probe(off: frozenset[str]) -> KernelChoice:
             whys[name] = _probe_int8(name.removeprefix("int8-"))
         elif name == "int4":
             whys[name] = _probe_int4()
+        elif name == "rows-f32":
+            whys[name] = _probe_rows()
         else:
             whys[name] = _probe_packed(next(d for d, k in PACKED_KERNEL.items() if k == name))
     probes = tuple(Probe(n, not w, w) for n, w in whys.items())
@@ -383,6 +407,7 @@ def reset() -> None:
     """Forget every cached probe (after patching a kernel in a test)."""
     _probe.cache_clear()
     one_row_packed_ratio.cache_clear()
+    rowkernel.library.cache_clear()
 
 
 def packed_rows(dtype: torch.dtype) -> bool:

@@ -1,0 +1,118 @@
+"""The row-streaming float32 kernel (`yue.model.rowkernel`): its values, each row's bits whatever the call,
+its build cache, and its fallback where it cannot be built, forced here as on a machine without a compiler.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import yue
+from yue.decode.costs import decode_layout
+from yue.model import inference, kernels, rowkernel
+from yue.model.inference import RowAdaptiveLinear
+
+
+def _kernel_or_skip() -> None:
+    try:
+        rowkernel.library()
+    except rowkernel.KernelUnavailable as e:
+        pytest.skip(f"the row kernel cannot be built here: {e}")
+
+
+@pytest.fixture
+def fresh_build(gguf_cache):
+    """The kernel built into a fresh $YUE_CACHE_DIR (`gguf_cache`), every probe forgotten before and after."""
+    kernels.reset()
+    yield gguf_cache / "kernels"
+    kernels.reset()
+
+
+@pytest.mark.parametrize("out, inp", [(40, 24), (96, 64), (7, 5)])
+def test_the_row_kernel_is_the_linear_for_any_row_count_and_a_partial_column_block(out, inp):
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(out, inp, generator=g)
+    blocked = rowkernel.block(w)
+    for rows in (1, 2, 5, 9, 10, 20):  # beyond 9 rows: further passes over the weight
+        x = torch.randn(rows, inp, generator=g)
+        torch.testing.assert_close(rowkernel.matmul(x, blocked, out), x @ w.t(), atol=1e-5, rtol=1e-5)
+    x3 = torch.randn(2, 3, inp, generator=g)  # leading dims kept, a non-contiguous input taken
+    torch.testing.assert_close(rowkernel.matmul(x3.transpose(0, 1), blocked, out), x3.transpose(0, 1) @ w.t())
+
+
+def test_each_row_is_the_same_bits_whatever_the_calls_rows_place_or_threads():
+    """One fmaf chain per output: a verifying row reads what the same row alone would, bit for bit."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(200, 96, generator=g)
+    blocked = rowkernel.block(w)
+    x = torch.randn(12, 96, generator=g)
+    alone = torch.cat([rowkernel.matmul(x[i : i + 1], blocked, 200) for i in range(12)])
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for rows in range(2, 13):
+                assert torch.equal(rowkernel.matmul(x[:rows], blocked, 200), alone[:rows])
+            assert torch.equal(rowkernel.matmul(x[3:7], blocked, 200), alone[3:7])  # another place in the call
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_build_is_cached_and_a_corrupt_cached_library_is_rebuilt(fresh_build, tmp_path, monkeypatch):
+    _kernel_or_skip()  # builds into the fresh cache
+    (built,) = fresh_build.glob("rowkernel-*.so")
+    rowkernel.library.cache_clear()
+    stamp = built.stat().st_mtime_ns
+    rowkernel.library()
+    assert built.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    # A corrupt file under the same name in another cache (the loaded one stays mapped, untouched).
+    other = tmp_path / "other-cache"
+    corrupt = other / "kernels" / built.name
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_bytes(b"not a shared object")
+    monkeypatch.setenv("YUE_CACHE_DIR", str(other))
+    rowkernel.library.cache_clear()
+    x, w = torch.randn(3, 8), torch.randn(16, 8)
+    torch.testing.assert_close(rowkernel.matmul(x, rowkernel.block(w), 16), x @ w.t())
+    assert corrupt.read_bytes()[:4] == b"\x7fELF"  # rebuilt, not trusted
+
+
+def test_without_a_compiler_the_probe_says_why_and_float32_rows_fall_back(fresh_build, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    with kernels.forced() as choice:
+        assert not choice.ok("rows-f32")
+        assert "rows-f32 (no C compiler ('no-such-compiler-here' not on PATH; set CC))" in choice.describe()
+        assert choice.float32_rows == ("onednn-packed" if choice.ok("onednn-f32") else "F.linear")
+        with pytest.raises(rowkernel.KernelUnavailable, match="set CC"):
+            rowkernel.library()
+
+
+def test_a_compiler_refusing_the_fast_flags_builds_with_the_next_set(fresh_build, monkeypatch):
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", (["-fno-such-flag-for-yue"], []))
+    _kernel_or_skip()
+    x, w = torch.randn(4, 8), torch.randn(16, 8)
+    torch.testing.assert_close(rowkernel.matmul(x, rowkernel.block(w), 16), x @ w.t())
+
+
+def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained_model_dir, monkeypatch):
+    """`rows_kernel` keeps oneDNN for a model whose layers fit in a cache; with that bound at 0 the tiny
+    model's 2-9-row matmuls stream, its costs are keyed by it, and `verified` still writes `ar`'s tokens."""
+    _kernel_or_skip()
+    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
+    with kernels.forced():
+        engine = yue.load(trained_model_dir)
+    model = engine.model
+    qkv = model.model.layers[0].decode_sets[0].qkv
+    assert isinstance(qkv, RowAdaptiveLinear) and qkv.rows_kernel == "row-stream"
+    assert model.ar_head.rows_kernel == "row-stream"
+    assert "RowAdaptiveLinear[row-stream]" in decode_layout(model)
+    kw = dict(max_new_tokens=30, ignore_eos=True)
+    drafted = 0
+    for prompt in ("def alpha_1(x):\n", "class "):
+        ar = engine.generate(prompt, mode="ar", **kw)
+        ver = engine.generate(prompt, mode="verified", router_threshold=1.0, **kw)
+        assert ver.token_ids == ar.token_ids
+        drafted += ver.stats.drafted
+    assert drafted > 0  # verifying steps of several rows really ran
