@@ -55,7 +55,9 @@ def test_each_row_is_the_same_bits_whatever_the_calls_rows_place_or_threads():
             torch.set_num_threads(n)
             for rows in range(2, 13):
                 assert torch.equal(rowkernel.matmul(x[:rows], blocked, 200), alone[:rows])
-            assert torch.equal(rowkernel.matmul(x[3:7], blocked, 200), alone[3:7])  # another place in the call
+            assert torch.equal(
+                rowkernel.matmul(x[3:7], blocked, 200), alone[3:7]
+            )  # another place in the call
     finally:
         torch.set_num_threads(threads)
 

@@ -205,7 +205,9 @@ def decode_layout(model) -> str:
     sets = layer.decode_sets
     matmuls = [*sets[0].children(), model.ar_head] if sets is not None else [model.ar_head]
     # A float32 matmul's 2-9 rows run one of two kernels (`inference.rows_kernel`), each its own costs.
-    kinds = [f"{type(m).__name__}{f'[{m.rows_kernel}]' if hasattr(m, 'rows_kernel') else ''}" for m in matmuls]
+    kinds = [
+        f"{type(m).__name__}{f'[{m.rows_kernel}]' if hasattr(m, 'rows_kernel') else ''}" for m in matmuls
+    ]
     attention = []
     if layer.exact_rows:
         padded = sets[0].padded_attention

@@ -311,7 +311,11 @@ def rows_kernel(model) -> str:
     layers; one thread, Xeon): its verifying step's 2-9 rows 1.20-1.39x a one-row step with the row
     kernel against 1.51-1.78x with oneDNN, and `verified` 1.23x faster on 8 calibration prompts."""
     rows = kernels.choice().float32_rows
-    if rows == "row-stream" and kernels.choice().ok("onednn-f32") and ar_layer_bytes(model) <= ROW_STREAM_BYTES:
+    if (
+        rows == "row-stream"
+        and kernels.choice().ok("onednn-f32")
+        and ar_layer_bytes(model) <= ROW_STREAM_BYTES
+    ):
         return "onednn-packed"
     return rows
 

@@ -42,7 +42,9 @@ from yue.model.gguf import cache_root
 SOURCE = Path(__file__).with_name("rowkernel.c")
 MAX_ROWS = 9  # rows per pass (`MAX_R` in the source): more rows go to torch's GEMM (`RowAdaptiveLinear`)
 # Flag sets tried in order until one builds: the fast one, then without OpenMP, then plain.
-_NATIVE = ["-march=native"] + (["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
+_NATIVE = ["-march=native"] + (
+    ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
+)
 FLAG_SETS = ([*_NATIVE, "-fopenmp"], _NATIVE, [])
 BASE_FLAGS = ["-O3", "-shared", "-fPIC"]
 
@@ -77,7 +79,10 @@ def _build(cc: str, flags: list[str], target: Path) -> str:
     os.close(fd)
     try:
         run = subprocess.run(
-            [cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120
+            [cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if run.returncode != 0:
             return (run.stderr.strip().splitlines() or ["failed"])[0][:160]
@@ -112,7 +117,9 @@ def library() -> ctypes.CDLL:
     complaints = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(
-            "\n".join([SOURCE.read_text(), version, " ".join(flags), platform.machine(), _cpu_flags()]).encode()
+            "\n".join(
+                [SOURCE.read_text(), version, " ".join(flags), platform.machine(), _cpu_flags()]
+            ).encode()
         ).hexdigest()[:20]
         path = cache_root() / "kernels" / f"rowkernel-{key}.so"
         for attempt in range(2):  # a cached file that does not load is rebuilt once
