@@ -41,6 +41,19 @@ def test_the_row_kernel_is_the_linear_for_any_row_count_and_a_partial_column_blo
     torch.testing.assert_close(rowkernel.matmul(x3.transpose(0, 1), blocked, out), x3.transpose(0, 1) @ w.t())
 
 
+@pytest.mark.parametrize("rows", [1, 2, 9, 10, 32, 33, 70])
+def test_a_row_streamed_linear_is_the_linear_at_every_row_count_and_kernel(rows):
+    """One row through MKL's GEMV, 2-9 through the row kernel, 10-32 through the batched GEMM over its
+    column blocks, more through MKL's GEMM: each is the linear (a partial last block here)."""
+    _kernel_or_skip()
+    linear = torch.nn.Linear(48, 72, bias=False)
+    module = RowAdaptiveLinear(linear, "row-stream")
+    x = torch.randn(rows, 48)
+    expected = linear(x).detach()
+    torch.testing.assert_close(module(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(module(x[None]), expected[None], atol=1e-5, rtol=1e-5)
+
+
 def test_each_row_is_the_same_bits_whatever_the_calls_rows_place_or_threads():
     """One fmaf chain per output: a verifying row reads what the same row alone would, bit for bit."""
     _kernel_or_skip()

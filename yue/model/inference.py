@@ -106,8 +106,9 @@ class RowAdaptiveLinear(nn.Module):
     kernel `kernels.choice().float32_rows` names on a second copy of the weight laid out for it: the
     row-streaming kernel (`rowkernel`: the weight read once for all rows), or oneDNN's pre-packed GEMM
     (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses). More rows (a
-    prefill) take oneDNN where that copy is held, else MKL's GEMM on the input-major weight (level with
-    oneDNN from ~64 rows: SmolLM2's layers and head over 200 rows, 793 against 785 ms).
+    batch, a prefill) take oneDNN where that copy is held, else torch's batched GEMM on the row kernel's
+    copy up to 32 rows (`rowkernel.blocked_gemm`, level with oneDNN), then MKL's GEMM on the input-major
+    weight (level with oneDNN from ~64 rows: SmolLM2's layers and head over 200 rows, 793 against 785 ms).
 
     MKL's small-M GEMM re-packs the weight on every call, which a verifying step pays per matmul: one
     thread, SmolLM2's 30 layers and head over 2 / 9 rows 137 / 162 ms against a 54-63 ms GEMV; oneDNN's
@@ -145,6 +146,8 @@ class RowAdaptiveLinear(nn.Module):
         if self.streamed:
             if rows <= rowkernel.MAX_ROWS:
                 return rowkernel.matmul(x, rows_copy, weight.shape[0])
+            if rows <= rowkernel.MAX_BLOCKED_GEMM_ROWS:
+                return rowkernel.blocked_gemm(x, rows_copy, weight.shape[0])
             return F.linear(x, weight)
         return packed_matmul(x, rows_copy) if self.pad else kernels.packed_linear(x, rows_copy)
 

@@ -40,7 +40,11 @@ import torch
 from yue.model.gguf import cache_root
 
 SOURCE = Path(__file__).with_name("rowkernel.c")
-MAX_ROWS = 9  # rows per pass (`MAX_R` in the source): more rows go to torch's GEMM (`RowAdaptiveLinear`)
+MAX_ROWS = 9  # rows per pass (`MAX_R` in the source); a second pass costs more than torch's GEMMs
+# Up to this many rows torch's batched GEMM over the column blocks (`blocked_gemm`) runs level with
+# oneDNN's packed GEMM (SmolLM2's layers and head, one thread: 10 / 16 / 32 rows 106 / 128 / 173 ms
+# against 105 / 121 / 171, MKL's GEMM 176 / 179 / 201); from 64 rows MKL's GEMM is faster (250 against 304).
+MAX_BLOCKED_GEMM_ROWS = 32
 # Flag sets tried in order until one builds: the fast one, then without OpenMP, then plain.
 _NATIVE = ["-march=native"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
@@ -154,3 +158,11 @@ def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
         flat.data_ptr(), flat.shape[0], inp, blocked.data_ptr(), y.data_ptr(), out, torch.get_num_threads()
     )
     return y.view(*x.shape[:-1], out)
+
+
+def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
+    """`matmul` for more rows than one pass takes (a batch, a short prefill): torch's batched GEMM over
+    the column blocks, (blocks, rows, BLK), laid back to (..., out)."""
+    flat = x.reshape(-1, x.shape[-1])
+    y = torch.matmul(flat, blocked).permute(1, 0, 2).reshape(flat.shape[0], -1)[:, :out]
+    return y.reshape(*x.shape[:-1], out)
