@@ -101,20 +101,25 @@ MIN_PACKED_ROWS = 4
 
 
 class RowAdaptiveLinear(nn.Module):
-    """A float32 matmul that picks its CPU kernel by row count: one row through MKL's GEMV on the
-    input-major weight (`input_major`), 2-9 rows (a verifying step's k + 1, a small batch) through the
-    kernel `kernels.choice().float32_rows` names on a second copy of the weight laid out for it: the
-    row-streaming kernel (`rowkernel`: the weight read once for all rows), or oneDNN's pre-packed GEMM
-    (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses). More rows (a
-    batch, a prefill) take oneDNN where that copy is held, else torch's batched GEMM on the row kernel's
-    copy up to 32 rows (`rowkernel.blocked_gemm`, level with oneDNN), then MKL's GEMM on the input-major
-    weight (level with oneDNN from ~64 rows: SmolLM2's layers and head over 200 rows, 793 against 785 ms).
+    """A float32 matmul that picks its CPU kernel by row count, on the input-major weight (`input_major`)
+    and a second copy laid out for the kernel `rows_kernel` names (`kernels.choice().float32_rows`,
+    chosen per model by `inference.rows_kernel`):
 
-    MKL's small-M GEMM re-packs the weight on every call, which a verifying step pays per matmul: one
-    thread, SmolLM2's 30 layers and head over 2 / 9 rows 137 / 162 ms against a 54-63 ms GEMV; oneDNN's
-    packed copy 90 / 110, the row-streaming one 74 / 77 (figures in `rowkernel`). Same values, other
-    kernels: a one-row step may differ from a verifying row in the last float bits (as any two GEMM
-    kernels do).
+    - "row-stream" (`rowkernel`: the weight read once for all rows, several column blocks streamed at
+      once): 1-9 rows, a one-row AR step and a verifying step's k + 1 alike, so each row's result is
+      the same bits whatever the call's row count (`row_exact`; with `MoTLayer.exact_rows` attention
+      too, `ar` == `verified` by construction); 10-32 rows (a batch, a short prefill) torch's batched
+      GEMM over its column blocks (`rowkernel.blocked_gemm`, level with oneDNN); more, MKL's GEMM on
+      the input-major weight (level with oneDNN from ~64 rows: SmolLM2's layers and head over 200 rows,
+      793 against 785 ms).
+    - "onednn-packed": one row through MKL's GEMV, more through oneDNN's pre-packed GEMM (`packed_matmul`;
+      `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses). Same values, other kernels: a
+      one-row step may differ from a verifying row in the last float bits (as any two GEMM kernels do).
+
+    Why: MKL's small-M GEMM re-packs the weight on every call, which a verifying step pays per matmul.
+    SmolLM2's 30 layers and head, one thread (ms; Xeon, figures in `rowkernel`): MKL's GEMV 60-66 for
+    one row; 2 / 9 rows MKL's GEMM 140 / 148, oneDNN's packed copy 90 / 110, the row kernel 50-56 /
+    87-92, and 53-58 for one row.
 
     The tensors are held in a tuple, not registered, so the module adds nothing to a state dict and
     moves with no `.to()`: it belongs to a model prepared for decoding on its device.
@@ -126,8 +131,8 @@ class RowAdaptiveLinear(nn.Module):
         self.rows_kernel = rows_kernel  # "row-stream" or "onednn-packed" (`rows_kernel`)
         self.streamed = rows_kernel == "row-stream"
         rows_copy = rowkernel.block(w) if self.streamed else kernels.pack_weight(w)
-        # (out, in) as nn.Linear's, the 2-9 rows' copy, and the first's (in, out) view (contiguous where
-        # the weight is input-major, `input_major`: the operand MKL's GEMV streams).
+        # (out, in) as nn.Linear's, the rows kernel's copy, and the first's (in, out) view (contiguous
+        # where the weight is input-major, `input_major`: the operand MKL's GEMV streams).
         self.weights = (w, rows_copy, w.t())
         self.pad = kernels.choice().pad_float32_rows  # oneDNN's 2-3 rows padded to 4 where that is faster
 
@@ -139,15 +144,15 @@ class RowAdaptiveLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, rows_copy, by_input = self.weights
         rows = x.numel() // x.shape[-1]
-        if rows <= 1:  # one row (or none: a drafting pass has no AR rows)
-            if x.dim() == 2:  # the decode path's rows (`DecodeSet`): one `mm`, where F.linear dispatches
-                return torch.mm(x, by_input)  # `t`, `mm` and, for 3-d input, views around them
-            return F.linear(x, weight)
-        if self.streamed:
+        if self.streamed and rows:  # 1-9 rows: one kernel, so each row's bits whatever the row count
             if rows <= rowkernel.MAX_ROWS:
                 return rowkernel.matmul(x, rows_copy, weight.shape[0])
             if rows <= rowkernel.MAX_BLOCKED_GEMM_ROWS:
                 return rowkernel.blocked_gemm(x, rows_copy, weight.shape[0])
+            return F.linear(x, weight)
+        if rows <= 1:  # one row (or none: a drafting pass has no AR rows)
+            if x.dim() == 2:  # the decode path's rows (`DecodeSet`): one `mm`, where F.linear dispatches
+                return torch.mm(x, by_input)  # `t`, `mm` and, for 3-d input, views around them
             return F.linear(x, weight)
         return packed_matmul(x, rows_copy) if self.pad else kernels.packed_linear(x, rows_copy)
 
@@ -240,7 +245,9 @@ def int4_unavailable(device: torch.device | str) -> str:
 def row_exact(matmul: nn.Module) -> bool:
     """Whether a decode matmul gives each row the same bits whatever the call's row count."""
     inner = matmul.inner if isinstance(matmul, Lowered) else matmul
-    return isinstance(inner, (PackedLinear, Int4Linear))
+    return isinstance(inner, (PackedLinear, Int4Linear)) or (
+        isinstance(inner, RowAdaptiveLinear) and inner.streamed
+    )
 
 
 def bf16_packed(linear: nn.Module) -> nn.Module:
