@@ -13,7 +13,7 @@ import torch
 
 import yue
 from yue.model import kernels
-from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear
+from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
 from yue.model.masks import decode_mask
 
 PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
@@ -51,18 +51,17 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
     """The prepared modules are the kernels `choice` names: packed iff its dtype's probe passed,
     int8 drafting iff an engine works (else float drafting: no draft head)."""
     model = engine.model
-    f32 = model.dtype == torch.float32
-    packed = choice.float32_rows != "F.linear" if f32 else choice.ok("onednn-bf16")
-    kind = RowAdaptiveLinear if f32 else PackedLinear
+    if model.dtype == torch.float32:  # a model this small keeps oneDNN where it works (`rows_kernel`)
+        kind = {"onednn-packed": RowAdaptiveLinear, "row-stream": StreamedLinear}.get(choice.float32_rows)
+        if choice.ok("onednn-f32"):
+            kind = RowAdaptiveLinear
+    else:
+        kind = PackedLinear if choice.ok("onednn-bf16") else None
     qkv = model.model.layers[0].decode_sets[0].qkv
-    assert isinstance(qkv, kind) == packed
-    assert isinstance(model.ar_head, kind) == packed
-    streamed = False
-    if f32 and packed:  # a model this small keeps oneDNN for its rows where it works (`rows_kernel`)
-        streamed = not choice.ok("onednn-f32")
-        assert qkv.rows_kernel == ("row-stream" if streamed else "onednn-packed")
+    assert type(qkv) is kind if kind else isinstance(qkv, torch.nn.Linear)
+    assert type(model.ar_head) is kind if kind else model.ar_head is None
     # Row-exact layers: bfloat16's packed copy, or float32's row kernel (one kernel for 1-9 rows).
-    assert model.model.layers[0].exact_rows == (packed and (kind is PackedLinear or streamed))
+    assert model.model.layers[0].exact_rows == (kind in (PackedLinear, StreamedLinear))
     int8 = Int8Linear if model.dtype == torch.float32 else Lowered
     assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
 

@@ -18,6 +18,7 @@ from yue.model.inference import (
     Lowered,
     PackedLinear,
     RowAdaptiveLinear,
+    StreamedLinear,
     input_major,
     row_adaptive,
 )
@@ -383,14 +384,16 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 16), (1, 2, 16), (3, 1, 16), (1, 9, 16), (40, 16)])
-def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape):
+@pytest.mark.parametrize("rows, probe", [("onednn-packed", "onednn-f32"), ("row-stream", "rows-f32")])
+def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape, rows, probe):
     torch.manual_seed(0)
     linear = torch.nn.Linear(16, 24, bias=False)
-    with kernels.forced() as choice:  # the packed kernel wherever it works, whatever YUE_KERNELS says
-        fast = row_adaptive(linear)
-    if not choice.ok("onednn-f32"):
-        pytest.skip(f"oneDNN's float32 packing does not work here: {kernels.describe()}")
-    assert isinstance(fast, RowAdaptiveLinear) and fast.weight is not None and not fast.state_dict()
+    with kernels.forced() as choice:  # the kernel wherever it works, whatever YUE_KERNELS says
+        if not choice.ok(probe):
+            pytest.skip(f"{probe} does not work here: {kernels.describe()}")
+        fast = row_adaptive(linear, rows=rows)
+    kind = RowAdaptiveLinear if rows == "onednn-packed" else StreamedLinear
+    assert isinstance(fast, kind) and not fast.state_dict()
     x = torch.randn(shape)
     assert torch.allclose(fast(x), linear(x), atol=1e-5)
     with_bias = torch.nn.Linear(16, 24)

@@ -10,7 +10,7 @@ import torch
 import yue
 from yue.decode.costs import decode_layout
 from yue.model import inference, kernels, rowkernel
-from yue.model.inference import RowAdaptiveLinear
+from yue.model.inference import StreamedLinear
 
 
 def _kernel_or_skip() -> None:
@@ -43,11 +43,12 @@ def test_the_row_kernel_is_the_linear_for_any_row_count_and_a_partial_column_blo
 
 @pytest.mark.parametrize("rows", [1, 2, 9, 10, 32, 33, 70])
 def test_a_row_streamed_linear_is_the_linear_at_every_row_count_and_kernel(rows):
-    """1-9 rows through the row kernel, 10-32 through the batched GEMM over its column blocks, more
-    through MKL's GEMM: each is the linear (a partial last block here)."""
+    """1-9 rows through the row kernel, more through the batched GEMM over its column blocks: each is
+    the linear (a partial last block here)."""
     _kernel_or_skip()
     linear = torch.nn.Linear(48, 72, bias=False)
-    module = RowAdaptiveLinear(linear, "row-stream")
+    module = StreamedLinear(linear)
+    assert not module.state_dict()  # the blocked copy is held, not registered
     x = torch.randn(rows, 48)
     expected = linear(x).detach()
     torch.testing.assert_close(module(x), expected, atol=1e-5, rtol=1e-5)
@@ -113,18 +114,18 @@ def test_a_compiler_refusing_the_fast_flags_builds_with_the_next_set(fresh_build
 
 def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained_model_dir, monkeypatch):
     """`rows_kernel` keeps oneDNN for a model whose layers fit in a cache; with that bound at 0 the tiny
-    model's 1-9-row matmuls stream, its layers are row-exact, its costs are keyed by it, and `verified`
-    writes `ar`'s tokens."""
+    model's matmuls hold one copy for the row kernel, its layers are row-exact and release their float
+    weights, its costs are keyed by it, and `verified` writes `ar`'s tokens."""
     _kernel_or_skip()
     monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
     with kernels.forced():
         engine = yue.load(trained_model_dir)
     model = engine.model
     qkv = model.model.layers[0].decode_sets[0].qkv
-    assert isinstance(qkv, RowAdaptiveLinear) and qkv.rows_kernel == "row-stream"
-    assert all(layer.exact_rows for layer in model.model.layers)  # one kernel for 1-9 rows
-    assert model.ar_head.rows_kernel == "row-stream"
-    assert "RowAdaptiveLinear[row-stream]" in decode_layout(model)
+    assert isinstance(qkv, StreamedLinear) and isinstance(model.ar_head, StreamedLinear)
+    for layer in model.model.layers:  # one kernel for 1-9 rows
+        assert layer.exact_rows and layer.self_attn.q_proj.weight.numel() == 0
+    assert decode_layout(model).startswith("StreamedLinear,")
     kw = dict(max_new_tokens=30, ignore_eos=True)
     drafted = 0
     for prompt in ("def alpha_1(x):\n", "class "):

@@ -203,16 +203,12 @@ def decode_layout(model) -> str:
     attention form is not the other's."""
     layer = model.model.layers[0]
     sets = layer.decode_sets
-    matmuls = [*sets[0].children(), model.ar_head] if sets is not None else [model.ar_head]
-    # A float32 matmul's 2-9 rows run one of two kernels (`inference.rows_kernel`), each its own costs.
-    kinds = [
-        f"{type(m).__name__}{f'[{m.rows_kernel}]' if hasattr(m, 'rows_kernel') else ''}" for m in matmuls
-    ]
+    kinds = [type(m).__name__ for m in sets[0].children()] if sets is not None else []
     attention = []
     if layer.exact_rows:
         padded = sets[0].padded_attention
         attention = [f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}" if padded else "attention per row"]
-    return ",".join([*kinds, *attention])
+    return ",".join([*kinds, type(model.ar_head).__name__, *attention])
 
 
 def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:

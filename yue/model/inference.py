@@ -18,11 +18,15 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
   a call, 17 calls a drafting pass). Only drafts change: the AR set and the head computing AR logits
   keep their values, so `ar` and `verified` output is the same whatever the drafting precision;
   `hybrid`/`nar` commit drafts, so theirs may shift slightly (the bench measures it).
-- Kernels by row count (`RowAdaptiveLinear`): float matmuls over two or more rows (a verifying step's
-  k + 1, a prefill, a batch) through oneDNN on pre-packed weights, one row through MKL's GEMV; the
-  8-row head ~800 -> ~350 us, and `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12 prompts.
-  A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one copy
-  (`streamed_weights`; which one, `kernels`): there memory counts more than speed.
+- Kernels by row count: where yue's row kernel builds (`rowkernel`) and the float32 layers exceed a
+  cache (`rows_kernel`), one copy of each weight laid out for it (`StreamedLinear`): 1-9 rows (a
+  one-row AR step, a verifying step's k + 1) through it, the weight streamed once for all rows and
+  every row's bits the same whatever the row count (SmolLM2: 2-9 rows 1.03-1.72x a one-row step against
+  1.51-1.78x on oneDNN, `verified` 1.37x faster in one process); else (`RowAdaptiveLinear`) more rows
+  through oneDNN on pre-packed weights and one row through
+  MKL's GEMV (the 8-row head ~800 -> ~350 us, `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on
+  12 prompts). A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one
+  copy (`streamed_weights`; which one, `kernels`): there memory counts more than speed.
 
 The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
 and the head hold one oneDNN-packed bfloat16 copy (`PackedLinear`; MKL has no fast bfloat16 GEMV),
@@ -101,40 +105,29 @@ MIN_PACKED_ROWS = 4
 
 
 class RowAdaptiveLinear(nn.Module):
-    """A float32 matmul that picks its CPU kernel by row count, on the input-major weight (`input_major`)
-    and a second copy laid out for the kernel `rows_kernel` names (`kernels.choice().float32_rows`,
-    chosen per model by `inference.rows_kernel`):
+    """A float32 matmul that picks its CPU kernel by row count: one row through MKL on the input-major
+    weight (`input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
+    blocked GEMM (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
+    Where yue's row kernel builds, a model too large for a cache runs `StreamedLinear` instead
+    (`rows_kernel`).
 
-    - "row-stream" (`rowkernel`: the weight read once for all rows, several column blocks streamed at
-      once): 1-9 rows, a one-row AR step and a verifying step's k + 1 alike, so each row's result is
-      the same bits whatever the call's row count (`row_exact`; with `MoTLayer.exact_rows` attention
-      too, `ar` == `verified` by construction); 10-32 rows (a batch, a short prefill) torch's batched
-      GEMM over its column blocks (`rowkernel.blocked_gemm`, level with oneDNN); more, MKL's GEMM on
-      the input-major weight (level with oneDNN from ~64 rows: SmolLM2's layers and head over 200 rows,
-      793 against 785 ms).
-    - "onednn-packed": one row through MKL's GEMV, more through oneDNN's pre-packed GEMM (`packed_matmul`;
-      `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses). Same values, other kernels: a
-      one-row step may differ from a verifying row in the last float bits (as any two GEMM kernels do).
-
-    Why: MKL's small-M GEMM re-packs the weight on every call, which a verifying step pays per matmul.
-    SmolLM2's 30 layers and head, one thread (ms; Xeon, figures in `rowkernel`): MKL's GEMV 60-66 for
-    one row; 2 / 9 rows MKL's GEMM 140 / 148, oneDNN's packed copy 90 / 110, the row kernel 50-56 /
-    87-92, and 53-58 for one row.
+    MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
+    prefill or a batch pays per matmul: one thread, 8 rows, weights not in cache, a 256x1376 matmul
+    ~175 -> ~85 us and the 256x4096 head ~800 -> ~350 us; for one row MKL's GEMV stays faster (SmolLM2's
+    30 layers and head: 36.8 against 40.3 ms packed), hence both copies. Same values, other kernels:
+    a one-row step may differ from a verifying row in the last float bits (as any two GEMM kernels do).
 
     The tensors are held in a tuple, not registered, so the module adds nothing to a state dict and
     moves with no `.to()`: it belongs to a model prepared for decoding on its device.
     """
 
-    def __init__(self, linear: nn.Linear, rows_kernel: str = "onednn-packed") -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         w = linear.weight.detach()
-        self.rows_kernel = rows_kernel  # "row-stream" or "onednn-packed" (`rows_kernel`)
-        self.streamed = rows_kernel == "row-stream"
-        rows_copy = rowkernel.block(w) if self.streamed else kernels.pack_weight(w)
-        # (out, in) as nn.Linear's, the rows kernel's copy, and the first's (in, out) view (contiguous
-        # where the weight is input-major, `input_major`: the operand MKL's GEMV streams).
-        self.weights = (w, rows_copy, w.t())
-        self.pad = kernels.choice().pad_float32_rows  # oneDNN's 2-3 rows padded to 4 where that is faster
+        # (out, in) as nn.Linear's, the packed copy, and the first's (in, out) view (contiguous where the
+        # weight is input-major, `input_major`: the operand MKL's GEMV streams).
+        self.weights = (w, kernels.pack_weight(w), w.t())
+        self.pad = kernels.choice().pad_float32_rows  # 2-3 rows padded to 4 where that is faster
 
     @property
     def weight(self) -> torch.Tensor:
@@ -142,19 +135,41 @@ class RowAdaptiveLinear(nn.Module):
         return self.weights[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, rows_copy, by_input = self.weights
-        rows = x.numel() // x.shape[-1]
-        if self.streamed and rows:  # 1-9 rows: one kernel, so each row's bits whatever the row count
-            if rows <= rowkernel.MAX_ROWS:
-                return rowkernel.matmul(x, rows_copy, weight.shape[0])
-            if rows <= rowkernel.MAX_BLOCKED_GEMM_ROWS:
-                return rowkernel.blocked_gemm(x, rows_copy, weight.shape[0])
-            return F.linear(x, weight)
-        if rows <= 1:  # one row (or none: a drafting pass has no AR rows)
+        weight, packed, by_input = self.weights
+        if x.numel() <= x.shape[-1]:  # one row (or none: a drafting pass has no AR rows)
             if x.dim() == 2:  # the decode path's rows (`DecodeSet`): one `mm`, where F.linear dispatches
                 return torch.mm(x, by_input)  # `t`, `mm` and, for 3-d input, views around them
             return F.linear(x, weight)
-        return packed_matmul(x, rows_copy) if self.pad else kernels.packed_linear(x, rows_copy)
+        return packed_matmul(x, packed) if self.pad else kernels.packed_linear(x, packed)
+
+
+class StreamedLinear(nn.Module):
+    """A float32 matmul on one copy of its weight, laid out for yue's row kernel (`rowkernel`): 1-9 rows
+    (a one-row AR step, a verifying step's k + 1) through the kernel, which streams the weight once for
+    all rows and gives each row the same bits whatever the row count (`row_exact`: with
+    `MoTLayer.exact_rows`, float32 `ar` == `verified` by construction); more rows (a batch, a prefill)
+    through torch's batched GEMM over its column blocks (`rowkernel.blocked_gemm`).
+
+    Why (SmolLM2's 30 layers and head, one thread, Xeon; ms, ranges over runs): one row 51-58 against
+    MKL's GEMV 54-66; 2 / 9 rows 50-56 / 83-92 against oneDNN's packed copy 90 / 106-113 and MKL's GEMM
+    137-148 (it re-packs the weight every call). 10 / 16 / 32 rows through the batched GEMM 106 / 128 /
+    173 against oneDNN's 105 / 121 / 171; 64 / 200 rows 304 / 855 against MKL's GEMM 250 / 1004. One copy,
+    where `RowAdaptiveLinear` holds two: the layers' input-major weights are released
+    (`release_unpacked`).
+
+    The tensor is held in a tuple, not registered: nothing in a state dict, no `.to()`.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.blocked = (rowkernel.block(linear.weight.detach()),)
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows <= rowkernel.MAX_ROWS:
+            return rowkernel.matmul(x, self.blocked[0], self.out_features)
+        return rowkernel.blocked_gemm(x, self.blocked[0], self.out_features)
 
 
 class PackedLinear(nn.Module):
@@ -245,9 +260,7 @@ def int4_unavailable(device: torch.device | str) -> str:
 def row_exact(matmul: nn.Module) -> bool:
     """Whether a decode matmul gives each row the same bits whatever the call's row count."""
     inner = matmul.inner if isinstance(matmul, Lowered) else matmul
-    return isinstance(inner, (PackedLinear, Int4Linear)) or (
-        isinstance(inner, RowAdaptiveLinear) and inner.streamed
-    )
+    return isinstance(inner, (PackedLinear, Int4Linear, StreamedLinear))
 
 
 def bf16_packed(linear: nn.Module) -> nn.Module:
@@ -280,10 +293,11 @@ class Int8Linear(nn.Module):
 def row_adaptive(linear: nn.Module, one_copy: bool = False, rows: str | None = None) -> nn.Module:
     """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU
     whose dtype has a faster kernel here, `kernels`), else `linear` itself (plain F.linear):
-    `PackedLinear` for bfloat16; for float32 `RowAdaptiveLinear` (MKL's GEMV for one row, a second copy
-    for 2-9 rows, run by `rows`, default `kernels.choice().float32_rows`; `rows_kernel` chooses per
-    model), or with `one_copy` (`streamed_weights`, `low_memory`) the one kernel `kernels` chose for a
-    weight held once: `PackedLinear`, or `linear` itself on its input-major weight."""
+    `PackedLinear` for bfloat16; for float32 by `rows` (default `kernels.choice().float32_rows`;
+    `rows_kernel` chooses per model) `StreamedLinear` (the row kernel, one copy) or `RowAdaptiveLinear`
+    (MKL's GEMV for one row, oneDNN's packed copy for more), or with `one_copy` (`streamed_weights`,
+    `low_memory`) the kernel `kernels` chose for a weight held once: `PackedLinear`, or `linear`
+    itself on its input-major weight."""
     if not cpu_matmul(linear):
         return linear
     if linear.weight.dtype == torch.bfloat16:
@@ -293,14 +307,15 @@ def row_adaptive(linear: nn.Module, one_copy: bool = False, rows: str | None = N
     if one_copy:
         return PackedLinear(linear) if kernels.choice().float32_one_copy == "onednn-packed" else linear
     rows = rows or kernels.choice().float32_rows
-    return linear if rows == "F.linear" else RowAdaptiveLinear(linear, rows)
+    kind = {"row-stream": StreamedLinear, "onednn-packed": RowAdaptiveLinear}.get(rows)
+    return linear if kind is None else kind(linear)
 
 
 # Float32 AR layer weights above this many bytes are held once (`streamed_weights`).
 ONE_COPY_BYTES = 2**30
 # Float32 AR layer weights above this many bytes stream from memory in every step, where the
-# row-streaming kernel's 2-9 rows beat oneDNN's; smaller ones can stay in a last-level cache (105 MiB
-# on this project's Xeon), where oneDNN's GEMM computes faster (`kernels.KernelChoice.float32_rows`).
+# row kernel beats oneDNN's; smaller ones can stay in a last-level cache (105 MiB on this project's
+# Xeon), where oneDNN's GEMM computes faster (`kernels.KernelChoice.float32_rows`).
 ROW_STREAM_BYTES = 2**27
 
 
@@ -316,10 +331,11 @@ def ar_layer_bytes(model) -> int:
 
 
 def rows_kernel(model) -> str:
-    """The kernel of a float32 model's 2-9-row matmuls (`RowAdaptiveLinear`): `kernels`' choice, except
-    that a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works. SmolLM2 (425 MB of
-    layers; one thread, Xeon): its verifying step's 2-9 rows 1.20-1.39x a one-row step with the row
-    kernel against 1.51-1.78x with oneDNN, and `verified` 1.23x faster on 8 calibration prompts."""
+    """The kernel of a float32 model's decode matmuls (`row_adaptive`): `kernels`' choice, except
+    that a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). SmolLM2 (425 MB of
+    layers; one thread, Xeon): its verifying step's 2-9 rows 1.03-1.72x a one-row step with the row
+    kernel against 1.51-1.78x with oneDNN; in one process (8 calibration prompts x 64 tokens) `verified`
+    1.37x faster, `ar` 1.00x."""
     rows = kernels.choice().float32_rows
     if (
         rows == "row-stream"
@@ -488,9 +504,12 @@ def prepare_for_decoding(
     - Every matmul weight input-major (`input_major`).
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
     - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `model.ar_head`)
-      with a oneDNN-packed copy for steps of two or more rows (`RowAdaptiveLinear`) where `kernels`
-      found that kernel working for their dtype; the packed copy alone for bfloat16 and for a large
-      float32 model's layers (`PackedLinear`, `streamed_weights`).
+      on the kernel `kernels` found working for their dtype (`row_adaptive`): float32 one copy for the
+      row kernel (`StreamedLinear`) or two, MKL's and oneDNN's (`RowAdaptiveLinear`), as `rows_kernel`
+      chooses; the packed copy alone for bfloat16 and for a large float32 model's layers (`PackedLinear`,
+      `streamed_weights`). Layers whose matmuls are all row-exact (bfloat16's packed copy, the row
+      kernel, int4) attend in the exact form too (`MoTLayer.exact_rows`) and release their float
+      weights (`release_unpacked`).
     - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
       (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.

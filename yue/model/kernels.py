@@ -21,6 +21,9 @@ Design decisions:
 - int8 engines: x86, then fbgemm. qnnpack and onednn are left out on purpose: on this machine kind's
   one thread a 256x688 dynamic int8 matmul over 8 rows cost 225 us (qnnpack) and 117 us (onednn)
   against 24 us (x86) and ~117 us for float32 `F.linear`, so drafting in them would be no faster.
+- The row kernel (`rows-f32`, `rowkernel`): yue's own C loop for float32 1-9-row matmuls, built with
+  the system's C compiler on first use; its probe is the build plus a tried call, and no compiler (or
+  a build that fails) turns it off with the compiler's reason, as any other kernel.
 - int4 (`pack_int4`, `int4_linear`: torch's CPU int4pack kernels, weight-only, bfloat16 activations):
   the int4 precision's AR layers, a user's choice like bfloat16. No fallback computes its function
   row-exactly, so where the probe fails `yue.load(dtype="int4")` is an error naming why. With
@@ -89,8 +92,9 @@ class KernelChoice:
 
     @property
     def float32_rows(self) -> str:
-        """Kernel for float32 matmuls over 2-9 rows (one row always takes MKL's GEMV): the row-streaming
-        kernel (`rowkernel`) where it builds, else oneDNN's packed GEMM, else F.linear. Tried, not timed:
+        """Kernel for float32 matmuls over several rows: the row-streaming kernel (`rowkernel`, 1-9 rows,
+        one row too) where it builds, else oneDNN's packed GEMM (2+ rows; one row takes MKL's GEMV),
+        else F.linear. Tried, not timed:
         it wins where the weights stream from memory, which a timing on the probe's cache-sized shapes
         would not see (one SmolLM2 layer, 14 MB, 2 / 4 / 9 rows: 1.56x oneDNN's time, against 0.7-0.8x
         in the whole model); a model small enough to stay in cache keeps oneDNN

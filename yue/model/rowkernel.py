@@ -1,14 +1,17 @@
 """A float32 matmul over a few rows that streams the weight once (`rowkernel.c`), compiled for this CPU
-on first use and cached: the kernel of a float32 verifying step's 2-9 rows (`inference.RowAdaptiveLinear`).
+on first use and cached: the kernel of a float32 model's 1-9-row steps, a one-row AR step and a
+verifying step's k + 1 alike (`inference.RowAdaptiveLinear`), so each row gets the same bits whatever
+the step's row count and float32 `verified` == `ar` by construction.
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
-thread, weights streamed from memory (Intel Xeon with AVX512 and AMX; ms, 1 / 2 / 4 / 9 rows): MKL's GEMV
-54-63 for one row; MKL's GEMM 137-147 / 137-148 / 162-170 (it re-packs the weight every call); oneDNN
-on pre-packed weights 84-88 / 90-95 / 93-97 / 110-113; this kernel 67-77 / 74-78 / 73-80 / 77-80.
-In the model's whole verifying step (attention and the rest included) 2-9 rows went from 1.51-1.78x a
-one-row step to 1.20-1.39x, and on 8 calibration prompts x 64 tokens `verified` ran 1.23x faster in
-one process, its outputs the same. One row stays on MKL's GEMV, ~15-20% faster than this loop.
+thread, weights streamed from memory (Intel Xeon with AVX512 and AMX; ms, 1 / 2 / 4 / 9 rows, ranges
+over runs): MKL's GEMV 54-66 for one row; MKL's GEMM 137-147 / 137-148 / 145-170 / 145-170 for more (it
+re-packs the weight every call); oneDNN on pre-packed weights 84-92 / 90-95 / 93-97 / 106-113; this
+kernel 51-58 / 50-56 / 54-66 / 83-92 (one column block streamed at a time, the first form: 67-80 for
+every row count up to 9). In the model's whole step (attention and the rest included) 2-9 rows went
+from 1.51-1.78x a one-row step to 1.03-1.72x; in one process (8 calibration prompts x 64 tokens)
+`verified` ran 1.37x faster than on oneDNN's copy and `ar` 1.00x, outputs the same.
 
 Design decisions:
 - Built with the C compiler torch's own extensions would use (`$CC`, else `cc`), `-O3 -march=native`
@@ -40,11 +43,10 @@ import torch
 from yue.model.gguf import cache_root
 
 SOURCE = Path(__file__).with_name("rowkernel.c")
-MAX_ROWS = 9  # rows per pass (`MAX_R` in the source); a second pass costs more than torch's GEMMs
-# Up to this many rows torch's batched GEMM over the column blocks (`blocked_gemm`) runs level with
-# oneDNN's packed GEMM (SmolLM2's layers and head, one thread: 10 / 16 / 32 rows 106 / 128 / 173 ms
-# against 105 / 121 / 171, MKL's GEMM 176 / 179 / 201); from 64 rows MKL's GEMM is faster (250 against 304).
-MAX_BLOCKED_GEMM_ROWS = 32
+# Rows per pass (`MAX_R` in the source). A second pass costs more than torch's batched GEMM over the
+# column blocks (`blocked_gemm`; SmolLM2's layers and head, one thread: 10 rows 212 ms in two passes
+# against 106).
+MAX_ROWS = 9
 # Flag sets tried in order until one builds: the fast one, then without OpenMP, then plain.
 _NATIVE = ["-march=native"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
@@ -161,8 +163,10 @@ def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
 
 
 def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
-    """`matmul` for more rows than one pass takes (a batch, a short prefill): torch's batched GEMM over
-    the column blocks, (blocks, rows, BLK), laid back to (..., out)."""
+    """`matmul` for more rows than one pass takes (a batch, a prefill): torch's batched GEMM over the
+    column blocks, (blocks, rows, BLK), laid back to (..., out). SmolLM2's layers and head, one thread:
+    10 / 16 / 32 rows 106 / 128 / 173 ms against oneDNN's packed GEMM 105 / 121 / 171 and MKL's GEMM
+    176 / 179 / 201; 64 / 200 rows 304 / 855 against MKL's 250 / 1004."""
     flat = x.reshape(-1, x.shape[-1])
     y = torch.matmul(flat, blocked).permute(1, 0, 2).reshape(flat.shape[0], -1)[:, :out]
     return y.reshape(*x.shape[:-1], out)
