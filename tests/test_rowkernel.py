@@ -4,6 +4,8 @@ its build cache, and its fallback where it cannot be built, forced here as on a 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -134,3 +136,23 @@ def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained
         assert ver.token_ids == ar.token_ids
         drafted += ver.stats.drafted
     assert drafted > 0  # verifying steps of several rows really ran
+
+
+def test_low_memory_with_the_row_kernel_keeps_the_layers_and_drops_the_heads_second_copy(
+    trained_model_dir, monkeypatch, caplog
+):
+    """The row kernel's layers hold one copy already; `low_memory` then leaves the head its input-major
+    weight alone (the embedding table), and `ar` == `verified` holds."""
+    _kernel_or_skip()
+    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
+    caplog.set_level(logging.INFO, logger="yue.model.inference")
+    with kernels.forced():
+        engine = yue.load(trained_model_dir, low_memory=True)
+    assert "one copy of each float32 weight: the row kernel's" in caplog.text
+    model = engine.model
+    assert isinstance(model.model.layers[0].decode_sets[0].qkv, StreamedLinear)
+    assert model.ar_head is None  # AR rows take lm_head itself
+    kw = dict(max_new_tokens=24, ignore_eos=True)
+    for prompt in ("def add(a, b):", "class Stack:"):
+        ar = engine.generate(prompt, mode="ar", **kw).token_ids
+        assert engine.generate(prompt, mode="verified", router_threshold=1.0, **kw).token_ids == ar

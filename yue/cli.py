@@ -43,8 +43,9 @@ DTYPE_HELP = (
     "verified stay exact against each other in each."
 )
 LOW_MEMORY_HELP = (
-    "float32 on a CPU: each layer weight held once, not twice (yue-smol: ~0.4 GB less); slower "
-    "verifying rows (AVX2) or one-row steps (AVX512)."
+    "float32 on a CPU: each weight held once. With yue's row kernel the layers hold one copy anyway "
+    "and this drops the head's (yue-smol: ~0.1 GB less, slower verifying rows); without it, ~0.4 GB "
+    "less, slower verifying rows (AVX2) or one-row steps (AVX512)."
 )
 
 

@@ -397,10 +397,13 @@ def load(
             whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
         adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
             drafts applied (`model/adapters.py`); it must have been trained on this model.
-        low_memory: float32 on a CPU: hold each AR matmul's weight once, not twice (an input-major copy
-            for one-row steps and a packed one for verifying rows). yue-smol: ~0.4 GB less; `ar` and
-            `verified` stay exact against each other, but one of the two step kinds gets slower
-            (which, by CPU: `kernels.KernelChoice.float32_one_copy`; README, Portability).
+        low_memory: float32 on a CPU: hold each AR matmul's weight once. With yue's row kernel
+            (`inference.StreamedLinear`) the layers do anyway and the head keeps only its input-major
+            copy, the embedding table (yue-smol: ~0.1 GB less, verifying rows dearer); without it, not
+            twice (an input-major copy for one-row steps and a packed one for verifying rows):
+            yue-smol ~0.4 GB less, and one of the two step kinds gets slower (which, by CPU:
+            `kernels.KernelChoice.float32_one_copy`; README, Portability). `ar` and `verified` stay
+            exact against each other.
     Raises:
         CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the
             file), or an adapter for another base model (`AdapterError`, naming the mismatch).

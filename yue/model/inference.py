@@ -516,9 +516,10 @@ def prepare_for_decoding(
     - With `int4` (the int4 precision, a float32 model on the CPU): the AR layers' matmuls in 4 bits
       (`Int4Linear`), the head for AR rows in bfloat16 (`bf16_packed`), both row-exact.
     - With `low_memory`, a float32 model's AR matmuls hold one copy whatever their size, as a large
-      model's do (`streamed_weights`): `kernels.choice().float32_one_copy`, the packed copy (where
-      its one row is timed level with MKL's GEMV; the head then keeps its input-major copy too, the
-      embedding table) or the input-major weight alone (elsewhere; verifying rows then cost more,
+      model's do (`streamed_weights`): the row kernel's layers already do, and their head keeps only
+      its input-major copy (the embedding table); else `kernels.choice().float32_one_copy`, the
+      packed copy (where its one row is timed level with MKL's GEMV; the head then keeps its
+      input-major copy too) or the input-major weight alone (elsewhere; verifying rows then cost more,
       and the step costs steer drafting by them).
 
     Raises:
@@ -540,13 +541,18 @@ def prepare_for_decoding(
                 next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
             )
     one_copy = low_memory or streamed_weights(model)
-    if one_copy and model.dtype == torch.float32 and kernels.packed_rows(torch.float32):
-        logger.info(
-            "one copy of each float32 weight: %s (oneDNN's packed one row timed at %.2fx MKL's GEMV here)",
-            kernels.choice().float32_one_copy,
-            kernels.one_row_packed_ratio(),
-        )
     rows = rows_kernel(model) if model.dtype == torch.float32 else None
+    # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
+    # its input-major copy alone, the embedding table.
+    streamed = rows == "row-stream"
+    if one_copy and model.dtype == torch.float32 and (streamed or kernels.packed_rows(torch.float32)):
+        logger.info(
+            "one copy of each float32 weight: %s",
+            "the row kernel's; the head the input-major embedding table"
+            if streamed
+            else f"{kernels.choice().float32_one_copy} (oneDNN's packed one row timed at "
+            f"{kernels.one_row_packed_ratio():.2f}x MKL's GEMV here)",
+        )
     input_major(model)
     release_freed_memory()
     for layer in model.model.layers:
@@ -564,7 +570,7 @@ def prepare_for_decoding(
             matmuls = [
                 (Int4Linear(m) if int4_usable(m) else bf16_packed(m))
                 if int4 and not nar
-                else row_adaptive(m, one_copy, rows)
+                else row_adaptive(m, one_copy and not streamed, rows)
                 for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
             ]
             exact = not nar and all(row_exact(m) for m in matmuls)
@@ -579,7 +585,7 @@ def prepare_for_decoding(
         release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
-    head_once = one_copy and kernels.choice().float32_one_copy == "F.linear"
+    head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
     head = bf16_packed(model.lm_head) if int4 else row_adaptive(model.lm_head, head_once, rows)
     model.ar_head = head if head is not model.lm_head else None
     if model.model.layers[0].exact_rows:

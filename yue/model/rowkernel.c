@@ -25,8 +25,8 @@
  * system idle: one row over SmolLM2's layers and head (one thread, Xeon) 79 ms with one stream, 71 with
  * two, 58 with four, against MKL's GEMV 66; 4 rows 66 ms with two streams, 54 with three. More rows
  * need more sums, so fewer streams (R x NB x 2 vectors within ~24 of AVX512's 32 registers). */
-#define BLOCKS_FN(R, NB)                                                                                    \
-    static void block_##R(const float *x, long in, const float *w, float *y, long out, long b) {            \
+#define BLOCKS_FN(NAME, R, NB)                                                                              \
+    static void NAME(const float *x, long in, const float *w, float *y, long out, long b) {                 \
         float acc[R][NB][BLK];                                                                              \
         for (int r = 0; r < R; r++)                                                                         \
             for (int k = 0; k < NB; k++)                                                                    \
@@ -49,51 +49,30 @@
         }                                                                                                   \
     }
 
-/* Blocks per call by rows: the NB of each BLOCKS_FN below. */
+/* Blocks per call by rows (the NB of each block_R below), and one-block functions for the blocks left
+ * over when a matmul's count is not a multiple of NB. */
 static const int STREAMS[MAX_R + 1] = {0, 4, 4, 3, 3, 2, 2, 1, 1, 1};
-BLOCKS_FN(1, 4)
-BLOCKS_FN(2, 4)
-BLOCKS_FN(3, 3)
-BLOCKS_FN(4, 3)
-BLOCKS_FN(5, 2)
-BLOCKS_FN(6, 2)
-BLOCKS_FN(7, 1)
-BLOCKS_FN(8, 1)
-BLOCKS_FN(9, 1)
-
-/* One column block: the blocks left over when a matmul's count is not a multiple of NB. */
-#define SINGLE_FN(R)                                                                                  \
-    static void single_##R(const float *x, long in, const float *w, float *y, long out, long b) {     \
-        float acc[R][BLK];                                                                            \
-        for (int r = 0; r < R; r++)                                                                   \
-            for (int j = 0; j < BLK; j++) acc[r][j] = 0.f;                                            \
-        for (long i = 0; i < in; i++) {                                                               \
-            const float *wi = w + i * BLK;                                                            \
-            for (int r = 0; r < R; r++) {                                                             \
-                const float xr = x[r * in + i];                                                       \
-                for (int j = 0; j < BLK; j++) acc[r][j] = fmaf(xr, wi[j], acc[r][j]);                 \
-            }                                                                                         \
-        }                                                                                             \
-        long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
-        for (int r = 0; r < R; r++)                                                                   \
-            for (long j = 0; j < n; j++) y[r * out + b * BLK + j] = acc[r][j];                        \
-    }
-
-SINGLE_FN(1)
-SINGLE_FN(2)
-SINGLE_FN(3)
-SINGLE_FN(4)
-SINGLE_FN(5)
-SINGLE_FN(6)
-SINGLE_FN(7)
-SINGLE_FN(8)
-SINGLE_FN(9)
+BLOCKS_FN(block_1, 1, 4)
+BLOCKS_FN(block_2, 2, 4)
+BLOCKS_FN(block_3, 3, 3)
+BLOCKS_FN(block_4, 4, 3)
+BLOCKS_FN(block_5, 5, 2)
+BLOCKS_FN(block_6, 6, 2)
+BLOCKS_FN(block_7, 7, 1)
+BLOCKS_FN(block_8, 8, 1)
+BLOCKS_FN(block_9, 9, 1)
+BLOCKS_FN(single_1, 1, 1)
+BLOCKS_FN(single_2, 2, 1)
+BLOCKS_FN(single_3, 3, 1)
+BLOCKS_FN(single_4, 4, 1)
+BLOCKS_FN(single_5, 5, 1)
+BLOCKS_FN(single_6, 6, 1)
 
 typedef void (*block_fn)(const float *, long, const float *, float *, long, long);
 static const block_fn BLOCKS[MAX_R + 1] = {0, block_1, block_2, block_3, block_4,
                                            block_5, block_6, block_7, block_8, block_9};
 static const block_fn SINGLES[MAX_R + 1] = {0, single_1, single_2, single_3, single_4,
-                                            single_5, single_6, single_7, single_8, single_9};
+                                            single_5, single_6, block_7, block_8, block_9};
 
 /* x: (rows, in) row-major; w: rowkernel.block's layout; y: (rows, out) row-major. Rows beyond MAX_R
  * take further passes; groups of column blocks are shared among `threads` OpenMP threads where built
