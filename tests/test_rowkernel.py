@@ -5,6 +5,8 @@ its build cache, and its fallback where it cannot be built, forced here as on a 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 import pytest
 import torch
@@ -105,6 +107,16 @@ def test_without_a_compiler_the_probe_says_why_and_float32_rows_fall_back(fresh_
         assert choice.float32_rows == ("onednn-packed" if choice.ok("onednn-f32") else "F.linear")
         with pytest.raises(rowkernel.KernelUnavailable, match="set CC"):
             rowkernel.library()
+
+
+def test_an_unwritable_cache_is_a_reason_not_a_crash(fresh_build, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("YUE_CACHE_DIR", str(blocker))
+    with kernels.forced() as choice:
+        assert not choice.ok("rows-f32")
+        if shutil.which(os.environ.get("CC", "cc").split()[0]):  # with a compiler, the cache is the reason
+            assert "cannot write the kernel cache" in choice.describe()
 
 
 def test_a_compiler_refusing_the_fast_flags_builds_with_the_next_set(fresh_build, monkeypatch):

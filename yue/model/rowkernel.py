@@ -79,10 +79,14 @@ def _cpu_flags() -> str:
 
 
 def _build(cc: str, flags: list[str], target: Path) -> str:
-    """Compile the source into `target` (atomically); "" on success, else the compiler's complaint."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
+    """Compile the source into `target` (atomically); "" on success, else why not (the compiler's first
+    complaint, or a cache folder that cannot be written)."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+    except OSError as e:
+        return f"cannot write the kernel cache: {e}"
     try:
         run = subprocess.run(
             [cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"],
@@ -94,6 +98,8 @@ def _build(cc: str, flags: list[str], target: Path) -> str:
             return (run.stderr.strip().splitlines() or ["failed"])[0][:160]
         os.replace(tmp, target)
         return ""
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{cc}: {e}"
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
