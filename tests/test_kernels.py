@@ -185,7 +185,7 @@ def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pa
     with kernels.forced() as choice:
         assert choice.pad_float32_rows == pad
         # In the line, and so in the step costs' cache key (`costs.cost_cache_key`).
-        assert ("(2-3 padded to 4)" if pad else "(unpadded)") in choice.describe()
+        assert ("(oneDNN 2-3 padded to 4)" if pad else "(oneDNN unpadded)") in choice.describe()
         if not choice.ok("onednn-f32"):
             pytest.skip("no oneDNN float32 packing here")
         linear = torch.nn.Linear(64, 48, bias=False)

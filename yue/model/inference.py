@@ -21,11 +21,11 @@ overhead. Four changes, all measured on the 2-core CPU with one thread, weights 
 - Kernels by row count: where yue's row kernel builds (`rowkernel`) and the float32 layers exceed a
   cache (`rows_kernel`), one copy of each weight laid out for it (`StreamedLinear`): 1-9 rows (a
   one-row AR step, a verifying step's k + 1) through it, the weight streamed once for all rows and
-  every row's bits the same whatever the row count (SmolLM2: 2-9 rows 1.03-1.72x a one-row step against
-  1.51-1.78x on oneDNN, `verified` 1.37x faster in one process); else (`RowAdaptiveLinear`) more rows
-  through oneDNN on pre-packed weights and one row through
-  MKL's GEMV (the 8-row head ~800 -> ~350 us, `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on
-  12 prompts). A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one
+  every row's bits the same whatever the row count (SmolLM2: 2-9 rows 1.03-1.72x a one-row step
+  against 1.51-1.78x on oneDNN; in one process `verified` 1.30x faster held-out, `ar` 1.04x). Else
+  (`RowAdaptiveLinear`) two or more rows through oneDNN on pre-packed weights and one row through MKL's
+  GEMV (the 8-row head ~800 -> ~350 us, `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12
+  prompts). A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one
   copy (`streamed_weights`; which one, `kernels`): there memory counts more than speed.
 
 The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
@@ -331,11 +331,12 @@ def ar_layer_bytes(model) -> int:
 
 
 def rows_kernel(model) -> str:
-    """The kernel of a float32 model's decode matmuls (`row_adaptive`): `kernels`' choice, except
-    that a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). SmolLM2 (425 MB of
-    layers; one thread, Xeon): its verifying step's 2-9 rows 1.03-1.72x a one-row step with the row
-    kernel against 1.51-1.78x with oneDNN; in one process (8 calibration prompts x 64 tokens) `verified`
-    1.37x faster, `ar` 1.00x."""
+    """The kernel of a float32 model's decode matmuls (`row_adaptive`): `kernels`' choice, except that
+    a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). SmolLM2
+    (425 MB of layers; one thread, Xeon): a verifying step's 2-9 rows 1.03-1.72x a one-row step with the
+    row kernel against 1.51-1.78x with oneDNN; in one process (8 prompts x 64 tokens,
+    `docs/recipes/row_kernel_ab.py`) `verified` 1.30x faster held-out and 1.67x on the calibration
+    split, `ar` 1.04x and 0.96x."""
     rows = kernels.choice().float32_rows
     if (
         rows == "row-stream"

@@ -94,11 +94,10 @@ class KernelChoice:
     def float32_rows(self) -> str:
         """Kernel for float32 matmuls over several rows: the row-streaming kernel (`rowkernel`, 1-9 rows,
         one row too) where it builds, else oneDNN's packed GEMM (2+ rows; one row takes MKL's GEMV),
-        else F.linear. Tried, not timed:
-        it wins where the weights stream from memory, which a timing on the probe's cache-sized shapes
-        would not see (one SmolLM2 layer, 14 MB, 2 / 4 / 9 rows: 1.56x oneDNN's time, against 0.7-0.8x
-        in the whole model); a model small enough to stay in cache keeps oneDNN
-        (`inference.rows_kernel`)."""
+        else F.linear. Tried, not timed: it wins where the weights stream from memory, which a timing
+        on the probe's cache-sized shapes would not see (its first form timed on one SmolLM2 layer,
+        14 MB, over 2 / 4 / 9 rows: 1.56x oneDNN's time, against 0.7-0.8x over the whole model's
+        weights); a model small enough to stay in cache keeps oneDNN (`inference.rows_kernel`)."""
         if self.ok("rows-f32"):
             return "row-stream"
         return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
@@ -148,7 +147,7 @@ class KernelChoice:
         """One line for logs and bench headers: the choices, then each kernel left out and why."""
         line = (
             f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
-            f"float32 rows>1: {self.float32_rows} ({'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}), "
+            f"float32 rows>1: {self.float32_rows} (oneDNN {'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}), "
             f"one copy: {self.float32_one_copy}; "
             f"bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}; "
