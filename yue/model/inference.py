@@ -542,11 +542,12 @@ def prepare_for_decoding(
                 next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
             )
     one_copy = low_memory or streamed_weights(model)
-    rows = rows_kernel(model) if model.dtype == torch.float32 else None
+    on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
+    rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
     # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
     # its input-major copy alone, the embedding table.
     streamed = rows == "row-stream"
-    if one_copy and model.dtype == torch.float32 and (streamed or kernels.packed_rows(torch.float32)):
+    if one_copy and on_cpu_float32 and (streamed or kernels.packed_rows(torch.float32)):
         logger.info(
             "one copy of each float32 weight: %s",
             "the row kernel's; the head the input-major embedding table"
