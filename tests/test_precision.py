@@ -10,11 +10,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.test_rowkernel import needs_row_kernel
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key, decode_layout
 from yue.decode.loop import decode
-from yue.model import inference, kernels, rowkernel
+from yue.model import inference, kernels
 from yue.model.cache import padded_capacity
 from yue.model.inference import PackedLinear, packed_matmul, resolve_dtype
 from yue.model.layers import EXACT_KEY_PAD, MoTLayer
@@ -65,10 +66,7 @@ def test_bfloat16_model_holds_one_packed_copy_and_attends_in_float32():
 def row_stream_model(seed: int, monkeypatch):
     """A random top-layer NAR model in float32 whose rows run the row kernel (`inference.rows_kernel`
     keeps oneDNN for a model this small unless its bound is 0); skipped where the kernel cannot build."""
-    try:
-        rowkernel.library()
-    except rowkernel.KernelUnavailable as e:
-        pytest.skip(f"the row kernel cannot be built here: {e}")
+    needs_row_kernel()
     monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
     with kernels.forced():
         model = top_model(2, seed=seed).prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)

@@ -17,7 +17,8 @@ from yue.model import inference, kernels, rowkernel
 from yue.model.inference import StreamedLinear
 
 
-def _kernel_or_skip() -> None:
+def needs_row_kernel() -> None:
+    """Skip the calling test where the row kernel cannot be built (the reason in the skip)."""
     try:
         rowkernel.library()
     except rowkernel.KernelUnavailable as e:
@@ -34,7 +35,7 @@ def fresh_build(gguf_cache):
 
 @pytest.mark.parametrize("out, inp", [(40, 24), (96, 64), (7, 5)])
 def test_the_row_kernel_is_the_linear_for_any_row_count_and_a_partial_column_block(out, inp):
-    _kernel_or_skip()
+    needs_row_kernel()
     g = torch.Generator().manual_seed(0)
     w = torch.randn(out, inp, generator=g)
     blocked = rowkernel.block(w)
@@ -49,7 +50,7 @@ def test_the_row_kernel_is_the_linear_for_any_row_count_and_a_partial_column_blo
 def test_a_row_streamed_linear_is_the_linear_at_every_row_count_and_kernel(rows):
     """1-9 rows through the row kernel, more through the batched GEMM over its column blocks: each is
     the linear (a partial last block here)."""
-    _kernel_or_skip()
+    needs_row_kernel()
     linear = torch.nn.Linear(48, 72, bias=False)
     module = StreamedLinear(linear)
     assert not module.state_dict()  # the blocked copy is held, not registered
@@ -61,7 +62,7 @@ def test_a_row_streamed_linear_is_the_linear_at_every_row_count_and_kernel(rows)
 
 def test_each_row_is_the_same_bits_whatever_the_calls_rows_place_or_threads():
     """One fmaf chain per output: a verifying row reads what the same row alone would, bit for bit."""
-    _kernel_or_skip()
+    needs_row_kernel()
     g = torch.Generator().manual_seed(1)
     w = torch.randn(200, 96, generator=g)
     blocked = rowkernel.block(w)
@@ -81,7 +82,7 @@ def test_each_row_is_the_same_bits_whatever_the_calls_rows_place_or_threads():
 
 
 def test_the_build_is_cached_and_a_corrupt_cached_library_is_rebuilt(fresh_build, tmp_path, monkeypatch):
-    _kernel_or_skip()  # builds into the fresh cache
+    needs_row_kernel()  # builds into the fresh cache
     (built,) = fresh_build.glob("rowkernel-*.so")
     rowkernel.library.cache_clear()
     stamp = built.stat().st_mtime_ns
@@ -121,7 +122,7 @@ def test_an_unwritable_cache_is_a_reason_not_a_crash(fresh_build, tmp_path, monk
 
 def test_a_compiler_refusing_the_fast_flags_builds_with_the_next_set(fresh_build, monkeypatch):
     monkeypatch.setattr(rowkernel, "FLAG_SETS", (["-fno-such-flag-for-yue"], []))
-    _kernel_or_skip()
+    needs_row_kernel()
     x, w = torch.randn(4, 8), torch.randn(16, 8)
     torch.testing.assert_close(rowkernel.matmul(x, rowkernel.block(w), 16), x @ w.t())
 
@@ -130,7 +131,7 @@ def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained
     """`rows_kernel` keeps oneDNN for a model whose layers fit in a cache; with that bound at 0 the tiny
     model's matmuls hold one copy for the row kernel, its layers are row-exact and release their float
     weights, its costs are keyed by it, and `verified` writes `ar`'s tokens."""
-    _kernel_or_skip()
+    needs_row_kernel()
     monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
     with kernels.forced():
         engine = yue.load(trained_model_dir)
@@ -155,7 +156,7 @@ def test_low_memory_with_the_row_kernel_keeps_the_layers_and_drops_the_heads_sec
 ):
     """The row kernel's layers hold one copy already; `low_memory` then leaves the head its input-major
     weight alone (the embedding table), and `ar` == `verified` holds."""
-    _kernel_or_skip()
+    needs_row_kernel()
     monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
     caplog.set_level(logging.INFO, logger="yue.model.inference")
     with kernels.forced():

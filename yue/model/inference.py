@@ -337,14 +337,14 @@ def rows_kernel(model) -> str:
     row kernel against 1.51-1.78x with oneDNN; in one process (8 prompts x 64 tokens,
     `docs/recipes/row_kernel_ab.py`) `verified` 1.30x faster held-out and 1.67x on the calibration
     split, `ar` 1.04x and 0.96x."""
-    rows = kernels.choice().float32_rows
+    choice = kernels.choice()
     if (
-        rows == "row-stream"
-        and kernels.choice().ok("onednn-f32")
+        choice.float32_rows == "row-stream"
+        and choice.ok("onednn-f32")
         and ar_layer_bytes(model) <= ROW_STREAM_BYTES
     ):
         return "onednn-packed"
-    return rows
+    return choice.float32_rows
 
 
 def streamed_weights(model) -> bool:

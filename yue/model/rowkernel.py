@@ -1,6 +1,6 @@
 """A float32 matmul over a few rows that streams the weight once (`rowkernel.c`), compiled for this CPU
 on first use and cached: the kernel of a float32 model's 1-9-row steps, a one-row AR step and a
-verifying step's k + 1 alike (`inference.RowAdaptiveLinear`), so each row gets the same bits whatever
+verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits whatever
 the step's row count and float32 `verified` == `ar` by construction.
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
