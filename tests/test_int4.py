@@ -73,9 +73,14 @@ def test_int4_model_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
     assert isinstance(model.ar_head, Lowered) == packed_bf16
     assert not packed_bf16 or isinstance(model.ar_head.inner, PackedLinear)
     assert cost_cache_key(model) != cost_cache_key(top_model(2).prepare_for_decoding(None))
-    # One query per attention call (`MoTLayer._attend_per_row`), named in the step costs' key.
-    assert model.model.layers[0].exact_rows and not model.model.layers[0].decode_sets[0].padded_attention
-    assert "attention per row" in decode_layout(model)
+    # Row-exact attention without padding: yue's row kernel where it builds, else one query per SDPA
+    # call (`MoTLayer._attend_kernel`, `_attend_per_row`), named in the step costs' key.
+    kernel = kernels.choice().ok("rows-f32")
+    assert model.model.layers[0].exact_rows
+    assert model.model.layers[0].decode_sets[0].attention == ("kernel" if kernel else "per-row")
+    assert ("attention row kernel" if kernel else "attention per row") in decode_layout(model)
+    with kernels.forced("rows-f32"):
+        assert int4_model().model.layers[0].decode_sets[0].attention == "per-row"
 
 
 def test_shapes_the_int4_kernel_does_not_take_are_named():

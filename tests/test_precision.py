@@ -111,15 +111,18 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
         )
 
 
-@pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row"])
+@pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row", "_attend_kernel"])
 @pytest.mark.parametrize("start", [1, 57, 127, 509])
 def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
-    """Both row-exact attention forms (`MoTLayer._attend_exact`, padded; `_attend_per_row`) over 9
+    """The row-exact attention forms (`MoTLayer._attend_exact`, padded; `_attend_per_row`; the row
+    kernel's, `_attend_kernel`, where it builds) over 9
     committed queries give, bit for bit, nine one-query calls of the same form at their positions
     (SmolLM2's heads: 9 query, 3 key/value, 64 dims; ranges crossing 64-column boundaries), in a batch
     whose second row has holes and for a lone row with no mask."""
     config = YueConfig(vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
+    if form == "_attend_kernel":
+        needs_row_kernel()
     layer = MoTLayer(config, has_nar=False)
     attend = getattr(layer, form)
     g = torch.Generator().manual_seed(start)

@@ -46,6 +46,39 @@ def test_the_row_kernel_is_the_linear_for_any_row_count_and_a_partial_column_blo
     torch.testing.assert_close(rowkernel.matmul(x3.transpose(0, 1), blocked, out), x3.transpose(0, 1) @ w.t())
 
 
+def test_the_row_norm_is_torchs_rms_norm_and_each_row_the_same_bits_alone():
+    needs_row_kernel()
+    g = torch.Generator().manual_seed(2)
+    for n in (576, 64, 37):  # a width that is not a whole number of vectors
+        x, w = torch.randn(7, n, generator=g), torch.randn(n, generator=g)
+        y = rowkernel.rms_norm(x, w, 1e-5)
+        torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (n,), w, 1e-5))
+        assert all(torch.equal(rowkernel.rms_norm(x[i], w, 1e-5), y[i]) for i in range(7))
+
+
+@pytest.mark.parametrize("head_dim, heads, kv_heads", [(64, 9, 3), (128, 4, 4), (32, 2, 1)])
+@pytest.mark.parametrize("start", [0, 5, 130])
+def test_the_row_attention_is_sdpa_for_masks_holes_and_gqa(head_dim, heads, kv_heads, start):
+    """`rowkernel.attention` against SDPA over the same visible keys: a batch whose second row has
+    holes (left padding), a lone row with no mask (each query up to its own key), 1-11 queries."""
+    needs_row_kernel()
+    if not rowkernel.attention_fits(head_dim):
+        pytest.skip(f"{head_dim}-wide heads are not a multiple of this build's vector width")
+    g = torch.Generator().manual_seed(start + head_dim)
+    k, v = (torch.randn(2, kv_heads, 192, head_dim, generator=g) for _ in range(2))
+    for T in (1, 4, 11):
+        S = start + T
+        q = torch.randn(2, heads, T, head_dim, generator=g)
+        visible = torch.ones(2, T, S, dtype=torch.bool).tril(start)
+        visible[1, :, : start // 2] = False
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, k[:, :, :S], v[:, :, :S], visible[:, None], enable_gqa=heads != kv_heads
+        )
+        out = rowkernel.attention(q, k, v, visible.to(torch.uint8), start)
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(rowkernel.attention(q[:1], k[:1], v[:1], None, start), expected[:1], atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 9, 10, 32, 33, 70])
 def test_a_row_streamed_linear_is_the_linear_at_every_row_count_and_kernel(rows):
     """1-9 rows through the row kernel, more through the batched GEMM over its column blocks: each is

@@ -198,7 +198,7 @@ def cost_cache_key(model) -> str:
 
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
-    attention form of row-exact layers, padded or one query per call): the int4 precision and a large
+    attention form of row-exact layers: padded, one query per call or yue's row kernel): the int4 precision and a large
     float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
     attention form is not the other's."""
     layer = model.model.layers[0]
@@ -206,8 +206,9 @@ def decode_layout(model) -> str:
     kinds = [type(m).__name__ for m in sets[0].children()] if sets is not None else []
     attention = []
     if layer.exact_rows:
-        padded = sets[0].padded_attention
-        attention = [f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}" if padded else "attention per row"]
+        padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
+        names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
+        attention = [names[sets[0].attention]]
     return ",".join([*kinds, type(model.ar_head).__name__, *attention])
 
 

@@ -547,6 +547,11 @@ def prepare_for_decoding(
     # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
     # its input-major copy alone, the embedding table.
     streamed = rows == "row-stream"
+    # The rest of a float32 step's row-wise work on yue's row kernel too, where it builds: the norms
+    # (`DecodeSet.rms_norm`) and the row-exact layers' attention (`MoTLayer._attend_kernel`, float32 and
+    # int4, whose caches hold float32). In one process (8 held-out prompts x 64 tokens, float32, one
+    # thread, Xeon) the norms made `ar` and `verified` 1.04x as fast, the attention `ar` 1.11x more.
+    row_ops = on_cpu_float32 and kernels.choice().ok("rows-f32")
     if one_copy and on_cpu_float32 and (streamed or kernels.packed_rows(torch.float32)):
         logger.info(
             "one copy of each float32 weight: %s",
@@ -576,11 +581,14 @@ def prepare_for_decoding(
                 for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
             ]
             exact = not nar and all(row_exact(m) for m in matmuls)
-            # int4 attends one query per call: its one-row step is the cheapest, and a padded call's
-            # extra ~60 us a layer costs it 7% (`ar` 0.933x, `verified` 0.99x the per-row form; one
-            # process, 8 calibration prompts x 96 tokens, Xeon); bfloat16's nearly free verifying rows
-            # (AMX) verify many, where one padded call pays (`verified` 1.085x, `ar` 0.973x).
-            sets.append(DecodeSet(layer, nar, *matmuls, exact=exact, padded_attention=not int4))
+            attention = "kernel" if row_ops and rowkernel.attention_fits(layer.head_dim) else "padded"
+            if int4 and attention != "kernel":
+                # int4 attends one query per call: its one-row step is the cheapest, and a padded call's
+                # extra ~60 us a layer costs it 7% (`ar` 0.933x, `verified` 0.99x the per-row form; one
+                # process, 8 calibration prompts x 96 tokens, Xeon); bfloat16's nearly free verifying
+                # rows (AMX) verify many, where one padded call pays (`verified` 1.085x, `ar` 0.973x).
+                attention = "per-row"
+            sets.append(DecodeSet(layer, nar, *matmuls, exact=exact, attention=attention, row_norm=row_ops))
         layer.decode_sets = nn.ModuleList(sets)
         if layer.exact_rows:
             release_unpacked(layer)
@@ -588,7 +596,12 @@ def prepare_for_decoding(
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
     head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
-    head = bf16_packed(model.lm_head) if int4 else row_adaptive(model.lm_head, head_once, rows)
+    if int4:
+        head = bf16_packed(model.lm_head)
+    elif head_once and streamed:  # not `row_adaptive`'s one copy, which may be a packed one (timed)
+        head = model.lm_head
+    else:
+        head = row_adaptive(model.lm_head, head_once, rows)
     model.ar_head = head if head is not model.lm_head else None
     if model.model.layers[0].exact_rows:
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call

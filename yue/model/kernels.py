@@ -21,9 +21,10 @@ Design decisions:
 - int8 engines: x86, then fbgemm. qnnpack and onednn are left out on purpose: on this machine kind's
   one thread a 256x688 dynamic int8 matmul over 8 rows cost 225 us (qnnpack) and 117 us (onednn)
   against 24 us (x86) and ~117 us for float32 `F.linear`, so drafting in them would be no faster.
-- The row kernel (`rows-f32`, `rowkernel`): yue's own C loop for float32 1-9-row matmuls, built with
-  the system's C compiler on first use; its probe is the build plus a tried call, and no compiler (or
-  a build that fails) turns it off with the compiler's reason, as any other kernel.
+- The row kernels (`rows-f32`, `rowkernel`): yue's own C loops for float32 1-9-row matmuls, the
+  norms and the row-exact attention, built with the system's C compiler on first use; the probe is the
+  build plus a tried call of each, and no compiler (or a build that fails) turns them off with the
+  compiler's reason, as any other kernel.
 - int4 (`pack_int4`, `int4_linear`: torch's CPU int4pack kernels, weight-only, bfloat16 activations):
   the int4 precision's AR layers, a user's choice like bfloat16. No fallback computes its function
   row-exactly, so where the probe fails `yue.load(dtype="int4")` is an error naming why. With
@@ -256,8 +257,10 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
 
 
 def _probe_rows() -> str:
-    """Why the row-streaming float32 kernel cannot run here ("" = it can): built (or found in the cache)
-    and tried against F.linear, with a partial column block and rows beyond one pass."""
+    """Why yue's row kernels cannot run here ("" = they can): built (or found in the cache) and each
+    tried against torch: the matmul against F.linear (a partial column block, rows beyond one pass),
+    the norm against F.rms_norm, the attention against SDPA (GQA, a batch mask with holes, a key count
+    that is not a whole number of vectors)."""
     try:
         rowkernel.library()
     except rowkernel.KernelUnavailable as e:
@@ -265,7 +268,17 @@ def _probe_rows() -> str:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(40, 24, generator=g)
     x = torch.randn(11, 24, generator=g)
-    return _tried(lambda: rowkernel.matmul(x, rowkernel.block(w), 40), F.linear(x, w), 1e-4)
+    why = _tried(lambda: rowkernel.matmul(x, rowkernel.block(w), 40), F.linear(x, w), 1e-4)
+    why = why or _tried(lambda: rowkernel.rms_norm(x, w[0], 1e-5), F.rms_norm(x, (24,), w[0], 1e-5), 1e-5)
+    if why or not rowkernel.attention_fits(32):
+        return why or "the attention kernel takes no 32-wide heads"
+    start, T = 21, 3  # 24 keys: one vector and a partial one of either width
+    q = torch.randn(2, 4, T, 32, generator=g)
+    k, v = (torch.randn(2, 2, 64, 32, generator=g) for _ in range(2))
+    visible = torch.ones(2, T, start + T, dtype=torch.bool).tril(start)
+    visible[1, :, :5] = False
+    ref = F.scaled_dot_product_attention(q, k[:, :, :24], v[:, :, :24], visible[:, None], enable_gqa=True)
+    return _tried(lambda: rowkernel.attention(q, k, v, visible.to(torch.uint8), start), ref, 1e-5)
 
 
 def _probe_packed(dtype: torch.dtype) -> str:

@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #define BLK 32       /* outputs per column block: two AVX512 vectors, four AVX2 ones */
 #define MAX_R 9      /* rows per pass: a verifying step's k + 1 with k = 8 drafts */
@@ -91,3 +92,166 @@ void rows_matmul(const float *x, long rows, long in, const float *w, float *y, l
 }
 
 int rows_block(void) { return BLK; }
+
+int rows_lanes(void); /* below: the attention's vector width, which its head size must be a multiple of */
+
+/* ---- The rest of a float32 decode step's row-wise work, row-exact the same way ----
+ *
+ * Why: with the matmuls streamed at memory speed, the step's other calls became a third of it (SmolLM2,
+ * one thread, Xeon: a 76-79 ms `ar` step, 45 ms in the row kernel; torch's RMSNorm ~30-80 us a call,
+ * 60 a step; the exact form's padded SDPA ~145 us a layer). */
+
+/* Partial sums of a dot product: one native vector (AVX512's 16 floats; 8 elsewhere, one AVX2 vector,
+ * two SSE or NEON ones). The bits of a result depend on it, so they are the same within one build. */
+#if defined(__AVX512F__)
+#define LANES 16
+#else
+#define LANES 8
+#endif
+
+/* LANES floats as one value (GCC/Clang vector extensions: one AVX512 register, two AVX2 ones, four
+ * NEON ones), loaded from any float address; vi the same bits as ints. */
+typedef float vf __attribute__((vector_size(LANES * sizeof(float)), aligned(sizeof(float))));
+typedef int vi __attribute__((vector_size(LANES * sizeof(int)), aligned(sizeof(int))));
+
+/* The LANES lanes added in a fixed tree. */
+static inline __attribute__((always_inline)) float lanes_sum(vf acc) {
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* sum_i a[i] * b[i] as LANES chains (lane i % LANES) added in a fixed tree: the same bits in every call. */
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, long n) {
+    vf acc = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES) acc += *(const vf *)(a + i) * *(const vf *)(b + i);
+    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+    return lanes_sum(acc);
+}
+
+/* exp(x) for x <= 0 (softmax's shifted scores), LANES at a time: 2^n * p(r) with n = round(x / ln 2),
+ * r = x - n ln 2 (Cody-Waite, two parts), p a degree-6 Taylor polynomial (|r| <= ln 2 / 2: relative
+ * error ~2e-7, about libm's expf); 0 below -87 (where expf goes subnormal) and for -inf. */
+static inline __attribute__((always_inline)) vf exp_neg(vf x) {
+    const vf magic = (vf){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf t = x * 1.44269504f + magic;
+    const vf n = t - magic;
+    const vf r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    vf p = (vf){0} + 1.f / 720;
+    p = p * r + 1.f / 120;
+    p = p * r + 1.f / 24;
+    p = p * r + 1.f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    const vi scale = ((vi)t - (vi)magic + 127) << 23; /* 2^n as a float's bits */
+    return (vf)((vi)(p * (vf)scale) & (x >= -87.0f));
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * weight over each of `rows` rows of n (row-major). */
+void rows_rms_norm(const float *x, long rows, long n, const float *weight, float eps, float *y) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        const float scale = 1.0f / sqrtf(dot(xr, xr, n) / (float)n + eps);
+        for (long i = 0; i < n; i++) yr[i] = weight[i] * (xr[i] * scale);
+    }
+}
+
+/* The LANES dot products of q (Dh) with the LANES rows of k (LANES, Dh), Dh % LANES == 0: each a
+ * LANES-lane sum reduced in `lanes_sum`'s tree, all at once (shuffles put lane halves, then quarters,
+ * ... of two keys' sums side by side), so a key's score has the same bits here as from `dot`. */
+#define SHUF __builtin_shufflevector
+static inline __attribute__((always_inline)) vf dots(const vf *qv, int chunks, const float *k, long Dh) {
+    vf a[LANES];
+    _Pragma("GCC unroll 16") for (int j = 0; j < LANES; j++) {
+        vf acc = {0};
+        _Pragma("GCC unroll 16") for (int ch = 0; ch < chunks; ch++) acc += qv[ch] * *(const vf *)(k + j * Dh + ch * LANES);
+        a[j] = acc;
+    }
+#if LANES == 16
+    vf b[8], c[4], d[2];
+    _Pragma("GCC unroll 16") for (int j = 0; j < 8; j++) /* lanes l + 8: keys 2j, 2j + 1 in lanes 0-7, 8-15 */
+        b[j] = SHUF(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               SHUF(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    _Pragma("GCC unroll 16") for (int j = 0; j < 4; j++) /* + 4: four keys, four lanes each */
+        c[j] = SHUF(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               SHUF(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    _Pragma("GCC unroll 16") for (int j = 0; j < 2; j++) /* + 2 */
+        d[j] = SHUF(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               SHUF(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return SHUF(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) + /* + 1 */
+           SHUF(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+    vf c[4], d[2];
+    _Pragma("GCC unroll 16") for (int j = 0; j < 4; j++) /* lanes l + 4: keys 2j, 2j + 1 in lanes 0-3, 4-7 */
+        c[j] = SHUF(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               SHUF(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    _Pragma("GCC unroll 16") for (int j = 0; j < 2; j++) /* + 2 */
+        d[j] = SHUF(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               SHUF(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return SHUF(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) + SHUF(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+/* Attention of T queries over a KV cache, each (batch, head, query) on its own: softmax(q.k * scale)
+ * over the keys the query may see, then the weighted sum of their values in key order. A key the query
+ * may not see gets weight 0 and is skipped, so a query's bits depend only on the keys it sees, never on
+ * the other queries of the call: a verifying step's row equals the one-row step it stands for.
+ *
+ * q: (B, H, T, Dh) at strides (qb, qh, qt) floats, Dh contiguous; k, v: (B, Hkv, S >= start + T, Dh)
+ * at strides (kb, kh, Dh); query head h reads kv head h / (H / Hkv). visible: (B, T, start + T) bytes at
+ * strides (mb, mt), 1 = may attend (mb = 0 for one mask shared by the batch), or NULL: query t sees keys
+ * [0, start + t]. o: (B, T, H, Dh) contiguous, the layout the output projection reads. Dh a multiple of
+ * LANES up to 256 (`rowkernel.attention` checks). */
+void rows_attention(const float *q, long qb, long qh, long qt, const float *k, const float *v, long kb,
+                    long kh, const unsigned char *visible, long mb, long mt, float *o, int B, int H,
+                    int Hkv, int T, int Dh, long start, float scale, int threads) {
+    const long S = start + T, items = (long)B * H * T;
+    const int chunks = Dh / LANES;
+#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    {
+        float *p = malloc((S + LANES) * sizeof(float)); /* one query's scores, then its weights */
+#pragma omp for schedule(static)
+        for (long item = 0; item < items; item++) {
+            const int b = item / (H * T), h = item / T % H, t = item % T, g = h / (H / Hkv);
+            const float *qr = q + b * qb + h * qh + t * qt;
+            const float *kr = k + b * kb + g * kh, *vr = v + b * kb + g * kh;
+            const unsigned char *m = visible ? visible + b * mb + t * mt : NULL;
+            const long keys = m ? S : start + t + 1;
+            vf qv[256 / LANES];
+            for (int ch = 0; ch < chunks; ch++) qv[ch] = *(const vf *)(qr + ch * LANES);
+            long j = 0;
+            for (; j + LANES <= keys; j += LANES) *(vf *)(p + j) = dots(qv, chunks, kr + j * Dh, Dh) * scale;
+            for (; j < keys; j++) p[j] = dot(qr, kr + j * Dh, Dh) * scale;
+            float best = -INFINITY;
+            for (j = 0; j < keys; j++) {
+                if (m && !m[j]) p[j] = -INFINITY;
+                best = p[j] > best ? p[j] : best;
+            }
+            vf sums = {0};
+            for (j = 0; j < keys; j += LANES) { /* the tail's lanes read past `keys`: dropped */
+                vf w = exp_neg(*(vf *)(p + j) - best);
+                for (long l = keys - j; l < LANES; l++) w[l] = 0.f;
+                *(vf *)(p + j) = w;
+                sums += w;
+            }
+            const float total = lanes_sum(sums); /* > 0: the best key's weight is 1; NaN if it saw none */
+            float *out = o + (((long)b * T + t) * H + h) * Dh;
+            for (int c0 = 0; c0 < chunks; c0 += 4) { /* four vectors of sums in registers per pass */
+                const int n = chunks - c0 < 4 ? chunks - c0 : 4;
+                vf acc[4] = {{0}};
+                for (j = 0; j < keys; j++) {
+                    if (p[j] == 0.f) continue;
+                    const float *vj = vr + j * Dh + c0 * LANES;
+                    for (int c = 0; c < n; c++) acc[c] += p[j] * *(const vf *)(vj + c * LANES);
+                }
+                for (int c = 0; c < n; c++) *(vf *)(out + (c0 + c) * LANES) = acc[c] / total;
+            }
+        }
+        free(p);
+    }
+}
+
+int rows_lanes(void) { return LANES; }

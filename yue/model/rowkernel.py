@@ -111,7 +111,13 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    lib.rows_block.restype = ctypes.c_int
+    lib.rows_block.restype = lib.rows_lanes.restype = ctypes.c_int
+    c_long, ptr = ctypes.c_long, ctypes.c_void_p
+    lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
+    lib.rows_rms_norm.restype = None
+    lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
+    lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
+    lib.rows_attention.restype = None
     return lib
 
 
@@ -177,3 +183,38 @@ def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tens
     flat = x.reshape(-1, x.shape[-1])
     y = torch.matmul(flat, blocked).permute(1, 0, 2).reshape(flat.shape[0], -1)[:, :out]
     return y.reshape(*x.shape[:-1], out)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`layers.rms_norm` for float32 x (..., n) on the CPU, each row on its own (`rows_rms_norm`)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty_like(flat)
+    library().rows_rms_norm(flat.data_ptr(), flat.shape[0], flat.shape[1], weight.data_ptr(), eps, y.data_ptr())
+    return y.view(x.shape)
+
+
+def attention_fits(head_dim: int) -> bool:
+    """Whether `attention` takes heads of this size (a multiple of the build's vector width, <= 256)."""
+    return head_dim <= 256 and head_dim % library().rows_lanes() == 0
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, start: int
+) -> torch.Tensor:
+    """Attention of T float32 queries q (B, H, T, Dh) at cache indices [start, start + T) over the cache
+    buffers k, v (B, Hkv, capacity, Dh), each query on its own (`rows_attention`): `visible` (1|B, T,
+    start + T) uint8, 1 = may attend, or None (query t sees keys up to its own, start + t). Returns
+    (B, H, T, Dh), a view of (B, T, H, Dh) storage (what the output projection reads)."""
+    B, H, T, Dh = q.shape
+    assert q.dtype == k.dtype == v.dtype == torch.float32 and attention_fits(Dh)
+    assert q.stride(-1) == 1 and k.stride() == v.stride() and k.stride(-1) == 1 and k.stride(-2) == Dh
+    o = torch.empty(B, T, H, Dh, dtype=torch.float32)
+    mask, mb, mt = 0, 0, 0
+    if visible is not None:
+        assert visible.dtype == torch.uint8 and visible.stride(-1) == 1
+        mask, mb, mt = visible.data_ptr(), visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
+    library().rows_attention(
+        q.data_ptr(), *q.stride()[:3], k.data_ptr(), v.data_ptr(), *k.stride()[:2], mask, mb, mt,
+        o.data_ptr(), B, H, k.shape[1], T, Dh, start, Dh**-0.5, torch.get_num_threads(),
+    )
+    return o.transpose(1, 2)
