@@ -156,6 +156,12 @@ class DecodeSet(nn.Module):
         # The norms on yue's row kernel (`rowkernel.rms_norm`, float32 rows): torch's costs 30-80 us a
         # call, 60 calls a step.
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
+        # The whole layer in one row-kernel call (`rowkernel.layer`) where every part is on the row kernel
+        # (the matmuls `inference.StreamedLinear`s, holding `blocked` weights): its committed rows of a
+        # decode step, up to `rowkernel.MAX_ROWS`.
+        blocked = [getattr(m, "blocked", (None,))[0] for m in (qkv, o_proj, gate_up, down)]
+        whole = exact and row_norm and attention == "kernel" and all(b is not None for b in blocked)
+        self.blocked = tuple(blocked) if whole else None
         norm, _, post_norm, _ = layer._sets(nar)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
@@ -299,6 +305,12 @@ class MoTLayer(nn.Module):
         [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
         step, `_padded_step_mask`), or None (every key)."""
         fused = None if self.decode_sets is None else self.decode_sets[nar]
+        if fused is not None and fused.blocked is not None and start and h.shape[0] * h.shape[1] <= rowkernel.MAX_ROWS:
+            norm, _, post_norm, _ = fused.shared
+            visible = None if mask is None else _visible_bytes(mask, start, h.shape[1])
+            return rowkernel.layer(
+                h, (norm.weight, post_norm.weight), norm.eps, fused.blocked, cos, sin, kv, visible, start, fused.heads
+            )
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
         cast = k_buf.dtype != q.dtype  # attention in the cache's precision (`YueForCausalLM.cache_dtype`)

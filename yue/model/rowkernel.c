@@ -255,3 +255,56 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
 }
 
 int rows_lanes(void) { return LANES; }
+
+/* A whole layer of a float32 decode step over R = B x T committed rows, in one call: the step's ~25
+ * torch calls and their Python (~0.7 ms a layer, a third of SmolLM2's float32 step once the matmuls
+ * streamed at memory speed) become one. The same functions as `layers.DecodeSet`'s path, in its order:
+ *   x = norm1(h); qkv = x Wqkv; q, k rotated (half-split RoPE); k, v written to the cache at
+ *   [start, start + T); o = attention; h += o Wo; x = norm2(h); g, u = x Wgu; h += (silu(g) u) Wdown,
+ * each row on its own (the matmuls `rows_matmul`, 1-9 rows), so a row's bits do not depend on R.
+ *
+ * h: (R, D) row-major, updated in place. Weights in `rowkernel.block`'s layout: wqkv (H + 2 Hkv) Dh
+ * outputs (Q, K, V heads), wgu 2 F (gate, up), wo D from H Dh, wdown D from F. cos, sin: (B|1, T, Dh)
+ * at strides (cb, ct). k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh).
+ * visible, mb, mt: as rows_attention's. */
+void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
+                const float *wqkv, const float *wo, const float *wgu, long F, const float *wdown,
+                const float *cos, const float *sin, long cb, long ct, float *k, float *v, long kb, long kh,
+                const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh, long start,
+                float scale, int threads) {
+    const long R = (long)B * T, nqkv = (long)(H + 2 * Hkv) * Dh, half = Dh / 2;
+    float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
+    float *o = malloc(R * (long)H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
+    float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
+    rows_rms_norm(h, R, D, norm1, eps, x);
+    rows_matmul(x, R, D, wqkv, qkv, nqkv, threads);
+    for (long r = 0; r < R; r++) {
+        const long b = r / T, t = r % T;
+        const float *c = cos + b * cb + t * ct, *sn = sin + b * cb + t * ct;
+        float *row = qkv + r * nqkv;
+        for (int head = 0; head < H + Hkv; head++) { /* x cos + rotate_half(x) sin, as apply_rope */
+            float *e = row + (long)head * Dh, rot[256];
+            for (long i = 0; i < half; i++) rot[i] = -e[half + i], rot[half + i] = e[i];
+            for (long i = 0; i < Dh; i++) e[i] = e[i] * c[i] + rot[i] * sn[i];
+        }
+        for (int g = 0; g < Hkv; g++) { /* k (rotated) and v into the cache */
+            float *kc = k + b * kb + g * kh + (start + t) * Dh, *vc = v + b * kb + g * kh + (start + t) * Dh;
+            for (long i = 0; i < Dh; i++) kc[i] = row[(long)(H + g) * Dh + i];
+            for (long i = 0; i < Dh; i++) vc[i] = row[(long)(H + Hkv + g) * Dh + i];
+        }
+    }
+    rows_attention(qkv, T * nqkv, Dh, nqkv, k, v, kb, kh, visible, mb, mt, o, B, H, Hkv, T, Dh, start,
+                   scale, threads);
+    rows_matmul(o, R, (long)H * Dh, wo, y, D, threads);
+    for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
+    rows_rms_norm(h, R, D, norm2, eps, x);
+    rows_matmul(x, R, D, wgu, gu, 2 * F, threads);
+    for (long r = 0; r < R; r++)
+        for (long i = 0; i < F; i++) {
+            const float g = gu[r * 2 * F + i];
+            act[r * F + i] = g / (1.f + expf(-g)) * gu[r * 2 * F + F + i]; /* silu(g) * u */
+        }
+    rows_matmul(act, R, F, wdown, y, D, threads);
+    for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
+    free(x), free(qkv), free(o), free(y), free(gu), free(act);
+}

@@ -118,6 +118,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
+    lib.rows_layer.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ptr, ptr, ctypes.c_float, ptr, ptr]
+    lib.rows_layer.argtypes += [ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long, ptr]
+    lib.rows_layer.argtypes += [c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float, ctypes.c_int]
+    lib.rows_layer.restype = None
     return lib
 
 
@@ -218,3 +222,39 @@ def attention(
         o.data_ptr(), B, H, k.shape[1], T, Dh, start, Dh**-0.5, torch.get_num_threads(),
     )
     return o.transpose(1, 2)
+
+
+def layer(
+    h: torch.Tensor,
+    norms: tuple[torch.Tensor, torch.Tensor],
+    eps: float,
+    blocked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    visible: torch.Tensor | None,
+    start: int,
+    heads: tuple[int, int, int],
+) -> torch.Tensor:
+    """A float32 decode layer over committed rows h (B, T, D), B x T <= MAX_ROWS, in one call
+    (`rows_layer`): the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down
+    (`block`), RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start,
+    start + T), `visible` as `attention`'s, heads (H, Hkv, Dh). Returns the layer's output (B, T, D)."""
+    B, T, D = h.shape
+    H, Hkv, Dh = heads
+    qkv, o, gate_up, down = blocked
+    k, v = kv
+    assert h.dtype == torch.float32 and B * T <= MAX_ROWS and attention_fits(Dh) and k.stride(-2) == Dh
+    out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
+    cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
+    cb = cos.stride(0) if cos.shape[0] > 1 else 0
+    mask, mb, mt = 0, 0, 0
+    if visible is not None:
+        mask, mb, mt = visible.data_ptr(), visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
+    library().rows_layer(
+        out.data_ptr(), B, T, D, norms[0].data_ptr(), norms[1].data_ptr(), eps, qkv.data_ptr(),
+        o.data_ptr(), gate_up.data_ptr(), down.shape[1], down.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        cb, cos.stride(1), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), mask, mb, mt, H, Hkv, Dh,
+        start, Dh**-0.5, torch.get_num_threads(),
+    )
+    return out
