@@ -84,6 +84,8 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
         pytest.skip(f"oneDNN bfloat16 packing does not work on this CPU: {kernels.describe()}")
     model = bf16_model(seed=seed) if precision == "bfloat16" else row_stream_model(seed, monkeypatch)
     assert all(layer.exact_rows for layer in model.model.layers)
+    if precision != "bfloat16":  # the AR layers in one row-kernel call each (`rowkernel.layer`)
+        assert all(layer.decode_sets[0].blocked is not None for layer in model.model.layers)
     n, k = 11, 8
     prompt = torch.randint(4, 96, (1, n), generator=torch.Generator().manual_seed(1))
     new = torch.randint(4, 96, (1, k), generator=torch.Generator().manual_seed(2))
@@ -109,6 +111,39 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
             torch.equal(a[:, :, : n + k], b[:, :, : n + k])
             for a, b in zip(many.layer(i), one.layer(i), strict=True)
         )
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch):
+    """`rowkernel.layer` (the AR layers of a float32 row-kernel model in one call each) against the same
+    model's layer-by-layer torch path (`DecodeSet` with the call turned off): a prefill, then a 1-row and
+    a 5-row step over a left-padded batch, logits and cache within float32 rounding."""
+    model = row_stream_model(0, monkeypatch)
+    prompts = torch.randint(4, 96, (batch, 9), generator=torch.Generator().manual_seed(3))
+    steps = [torch.randint(4, 96, (batch, t), generator=torch.Generator().manual_seed(t)) for t in (1, 5)]
+    blocked = [layer.decode_sets[0].blocked for layer in model.model.layers]
+
+    def run(one_call: bool):
+        for layer, b in zip(model.model.layers, blocked, strict=True):
+            layer.decode_sets[0].blocked = b if one_call else None
+        cache = model.new_cache(batch, 32)
+        cache.set_padding([0, 3][:batch])
+        n = prompts.shape[1]
+        model.step(prompts, cache.positions(torch.arange(n), padded=True), n, decode_mask(0, n, 0, cache.key_valid), cache)
+        cache.advance(n)
+        logits = []
+        for new in steps:
+            T = new.shape[1]
+            mask = decode_mask(cache.length, T, 0, cache.key_valid)
+            logits.append(model.step(new, cache.positions(torch.arange(T)), T, mask, cache).ar_logits)
+            cache.advance(T)
+        return logits, cache
+
+    (fast, fast_cache), (slow, slow_cache) = run(True), run(False)
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fast_cache.k, slow_cache.k, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fast_cache.v, slow_cache.v, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row", "_attend_kernel"])

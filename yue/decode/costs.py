@@ -198,7 +198,8 @@ def cost_cache_key(model) -> str:
 
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
-    attention form of row-exact layers: padded, one query per call or yue's row kernel): the int4 precision and a large
+    attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
+    layer is one row-kernel call): the int4 precision and a large
     float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
     attention form is not the other's."""
     layer = model.model.layers[0]
@@ -208,7 +209,7 @@ def decode_layout(model) -> str:
     if layer.exact_rows:
         padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
         names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
-        attention = [names[sets[0].attention]]
+        attention = [names[sets[0].attention]] + (["one call a layer"] if sets[0].blocked is not None else [])
     return ",".join([*kinds, type(model.ar_head).__name__, *attention])
 
 
