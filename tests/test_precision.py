@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_rowkernel import needs_row_kernel
+from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key, decode_layout
@@ -174,6 +174,20 @@ def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
         lone = attend(q[:1, :, t : t + 1], tuple(b[:1] for b in kv), None, start + t)
         lone_batch = attend(q[:1], tuple(b[:1] for b in kv), decode_mask(start, T, 0), start)
         assert torch.equal(lone_batch[:, :, t : t + 1], lone), t
+
+
+def test_the_row_kernels_plain_build_is_row_exact_too(fresh_build, monkeypatch):  # noqa: F811
+    """The last flag set (plain -O3: no -march, so 8-float vectors, as on an AVX2 or ARM CPU, and no
+    OpenMP), forced here: the attention forms and the whole float32 model stay row-exact."""
+    from yue.model import rowkernel
+
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", ([],))
+    needs_row_kernel()
+    assert rowkernel.library().rows_lanes() == 8
+    for start in (1, 57):
+        test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "_attend_kernel")
+    test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream", monkeypatch)
+    test_the_one_call_layer_computes_what_its_torch_path_does(2, monkeypatch)
 
 
 @needs_packed
