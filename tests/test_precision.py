@@ -129,7 +129,13 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
         cache = model.new_cache(batch, 32)
         cache.set_padding([0, 3][:batch])
         n = prompts.shape[1]
-        model.step(prompts, cache.positions(torch.arange(n), padded=True), n, decode_mask(0, n, 0, cache.key_valid), cache)
+        model.step(
+            prompts,
+            cache.positions(torch.arange(n), padded=True),
+            n,
+            decode_mask(0, n, 0, cache.key_valid),
+            cache,
+        )
         cache.advance(n)
         logits = []
         for new in steps:
@@ -176,12 +182,14 @@ def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
         assert torch.equal(lone_batch[:, :, t : t + 1], lone), t
 
 
-def test_the_row_kernels_plain_build_is_row_exact_too(fresh_build, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("flags", [[], ["-DYUE_NO_SHUFFLE"]])
+def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkeypatch):  # noqa: F811
     """The last flag set (plain -O3: no -march, so 8-float vectors, as on an AVX2 or ARM CPU, and no
-    OpenMP), forced here: the attention forms and the whole float32 model stay row-exact."""
+    OpenMP), forced here, and that build as a compiler without vector shuffles makes it (GCC < 12):
+    the attention stays row-exact, the whole float32 model too, and the one-call layer right."""
     from yue.model import rowkernel
 
-    monkeypatch.setattr(rowkernel, "FLAG_SETS", ([],))
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
     needs_row_kernel()
     assert rowkernel.library().rows_lanes() == 8
     for start in (1, 57):

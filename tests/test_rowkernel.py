@@ -76,7 +76,9 @@ def test_the_row_attention_is_sdpa_for_masks_holes_and_gqa(head_dim, heads, kv_h
         )
         out = rowkernel.attention(q, k, v, visible.to(torch.uint8), start)
         torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
-        torch.testing.assert_close(rowkernel.attention(q[:1], k[:1], v[:1], None, start), expected[:1], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(
+            rowkernel.attention(q[:1], k[:1], v[:1], None, start), expected[:1], atol=2e-5, rtol=2e-5
+        )
 
 
 @pytest.mark.parametrize("rows", [1, 2, 9, 10, 32, 33, 70])

@@ -305,11 +305,25 @@ class MoTLayer(nn.Module):
         [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
         step, `_padded_step_mask`), or None (every key)."""
         fused = None if self.decode_sets is None else self.decode_sets[nar]
-        if fused is not None and fused.blocked is not None and start and h.shape[0] * h.shape[1] <= rowkernel.MAX_ROWS:
+        if (
+            fused is not None
+            and fused.blocked is not None
+            and start
+            and h.shape[0] * h.shape[1] <= rowkernel.MAX_ROWS
+        ):
             norm, _, post_norm, _ = fused.shared
             visible = None if mask is None else _visible_bytes(mask, start, h.shape[1])
             return rowkernel.layer(
-                h, (norm.weight, post_norm.weight), norm.eps, fused.blocked, cos, sin, kv, visible, start, fused.heads
+                h,
+                (norm.weight, post_norm.weight),
+                norm.eps,
+                fused.blocked,
+                cos,
+                sin,
+                kv,
+                visible,
+                start,
+                fused.heads,
             )
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv

@@ -162,6 +162,10 @@ void rows_rms_norm(const float *x, long rows, long n, const float *weight, float
 /* The LANES dot products of q (Dh) with the LANES rows of k (LANES, Dh), Dh % LANES == 0: each a
  * LANES-lane sum reduced in `lanes_sum`'s tree, all at once (shuffles put lane halves, then quarters,
  * ... of two keys' sums side by side), so a key's score has the same bits here as from `dot`. */
+/* __builtin_shufflevector (GCC 12+, Clang); without it (or with -DYUE_NO_SHUFFLE, as a test builds)
+ * scores go key by key through `dot`: the same bits, slower. */
+#if !defined(YUE_NO_SHUFFLE) && (defined(__clang__) || __GNUC__ >= 12)
+#define HAVE_SHUFFLE 1
 #define SHUF __builtin_shufflevector
 static inline __attribute__((always_inline)) vf dots(const vf *qv, int chunks, const float *k, long Dh) {
     vf a[LANES];
@@ -194,6 +198,7 @@ static inline __attribute__((always_inline)) vf dots(const vf *qv, int chunks, c
     return SHUF(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) + SHUF(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
 #endif
 }
+#endif
 
 /* Attention of T queries over a KV cache, each (batch, head, query) on its own: softmax(q.k * scale)
  * over the keys the query may see, then the weighted sum of their values in key order. A key the query
@@ -223,7 +228,9 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
             vf qv[256 / LANES];
             for (int ch = 0; ch < chunks; ch++) qv[ch] = *(const vf *)(qr + ch * LANES);
             long j = 0;
+#ifdef HAVE_SHUFFLE
             for (; j + LANES <= keys; j += LANES) *(vf *)(p + j) = dots(qv, chunks, kr + j * Dh, Dh) * scale;
+#endif
             for (; j < keys; j++) p[j] = dot(qr, kr + j * Dh, Dh) * scale;
             float best = -INFINITY;
             for (j = 0; j < keys; j++) {

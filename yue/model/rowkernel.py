@@ -1,7 +1,16 @@
-"""A float32 matmul over a few rows that streams the weight once (`rowkernel.c`), compiled for this CPU
-on first use and cached: the kernel of a float32 model's 1-9-row steps, a one-row AR step and a
-verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits whatever
-the step's row count and float32 `verified` == `ar` by construction.
+"""yue's row kernels (`rowkernel.c`), compiled for this CPU on first use and cached: a float32 matmul over
+a few rows that streams the weight once, the kernel of a float32 model's 1-9-row steps, a one-row AR
+step and a verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits
+whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
+way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`) and a whole float32
+decode layer in one call (`layer`).
+
+Why the layer in one call: once the matmuls streamed at memory speed, the rest of a float32 step (~25
+torch calls a layer and their Python) was a third of it (SmolLM2, one thread, Xeon: 45-54 ms of a
+76-79 ms `ar` step in the kernel). In one process (8 held-out prompts x 64 tokens, interleaved, outputs
+identical) the norms and attention on the kernel made `ar` 1.13x and `verified` 1.14x as fast, and the
+whole layer in one call 1.30x and 1.26x; held-out `yue bench`: a one-row step 57.5 ms, `ar` 1.89x
+transformers (from 1.41x), `verified` 2.18x (from 1.84x).
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
@@ -24,7 +33,11 @@ Design decisions:
 - Every failure (no compiler, a flag the compiler refuses, a library that does not load) is a reason
   string for `kernels`, whose probe then turns the kernel off and keeps oneDNN or `F.linear`; nothing
   here raises on a CPU or compiler we have not met. `YUE_KERNELS=no-rows-f32` forces the fallback.
-- Called through ctypes (a few microseconds a call, ~200 calls a step), which releases the GIL.
+- Called through ctypes (a few microseconds a call; 32 calls a float32 step with each layer one call),
+  which releases the GIL.
+- C with GCC/Clang vector extensions (one native vector of floats, `LANES`), not intrinsics, so one
+  source serves AVX512, AVX2, SSE and NEON; a row's bits depend on the build (its vector width), never
+  on the call. The tests force the plain build (8-float vectors) beside the native one.
 """
 
 from __future__ import annotations
@@ -193,7 +206,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`layers.rms_norm` for float32 x (..., n) on the CPU, each row on its own (`rows_rms_norm`)."""
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     y = torch.empty_like(flat)
-    library().rows_rms_norm(flat.data_ptr(), flat.shape[0], flat.shape[1], weight.data_ptr(), eps, y.data_ptr())
+    library().rows_rms_norm(
+        flat.data_ptr(), flat.shape[0], flat.shape[1], weight.data_ptr(), eps, y.data_ptr()
+    )
     return y.view(x.shape)
 
 
@@ -218,8 +233,23 @@ def attention(
         assert visible.dtype == torch.uint8 and visible.stride(-1) == 1
         mask, mb, mt = visible.data_ptr(), visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
     library().rows_attention(
-        q.data_ptr(), *q.stride()[:3], k.data_ptr(), v.data_ptr(), *k.stride()[:2], mask, mb, mt,
-        o.data_ptr(), B, H, k.shape[1], T, Dh, start, Dh**-0.5, torch.get_num_threads(),
+        q.data_ptr(),
+        *q.stride()[:3],
+        k.data_ptr(),
+        v.data_ptr(),
+        *k.stride()[:2],
+        mask,
+        mb,
+        mt,
+        o.data_ptr(),
+        B,
+        H,
+        k.shape[1],
+        T,
+        Dh,
+        start,
+        Dh**-0.5,
+        torch.get_num_threads(),
     )
     return o.transpose(1, 2)
 
@@ -252,9 +282,34 @@ def layer(
     if visible is not None:
         mask, mb, mt = visible.data_ptr(), visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
     library().rows_layer(
-        out.data_ptr(), B, T, D, norms[0].data_ptr(), norms[1].data_ptr(), eps, qkv.data_ptr(),
-        o.data_ptr(), gate_up.data_ptr(), down.shape[1], down.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        cb, cos.stride(1), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), mask, mb, mt, H, Hkv, Dh,
-        start, Dh**-0.5, torch.get_num_threads(),
+        out.data_ptr(),
+        B,
+        T,
+        D,
+        norms[0].data_ptr(),
+        norms[1].data_ptr(),
+        eps,
+        qkv.data_ptr(),
+        o.data_ptr(),
+        gate_up.data_ptr(),
+        down.shape[1],
+        down.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        cb,
+        cos.stride(1),
+        k.data_ptr(),
+        v.data_ptr(),
+        k.stride(0),
+        k.stride(1),
+        mask,
+        mb,
+        mt,
+        H,
+        Hkv,
+        Dh,
+        start,
+        Dh**-0.5,
+        torch.get_num_threads(),
     )
     return out
