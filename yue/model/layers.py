@@ -179,6 +179,13 @@ class DecodeSet(nn.Module):
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
         return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
 
+    def whole_layer(self, h, cos, sin, kv, visible, start) -> torch.Tensor:
+        """The layer over a decode step's committed rows h (B, T, D) in one row-kernel call
+        (`rowkernel.layer`; `blocked` set): what `qkv_rope`, the attention and `finish` compute."""
+        norm, _, post_norm, _ = self.shared
+        norms = (norm.weight, post_norm.weight)
+        return rowkernel.layer(h, norms, norm.eps, self.blocked, cos, sin, kv, visible, start, self.heads)
+
     def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """As `MoTLayer._finish`, with gate/up as one matmul, over 2-d rows (B * T, D)."""
         _, o_proj, post_norm, down_proj = self.shared
@@ -303,28 +310,14 @@ class MoTLayer(nn.Module):
         """One parameter set's positions in a cached forward: their K/V land at cache indices
         [start, start + T) and they attend over the cache up to there, under the step's `mask` rows
         [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
-        step, `_padded_step_mask`), or None (every key)."""
+        step, `_padded_step_mask`), or None (every key). A float32 layer wholly on yue's row kernel
+        takes a step's committed rows (up to `rowkernel.MAX_ROWS`; a prefill, start 0, is torch's) in
+        one call (`DecodeSet.whole_layer`)."""
         fused = None if self.decode_sets is None else self.decode_sets[nar]
-        if (
-            fused is not None
-            and fused.blocked is not None
-            and start
-            and h.shape[0] * h.shape[1] <= rowkernel.MAX_ROWS
-        ):
-            norm, _, post_norm, _ = fused.shared
+        rows = h.shape[0] * h.shape[1]
+        if fused is not None and fused.blocked is not None and start and rows <= rowkernel.MAX_ROWS:
             visible = None if mask is None else _visible_bytes(mask, start, h.shape[1])
-            return rowkernel.layer(
-                h,
-                (norm.weight, post_norm.weight),
-                norm.eps,
-                fused.blocked,
-                cos,
-                sin,
-                kv,
-                visible,
-                start,
-                fused.heads,
-            )
+            return fused.whole_layer(h, cos, sin, kv, visible, start)
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
         cast = k_buf.dtype != q.dtype  # attention in the cache's precision (`YueForCausalLM.cache_dtype`)

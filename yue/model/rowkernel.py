@@ -217,6 +217,20 @@ def attention_fits(head_dim: int) -> bool:
     return head_dim <= 256 and head_dim % library().rows_lanes() == 0
 
 
+def _pointers(*args) -> list:
+    """ctypes arguments: each tensor as its data pointer, everything else as it is."""
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _mask(visible: torch.Tensor | None) -> tuple:
+    """A (1|B, T, S) uint8 mask as the C side takes it: (pointer or None, batch stride, row stride);
+    batch stride 0 for one mask shared by the batch."""
+    if visible is None:
+        return None, 0, 0
+    assert visible.dtype == torch.uint8 and visible.stride(-1) == 1
+    return visible, visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, start: int
 ) -> torch.Tensor:
@@ -228,29 +242,8 @@ def attention(
     assert q.dtype == k.dtype == v.dtype == torch.float32 and attention_fits(Dh)
     assert q.stride(-1) == 1 and k.stride() == v.stride() and k.stride(-1) == 1 and k.stride(-2) == Dh
     o = torch.empty(B, T, H, Dh, dtype=torch.float32)
-    mask, mb, mt = 0, 0, 0
-    if visible is not None:
-        assert visible.dtype == torch.uint8 and visible.stride(-1) == 1
-        mask, mb, mt = visible.data_ptr(), visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
-    library().rows_attention(
-        q.data_ptr(),
-        *q.stride()[:3],
-        k.data_ptr(),
-        v.data_ptr(),
-        *k.stride()[:2],
-        mask,
-        mb,
-        mt,
-        o.data_ptr(),
-        B,
-        H,
-        k.shape[1],
-        T,
-        Dh,
-        start,
-        Dh**-0.5,
-        torch.get_num_threads(),
-    )
+    args = [q, *q.stride()[:3], k, v, *k.stride()[:2], *_mask(visible), o, B, H, k.shape[1], T, Dh, start]
+    library().rows_attention(*_pointers(*args, Dh**-0.5, torch.get_num_threads()))
     return o.transpose(1, 2)
 
 
@@ -277,39 +270,8 @@ def layer(
     assert h.dtype == torch.float32 and B * T <= MAX_ROWS and attention_fits(Dh) and k.stride(-2) == Dh
     out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
     cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
-    cb = cos.stride(0) if cos.shape[0] > 1 else 0
-    mask, mb, mt = 0, 0, 0
-    if visible is not None:
-        mask, mb, mt = visible.data_ptr(), visible.stride(0) if visible.shape[0] > 1 else 0, visible.stride(1)
-    library().rows_layer(
-        out.data_ptr(),
-        B,
-        T,
-        D,
-        norms[0].data_ptr(),
-        norms[1].data_ptr(),
-        eps,
-        qkv.data_ptr(),
-        o.data_ptr(),
-        gate_up.data_ptr(),
-        down.shape[1],
-        down.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        cb,
-        cos.stride(1),
-        k.data_ptr(),
-        v.data_ptr(),
-        k.stride(0),
-        k.stride(1),
-        mask,
-        mb,
-        mt,
-        H,
-        Hkv,
-        Dh,
-        start,
-        Dh**-0.5,
-        torch.get_num_threads(),
-    )
+    rope = [cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1)]
+    args = [out, B, T, D, *norms, eps, qkv, o, gate_up, down.shape[1], down, *rope, k, v, *k.stride()[:2]]
+    args += [*_mask(visible), H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads()]
+    library().rows_layer(*_pointers(*args))
     return out
