@@ -1,13 +1,19 @@
-"""yue's row kernel against oneDNN's packed copy in one process: `ar` and `verified` on float32 yue-smol
-with its layers on `StreamedLinear` (the default where the kernel builds) and on `RowAdaptiveLinear`
-(MKL's GEMV for one row, oneDNN for more; what a model too small for the kernel, or a machine without a
-compiler, runs), interleaved per prompt so that both see the same machine load (a development script,
-not part of the package).
+"""yue's row kernels against another path in one process: `ar` and `verified` on yue-smol, two engines
+interleaved per prompt so that both see the same machine load (a development script, not part of the
+package).
 
-    python docs/recipes/row_kernel_ab.py chat_test 8 [max_new_tokens]
+    python docs/recipes/row_kernel_ab.py chat_test 8 [max_new_tokens] [against] [dtype]
 
-Prints seconds per variant and mode, the ratios, and how many outputs equal oneDNN `ar`'s. Each engine
-measures its own cost curve on first use (cached per layout).
+`against` (default `oneDNN`):
+- `oneDNN`: float32 layers on `StreamedLinear` (the row kernel, the default where it builds) against
+  `RowAdaptiveLinear` (MKL's GEMV for one row, oneDNN for more; what a model too small for the kernel,
+  or a machine without a compiler, runs).
+- `torch-layer`: each layer one row-kernel call (`DecodeSet.whole_layer`) with the kernel's norms and
+  attention, against the same model's layers through torch's calls (its RMSNorm, the padded SDPA, or
+  one query per SDPA call for int4), as before the one-call layer. `dtype` float32 (default) or int4.
+
+Prints seconds per engine and mode, the ratios, and how many outputs equal the other side's `ar`. Each
+engine measures its own cost curve on first use (cached per layout).
 """
 
 import json
@@ -18,18 +24,30 @@ from pathlib import Path
 import torch
 
 import yue
-from yue.model import inference
+from yue.model import inference, layers
 
 torch.set_num_threads(1)
 split, n = sys.argv[1], int(sys.argv[2])
 new_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+against = sys.argv[4] if len(sys.argv) > 4 else "oneDNN"
+dtype = sys.argv[5] if len(sys.argv) > 5 else "float32"
 engines = {}
-for name, bound in (("row kernel", inference.ROW_STREAM_BYTES), ("oneDNN", 2**62)):
-    inference.ROW_STREAM_BYTES = bound  # `rows_kernel`: above the bound the row kernel, else oneDNN
-    engines[name] = yue.load("yue-smol")
-    print(name, type(engines[name].model.ar_head).__name__, flush=True)
+if against == "oneDNN":
+    for name, bound in (("row kernel", inference.ROW_STREAM_BYTES), ("oneDNN", 2**62)):
+        inference.ROW_STREAM_BYTES = bound  # `rows_kernel`: above the bound the row kernel, else oneDNN
+        engines[name] = yue.load("yue-smol", dtype=dtype)
+else:
+    engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
+    for layer in engines[against].model.model.layers:
+        for decode_set in layer.decode_sets:
+            decode_set.rms_norm, decode_set.blocked = layers.rms_norm, None
+            if decode_set.attention == "kernel":
+                decode_set.attention = "per-row" if dtype == "int4" else "padded"
 assets = Path(yue.__file__).parent / "assets"
 prompts = [json.loads(line)["messages"] for line in (assets / f"{split}.jsonl").read_text().splitlines()][:n]
+for engine in engines.values():  # warm-up: first calls, and each engine's cost curve
+    for mode in ("ar", "verified"):
+        engine.generate(engine.chat_prompt(prompts[0]), mode=mode, max_new_tokens=16)
 seconds, outputs = {}, {}
 for i, messages in enumerate(prompts):
     for name in list(engines) if i % 2 == 0 else list(reversed(engines)):
@@ -41,13 +59,13 @@ for i, messages in enumerate(prompts):
             seconds[name, mode] = seconds.get((name, mode), 0.0) + time.perf_counter() - start
             outputs.setdefault((name, mode), []).append(result.token_ids)
 for (name, mode), s in seconds.items():
-    print(f"{name:10s} {mode:8s} {s:7.2f} s")
+    print(f"{name:12s} {mode:8s} {s:7.2f} s")
 for mode in ("ar", "verified"):
-    print(f"{mode}: row kernel {seconds['oneDNN', mode] / seconds['row kernel', mode]:.3f}x oneDNN's speed")
+    print(f"{mode}: row kernel {seconds[against, mode] / seconds['row kernel', mode]:.3f}x {against}'s speed")
 for name in engines:
     print(f"{name}: verified {seconds[name, 'ar'] / seconds[name, 'verified']:.3f}x ar")
-reference = outputs["oneDNN", "ar"]
-for key, out in outputs.items():
-    print(
-        key, "outputs equal to oneDNN ar's:", sum(a == b for a, b in zip(out, reference, strict=True)), "/", n
-    )
+for side in engines:
+    reference = outputs[side, "ar"]
+    for key, out in outputs.items():
+        same = sum(a == b for a, b in zip(out, reference, strict=True))
+        print(key, f"outputs equal to {side} ar's:", same, "/", n)

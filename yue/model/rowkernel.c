@@ -1,4 +1,7 @@
-/* A float32 matmul over a few rows that streams the weight once: y (rows, out) = x (rows, in) @ W.t().
+/* yue's row kernels (yue/model/rowkernel.py): float32 decode-step work over a few rows, each row's bits
+ * independent of the call. First the matmul; below it RMSNorm, attention and a whole layer in one call.
+ *
+ * A float32 matmul over a few rows that streams the weight once: y (rows, out) = x (rows, in) @ W.t().
  *
  * Why (yue/model/rowkernel.py has the measurements): on a CPU a verifying step's 2-9 rows should cost
  * about what one row does, since the weights' bytes, not the arithmetic, bound a decode step. MKL's
@@ -93,8 +96,6 @@ void rows_matmul(const float *x, long rows, long in, const float *w, float *y, l
 
 int rows_block(void) { return BLK; }
 
-int rows_lanes(void); /* below: the attention's vector width, which its head size must be a multiple of */
-
 /* ---- The rest of a float32 decode step's row-wise work, row-exact the same way ----
  *
  * Why: with the matmuls streamed at memory speed, the step's other calls became a third of it (SmolLM2,
@@ -109,8 +110,8 @@ int rows_lanes(void); /* below: the attention's vector width, which its head siz
 #define LANES 8
 #endif
 
-/* LANES floats as one value (GCC/Clang vector extensions: one AVX512 register, two AVX2 ones, four
- * NEON ones), loaded from any float address; vi the same bits as ints. */
+/* LANES floats as one value (GCC/Clang vector extensions: one AVX512 or AVX2 register, two SSE or NEON
+ * ones), loaded from any float address; vi the same bits as ints. */
 typedef float vf __attribute__((vector_size(LANES * sizeof(float)), aligned(sizeof(float))));
 typedef int vi __attribute__((vector_size(LANES * sizeof(int)), aligned(sizeof(int))));
 
@@ -261,6 +262,7 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
     }
 }
 
+/* The attention's vector width, which its head size must be a multiple of (`rowkernel.attention_fits`). */
 int rows_lanes(void) { return LANES; }
 
 /* A whole layer of a float32 decode step over R = B x T committed rows, in one call: the step's ~25
