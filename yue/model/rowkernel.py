@@ -7,10 +7,11 @@ decode layer in one call (`layer`).
 
 Why the layer in one call: once the matmuls streamed at memory speed, the rest of a float32 step (~25
 torch calls a layer and their Python) was a third of it (SmolLM2, one thread, Xeon: 45-54 ms of a
-76-79 ms `ar` step in the kernel). In one process (8 held-out prompts x 64 tokens, interleaved, outputs
-identical) the norms and attention on the kernel made `ar` 1.13x and `verified` 1.14x as fast, and the
-whole layer in one call 1.30x and 1.26x; held-out `yue bench`: a one-row step 57.5 ms, `ar` 1.89x
-transformers (from 1.41x), `verified` 2.18x (from 1.84x).
+76-79 ms `ar` step in the kernel). In one process (`docs/recipes/row_kernel_ab.py SPLIT 8 64
+torch-layer`: 8 prompts x 64 tokens, interleaved, outputs identical) the norms and attention on the
+kernel made `ar` 1.13x and `verified` 1.14x as fast, and the whole layer in one call 1.30-1.49x and
+1.23-1.26x held-out (two runs), 1.42x and 1.45x on the calibration split; held-out `yue bench`: a
+one-row step 57.5 ms, `ar` 1.89x transformers (from 1.41x), `verified` 2.18x (from 1.84x).
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
