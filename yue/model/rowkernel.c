@@ -28,7 +28,7 @@
  * whole input loop, and the NB blocks are NB concurrent memory streams. One stream leaves the memory
  * system idle: one row over SmolLM2's layers and head (one thread, Xeon) 79 ms with one stream, 71 with
  * two, 58 with four, against MKL's GEMV 66; 4 rows 66 ms with two streams, 54 with three. More rows
- * need more sums, so fewer streams (R x NB x 2 vectors within ~24 of AVX512's 32 registers). */
+ * need more sums, so fewer streams (`STREAMS`). */
 #define BLOCKS_FN(NAME, R, NB)                                                                              \
     static void NAME(const float *x, long in, const float *w, float *y, long out, long b) {                 \
         float acc[R][NB][BLK];                                                                              \
@@ -54,29 +54,44 @@
     }
 
 /* Blocks per call by rows (the NB of each block_R below), and one-block functions for the blocks left
- * over when a matmul's count is not a multiple of NB. */
-static const int STREAMS[MAX_R + 1] = {0, 4, 4, 3, 3, 2, 2, 1, 1, 1};
+ * over when a matmul's count is not a multiple of NB. With AVX512's 32 vector registers more streams
+ * pay than the register count suggests (the sums that do not fit stay in L1): SmolLM2's layers, one
+ * thread, Xeon, 4 / 5-6 / 7-9 rows 34-35 / 36-41 / 44-46 ms against 36-37 / 40-45 / 60-66 with the
+ * other table's 3 / 2 / 1 streams; compiled for AVX2's 16 registers the two tables measured alike. */
+#if defined(__AVX512F__)
+#define NB_3 4
+#define NB_5 3
+#define NB_7 2
+#else
+#define NB_3 3
+#define NB_5 2
+#define NB_7 1
+#endif
+static const int STREAMS[MAX_R + 1] = {0, 4, 4, NB_3, NB_3, NB_5, NB_5, NB_7, NB_7, NB_7};
 BLOCKS_FN(block_1, 1, 4)
 BLOCKS_FN(block_2, 2, 4)
-BLOCKS_FN(block_3, 3, 3)
-BLOCKS_FN(block_4, 4, 3)
-BLOCKS_FN(block_5, 5, 2)
-BLOCKS_FN(block_6, 6, 2)
-BLOCKS_FN(block_7, 7, 1)
-BLOCKS_FN(block_8, 8, 1)
-BLOCKS_FN(block_9, 9, 1)
+BLOCKS_FN(block_3, 3, NB_3)
+BLOCKS_FN(block_4, 4, NB_3)
+BLOCKS_FN(block_5, 5, NB_5)
+BLOCKS_FN(block_6, 6, NB_5)
+BLOCKS_FN(block_7, 7, NB_7)
+BLOCKS_FN(block_8, 8, NB_7)
+BLOCKS_FN(block_9, 9, NB_7)
 BLOCKS_FN(single_1, 1, 1)
 BLOCKS_FN(single_2, 2, 1)
 BLOCKS_FN(single_3, 3, 1)
 BLOCKS_FN(single_4, 4, 1)
 BLOCKS_FN(single_5, 5, 1)
 BLOCKS_FN(single_6, 6, 1)
+BLOCKS_FN(single_7, 7, 1)
+BLOCKS_FN(single_8, 8, 1)
+BLOCKS_FN(single_9, 9, 1)
 
 typedef void (*block_fn)(const float *, long, const float *, float *, long, long);
 static const block_fn BLOCKS[MAX_R + 1] = {0, block_1, block_2, block_3, block_4,
                                            block_5, block_6, block_7, block_8, block_9};
 static const block_fn SINGLES[MAX_R + 1] = {0, single_1, single_2, single_3, single_4,
-                                            single_5, single_6, block_7, block_8, block_9};
+                                            single_5, single_6, single_7, single_8, single_9};
 
 /* x: (rows, in) row-major; w: rowkernel.block's layout; y: (rows, out) row-major. Rows beyond MAX_R
  * take further passes; groups of column blocks are shared among `threads` OpenMP threads where built
