@@ -11,7 +11,8 @@ torch calls a layer and their Python) was a third of it (SmolLM2, one thread, Xe
 torch-layer`: 8 prompts x 64 tokens, interleaved, outputs identical) the norms and attention on the
 kernel made `ar` 1.13x and `verified` 1.14x as fast, and the whole layer in one call 1.30-1.49x and
 1.23-1.26x held-out (two runs), 1.42x and 1.45x on the calibration split; held-out `yue bench`: a
-one-row step 57.5 ms, `ar` 1.89x transformers (from 1.41x), `verified` 2.18x (from 1.84x).
+one-row step 57.5 ms, `ar` 1.89x transformers (from 1.41x), `verified` 2.18x (from 1.84x); with more
+column streams for 3-9 rows (`STREAMS` in the C file) `ar` 1.92x, `verified` 2.41x.
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
