@@ -43,6 +43,7 @@ class MarkovStub:
             eos_token_id=None,
             vocab_size=V,
             block_size=K,
+            drafting_slots=None,
             verified_threshold=1.0,
         )
         self.device = torch.device("cpu")
@@ -54,7 +55,7 @@ class MarkovStub:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
 
     def step(
-        self, tokens, positions, n_committed, mask, cache, n_logits=None, anchor_entry=None
+        self, tokens, positions, n_committed, mask, cache, n_logits=None, anchor_entry=None, top1=False
     ) -> StepOutput:
         self.forwards += 1
         self.draft_passes += n_committed == 0

@@ -108,7 +108,7 @@ def test_each_row_accepts_its_own_drafts_and_stays_exact():
     )
     ar = DecodeConfig(mode="ar", max_new_tokens=N)
     accepted, tokens = [0, 0], [[], []]
-    for em in decode(_two_cycles(K), [[1], [6]], cfg, costs=StepCosts((1.0,) * 16, 0.0)):
+    for em in decode(_two_cycles(K), [[1], [6]], cfg, costs=StepCosts((1.0,) * 16, (0.0,))):
         for b in range(2):
             accepted[b] += em.accepted[b]
             tokens[b] += em.tokens[b]
@@ -121,7 +121,7 @@ def test_each_row_accepts_its_own_drafts_and_stays_exact():
 def test_engine_generate_of_a_list_accepts_at_least_the_lockstep_minimum(trained, monkeypatch):
     # Every block drafted whole (free drafting), NAR drafts only: the acceptance is the drafts', not
     # the acceptance record's or the context's (a batch's record and copies are shared by its rows).
-    monkeypatch.setattr(trained, "costs", StepCosts((1.0,) * 16, 0.0))
+    monkeypatch.setattr(trained, "costs", StepCosts((1.0,) * 16, (0.0,)))
     kw = dict(mode="verified", max_new_tokens=40, router_threshold=1.0, prompt_lookup=False)
     batch = trained.generate(PROMPTS, **kw)
     alone = [trained.generate(p, **kw) for p in PROMPTS]

@@ -24,7 +24,7 @@ from yue.model.hf import NGRAMS_FILE, weight_files
 from yue.registry import ASSETS
 from yue.train.topnar import ChatSequences
 
-FLAT = StepCosts((1.0,) * 16, 0.0)
+FLAT = StepCosts((1.0,) * 16, (0.0,))
 
 
 def _table(**kw) -> CorpusNgrams:

@@ -12,9 +12,16 @@ from yue.decode.policies import LoopState, VerifiedPolicy, probe_length
 
 
 def test_verify_costs_extrapolate_past_the_measured_rows():
-    c = StepCosts((1.0, 1.5, 1.7), 0.2)
+    c = StepCosts((1.0, 1.5, 1.7), (0.2,))
     assert [round(c.verify(k), 6) for k in range(5)] == [1.0, 1.5, 1.7, 1.9, 2.1]
     assert StepCosts.default(8).verify(0) < StepCosts.default(8).verify(8)
+
+
+def test_a_drafting_pass_costs_what_its_slots_cost():
+    c = StepCosts(tuple(1.0 + 0.1 * k for k in range(9)), (0.2, 0.25, 0.3))  # 2, 3, 4 slots
+    assert [c.draft_pass(n) for n in (1, 2, 3, 4, 8)] == [0.2, 0.2, 0.25, 0.3, 0.3]  # clamped
+    b2 = c.for_batch(2, 8)  # 2 rows x n slots cost what 2n positions cost over what n do
+    assert b2.draft_pass(3) == 0.25 * c.verify(5) / c.verify(2)
 
 
 def _policy_length(costs: StepCosts, accept: float, K: int = 8, rows: int = 1) -> int:
@@ -26,7 +33,7 @@ def _policy_length(costs: StepCosts, accept: float, K: int = 8, rows: int = 1) -
 
 
 def test_a_batch_step_costs_what_its_positions_cost_so_big_batches_draft_less():
-    c = StepCosts(tuple(1.0 + 0.1 * k for k in range(9)), 0.5)  # a fixed cost, then 0.1 a position
+    c = StepCosts(tuple(1.0 + 0.1 * k for k in range(9)), (0.5,))  # a fixed cost, then 0.1 a position
     assert c.for_batch(1, 8) is c
     b4 = c.for_batch(4, 8)
     assert b4.verify(0) == c.verify(3) and b4.verify(1) == c.verify(7)  # 4 and 8 positions
@@ -36,11 +43,11 @@ def test_a_batch_step_costs_what_its_positions_cost_so_big_batches_draft_less():
 
 
 def test_draft_length_follows_the_measured_cost_curve():
-    cheap_rows = StepCosts(tuple(1.0 + 0.02 * k for k in range(9)), 0.1)  # verifying rows nearly free
-    dear_rows = StepCosts(tuple(1.0 + 0.3 * k for k in range(9)), 0.1)  # each row ~0.3 of a step (AVX2)
+    cheap_rows = StepCosts(tuple(1.0 + 0.02 * k for k in range(9)), (0.1,))  # verifying rows nearly free
+    dear_rows = StepCosts(tuple(1.0 + 0.3 * k for k in range(9)), (0.1,))  # each row ~0.3 of a step (AVX2)
     assert _policy_length(cheap_rows, 0.8) > _policy_length(dear_rows, 0.8) >= 1
     # Poor drafts on a CPU where rows are dear: plain AR steps are the better deal.
-    assert _policy_length(StepCosts(tuple(1.0 + 0.5 * k for k in range(9)), 0.5), 0.2) == 0
+    assert _policy_length(StepCosts(tuple(1.0 + 0.5 * k for k in range(9)), (0.5,)), 0.2) == 0
 
 
 def test_a_probe_verifies_as_many_drafts_as_its_cost_allows():
@@ -51,10 +58,10 @@ def test_a_probe_verifies_as_many_drafts_as_its_cost_allows():
             LoopState(cfg, [None] * rows, torch.zeros(rows, 1, dtype=torch.long), costs=costs), 7
         )
 
-    flat = StepCosts((1.0, 1.09, 1.09, 1.04, 1.05, 1.07, 1.27, 1.30, 1.33), 0.1)  # float32 on this CPU
-    steep = StepCosts((1.0, 1.22, 1.37, 1.54, 1.94, 2.10, 2.29, 2.47, 2.93), 0.3)  # int4
+    flat = StepCosts((1.0, 1.09, 1.09, 1.04, 1.05, 1.07, 1.27, 1.30, 1.33), (0.1,))  # float32 on this CPU
+    steep = StepCosts((1.0, 1.22, 1.37, 1.54, 1.94, 2.10, 2.29, 2.47, 2.93), (0.3,))  # int4
     assert probe(flat) == 5 and probe(steep) == 1
-    assert probe(StepCosts((1.0, 2.0, 3.0), 0.1)) == 1  # at least one draft, whatever it costs
+    assert probe(StepCosts((1.0, 2.0, 3.0), (0.1,))) == 1  # at least one draft, whatever it costs
     assert probe(flat, rows=4) < probe(flat)  # a batch step's rows cost more
 
 
@@ -75,7 +82,12 @@ def test_measured_costs_are_cached_and_a_corrupt_cache_is_remeasured(
     first = measured_costs(model, cache_dir=tmp_path, tries=1)
     second = measured_costs(model, cache_dir=tmp_path, tries=1)
     assert len(calls) == 1 and first == second
-    assert len(first.step) == 9 and all(s > 0 for s in first.step) and first.draft_pass > 0
+    assert (
+        len(first.step) == 9
+        and all(s > 0 for s in first.step)
+        and len(first.passes) == 7
+        and all(p > 0 for p in first.passes)
+    )
     (file,) = (tmp_path / "costs").glob("*.json")
     file.write_text("{not json")
     third = measured_costs(model, cache_dir=tmp_path, tries=1)

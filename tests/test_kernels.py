@@ -15,6 +15,7 @@ import yue
 from yue.model import kernels
 from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
 from yue.model.masks import decode_mask
+from yue.model.screen import ScreenedHead
 
 PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
 AVX2_ERROR = (
@@ -59,7 +60,10 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
         kind = PackedLinear if choice.ok("onednn-bf16") else None
     qkv = model.model.layers[0].decode_sets[0].qkv
     assert type(qkv) is kind if kind else isinstance(qkv, torch.nn.Linear)
-    assert type(model.ar_head) is kind if kind else model.ar_head is None
+    # A row-kernel head carries its int8 screen for greedy steps (`screen.py`).
+    head = model.ar_head.head if isinstance(model.ar_head, ScreenedHead) else model.ar_head
+    assert isinstance(model.ar_head, ScreenedHead) == (kind is StreamedLinear)
+    assert type(head) is kind if kind else head is None
     # Row-exact layers: bfloat16's packed copy, or float32's row kernel (one kernel for 1-9 rows).
     assert model.model.layers[0].exact_rows == (kind in (PackedLinear, StreamedLinear))
     int8 = Int8Linear if model.dtype == torch.float32 else Lowered

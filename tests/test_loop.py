@@ -40,7 +40,7 @@ PROMPT_PIECES = [
 # Step costs under which drafting is free: every block is drafted whole (at threshold 1, the request's
 # acceptance record never finds a draft not worth verifying), so the drafting mechanics are tested
 # apart from the cost model (tested below with the default costs).
-FLAT = StepCosts((1.0,) * 16, 0.0)
+FLAT = StepCosts((1.0,) * 16, (0.0,))
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,11 @@ def trained(trained_model_dir):
     threshold=st.sampled_from([0.0, 0.3, 0.65, 1.0]),
     block_size=st.sampled_from([1, 4, 8]),
     drafting=st.sampled_from(["separate", "fused"]),
+    drafting_slots=st.sampled_from([None, 1, 2, 3]),
 )
-def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, block_size, drafting):
+def test_verified_greedy_equals_ar_token_for_token(
+    trained, pieces, threshold, block_size, drafting, drafting_slots
+):
     prompt = "".join(pieces)
     ar = trained.generate(prompt, mode="ar", max_new_tokens=40)
     ver = trained.generate(
@@ -67,6 +70,7 @@ def test_verified_greedy_equals_ar_token_for_token(trained, pieces, threshold, b
         router_threshold=threshold,
         block_size=block_size,
         drafting=drafting,
+        drafting_slots=None if drafting_slots is None else min(drafting_slots, block_size),
     )
     assert ver.token_ids == ar.token_ids
     assert ver.text == ar.text
@@ -140,6 +144,44 @@ def test_always_matching_drafts_need_at_most_n_over_k_plus_2_steps(K, drafting):
     assert steps <= math.ceil(N / K) + 2
     # Separate drafting adds one NAR-only pass per step that drafts; fused adds none.
     assert stub.draft_passes == (0 if drafting == "fused" else pytest.approx(steps, abs=1))
+
+
+@pytest.mark.parametrize("slots", [2, 3, 5])
+def test_a_drafting_pass_computes_drafting_slots_and_verifies_at_most_their_drafts(slots):
+    """`drafting_slots` slots a pass (slot 1 revealed): always-matching slots give slots - 1 drafts a
+    step, not K - 1, with the same tokens as `ar`."""
+    N, K = 48, 8
+    stub = chain_stub(V=12, K=K, slots_match=True)
+    seen = []
+    step = stub.step
+
+    def counting(tokens, positions, n_committed, *args, **kwargs):
+        if n_committed == 0:
+            seen.append(tokens.shape[1])
+        return step(tokens, positions, n_committed, *args, **kwargs)
+
+    stub.step = counting
+    cfg = _nar_drafts(N, K, drafting_slots=slots)
+    assert _run(stub, cfg) == _run(chain_stub(12, K, True), DecodeConfig(mode="ar", max_new_tokens=N))
+    assert seen and set(seen) == {slots}
+    steps = stub.forwards - stub.draft_passes
+    assert steps >= N // slots  # each step writes at most slots - 1 drafts + the AR token
+
+
+def test_drafting_slots_default_to_the_models_and_are_checked():
+    from yue.config import YueConfig
+
+    config = YueConfig(block_size=8, drafting_slots=3)
+    assert DecodeConfig(mode="verified").resolved(config).drafting_slots == 3
+    assert DecodeConfig(mode="verified", block_size=2).resolved(config).drafting_slots == 2  # capped
+    assert DecodeConfig(mode="nar").resolved(config).drafting_slots == 8  # nar commits whole blocks
+    assert DecodeConfig(mode="verified").resolved(YueConfig(block_size=8)).drafting_slots == 8
+    with pytest.raises(ValueError, match="drafting_slots"):
+        DecodeConfig(mode="verified", block_size=4, drafting_slots=5).resolved(config)
+    with pytest.raises(ValueError, match="drafting_slots"):
+        DecodeConfig(drafting_slots=0)
+    with pytest.raises(ValueError, match="drafting_slots"):
+        YueConfig(block_size=4, drafting_slots=5)
 
 
 @pytest.mark.parametrize("drafting", ["separate", "fused"])

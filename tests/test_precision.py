@@ -70,7 +70,7 @@ def row_stream_model(seed: int, monkeypatch):
     monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
     with kernels.forced():
         model = top_model(2, seed=seed).prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
-    assert isinstance(model.ar_head, inference.StreamedLinear)
+    assert isinstance(model.ar_head.head, inference.StreamedLinear)  # under its screen (`screen.py`)
     return model
 
 
@@ -251,7 +251,11 @@ def test_precision_names_and_cost_keys():
     bf16 = bf16_model()
     assert cost_cache_key(f32) != cost_cache_key(bf16)
     # Row-exact layers' attention form is in the key: costs measured with another form are not reused.
-    assert "attention padded 4x64" in decode_layout(bf16) and "attention" not in decode_layout(f32)
+    # (bfloat16's layers are row-exact on oneDNN's packed copy; without it, plain F.linear, no form.)
+    packed = kernels.packed_rows(torch.bfloat16)
+    assert ("attention padded 4x64" in decode_layout(bf16)) == packed and "attention" not in decode_layout(
+        f32
+    )
 
 
 @needs_packed

@@ -49,6 +49,10 @@ class YueConfig(PreTrainedConfig):
     mask_token_id: int = 3
     # K: slots per NAR block; DESIGN §7 found slots beyond ~4 add little, 8 keeps headroom.
     block_size: int = 8
+    # `verified` / `hybrid`, separate drafting: slots a drafting pass computes by default (slot 1
+    # revealed, so drafting_slots - 1 drafts; copied drafts may still run to K - 1), chosen by speed on
+    # a calibration split: later slots are rarely accepted and each costs the pass rows. None = K.
+    drafting_slots: int | None = None
     # Router hidden width: small, the router must stay well under 1% of the parameters.
     router_hidden_size: int = 64
     # `hybrid`'s speed/fidelity dial, chosen on a calibration split: its acceptance tolerance t, a draft
@@ -90,6 +94,8 @@ class YueConfig(PreTrainedConfig):
             raise ValueError("num_key_value_heads must divide num_attention_heads")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.drafting_slots is not None and not 1 <= self.drafting_slots <= self.block_size:
+            raise ValueError(f"drafting_slots must be in [1, block_size], got {self.drafting_slots}")
         if not 0.0 <= self.router_threshold <= 1.0:
             raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold}")
         if self.default_mode not in MODES:
@@ -132,6 +138,9 @@ class DecodeConfig:
             acceptance tolerance t, a draft is kept when p_AR(draft) >= (1 - t) * max p_AR (0 =
             `verified`, exact; 1 = every draft). `nar`: unused.
         block_size: slots drafted per step, at most the model's K; None = the model's K.
+        drafting_slots: `verified` / `hybrid`, separate drafting: slots a drafting pass computes (slot 1
+            revealed, then drafting_slots - 1 drafts), at most block_size; copied drafts may run to
+            block_size - 1. None = the model's `drafting_slots` (capped at block_size); `nar`: block_size.
         reeval_every: verified / hybrid with a router gate below 1: AR steps after a futile router probe
             before it is asked again (doubling, capped); None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
@@ -169,6 +178,7 @@ class DecodeConfig:
     stop: tuple[str, ...] = field(default_factory=tuple)
     router_threshold: float | None = None
     block_size: int | None = None
+    drafting_slots: int | None = None
     reeval_every: int | None = None
     trace: bool = False
     ignore_eos: bool = False
@@ -194,6 +204,8 @@ class DecodeConfig:
             raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold!r}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size!r}")
+        if self.drafting_slots is not None and self.drafting_slots < 1:
+            raise ValueError(f"drafting_slots must be >= 1, got {self.drafting_slots!r}")
         if self.reeval_every is not None and self.reeval_every < 1:
             raise ValueError(f"reeval_every must be >= 1, got {self.reeval_every!r}")
         if self.drafting not in DRAFTINGS:
@@ -209,6 +221,13 @@ class DecodeConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def draft_block(self) -> int:
+        """Slots of the block a step drafts from: `block_size` with fused drafting (in the step's own
+        forward), else `drafting_slots` (a drafting pass; `block_size` where unset)."""
+        separate = self.drafting == "separate" and self.drafting_slots is not None
+        return (self.drafting_slots if separate else self.block_size) or 1
 
     def draft_gate(self, model_config: YueConfig) -> float:
         """The router threshold that gates draft lengths (`VerifiedPolicy.draft_length`): `verified`'s
@@ -229,6 +248,11 @@ class DecodeConfig:
             raise ValueError(
                 f"block_size must be <= the model's block_size {model_config.block_size}, got {k}"
             )
+        if self.drafting_slots is not None and self.drafting_slots > k:
+            raise ValueError(f"drafting_slots must be <= block_size {k}, got {self.drafting_slots}")
+        slots = self.drafting_slots
+        if slots is None:
+            slots = k if self.mode == "nar" else min(model_config.drafting_slots or k, k)
         # `verified` is exact whatever it drafts; its default threshold is the model's own (see
         # `YueConfig.verified_threshold`).
         default_threshold = (
@@ -240,5 +264,6 @@ class DecodeConfig:
             if self.router_threshold is not None
             else default_threshold,
             block_size=k,
+            drafting_slots=slots,
             reeval_every=self.reeval_every if self.reeval_every is not None else model_config.reeval_every,
         )

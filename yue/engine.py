@@ -235,7 +235,7 @@ class Engine:
     def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
         """The step costs draft lengths weigh, measured for this model on this machine the first time a
         drafting request needs them (seconds, then cached on disk)."""
-        if cfg.mode not in ("verified", "hybrid"):
+        if cfg.mode not in ("verified", "hybrid") or (cfg.block_size or 1) < 2:  # nothing to draft
             return None
         if self.costs is None:
             self.costs = measured_costs(self.model)

@@ -4,8 +4,8 @@ machine and cached; issue 13: not the constants of one model on one CPU).
 
 Design decisions:
 - The decode loop's own calls, timed bare: `model.step` over n fed committed rows (no slots; the
-  verifying forward of n - 1 drafts plus the bonus row), n = 1..9, and the drafting pass (K slots,
-  NAR set only, slot 1 revealed, as `decode/loop.py` runs it). On a CPU a step's cost grows with its
+  verifying forward of n - 1 drafts plus the bonus row), n = 1..9, and the drafting pass over 2..K
+  slots (NAR set only, slot 1 revealed, as `decode/loop.py` runs it: `DecodeConfig.drafting_slots`). On a CPU a step's cost grows with its
   rows (DESIGN §8: 5 rows ~2.2x one row in float32 on AVX2); this curve is what the router's draft
   length should follow, measured on the machine and model at hand.
 - Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
@@ -39,13 +39,19 @@ ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR st
 
 @dataclass(frozen=True)
 class CostCurve:
-    """Median seconds of one step per row count, and of a drafting pass (None: the model has no NAR set)."""
+    """Median seconds of one step per row count, and of a drafting pass by its slots (None: the model has
+    no NAR set). `draft_slots`: the pass reported, the model's default (`YueConfig.drafting_slots`)."""
 
     context: int
     rows: tuple[int, ...]
     step_s: list[float]
     draft_slots: int | None = None
-    draft_s: float | None = None
+    pass_s: dict[int, float] | None = None  # slots (2..K) -> seconds
+
+    @property
+    def draft_s(self) -> float | None:
+        """Seconds of the default drafting pass (`draft_slots` slots)."""
+        return None if self.pass_s is None else self.pass_s[self.draft_slots]
 
     @property
     def ratios(self) -> list[float]:
@@ -60,12 +66,13 @@ class CostCurve:
             "step_ms": [round(s * 1e3, 4) for s in self.step_s],
             "ratio_to_1_row": [round(r, 4) for r in self.ratios],
         }
-        if self.draft_s is None:
+        if self.pass_s is None:
             return curve, None
         return curve, {
             "slots": self.draft_slots,
             "ms": round(self.draft_s * 1e3, 4),
             "ratio_to_ar_step": round(self.draft_s / self.step_s[0], 4),
+            "ms_by_slots": {n: round(s * 1e3, 4) for n, s in self.pass_s.items()},
         }
 
 
@@ -92,7 +99,8 @@ def _has_drafting_pass(config) -> bool:
 def verify_cost_curve(
     model, context: int = 200, rows: tuple[int, ...] = ROWS, warmup: int = 2, tries: int = 7, seed: int = 0
 ) -> CostCurve:
-    """Time `model.step` over 1..9 fed rows and the drafting pass, on a cache holding `context` tokens.
+    """Time `model.step` over 1..9 fed rows and the drafting pass over 2..K slots, on a cache holding
+    `context` tokens.
 
     Args:
         model: a YueForCausalLM prepared for decoding (as `yue.load` returns it), batch 1.
@@ -102,7 +110,7 @@ def verify_cost_curve(
             pass once); the median per kind is reported.
         seed: for the context's random token ids (their values do not change a step's cost).
     Returns:
-        CostCurve with one median per row count (seconds) and the drafting pass's.
+        CostCurve with one median per row count (seconds) and per drafting pass's slots.
     """
     cfg, device = model.config, model.device
     K = cfg.block_size or 1
@@ -117,21 +125,29 @@ def verify_cost_curve(
 
     def step(n: int):
         m = decode_mask(context, n, 0, cache.key_valid, device)
-        return lambda: model.step(ids[:, context : context + n], pos[context : context + n], n, m, cache, n)
+        # As a greedy request's steps run (the AR logits for their argmax: the head's screen, if any).
+        return lambda: model.step(
+            ids[:, context : context + n], pos[context : context + n], n, m, cache, n, top1=True
+        )
 
     calls = [step(n) for n in rows]
-    if _has_drafting_pass(cfg):
-        # The drafting pass as decode/loop.py runs it: K slots after the last kept token, slot 1
+    slot_counts = range(2, K + 1) if _has_drafting_pass(cfg) and K >= 2 else range(0)
+    entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
+
+    def draft(n: int):
+        # The drafting pass as decode/loop.py runs it: n slots after the last kept token, slot 1
         # revealed; a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
-        slots = torch.full((1, K), cfg.mask_token_id, dtype=torch.long, device=device)
+        slots = torch.full((1, n), cfg.mask_token_id, dtype=torch.long, device=device)
         slots[0, 0] = ids[0, context]
-        m = decode_mask(context, 0, K, cache.key_valid, device)
-        entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
-        calls.append(lambda: model.step(slots, pos[context : context + K], 0, m, cache, 0, entry))
-    times = _median_times(calls, warmup, tries)
-    if len(times) == len(rows):
+        m = decode_mask(context, 0, n, cache.key_valid, device)
+        return lambda: model.step(slots, pos[context : context + n], 0, m, cache, 0, entry)
+
+    times = _median_times(calls + [draft(n) for n in slot_counts], warmup, tries)
+    if not slot_counts:
         return CostCurve(context, tuple(rows), times)
-    return CostCurve(context, tuple(rows), times[: len(rows)], K, times[-1])
+    passes = dict(zip(slot_counts, times[len(rows) :], strict=True))
+    default = min(cfg.drafting_slots or K, K)
+    return CostCurve(context, tuple(rows), times[: len(rows)], default, passes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -141,10 +157,15 @@ def verify_cost_curve(
 @dataclass(frozen=True)
 class StepCosts:
     """What `VerifiedPolicy.draft_length` weighs: the cost of a step by its fed rows (index 0: a plain AR
-    step, i: i drafts verified), and of one drafting pass. Any unit; only ratios matter."""
+    step, i: i drafts verified), and of one drafting pass by its slots (`passes[n - 2]`: n = 2..K slots).
+    Any unit; only ratios matter."""
 
     step: tuple[float, ...]
-    draft_pass: float
+    passes: tuple[float, ...]
+
+    def draft_pass(self, slots: int) -> float:
+        """A drafting pass over `slots` slots (clamped to the measured 2..K)."""
+        return self.passes[min(max(slots - 2, 0), len(self.passes) - 1)]
 
     def verify(self, drafts: int) -> float:
         """A step feeding `drafts` drafts (plus the bonus row); past the measured rows, extrapolated
@@ -161,13 +182,13 @@ class StepCosts:
         """The costs of a step of `rows` batch rows, in the same unit: a step's cost follows its fed
         positions (DESIGN §7), so a batch step feeding k drafts costs what one row feeding rows * (k + 1)
         positions would (the curve, extrapolated past its rows), and the drafting pass grows by the same
-        ratio as a step of its rows * K positions. rows 1: these costs."""
+        ratio as a step of its rows * n positions (n: its slots). rows 1: these costs."""
         if rows == 1:
             return self
         positions = lambda n: self.verify(n - 1)  # noqa: E731  cost of a step over n positions
         step = tuple(positions(rows * (k + 1)) for k in range(block_size + 1))
-        K = max(block_size, 1)
-        return StepCosts(step, self.draft_pass * positions(rows * K) / positions(K))
+        passes = tuple(p * positions(rows * n) / positions(n) for n, p in enumerate(self.passes, start=2))
+        return StepCosts(step, passes)
 
     @classmethod
     @functools.cache
@@ -175,13 +196,13 @@ class StepCosts:
         """yue-code-mini's costs on the 2-core CPU (DESIGN §7), for when nothing was measured: an AR step
         ~2.4 ms, verifying ~0.7 ms more plus ~0.09 ms a draft, a drafting pass ~1.9 ms + 0.05 ms a slot."""
         step = (24.0,) + tuple(31.0 + 0.9 * k for k in range(1, block_size + 1))
-        return cls(step, 19.0 + 0.5 * block_size)
+        return cls(step, tuple(19.0 + 0.5 * n for n in range(2, max(block_size, 2) + 1)))
 
     @classmethod
     def from_curve(cls, curve: CostCurve) -> StepCosts:
-        if curve.draft_s is None:
+        if curve.pass_s is None:
             raise ValueError("the cost curve has no drafting pass (the model has no NAR set)")
-        return cls(tuple(curve.step_s), curve.draft_s)
+        return cls(tuple(curve.step_s), tuple(curve.pass_s[n] for n in sorted(curve.pass_s)))
 
 
 def cost_cache_key(model) -> str:
@@ -221,13 +242,13 @@ def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -
     file = root / f"{cost_cache_key(model)}.json"
     try:
         data = json.loads(file.read_text())
-        return StepCosts(tuple(float(x) for x in data["step_s"]), float(data["draft_s"]))
+        return StepCosts(tuple(float(x) for x in data["step_s"]), tuple(float(x) for x in data["pass_s"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     curve = verify_cost_curve(model, context=128, warmup=1, tries=tries)
     costs = StepCosts.from_curve(curve)
     root.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"step_s": list(costs.step), "draft_s": costs.draft_pass}))
+    tmp.write_text(json.dumps({"step_s": list(costs.step), "pass_s": list(costs.passes)}))
     os.replace(tmp, file)
     return costs

@@ -114,6 +114,7 @@ class DecodeBatch:
         self.model, self.key, self.costs = model, batch_key(cfg), costs
         self.corpus = corpus if self.key.corpus_drafts else None
         self.policy = get_policy(cfg.mode)
+        self.argmax_only = self.policy.argmax_only(self.key, model.config)
         self.max_prefill_tokens = max_prefill_tokens
         self.running: Group | None = None
         self.queued: list[Row] = []
@@ -236,7 +237,8 @@ class DecodeBatch:
         mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
         # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
         positions = cache.positions(offsets, padded=g.index == 0)  # step 0: the (left-padded) prefill
-        out = model.step(tokens, positions, n_c, mask, cache, st.max_drafts + 1)
+        top1 = self.argmax_only and all(r.cfg.logprobs is None for r in g.rows)
+        out = model.step(tokens, positions, n_c, mask, cache, st.max_drafts + 1, top1=top1)
         # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
         adv = self.policy.advance(model, st, out)
         cache.commit(adv.keep)
@@ -275,11 +277,11 @@ class DecodeBatch:
         )
 
     def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out) -> Advance:
-        """Drafting pass: K slots anchored at each row's last kept token, NAR set only; they see the
-        cache up to that token and each other, and sit in scratch space past it. Slot 1's token is known
+        """Drafting pass: K = `drafting_slots` slots anchored at each row's last kept token, NAR set only;
+        they see the cache up to that token and each other, and sit in scratch space past it. Slot 1's token is known
         by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's mask-predict
         reveals do, and slots 2.. are drafted knowing it."""
-        model, K = self.model, self.key.block_size
+        model, K = self.model, self.key.draft_block
         B, L = st.fed.shape[0], cache.length
         slots = st.fed.new_full((B, K), model.config.mask_token_id)
         slots[:, 0] = adv.next_fed[:, 0]

@@ -288,7 +288,7 @@ def best_draft(st: LoopState, survival: list[float], draft_pass: bool = True) ->
     for k, s_k in enumerate(survival, start=1):
         gain += s_k
         passes = (k + 1 if st.cfg.drafting == "fused" else 1) if draft_pass else 0
-        rate = gain / (costs.verify(k) + costs.draft_pass * passes)
+        rate = gain / (costs.verify(k) + costs.draft_pass(st.cfg.draft_block) * passes)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k, best_rate
@@ -322,6 +322,12 @@ class Policy:
     def drafts_now(self, st: LoopState) -> bool:
         """Whether this step drafts a block (read before `advance` updates the state)."""
         return False
+
+    def argmax_only(self, cfg: DecodeConfig, model_config) -> bool:
+        """Whether a step's AR logits serve only their argmax, so the model may compute them where they
+        may be the largest (`YueForCausalLM.step`'s top1): greedy, no repetition penalty, no trace (it
+        records the AR entropy). Log-probs are asked per row: the loop checks those."""
+        return cfg.greedy and cfg.repetition_penalty == 1.0 and not cfg.trace
 
     def n_slots(self, st: LoopState) -> int:
         return st.cfg.block_size if st.cfg.drafting == "fused" and self.drafts_now(st) else 0
@@ -393,9 +399,13 @@ class VerifiedPolicy(Policy):
 
     name = "verified"
 
+    def argmax_only(self, cfg: DecodeConfig, model_config) -> bool:
+        """As the base's, and the router unasked (its features read the AR logits): threshold 1."""
+        return super().argmax_only(cfg, model_config) and cfg.draft_gate(model_config) >= 1.0
+
     def drafts_now(self, st: LoopState) -> bool:
         """Whether this step drafts a block (not in an AR stretch, drafting not switched off)."""
-        return st.cfg.router_threshold > 0 and st.ar_stretch == 0 and st.cfg.block_size >= 2
+        return st.cfg.router_threshold > 0 and st.ar_stretch == 0 and st.cfg.draft_block >= 2
 
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
         """Fused drafting: a block at every fed position from p0 on; whichever prefix of the drafts the
@@ -605,9 +615,13 @@ class HybridPolicy(VerifiedPolicy):
 
     name = "hybrid"
 
+    def argmax_only(self, cfg: DecodeConfig, model_config) -> bool:
+        """Never: the tolerance reads p_AR at each draft."""
+        return False
+
     def drafts_now(self, st: LoopState) -> bool:
         """`verified`'s, except that t = 0 still drafts (it is `verified`, not `ar`)."""
-        return st.ar_stretch == 0 and st.cfg.block_size >= 2
+        return st.ar_stretch == 0 and st.cfg.draft_block >= 2
 
     @staticmethod
     def tolerance(st: LoopState) -> float:

@@ -61,6 +61,7 @@ from torch import nn
 
 from yue.model import kernels, rowkernel
 from yue.model.layers import DecodeSet
+from yue.model.screen import ScreenedHead
 
 logger = logging.getLogger(__name__)
 
@@ -602,6 +603,9 @@ def prepare_for_decoding(
         head = model.lm_head
     else:
         head = row_adaptive(model.lm_head, head_once, rows)
+    if isinstance(head, StreamedLinear) and row_ops:
+        # Greedy steps choose at a quarter of the head's bytes, the same token (`screen.py`).
+        head = ScreenedHead(head, model.lm_head.weight)
     model.ar_head = head if head is not model.lm_head else None
     if model.model.layers[0].exact_rows:
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from yue.model import rowkernel
+from yue.model.screen import ScreenedHead
 
 PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works drafts
@@ -258,7 +259,8 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
 
 def _probe_rows() -> str:
     """Why yue's row kernels cannot run here ("" = they can): built (or found in the cache) and each
-    tried against torch: the matmul against F.linear (a partial column block, rows beyond one pass),
+    tried against torch: the matmul against F.linear (a partial column block, rows beyond one pass), its
+    int8 form, the head's screen against the matmul (its argmax and bits),
     the norm against F.rms_norm, the attention against SDPA (GQA, a batch mask with holes, a key count
     that is not a whole number of vectors)."""
     try:
@@ -269,6 +271,19 @@ def _probe_rows() -> str:
     w = torch.randn(40, 24, generator=g)
     x = torch.randn(11, 24, generator=g)
     why = _tried(lambda: rowkernel.matmul(x, rowkernel.block(w), 40), F.linear(x, w), 1e-4)
+    codes = (w * 40).round().clamp(-127, 127)
+    why = why or _tried(
+        lambda: rowkernel.matmul(x, rowkernel.block(codes.to(torch.int8)), 40), x @ codes.t(), 1e-4
+    )
+    full = rowkernel.matmul(x, rowkernel.block(w), 40)
+
+    def screened() -> torch.Tensor:  # the head's greedy choice (`screen.py`): 0 where argmax and bits hold
+        y = ScreenedHead(nn.Identity(), w.t().contiguous().t()).top1(x)
+        kept = y.isfinite()
+        same = torch.equal(y.argmax(-1), full.argmax(-1)) and torch.equal(y[kept], full[kept])
+        return torch.zeros(1) if same else torch.ones(1)
+
+    why = why or _tried(screened, torch.zeros(1), 0.0)
     why = why or _tried(lambda: rowkernel.rms_norm(x, w[0], 1e-5), F.rms_norm(x, (24,), w[0], 1e-5), 1e-5)
     if why or not rowkernel.attention_fits(32):
         return why or "the attention kernel takes no 32-wide heads"

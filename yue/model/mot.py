@@ -27,6 +27,7 @@ from yue.model.cache import KVCache
 from yue.model.inference import expand_draft_logits, prepare_for_decoding
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.router import Router
+from yue.model.screen import ScreenedHead
 
 
 class SlotEntry(nn.Module):
@@ -283,6 +284,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         cache: KVCache,
         n_logits: int | None = None,
         anchor_entry: torch.Tensor | None = None,
+        top1: bool = False,
     ) -> StepOutput:
         """One decode forward at cache index `cache.length`; the cache pointer is not moved.
 
@@ -295,6 +297,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             n_logits: AR logits only for the last n_logits committed positions (None = all). The head
                 is a large matmul per row: a prefill needs just its last row.
             anchor_entry: top-layer NAR sets, a drafting pass: (B, 1, D) the anchor's `entry` row.
+            top1: the AR logits serve only their argmax (`Policy.argmax_only`): where the head has an
+                int8 screen (`screen.ScreenedHead`), each AR row holds its float32 logits only where
+                they may be its largest, -inf elsewhere (the same argmax, a quarter of the head's bytes).
         Returns:
             StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden
             (B, T, D), entry (B, n_committed, D) or None.
@@ -305,16 +310,18 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         first = 0 if n_logits is None else n_committed - n_logits
         n_ar = n_committed - first
         head = self.ar_head or self.lm_head
+        screened = top1 and isinstance(head, ScreenedHead)
         # Logits leave in float32 whatever the precision: the choice is the same, and torch's CPU argmax
         # and softmax over bfloat16 are ~4x slower (a 49,152-token argmax: 177 vs 44 us a row).
-        if self.draft_head is None and self.draft_vocab is None:
+        if self.draft_head is None and self.draft_vocab is None and not screened:
             logits = head(hidden[:, first:]).float()  # (B, T - first, V): one matmul for all rows
             return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)
-        # Lowered or reduced drafting: AR rows through the LM head as loaded, slot rows their own way.
-        # A drafting pass has no AR rows: no head call (a padded packed head would cost a whole step's).
+        # Screened, lowered or reduced drafting: AR rows through the LM head as loaded (or its screen),
+        # slot rows their own way. A drafting pass has no AR rows: no head call (a padded packed head
+        # would cost a whole step's).
         B, V = hidden.shape[0], self.config.vocab_size
         ar_logits = (
-            head(hidden[:, first:n_committed]).float()
+            (head.top1 if screened else head)(hidden[:, first:n_committed]).float()
             if n_ar
             else hidden.new_empty(B, 0, V, dtype=torch.float32)
         )

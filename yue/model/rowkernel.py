@@ -126,10 +126,14 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
+    lib.rows_matmul_i8.argtypes = lib.rows_matmul.argtypes
+    lib.rows_matmul_i8.restype = None
     lib.rows_block.restype = lib.rows_lanes.restype = ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
     lib.rows_rms_norm.restype = None
+    lib.rows_screen.argtypes = [ptr, c_long, c_long, *[ptr] * 4, c_long, c_long, ptr, c_long, ctypes.c_int]
+    lib.rows_screen.restype = ctypes.c_int
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
@@ -175,23 +179,42 @@ def library() -> ctypes.CDLL:
 
 
 def block(w: torch.Tensor) -> torch.Tensor:
-    """An (out, in) float32 weight in the kernel's layout: (ceil(out / BLK), in, BLK), zero-padded."""
+    """An (out, in) float32 (or int8) weight in the kernel's layout: (ceil(out / BLK), in, BLK),
+    zero-padded."""
     blk = library().rows_block()
     out, inp = w.shape
-    padded = torch.zeros(-(-out // blk) * blk, inp, dtype=torch.float32)
+    padded = torch.zeros(-(-out // blk) * blk, inp, dtype=w.dtype)
     padded[:out] = w
     return padded.view(-1, blk, inp).transpose(1, 2).contiguous()
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
-    """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out)."""
+    """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
+    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales)."""
     inp = x.shape[-1]
     flat = x.reshape(-1, inp).contiguous()
     y = torch.empty(flat.shape[0], out, dtype=torch.float32)
-    library().rows_matmul(
-        flat.data_ptr(), flat.shape[0], inp, blocked.data_ptr(), y.data_ptr(), out, torch.get_num_threads()
-    )
+    fn = library().rows_matmul_i8 if blocked.dtype == torch.int8 else library().rows_matmul
+    fn(flat.data_ptr(), flat.shape[0], inp, blocked.data_ptr(), y.data_ptr(), out, torch.get_num_threads())
     return y.view(*x.shape[:-1], out)
+
+
+def screen(
+    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, slack: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor | None:
+    """(R, V) float32 for float32 x (R, in): each row's logits x . w[j] where the int8 screen leaves
+    doubt that they are the row's largest, the bits of `matmul(x, block(w), V)`, -inf elsewhere
+    (`rows_screen`; `screen.ScreenedHead` holds its arguments). None where a row is not finite.
+
+    codes: `block` of the head's int8 codes; scale, slack: (V,) float64, the codes' scales and the bound
+    per unit of |x|_1; w: the float32 head (V, in) in any strides (a tied head's input-major storage)."""
+    assert x.dtype == w.dtype == torch.float32 and scale.dtype == slack.dtype == torch.float64
+    flat = x.contiguous()
+    V = w.shape[0]
+    y = torch.empty(flat.shape[0], V, dtype=torch.float32)
+    args = [flat, flat.shape[0], flat.shape[1], codes, scale, slack, w, *w.stride(), y, V]
+    failed = library().rows_screen(*_pointers(*args, torch.get_num_threads()))
+    return None if failed else y
 
 
 def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
