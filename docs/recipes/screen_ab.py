@@ -47,4 +47,10 @@ for name in engines:
     print(f"{name}: verified {seconds[name, 'ar'] / seconds[name, 'verified']:.3f}x ar")
 reference = outputs["full", "ar"]
 for key, out in outputs.items():
-    print(key, "outputs equal to the full head's ar:", sum(a == b for a, b in zip(out, reference, strict=True)), "/", n)
+    print(
+        key,
+        "outputs equal to the full head's ar:",
+        sum(a == b for a, b in zip(out, reference, strict=True)),
+        "/",
+        n,
+    )

@@ -30,6 +30,7 @@ from yue.model import rowkernel
 
 ULP = 2.0**-24  # float32's unit roundoff
 WIDEN = 1.001  # the radius's margin over the rounding of its own float64 arithmetic, and more
+CHUNK = 4096  # head rows quantized at a time
 
 
 class ScreenedHead(nn.Module):
@@ -44,19 +45,23 @@ class ScreenedHead(nn.Module):
     def __init__(self, head: nn.Module, weight: torch.Tensor) -> None:
         super().__init__()
         V, D = weight.shape
-        w = weight.detach().double()
-        top = w.abs().amax(1)  # (V,) max |w_j|
-        scale = (top / 127).float().clamp(min=torch.finfo(torch.float32).tiny)  # s_j as the screen uses it
-        codes = torch.round(w / scale.double()[:, None]).clamp(-127, 127)
-        err = (codes * scale.double()[:, None] - w).abs().amax(1)  # e_j
         g = D * ULP / (1 - D * ULP)
+        codes = torch.empty(V, D, dtype=torch.int8)
+        scale, slack = torch.empty(V, dtype=torch.float64), torch.empty(V, dtype=torch.float64)
+        for lo in range(0, V, CHUNK):  # in float64 a chunk at a time: the whole head would be 226 MB a copy
+            w = weight[lo : lo + CHUNK].detach().double()
+            top = w.abs().amax(1)  # max |w_j|
+            s = (top / 127).float().clamp(min=torch.finfo(torch.float32).tiny).double()  # s_j as screened
+            q = torch.round(w / s[:, None]).clamp(-127, 127)
+            err = (q * s[:, None] - w).abs().amax(1)  # e_j
+            codes[lo : lo + CHUNK], scale[lo : lo + CHUNK] = q.to(torch.int8), s
+            slack[lo : lo + CHUNK] = (err + g * top + 127 * g * s) * WIDEN  # r_j / |x|_1
         self.head = head
         self.vocab_size = V
         # Tensors in tuples: not in a state dict, no `.to()` (the decode path's copies, as StreamedLinear's).
         self.weight = (weight.detach(),)
-        self.codes = (rowkernel.block(codes.to(torch.int8)),)
-        self.scale = (scale.double(),)
-        self.slack = ((err + g * top + 127 * g * scale.double()) * WIDEN,)  # r_j / |x|_1
+        self.codes = (rowkernel.block(codes),)
+        self.scale, self.slack = (scale,), (slack,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The full head's logits."""
