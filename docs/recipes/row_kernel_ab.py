@@ -11,6 +11,8 @@ package).
 - `torch-layer`: each layer one row-kernel call (`DecodeSet.whole_layer`) with the kernel's norms and
   attention, against the same model's layers through torch's calls (its RMSNorm, the padded SDPA, or
   one query per SDPA call for int4), as before the one-call layer. `dtype` float32 (default) or int4.
+- `full-head`: greedy steps choosing through the head's int8 screen (`screen.ScreenedHead`, the
+  default), against the same model with its AR head set back to the full float32 row-kernel head.
 
 Prints seconds per engine and mode, the ratios, and how many outputs equal the other side's `ar`. Each
 engine measures its own cost curve on first use (cached per layout).
@@ -38,6 +40,9 @@ if against == "oneDNN":
         engines[name] = yue.load("yue-smol", dtype=dtype)
 else:
     engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
+if against == "full-head":
+    engines[against].model.ar_head = engines[against].model.ar_head.head
+elif against == "torch-layer":
     for layer in engines[against].model.model.layers:
         for decode_set in layer.decode_sets:
             decode_set.rms_norm, decode_set.blocked = layers.rms_norm, None

@@ -97,20 +97,23 @@ static const block_fn BLOCKS[MAX_R + 1] = {0, block_1, block_2, block_3, block_4
 static const block_fn SINGLES[MAX_R + 1] = {0, single_1, single_2, single_3, single_4,
                                             single_5, single_6, single_7, single_8, single_9};
 
-/* x: (rows, in) row-major; w: rowkernel.block's layout; y: (rows, out) row-major. Rows beyond MAX_R
- * take further passes; groups of column blocks are shared among `threads` OpenMP threads where built
- * with it. */
-void rows_matmul(const float *x, long rows, long in, const float *w, float *y, long out, int threads) {
-    const long blocks = (out + BLK - 1) / BLK;
-    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
-        const long nb = STREAMS[R], groups = blocks / nb;
-        const float *xr = x + r0 * in;
-        float *yr = y + r0 * out;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long g = 0; g < groups; g++) BLOCKS[R](xr, in, w + g * nb * in * BLK, yr, out, g * nb);
-        for (long b = groups * nb; b < blocks; b++) SINGLES[R](xr, in, w + b * in * BLK, yr, out, b);
+/* A matmul's passes over its block functions: rows beyond MAXR take further passes; groups of column
+ * blocks are shared among `threads` OpenMP threads where built with it. */
+#define MATMUL_PASSES(BLOCKS, SINGLES, STREAMS, MAXR)                                                       \
+    const long blocks = (out + BLK - 1) / BLK;                                                              \
+    for (long r0 = 0; r0 < rows; r0 += MAXR) {                                                              \
+        const long R = rows - r0 < MAXR ? rows - r0 : MAXR;                                                 \
+        const long nb = STREAMS[R], groups = blocks / nb;                                                   \
+        const float *xr = x + r0 * in;                                                                      \
+        float *yr = y + r0 * out;                                                                           \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")                 \
+        for (long g = 0; g < groups; g++) BLOCKS[R](xr, in, w + g * nb * in * BLK, yr, out, g * nb);        \
+        for (long b = groups * nb; b < blocks; b++) SINGLES[R](xr, in, w + b * in * BLK, yr, out, b);       \
     }
+
+/* x: (rows, in) row-major; w: rowkernel.block's layout; y: (rows, out) row-major. */
+void rows_matmul(const float *x, long rows, long in, const float *w, float *y, long out, int threads) {
+    MATMUL_PASSES(BLOCKS, SINGLES, STREAMS, MAX_R)
 }
 
 int rows_block(void) { return BLK; }
@@ -408,16 +411,7 @@ static const i8_block_fn I8_SINGLES[I8_MAX_R + 1] = {0, i8_single_1, i8_single_2
 
 /* y (rows, out) = x (rows, in) @ codes.t(), codes in rowkernel.block's layout as int8. */
 void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
-    const long blocks = (out + BLK - 1) / BLK;
-    for (long r0 = 0; r0 < rows; r0 += I8_MAX_R) {
-        const long R = rows - r0 < I8_MAX_R ? rows - r0 : I8_MAX_R;
-        const long nb = I8_STREAMS[R], groups = blocks / nb;
-        const float *xr = x + r0 * in;
-        float *yr = y + r0 * out;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long g = 0; g < groups; g++) I8_BLOCKS[R](xr, in, w + g * nb * in * BLK, yr, out, g * nb);
-        for (long b = groups * nb; b < blocks; b++) I8_SINGLES[R](xr, in, w + b * in * BLK, yr, out, b);
-    }
+    MATMUL_PASSES(I8_BLOCKS, I8_SINGLES, I8_STREAMS, I8_MAX_R)
 }
 
 /* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen
