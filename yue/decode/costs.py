@@ -4,8 +4,9 @@ machine and cached; issue 13: not the constants of one model on one CPU).
 
 Design decisions:
 - The decode loop's own calls, timed bare: `model.step` over n fed committed rows (no slots; the
-  verifying forward of n - 1 drafts plus the bonus row), n = 1..9, and the drafting pass over 2..K
-  slots (NAR set only, slot 1 revealed, as `decode/loop.py` runs it: `DecodeConfig.drafting_slots`). On a CPU a step's cost grows with its
+  verifying forward of n - 1 drafts plus the bonus row; AR logits for their argmax, as greedy steps
+  ask), n = 1..9, and the drafting pass over 2..K slots (NAR set only, slot 1 revealed, as
+  `decode/loop.py` runs it; `DecodeConfig.drafting_slots`). On a CPU a step's cost grows with its
   rows (DESIGN §8: 5 rows ~2.2x one row in float32 on AVX2); this curve is what the router's draft
   length should follow, measured on the machine and model at hand.
 - Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
