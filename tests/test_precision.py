@@ -63,18 +63,44 @@ def test_bfloat16_model_holds_one_packed_copy_and_attends_in_float32():
     assert cache.k.dtype == torch.float32 and model.dtype == torch.bfloat16
 
 
-def row_stream_model(seed: int, monkeypatch):
-    """A random top-layer NAR model in float32 whose rows run the row kernel (`inference.rows_kernel`
-    keeps oneDNN for a model this small unless its bound is 0); skipped where the kernel cannot build."""
-    needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
-    with kernels.forced():
-        model = top_model(2, seed=seed).prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
-    assert isinstance(model.ar_head.head, inference.StreamedLinear)  # under its screen (`screen.py`)
+def q4_round_trip(w: torch.Tensor) -> torch.Tensor:
+    """A float32 (out, in) weight through GGUF Q4_1 and back (llama.cpp's reference quantizer and
+    dequantizer, the `gguf` package's): per group of 32 inputs code * d + m, as a Q4_1 GGUF loads."""
+    import gguf.quants
+    from gguf import GGMLQuantizationType
+
+    packed = gguf.quants.quantize(w.detach().numpy(), GGMLQuantizationType.Q4_1)
+    return torch.from_numpy(gguf.quants.dequantize(packed, GGMLQuantizationType.Q4_1).reshape(w.shape))
+
+
+def q4_weights(model):
+    """The AR set's layer weights replaced by their Q4_1 round trip (`q4_round_trip`)."""
+    for layer in model.model.layers:
+        _, proj, _, mlp = layer._sets(False)
+        for module in (proj, mlp):
+            for linear in module.children():
+                linear.weight.data.copy_(q4_round_trip(linear.weight))
     return model
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "float32 row-stream"])
+def row_stream_model(seed: int, monkeypatch, q4: bool = False):
+    """A random top-layer NAR model in float32 whose rows run the row kernel (`inference.rows_kernel`
+    keeps oneDNN for a model this small unless its bound is 0); skipped where the kernel cannot build.
+    With `q4`, its AR layers' weights are Q4_1 values, which the row kernel holds as 4-bit codes."""
+    needs_row_kernel()
+    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
+    model = top_model(2, seed=seed)
+    if q4:
+        q4_weights(model)
+    with kernels.forced():
+        model = model.prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
+    assert isinstance(model.ar_head.head, inference.StreamedLinear)  # under its screen (`screen.py`)
+    codes = [layer.decode_sets[0].blocked[0].dtype == torch.uint8 for layer in model.model.layers]
+    assert all(codes) if q4 else not any(codes)
+    return model
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float32 row-stream", "float32 4-bit codes"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeypatch):
     """Eight committed tokens in one step give the logits (and cache) of eight one-token steps. (On the
@@ -82,7 +108,10 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
     queries is not row-exact there.)"""
     if precision == "bfloat16" and not BF16_PACKED:
         pytest.skip(f"oneDNN bfloat16 packing does not work on this CPU: {kernels.describe()}")
-    model = bf16_model(seed=seed) if precision == "bfloat16" else row_stream_model(seed, monkeypatch)
+    if precision == "bfloat16":
+        model = bf16_model(seed=seed)
+    else:
+        model = row_stream_model(seed, monkeypatch, q4=precision.endswith("codes"))
     assert all(layer.exact_rows for layer in model.model.layers)
     if precision != "bfloat16":  # the AR layers in one row-kernel call each (`rowkernel.layer`)
         assert all(layer.decode_sets[0].blocked is not None for layer in model.model.layers)

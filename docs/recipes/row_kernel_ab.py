@@ -13,6 +13,9 @@ package).
   one query per SDPA call for int4), as before the one-call layer. `dtype` float32 (default) or int4.
 - `full-head`: greedy steps choosing through the head's int8 screen (`screen.ScreenedHead`, the
   default), against the same model with its AR head set back to the full float32 row-kernel head.
+- `float-weights`: the layers' Q4_1 weights held as their 4-bit codes (`rowkernel.q4_block`, the
+  default where the `rows-q4` probe passes), against the same model with them held as float32
+  (`kernels.forced("rows-q4")`).
 
 Prints seconds per engine and mode, the ratios, and how many outputs equal the other side's `ar`. Each
 engine measures its own cost curve on first use (cached per layout).
@@ -26,7 +29,7 @@ from pathlib import Path
 import torch
 
 import yue
-from yue.model import inference, layers
+from yue.model import inference, kernels, layers
 
 torch.set_num_threads(1)
 split, n = sys.argv[1], int(sys.argv[2])
@@ -38,6 +41,10 @@ if against == "oneDNN":
     for name, bound in (("row kernel", inference.ROW_STREAM_BYTES), ("oneDNN", 2**62)):
         inference.ROW_STREAM_BYTES = bound  # `rows_kernel`: above the bound the row kernel, else oneDNN
         engines[name] = yue.load("yue-smol", dtype=dtype)
+elif against == "float-weights":
+    engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
+    with kernels.forced("rows-q4"):
+        engines[against] = yue.load("yue-smol", dtype=dtype)
 else:
     engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
 if against == "full-head":

@@ -221,12 +221,19 @@ def cost_cache_key(model) -> str:
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
     attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
-    layer is one row-kernel call): the int4 precision and a large
+    layer is one row-kernel call; row-kernel weights held as 4-bit codes): the int4 precision and a large
     float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
     attention form is not the other's."""
     layer = model.model.layers[0]
     sets = layer.decode_sets
-    kinds = [type(m).__name__ for m in sets[0].children()] if sets is not None else []
+    children = list(sets[0].children()) if sets is not None else []
+    kinds = [type(m).__name__ for m in children]
+    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`): same bits, other costs.
+    kinds += [
+        "4-bit codes"
+        for m in children
+        if getattr(m, "blocked", (None,))[0] is not None and m.blocked[0].dtype == torch.uint8
+    ][:1]
     attention = []
     if layer.exact_rows:
         padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"

@@ -25,6 +25,10 @@ Design decisions:
   norms and the row-exact attention, built with the system's C compiler on first use; the probe is the
   build plus a tried call of each, and no compiler (or a build that fails) turns them off with the
   compiler's reason, as any other kernel.
+- `rows-q4` (`rowkernel.q4_block`, `rows_matmul_q4`): the row kernel's matmul on float32 weights that
+  4-bit codes give back exactly (a GGUF's Q4_1 weights), rebuilt from the codes: the same bits as
+  `rows-f32` on the float weights, at 0.75 bytes a weight. Probed for those bits (1-9 rows and a
+  prefill's, a partial column block); off, the weights stay float32 in the row kernel.
 - int4 (`pack_int4`, `int4_linear`: torch's CPU int4pack kernels, weight-only, bfloat16 activations):
   the int4 precision's AR layers, a user's choice like bfloat16. No fallback computes its function
   row-exactly, so where the probe fails `yue.load(dtype="int4")` is an error naming why. With
@@ -55,7 +59,7 @@ from yue.model.screen import ScreenedHead
 
 PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works drafts
-KERNELS = ("rows-f32", "onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES), "int4")
+KERNELS = ("rows-f32", "rows-q4", "onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES), "int4")
 ENV = "YUE_KERNELS"
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
 # A weight held once is kept packed where the packed kernel's one row costs at most this many times
@@ -296,6 +300,28 @@ def _probe_rows() -> str:
     return _tried(lambda: rowkernel.attention(q, k, v, visible.to(torch.uint8), start), ref, 1e-5)
 
 
+def _probe_q4() -> str:
+    """Why the row kernel's 4-bit weights cannot stand in for float32 ones here ("" = they can): a
+    Q4_1-like weight (codes 0..15, each group's extremes 0 and 15, float16 scale and minimum per group of 32) taken by `q4_block` and
+    multiplied with the float kernel's bits over 1-9 rows and 13 (two passes), a partial column block
+    included; a weight that is not such refused."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (40, 2, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # as Q4_1's: the minimum is code 0, the maximum code 15
+    d = torch.rand(40, 2, 1, generator=g).half().float()
+    m = -8 * d + torch.randn(40, 2, 1, generator=g).half().float() / 100
+    w = torch.addcmul(m, codes, d).view(40, 64)
+    packed = rowkernel.q4_block(w)
+    if packed is None or rowkernel.q4_block(w + 1e-3) is not None:
+        return "tried: Q4_1 weights not recognised"
+    full = rowkernel.block(w)
+    for rows in (*range(1, rowkernel.MAX_ROWS + 1), 13):
+        x = torch.randn(rows, 64, generator=g)
+        if not torch.equal(rowkernel.matmul(x, packed, 40), rowkernel.matmul(x, full, 40)):
+            return f"tried: {rows} rows not the float kernel's bits"
+    return ""
+
+
 def _probe_packed(dtype: torch.dtype) -> str:
     """Why oneDNN's pre-packed matmul cannot serve `dtype` here ("" = it can)."""
     if not torch.backends.mkldnn.is_available():
@@ -372,6 +398,8 @@ def _probe(off: frozenset[str]) -> KernelChoice:
             whys[name] = _probe_int4()
         elif name == "rows-f32":
             whys[name] = _probe_rows()
+        elif name == "rows-q4":
+            whys[name] = "needs rows-f32" if whys["rows-f32"] else _probe_q4()
         else:
             whys[name] = _probe_packed(next(d for d, k in PACKED_KERNEL.items() if k == name))
     probes = tuple(Probe(n, not w, w) for n, w in whys.items())

@@ -157,10 +157,11 @@ class DecodeSet(nn.Module):
         # call, 60 calls a step.
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
         # The whole layer in one row-kernel call (`rowkernel.layer`) where every part is on the row kernel
-        # (the matmuls `inference.StreamedLinear`s, holding `blocked` weights): its committed rows of a
-        # decode step, up to `rowkernel.MAX_ROWS`.
+        # (the matmuls `inference.StreamedLinear`s, holding `blocked` weights, all float32 or all 4-bit
+        # codes): its committed rows of a decode step, up to `rowkernel.MAX_ROWS`.
         blocked = [getattr(m, "blocked", (None,))[0] for m in (qkv, o_proj, gate_up, down)]
-        whole = exact and row_norm and attention == "kernel" and all(b is not None for b in blocked)
+        one_kind = all(b is not None for b in blocked) and len({b.dtype for b in blocked}) == 1
+        whole = exact and row_norm and attention == "kernel" and one_kind
         self.blocked = tuple(blocked) if whole else None
         norm, _, post_norm, _ = layer._sets(nar)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around

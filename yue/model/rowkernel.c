@@ -99,21 +99,21 @@ static const block_fn SINGLES[MAX_R + 1] = {0, single_1, single_2, single_3, sin
 
 /* A matmul's passes over its block functions: rows beyond MAXR take further passes; groups of column
  * blocks are shared among `threads` OpenMP threads where built with it. */
-#define MATMUL_PASSES(BLOCKS, SINGLES, STREAMS, MAXR)                                                       \
-    const long blocks = (out + BLK - 1) / BLK;                                                              \
+#define MATMUL_PASSES(BLOCKS, SINGLES, STREAMS, MAXR, BLOCK_SIZE)                                           \
+    const long blocks = (out + BLK - 1) / BLK, bs = (BLOCK_SIZE); /* a column block's weight elements */   \
     for (long r0 = 0; r0 < rows; r0 += MAXR) {                                                              \
         const long R = rows - r0 < MAXR ? rows - r0 : MAXR;                                                 \
         const long nb = STREAMS[R], groups = blocks / nb;                                                   \
         const float *xr = x + r0 * in;                                                                      \
         float *yr = y + r0 * out;                                                                           \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")                 \
-        for (long g = 0; g < groups; g++) BLOCKS[R](xr, in, w + g * nb * in * BLK, yr, out, g * nb);        \
-        for (long b = groups * nb; b < blocks; b++) SINGLES[R](xr, in, w + b * in * BLK, yr, out, b);       \
+        for (long g = 0; g < groups; g++) BLOCKS[R](xr, in, w + g * nb * bs, yr, out, g * nb);              \
+        for (long b = groups * nb; b < blocks; b++) SINGLES[R](xr, in, w + b * bs, yr, out, b);             \
     }
 
 /* x: (rows, in) row-major; w: rowkernel.block's layout; y: (rows, out) row-major. */
 void rows_matmul(const float *x, long rows, long in, const float *w, float *y, long out, int threads) {
-    MATMUL_PASSES(BLOCKS, SINGLES, STREAMS, MAX_R)
+    MATMUL_PASSES(BLOCKS, SINGLES, STREAMS, MAX_R, in * BLK)
 }
 
 int rows_block(void) { return BLK; }
@@ -287,6 +287,17 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
 /* The attention's vector width, which its head size must be a multiple of (`rowkernel.attention_fits`). */
 int rows_lanes(void) { return LANES; }
 
+void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
+
+/* A matmul of rows_layer's: float32 weights in rowkernel.block's layout, or (q4) rows_matmul_q4's. */
+static void layer_matmul(int q4, const float *x, long rows, long in, const void *w, float *y, long out,
+                         int threads) {
+    if (q4)
+        rows_matmul_q4(x, rows, in, w, y, out, threads);
+    else
+        rows_matmul(x, rows, in, w, y, out, threads);
+}
+
 /* A whole layer of a float32 decode step over R = B x T committed rows, in one call: the step's ~25
  * torch calls and their Python (~0.7 ms a layer, a third of SmolLM2's float32 step once the matmuls
  * streamed at memory speed) become one. The same functions as `layers.DecodeSet`'s path, in its order:
@@ -294,12 +305,13 @@ int rows_lanes(void) { return LANES; }
  *   [start, start + T); o = attention; h += o Wo; x = norm2(h); g, u = x Wgu; h += (silu(g) u) Wdown,
  * each row on its own (the matmuls `rows_matmul`, 1-9 rows), so a row's bits do not depend on R.
  *
- * h: (R, D) row-major, updated in place. Weights in `rowkernel.block`'s layout: wqkv (H + 2 Hkv) Dh
- * outputs (Q, K, V heads), wgu 2 F (gate, up), wo D from H Dh, wdown D from F. cos, sin: (B|1, T, Dh)
+ * h: (R, D) row-major, updated in place. Weights in `rowkernel.block`'s layout (q4: all four in
+ * rows_matmul_q4's): wqkv (H + 2 Hkv) Dh outputs (Q, K, V heads), wgu 2 F (gate, up), wo D from H Dh,
+ * wdown D from F. cos, sin: (B|1, T, Dh)
  * at strides (cb, ct). k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh).
  * visible, mb, mt: as rows_attention's. */
 void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
-                const float *wqkv, const float *wo, const float *wgu, long F, const float *wdown,
+                const void *wqkv, const void *wo, const void *wgu, long F, const void *wdown, int q4,
                 const float *cos, const float *sin, long cb, long ct, float *k, float *v, long kb, long kh,
                 const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh, long start,
                 float scale, int threads) {
@@ -308,7 +320,7 @@ void rows_layer(float *h, int B, int T, long D, const float *norm1, const float 
     float *o = malloc(R * (long)H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
     float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
     rows_rms_norm(h, R, D, norm1, eps, x);
-    rows_matmul(x, R, D, wqkv, qkv, nqkv, threads);
+    layer_matmul(q4, x, R, D, wqkv, qkv, nqkv, threads);
     for (long r = 0; r < R; r++) {
         const long b = r / T, t = r % T;
         const float *c = cos + b * cb + t * ct, *sn = sin + b * cb + t * ct;
@@ -326,16 +338,16 @@ void rows_layer(float *h, int B, int T, long D, const float *norm1, const float 
     }
     rows_attention(qkv, T * nqkv, Dh, nqkv, k, v, kb, kh, visible, mb, mt, o, B, H, Hkv, T, Dh, start,
                    scale, threads);
-    rows_matmul(o, R, (long)H * Dh, wo, y, D, threads);
+    layer_matmul(q4, o, R, (long)H * Dh, wo, y, D, threads);
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     rows_rms_norm(h, R, D, norm2, eps, x);
-    rows_matmul(x, R, D, wgu, gu, 2 * F, threads);
+    layer_matmul(q4, x, R, D, wgu, gu, 2 * F, threads);
     for (long r = 0; r < R; r++)
         for (long i = 0; i < F; i++) {
             const float g = gu[r * 2 * F + i];
             act[r * F + i] = g / (1.f + expf(-g)) * gu[r * 2 * F + F + i]; /* silu(g) * u */
         }
-    rows_matmul(act, R, F, wdown, y, D, threads);
+    layer_matmul(q4, act, R, F, wdown, y, D, threads);
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     free(x), free(qkv), free(o), free(y), free(gu), free(act);
 }
@@ -357,7 +369,7 @@ void rows_layer(float *h, int B, int T, long D, const float *norm1, const float 
 
 /* LANES int8 codes from p widened to floats: one sign extension and one conversion where the compiler
  * exposes them (AVX512, AVX2); GCC's generic code for it goes through 16-bit halves or scalars. */
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 static inline __attribute__((always_inline)) vf widen(const signed char *p) {
@@ -413,8 +425,208 @@ static const i8_block_fn I8_SINGLES[I8_MAX_R + 1] = {0, i8_single_1, i8_single_2
 
 /* y (rows, out) = x (rows, in) @ codes.t(), codes in rowkernel.block's layout as int8. */
 void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
-    MATMUL_PASSES(I8_BLOCKS, I8_SINGLES, I8_STREAMS, I8_MAX_R)
+    MATMUL_PASSES(I8_BLOCKS, I8_SINGLES, I8_STREAMS, I8_MAX_R, in * BLK)
 }
+
+/* ---- A float32 matmul on weights held as 4-bit codes: the same bits as rows_matmul, a fifth of the bytes ----
+ *
+ * Why: a float32 step streams every weight (SmolLM2's layers: 425 MB a step), yet a GGUF's Q4_1 weights,
+ * dequantized to float32, are code * d + m per group of 32 inputs, with d and m float16 values: 4 bits
+ * a weight and two scalars a group say the same floats. rowkernel.q4_block finds the codes and checks
+ * that they give back every float exactly; this loop then rebuilds each weight (code * d is exact in
+ * float32: 4 bits by 11, so one rounding in + m, whether fused or not) and runs rows_matmul's fmaf chain
+ * on it: a row's result is rows_matmul's bits on the float32 weight, at 0.75 bytes a weight.
+ *
+ * Layout (rowkernel.q4_block): per column block of BLK outputs, per group of Q4_GROUP inputs, one
+ * contiguous Q4_GROUP_BYTES record: d (BLK floats), m (BLK floats), then per input BLK / 2 bytes, LANES
+ * per pair of vectors (2 LANES outputs), whose byte k holds the pair's output k in its low nibble and
+ * output LANES + k in its high one (rows_q4_pack). */
+#define Q4_GROUP 32
+#define Q4_GROUP_BYTES (2 * BLK * (long)sizeof(float) + Q4_GROUP * BLK / 2)
+#define PREFETCH_Q4 1536 /* bytes ahead: two groups' records */
+
+/* acc + a * b, one rounding (rows_matmul's fmaf), LANES at a time. */
+static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#elif defined(__FMA__) && LANES == 8
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
+#else
+    for (int l = 0; l < LANES; l++) acc[l] = fmaf(a[l], b[l], acc[l]);
+    return acc;
+#endif
+}
+
+/* x broadcast to a vector. */
+static inline __attribute__((always_inline)) vf splat(float x) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__) && LANES == 8
+    return (vf)_mm256_set1_ps(x);
+#else
+    vf v;
+    for (int l = 0; l < LANES; l++) v[l] = x;
+    return v;
+#endif
+}
+
+/* The LANES codes of two vectors (LANES bytes at p: low nibbles the first, high the second) as floats. */
+static inline __attribute__((always_inline)) void nibble_pair(const unsigned char *p, vf *lo, vf *hi) {
+#if defined(__AVX512F__)
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *lo = (vf)_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+    *hi = (vf)_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+#elif defined(__AVX2__)
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    *lo = (vf)_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+    *hi = (vf)_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+#else
+    for (int l = 0; l < LANES; l++) (*lo)[l] = (float)(p[l] & 15), (*hi)[l] = (float)(p[l] >> 4);
+#endif
+}
+
+/* One row: all VB vectors of a column block per input (4 sum chains on AVX2, for the FMA latency). */
+static void q4_one_row(const float *x, long in, const unsigned char *w, float *y, long out, long b) {
+    const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;
+    vf acc[VB];
+    for (int v = 0; v < VB; v++) acc[v] = (vf){0};
+    for (long g = 0; g < groups; g++) {
+        const unsigned char *rec = w + g * Q4_GROUP_BYTES;
+        const float *d = (const float *)rec, *m = d + BLK;
+        vf dv[VB], mv[VB];
+        for (int v = 0; v < VB; v++) dv[v] = *(const vf *)(d + v * LANES), mv[v] = *(const vf *)(m + v * LANES);
+        for (int i = 0; i < Q4_GROUP; i++) {
+            const unsigned char *wi = rec + 2 * BLK * sizeof(float) + i * (BLK / 2);
+            __builtin_prefetch(wi + PREFETCH_Q4, 0, 0);
+            const vf xr = splat(x[g * Q4_GROUP + i]);
+            for (int v = 0; v < VB; v += 2) {
+                vf lo, hi;
+                nibble_pair(wi + v / 2 * LANES, &lo, &hi);
+                acc[v] = vfma(xr, lo * dv[v] + mv[v], acc[v]);
+                acc[v + 1] = vfma(xr, hi * dv[v + 1] + mv[v + 1], acc[v + 1]);
+            }
+        }
+    }
+    for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];
+}
+
+#define Q4_PAIRS_FN(NAME, R)                                                                                \
+    static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
+        const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        for (int p = 0; p < VB / 2; p++) {                                                                  \
+            vf acc[R][2];                                                                                   \
+            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
+            for (long g = 0; g < groups; g++) {                                                             \
+                const unsigned char *rec = w + g * Q4_GROUP_BYTES;                                          \
+                const float *d = (const float *)rec + p * 2 * LANES, *m = d + BLK;                          \
+                const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                \
+                const vf m0 = *(const vf *)m, m1 = *(const vf *)(m + LANES);                                \
+                const unsigned char *codes = rec + 2 * BLK * sizeof(float) + p * LANES;                     \
+                for (int i = 0; i < Q4_GROUP; i++) {                                                        \
+                    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                          \
+                    vf lo, hi;                                                                              \
+                    nibble_pair(codes + i * (BLK / 2), &lo, &hi);                                           \
+                    lo = lo * d0 + m0, hi = hi * d1 + m1;                                                   \
+                    for (int r = 0; r < R; r++) {                                                           \
+                        const vf xr = splat(x[r * in + g * Q4_GROUP + i]);                                  \
+                        acc[r][0] = vfma(xr, lo, acc[r][0]), acc[r][1] = vfma(xr, hi, acc[r][1]);           \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
+            for (int r = 0; r < R; r++)                                                                     \
+                for (long j = p * 2 * LANES; j < n && j < (p + 1) * 2 * LANES; j++)                         \
+                    y[r * out + b * BLK + j] = acc[r][(j / LANES) % 2][j % LANES];                          \
+        }                                                                                                   \
+    }
+
+/* Rows per pass: 2-9 (a verifying step) sum two vectors (a pair's) per row, R x 2 sums and the pair's
+ * 2 + 4 scale vectors in registers: AVX512's 32 take 9 rows, AVX2's 16 six (7 spilled). SmolLM2's
+ * layers, one thread, AMD EPYC with AVX2, ms (min of 10 calls): 1-6 rows 9.0 / 11.7 / 13.8 / 16.3 /
+ * 19.4 / 22.8 in one pass (each row ~3 ms, the FMA units' pace), 7-9 rows 34.6 / 33.6 / 42.0 in one pass
+ * (spilled), against the float32 weights' 28-31 for one row and 64-71 for nine. Before, all VB vectors
+ * per row for 2-4 rows (spilled from 3: 18.2 ms) and each group's tile rebuilt into L1 for 5-9 (30.7 for
+ * 5) were slower. */
+#if defined(__AVX512F__)
+#define Q4_MAX_R 9
+#else
+#define Q4_MAX_R 6
+#endif
+Q4_PAIRS_FN(q4_pairs_2, 2)
+Q4_PAIRS_FN(q4_pairs_3, 3)
+Q4_PAIRS_FN(q4_pairs_4, 4)
+Q4_PAIRS_FN(q4_pairs_5, 5)
+Q4_PAIRS_FN(q4_pairs_6, 6)
+#if Q4_MAX_R == 9
+Q4_PAIRS_FN(q4_pairs_7, 7)
+Q4_PAIRS_FN(q4_pairs_8, 8)
+Q4_PAIRS_FN(q4_pairs_9, 9)
+#endif
+typedef void (*q4_block_fn)(const float *, long, const unsigned char *, float *, long, long);
+static const q4_block_fn Q4_BLOCKS[Q4_MAX_R + 1] = {0, q4_one_row, q4_pairs_2, q4_pairs_3, q4_pairs_4, q4_pairs_5, q4_pairs_6,
+#if Q4_MAX_R == 9
+                                                    q4_pairs_7, q4_pairs_8, q4_pairs_9
+#endif
+};
+static const int Q4_STREAMS[MAX_R + 1] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}; /* one column block a call */
+
+/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q4_block's layout (in a multiple of Q4_GROUP). */
+void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    MATMUL_PASSES(Q4_BLOCKS, Q4_BLOCKS, Q4_STREAMS, Q4_MAX_R, in / Q4_GROUP * Q4_GROUP_BYTES)
+}
+
+/* f rounded to 11 significant bits, to nearest even: a float16 value where f is in float16's normal range. */
+static float half_round(float f) {
+    union {
+        float f;
+        unsigned u;
+    } v = {f};
+    v.u = (v.u + 0xFFFu + ((v.u >> 13) & 1u)) & ~0x1FFFu;
+    return v.f;
+}
+
+/* W (out, in) float32 at strides (so, si) (output-major, or a tied head's input-major storage), in a
+ * multiple of Q4_GROUP, into rows_matmul_q4's layout at dst (ceil(out / BLK) x in / Q4_GROUP records of
+ * Q4_GROUP_BYTES, zeroed by the caller), a BLK x Q4_GROUP tile at a time. Each group of an output: m
+ * its minimum, d (max - m) / 15 rounded to float16, codes round((w - m) / d). Returns 0, or 1 as soon
+ * as a value is not fmaf(code, d, m) with a code in 0..15 (the kernel's rebuilt weight: code * d is
+ * exact, 4 bits by 11), so a weight either gives its exact bits back or is refused. */
+int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
+    const long groups = in / Q4_GROUP;
+    float tile[BLK][Q4_GROUP];
+    for (long b = 0; b * BLK < out; b++) {
+        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
+        for (long g = 0; g < groups; g++) {
+            if (si == 1)
+                for (long j = 0; j < n; j++)
+                    for (int i = 0; i < Q4_GROUP; i++) tile[j][i] = w[(b * BLK + j) * so + g * Q4_GROUP + i];
+            else
+                for (int i = 0; i < Q4_GROUP; i++)
+                    for (long j = 0; j < n; j++) tile[j][i] = w[(b * BLK + j) * so + (g * Q4_GROUP + i) * si];
+            unsigned char *rec = dst + (b * groups + g) * Q4_GROUP_BYTES;
+            for (long j = 0; j < n; j++) {
+                const float *wg = tile[j];
+                float lo = wg[0], hi = wg[0];
+                for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
+                const float d = half_round((hi - lo) / 15.f), inv = d > 0.f ? 1.f / d : 0.f;
+                ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = lo;
+                /* the output's byte and nibble in each input's BLK / 2 bytes */
+                const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
+                unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
+                for (int i = 0; i < Q4_GROUP; i++) {
+                    const float t = (wg[i] - lo) * inv;
+                    if (!(t > -0.5f && t < 15.5f)) return 1; /* NaN fails too */
+                    const int c = (int)(t + 0.5f);
+                    if (fmaf((float)c, d, lo) != wg[i]) return 1;
+                    codes[i * (BLK / 2)] |= (unsigned char)(c << shift);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int rows_q4_group(void) { return Q4_GROUP; }
+int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
 
 /* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen
  * of yue/model/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's

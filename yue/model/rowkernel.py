@@ -126,9 +126,12 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    lib.rows_matmul_i8.argtypes = lib.rows_matmul.argtypes
-    lib.rows_matmul_i8.restype = None
-    lib.rows_block.restype = lib.rows_lanes.restype = ctypes.c_int
+    lib.rows_matmul_i8.argtypes = lib.rows_matmul_q4.argtypes = lib.rows_matmul.argtypes
+    lib.rows_matmul_i8.restype = lib.rows_matmul_q4.restype = None
+    lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_q4_group.restype = ctypes.c_int
+    lib.rows_q4_bytes.restype = ctypes.c_int
+    lib.rows_q4_pack.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p]
+    lib.rows_q4_pack.restype = ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
     lib.rows_rms_norm.restype = None
@@ -138,7 +141,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
     lib.rows_layer.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ptr, ptr, ctypes.c_float, ptr, ptr]
-    lib.rows_layer.argtypes += [ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long, ptr]
+    lib.rows_layer.argtypes += [ptr, c_long, ptr, ctypes.c_int, ptr, ptr, c_long, c_long, ptr, ptr, c_long]
+    lib.rows_layer.argtypes += [c_long, ptr]
     lib.rows_layer.argtypes += [c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_layer.restype = None
     return lib
@@ -188,13 +192,40 @@ def block(w: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, blk, inp).transpose(1, 2).contiguous()
 
 
+def q4_block(w: torch.Tensor) -> torch.Tensor | None:
+    """An (out, in) float32 weight (any strides) in `rows_matmul_q4`'s layout (uint8, (ceil(out / BLK), in / 32, 768)
+    bytes), or None where 4-bit codes cannot give back its every value exactly (`rows_q4_pack`).
+
+    A weight qualifies where each group of 32 inputs of an output is code * d + m (one float32
+    rounding), codes 0..15 spanning the group (0 at its minimum, 15 at its maximum), d a float16 value:
+    a GGUF's Q4_1 weights dequantized to float32 (`gguf.py`, as llama.cpp's reference dequantizer
+    computes them). Every value is checked, so a weight that is not such (a trained one, another
+    quantization) is refused, never approximated; most are refused at their first group.
+    """
+    lib = library()
+    out, inp = w.shape
+    if w.dtype != torch.float32 or w.device.type != "cpu" or inp % lib.rows_q4_group():
+        return None
+    blocks, groups = -(-out // lib.rows_block()), inp // lib.rows_q4_group()
+    packed = torch.zeros(blocks, groups, lib.rows_q4_bytes(), dtype=torch.uint8)
+    refused = lib.rows_q4_pack(w.data_ptr(), out, inp, *w.stride(), packed.data_ptr())
+    return None if refused else packed
+
+
+def inputs(blocked: torch.Tensor) -> int:
+    """A weight's input count from its kernel layout (`block` or `q4_block`)."""
+    return blocked.shape[1] * (library().rows_q4_group() if blocked.dtype == torch.uint8 else 1)
+
+
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
-    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales)."""
+    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales); a uint8 one
+    is `q4_block(W)` (`rows_matmul_q4`: `block(W)`'s bits, any row count)."""
     inp = x.shape[-1]
     flat = x.reshape(-1, inp).contiguous()
     y = torch.empty(flat.shape[0], out, dtype=torch.float32)
-    fn = library().rows_matmul_i8 if blocked.dtype == torch.int8 else library().rows_matmul
+    lib = library()
+    fn = {torch.int8: lib.rows_matmul_i8, torch.uint8: lib.rows_matmul_q4}.get(blocked.dtype, lib.rows_matmul)
     fn(flat.data_ptr(), flat.shape[0], inp, blocked.data_ptr(), y.data_ptr(), out, torch.get_num_threads())
     return y.view(*x.shape[:-1], out)
 
@@ -296,7 +327,26 @@ def layer(
     out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
     cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
     rope = [cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1)]
-    args = [out, B, T, D, *norms, eps, qkv, o, gate_up, down.shape[1], down, *rope, k, v, *k.stride()[:2]]
+    q4 = qkv.dtype == torch.uint8
+    assert all((b.dtype == torch.uint8) == q4 for b in blocked)
+    args = [
+        out,
+        B,
+        T,
+        D,
+        *norms,
+        eps,
+        qkv,
+        o,
+        gate_up,
+        inputs(down),
+        down,
+        int(q4),
+        *rope,
+        k,
+        v,
+        *k.stride()[:2],
+    ]
     args += [*_mask(visible), H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads()]
     library().rows_layer(*_pointers(*args))
     return out

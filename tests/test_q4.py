@@ -1,0 +1,81 @@
+"""The row kernel's float32 weights held as 4-bit codes (`rowkernel.q4_block`, `rows_matmul_q4`): a Q4_1
+weight gives the float kernel's bits back for every row count and stride, anything else is refused, the
+portable build agrees, and a model's tokens do not change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_precision import q4_round_trip, q4_weights, row_stream_model
+from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
+from tests.test_topnar import top_model
+from yue.config import DecodeConfig
+from yue.decode.costs import decode_layout
+from yue.decode.loop import decode
+from yue.model import kernels, rowkernel
+
+
+def q4_like(out: int, inp: int, seed: int = 0) -> torch.Tensor:
+    """An (out, in) weight as a Q4_1 GGUF loads (`q4_round_trip` of a random one)."""
+    return q4_round_trip(torch.randn(out, inp, generator=torch.Generator().manual_seed(seed)) / 10)
+
+
+@pytest.mark.parametrize("out, inp", [(40, 64), (96, 128), (7, 32), (200, 96)])
+def test_q4_codes_give_the_float_kernels_bits_for_every_row_count(out, inp):
+    needs_row_kernel()
+    w = q4_like(out, inp)
+    packed = rowkernel.q4_block(w)
+    assert packed is not None and packed.dtype == torch.uint8
+    assert torch.equal(rowkernel.q4_block(w.t().contiguous().t()), packed)  # input-major storage too
+    assert packed.numel() == -(-out // 32) * 32 * inp * 3 // 4  # 0.75 bytes a weight, outputs padded to 32
+    full = rowkernel.block(w)
+    g = torch.Generator().manual_seed(1)
+    for rows in (*range(1, 10), 10, 13, 20):  # past 9 rows: further passes, as a prefill
+        x = torch.randn(rows, inp, generator=g)
+        assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
+        torch.testing.assert_close(rowkernel.matmul(x, packed, out), x @ w.t(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_weight_that_codes_cannot_give_back_is_refused():
+    needs_row_kernel()
+    w = q4_like(40, 64)
+    nudged = w.clone()
+    nudged[17, 40] = torch.nextafter(nudged[17, 40], torch.tensor(1.0))  # one value off by one ulp
+    with_nan = w.clone()
+    with_nan[3, 3] = float("nan")
+    for refused in (torch.randn(40, 64), nudged, with_nan, w[:, :48], w.to(torch.bfloat16)):
+        assert rowkernel.q4_block(refused) is None
+
+
+def test_the_q4_kernels_plain_build(fresh_build, monkeypatch):  # noqa: F811
+    """The plain flag set (no -march: the portable nibble loop and fmaf, 8-float vectors) gives the
+    same bits as its own float kernel."""
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", ([],))
+    needs_row_kernel()
+    assert rowkernel.library().rows_lanes() == 8
+    for out, inp in ((40, 64), (7, 32)):
+        test_q4_codes_give_the_float_kernels_bits_for_every_row_count(out, inp)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_q4_model_writes_the_tokens_its_float32_weights_write(seed, monkeypatch):
+    """A random model whose AR layers hold Q4_1 values: prepared, its layers hold the codes alone and
+    its greedy `ar` and `verified` write what the same model with float32 weights in the row kernel
+    does (`rows-q4` forced off); its step costs are keyed apart."""
+    coded = row_stream_model(seed, monkeypatch, q4=True)
+    assert "4-bit codes" in decode_layout(coded)
+    with kernels.forced("rows-q4"):
+        floats = q4_weights(top_model(2, seed=seed)).prepare_for_decoding(
+            torch.qint8 if kernels.int8_engine() else None
+        )
+    assert "4-bit codes" not in decode_layout(floats)
+    prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    def run(model, mode: str) -> list[int]:
+        cfg = DecodeConfig(mode=mode, max_new_tokens=24, ignore_eos=True, router_threshold=1.0)
+        return [t for em in decode(model, [prompt], cfg.resolved(model.config)) for t in em.tokens[0]]
+
+    expected = run(floats, "ar")
+    assert run(coded, "ar") == expected
+    assert run(coded, "verified") == expected
