@@ -48,12 +48,14 @@ def test_a_weight_that_codes_cannot_give_back_is_refused():
         assert rowkernel.q4_block(refused) is None
 
 
-def test_the_q4_kernels_plain_build(fresh_build, monkeypatch):  # noqa: F811
-    """The plain flag set (no -march: the portable nibble loop and fmaf, 8-float vectors) gives the
-    same bits as its own float kernel."""
-    monkeypatch.setattr(rowkernel, "FLAG_SETS", ([],))
+@pytest.mark.parametrize("flags, lanes", [([], 8), (["-DYUE_LANES=16"], 16)])
+def test_the_q4_kernels_portable_builds(flags, lanes, fresh_build, monkeypatch):  # noqa: F811
+    """The plain flag set (no -march: the portable nibble loop and fmaf) gives the same bits as its own
+    float kernel, with 8-float vectors (AVX2's layout) and 16 (AVX512's: one pair of vectors a block,
+    9 rows a pass), so both layouts run here whatever this CPU has."""
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
     needs_row_kernel()
-    assert rowkernel.library().rows_lanes() == 8
+    assert rowkernel.library().rows_lanes() == lanes
     for out, inp in ((40, 64), (7, 32)):
         test_q4_codes_give_the_float_kernels_bits_for_every_row_count(out, inp)
 

@@ -126,7 +126,9 @@ int rows_block(void) { return BLK; }
 
 /* Partial sums of a dot product: one native vector (AVX512's 16 floats; 8 elsewhere, one AVX2 vector,
  * two SSE or NEON ones). The bits of a result depend on it, so they are the same within one build. */
-#if defined(__AVX512F__)
+#if defined(YUE_LANES) /* a test's plain build at another width (-DYUE_LANES=16: AVX512's layout) */
+#define LANES YUE_LANES
+#elif defined(__AVX512F__)
 #define LANES 16
 #else
 #define LANES 8
@@ -539,13 +541,14 @@ static void q4_one_row(const float *x, long in, const unsigned char *w, float *y
         }                                                                                                   \
     }
 
-/* Rows per pass: 2-9 (a verifying step) sum two vectors (a pair's) per row, R x 2 sums and the pair's
- * 2 + 4 scale vectors in registers: AVX512's 32 take 9 rows, AVX2's 16 six (7 spilled). SmolLM2's
- * layers, one thread, AMD EPYC with AVX2, ms (min of 10 calls): 1-6 rows 9.0 / 11.7 / 13.8 / 16.3 /
- * 19.4 / 22.8 in one pass (each row ~3 ms, the FMA units' pace), 7-9 rows 34.6 / 33.6 / 42.0 in one pass
- * (spilled), against the float32 weights' 28-31 for one row and 64-71 for nine. Before, all VB vectors
- * per row for 2-4 rows (spilled from 3: 18.2 ms) and each group's tile rebuilt into L1 for 5-9 (30.7 for
- * 5) were slower. */
+/* 2-9 rows (a verifying step): a pair of vectors at a time, the column block's codes read once per pair
+ * (the second pair's from cache), so R x 2 sums, the pair's 4 scale vectors and its 2 weight vectors stay
+ * in registers: AVX512's 32 hold 9 rows, AVX2's 16 six; more take another pass. SmolLM2's layers, one
+ * thread, AMD EPYC with AVX2, ms (min of 10 calls, one process): 1-6 rows 8.3 / 11.6 / 13.9 / 16.1 / 18.6
+ * / 21.7 (each row ~3 ms, the FMA units' pace: 106M multiply-adds at 16 a cycle, 2.45 GHz, is 2.7), 7-9
+ * rows in two passes 28.8 / 30.7 / 33.4 (in one, spilled: 34.0 / 34.1 / 42.1), against the float32
+ * weights' 28-31 for one row and 64-71 for nine. Tried and slower: all VB vectors per row for 2-4 rows
+ * (spilled from 3 rows: 18.2 ms), each group's tile rebuilt once into L1 for 5-9 rows (5 rows 30.7). */
 #if defined(__AVX512F__)
 #define Q4_MAX_R 9
 #else
