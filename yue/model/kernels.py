@@ -153,8 +153,8 @@ class KernelChoice:
         """One line for logs and bench headers: the choices, then each kernel left out and why."""
         line = (
             f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
-            f"float32 rows>1: {self.float32_rows} (oneDNN {'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}"
-            f"{'; Q4_1 weights as 4-bit codes' if self.ok('rows-q4') else ''}), "
+            f"float32 rows>1: {self.float32_rows} (oneDNN {'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}), "
+            f"{'Q4_1 weights: 4-bit codes, ' if self.ok('rows-q4') else ''}"
             f"one copy: {self.float32_one_copy}; "
             f"bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}; "

@@ -386,6 +386,19 @@ static inline __attribute__((always_inline)) vf widen(const signed char *p) {
 #endif
 }
 
+/* x broadcast to a vector. */
+static inline __attribute__((always_inline)) vf splat(float x) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__) && LANES == 8
+    return (vf)_mm256_set1_ps(x);
+#else
+    vf v;
+    for (int l = 0; l < LANES; l++) v[l] = x;
+    return v;
+#endif
+}
+
 #define I8_BLOCKS_FN(NAME, R, NB)                                                                           \
     static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
         vf acc[R][NB][VB];                                                                                  \
@@ -399,7 +412,7 @@ static inline __attribute__((always_inline)) vf widen(const signed char *p) {
                 vf wf[VB];                                                                                  \
                 for (int v = 0; v < VB; v++) wf[v] = widen(wi + v * LANES);                                 \
                 for (int r = 0; r < R; r++) {                                                               \
-                    const vf xr = (vf){0} + x[r * in + i];                                                  \
+                    const vf xr = splat(x[r * in + i]);                                                     \
                     for (int v = 0; v < VB; v++) acc[r][k][v] += xr * wf[v];                                \
                 }                                                                                           \
             }                                                                                               \
@@ -411,19 +424,58 @@ static inline __attribute__((always_inline)) vf widen(const signed char *p) {
         }                                                                                                   \
     }
 
-/* Rows per pass and streams by rows: with AVX2's 16 vector registers more sums spill (SmolLM2's head,
- * one thread, AMD EPYC with AVX2: 8 rows in one pass 14 ms, in two 8-9 ms); not tuned for AVX512. */
-#define I8_MAX_R 4
-static const int I8_STREAMS[I8_MAX_R + 1] = {0, 2, 2, 1, 1};
+/* 1-2 rows: all VB vectors of two column blocks per input. 3+ rows: a pair of vectors at a time (the
+ * block's second pair read again from cache), so R x 2 sums and the pair's 2 widened vectors stay in
+ * registers: AVX512's 32 hold 9 rows, AVX2's 16 six; more take another pass. SmolLM2's head codes, one
+ * thread, AMD EPYC with AVX2, ms (min of 12 calls, one process): 1-9 rows 2.1 / 3.2 / 4.5 / 4.0 / 4.4 /
+ * 5.9 / 7.1 / (8) 11.0 / 12.2, against 4.6 / 4.7 / 6.8 / 8.9 / 9.3 / 11.0 / 13.7 for 3-9 rows with all
+ * vectors per row (4 rows a pass, spilled); 2 rows in pairs 4.3. Not measured with AVX512. */
+#define I8_PAIRS_FN(NAME, R)                                                                                \
+    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
+        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
+        for (int p = 0; p < VB / 2; p++) {                                                                  \
+            vf acc[R][2];                                                                                   \
+            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
+            for (long i = 0; i < in; i++) {                                                                 \
+                const signed char *wi = w + i * BLK + p * 2 * LANES;                                        \
+                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
+                const vf w0 = widen(wi), w1 = widen(wi + LANES);                                            \
+                for (int r = 0; r < R; r++) {                                                               \
+                    const vf xr = splat(x[r * in + i]);                                                     \
+                    acc[r][0] += xr * w0, acc[r][1] += xr * w1;                                             \
+                }                                                                                           \
+            }                                                                                               \
+            for (int r = 0; r < R; r++)                                                                     \
+                for (long j = p * 2 * LANES; j < n && j < (p + 1) * 2 * LANES; j++)                         \
+                    y[r * out + b * BLK + j] = acc[r][(j / LANES) % 2][j % LANES];                          \
+        }                                                                                                   \
+    }
+
+#if defined(__AVX512F__)
+#define I8_MAX_R 9
+#else
+#define I8_MAX_R 6
+#endif
+static const int I8_STREAMS[MAX_R + 1] = {0, 2, 2, 1, 1, 1, 1, 1, 1, 1};
 I8_BLOCKS_FN(i8_block_1, 1, 2)
 I8_BLOCKS_FN(i8_block_2, 2, 2)
-I8_BLOCKS_FN(i8_block_3, 3, 1)
-I8_BLOCKS_FN(i8_block_4, 4, 1)
 I8_BLOCKS_FN(i8_single_1, 1, 1)
 I8_BLOCKS_FN(i8_single_2, 2, 1)
+I8_PAIRS_FN(i8_pairs_3, 3)
+I8_PAIRS_FN(i8_pairs_4, 4)
+I8_PAIRS_FN(i8_pairs_5, 5)
+I8_PAIRS_FN(i8_pairs_6, 6)
+#if I8_MAX_R == 9
+I8_PAIRS_FN(i8_pairs_7, 7)
+I8_PAIRS_FN(i8_pairs_8, 8)
+I8_PAIRS_FN(i8_pairs_9, 9)
+#define I8_MORE , i8_pairs_7, i8_pairs_8, i8_pairs_9
+#else
+#define I8_MORE
+#endif
 typedef void (*i8_block_fn)(const float *, long, const signed char *, float *, long, long);
-static const i8_block_fn I8_BLOCKS[I8_MAX_R + 1] = {0, i8_block_1, i8_block_2, i8_block_3, i8_block_4};
-static const i8_block_fn I8_SINGLES[I8_MAX_R + 1] = {0, i8_single_1, i8_single_2, i8_block_3, i8_block_4};
+static const i8_block_fn I8_BLOCKS[I8_MAX_R + 1] = {0, i8_block_1, i8_block_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_MORE};
+static const i8_block_fn I8_SINGLES[I8_MAX_R + 1] = {0, i8_single_1, i8_single_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_MORE};
 
 /* y (rows, out) = x (rows, in) @ codes.t(), codes in rowkernel.block's layout as int8. */
 void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
@@ -456,19 +508,6 @@ static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
 #else
     for (int l = 0; l < LANES; l++) acc[l] = fmaf(a[l], b[l], acc[l]);
     return acc;
-#endif
-}
-
-/* x broadcast to a vector. */
-static inline __attribute__((always_inline)) vf splat(float x) {
-#if defined(__AVX512F__)
-    return (vf)_mm512_set1_ps(x);
-#elif defined(__AVX__) && LANES == 8
-    return (vf)_mm256_set1_ps(x);
-#else
-    vf v;
-    for (int l = 0; l < LANES; l++) v[l] = x;
-    return v;
 #endif
 }
 
