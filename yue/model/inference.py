@@ -160,10 +160,10 @@ class StreamedLinear(nn.Module):
 
     A weight that 4-bit codes give back exactly (a GGUF's Q4_1 weights, dequantized: `rowkernel.q4_block`)
     is held as those codes, 0.75 bytes a weight against 4, and computed from them with the same bits
-    (`rows_matmul_q4`), for every row count. SmolLM2's 30 layers, one thread, AMD EPYC with AVX2, ms (min
-    over 10 calls, the machine noisy): 1 / 2 / 4 / 9 rows 10-11 / 13-16 / 23-27 / 38-50 against 28-31 /
-    29-30 / 34-39 / 64-71 on the float32 copy; the rebuilding is arithmetic, so its extra rows cost more
-    of a step.
+    (`rows_matmul_q4`), for every row count, a prefill's too (passes of 6-9 rows). SmolLM2's 30 layers,
+    one thread, AMD EPYC with AVX2, ms (min of 10 calls): 1 / 2 / 4 / 9 rows 8.3 / 11.6 / 16.1 / 33.4
+    against 28-31 / 29-30 / 34-39 / 64-71 on the float32 copy: a step no longer waits on memory, so each
+    extra row (~3 ms, the FMA units' pace) is a larger share of it.
 
     The tensor is held in a tuple, not registered: nothing in a state dict, no `.to()`.
     """

@@ -14,6 +14,15 @@ kernel made `ar` 1.13x and `verified` 1.14x as fast, and the whole layer in one 
 one-row step 57.5 ms, `ar` 1.89x transformers (from 1.41x), `verified` 2.18x (from 1.84x); with more
 column streams for 3-9 rows (`STREAMS` in the C file) `ar` 1.92x, `verified` 2.41x.
 
+Why the layers' Q4_1 weights as 4-bit codes (`q4_block`, `rows_matmul_q4`): SmolLM2's float32 values
+are the GGUF's Q4_1 weights dequantized, code * d + m per group of 32 inputs, so 0.75 bytes a weight
+say the same floats as 4; the kernel rebuilds each one exactly and runs the same fmaf chain, so the
+bits are the float32 kernel's and only the bytes change (425 MB of layers a step become 80 MB). In one
+process (`docs/recipes/row_kernel_ab.py chat_test 8 64 float-weights`, 8 held-out prompts x 64 tokens,
+every output identical) `ar` ran 1.93x / 1.91x as fast as on the float32 copies, `verified` 1.57x /
+1.50x (two runs); held-out `yue bench` (AMD EPYC, AVX2): `ar` 4.47x and `verified` 4.41x transformers,
+1.04x and 1.02x llama.cpp on the same GGUF (README).
+
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
 thread, weights streamed from memory (Intel Xeon with AVX512 and AMX; ms, 1 / 2 / 4 / 9 rows, ranges
