@@ -497,7 +497,7 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear in `decode_storage` computing `parts` side by side (outputs concatenated, in order);
     each part's weight becomes a view of the fused storage, so no weight is held twice."""
     out = sum(p.out_features for p in parts)
-    fused = nn.Linear(parts[0].in_features, out, bias=False, device=parts[0].weight.device)
+    fused = nn.Linear(parts[0].in_features, out, bias=False, device="meta")  # no random init: replaced
     w = torch.cat([p.weight.detach() for p in parts], dim=0).to(parts[0].weight.dtype)  # (out, in)
     fused.weight = nn.Parameter(decode_storage(w), requires_grad=False)
     start = 0
