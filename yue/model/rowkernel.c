@@ -386,6 +386,40 @@ static inline __attribute__((always_inline)) vf widen(const signed char *p) {
 #endif
 }
 
+/* acc + a * b, one rounding (rows_matmul's fmaf), LANES at a time. */
+static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#elif defined(__FMA__) && LANES == 8
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
+#else
+    for (int l = 0; l < LANES; l++) acc[l] = fmaf(a[l], b[l], acc[l]);
+    return acc;
+#endif
+}
+
+/* 2-9 rows (a verifying step) in the int8 and 4-bit matmuls: a pair of vectors of a column block at a
+ * time, so that R x 2 sums and the pair's weight vectors stay in registers: AVX512's 32 hold 9 rows,
+ * AVX2's 16 six; more rows take another pass. */
+#if defined(__AVX512F__)
+#define PAIR_MAX_R 9
+#else
+#define PAIR_MAX_R 6
+#endif
+
+/* acc[r][0..1] += x[r * in + i] * (w0, w1) for R rows, one rounding each. */
+#define PAIR_FMAS(R, x, in, i, w0, w1)                                                                      \
+    for (int r = 0; r < R; r++) {                                                                           \
+        const vf xr = splat((x)[r * (in) + (i)]);                                                           \
+        acc[r][0] = vfma(xr, w0, acc[r][0]), acc[r][1] = vfma(xr, w1, acc[r][1]);                           \
+    }
+
+/* Pair p's sums of R rows into y (rows, out) at column block b, whose first n outputs are real. */
+#define PAIR_STORE(R, p)                                                                                    \
+    for (int r = 0; r < R; r++)                                                                             \
+        for (long j = (p) * 2 * LANES; j < n && j < ((p) + 1) * 2 * LANES; j++)                             \
+            y[r * out + b * BLK + j] = acc[r][(j / LANES) % 2][j % LANES];
+
 /* x broadcast to a vector. */
 static inline __attribute__((always_inline)) vf splat(float x) {
 #if defined(__AVX512F__)
@@ -424,9 +458,8 @@ static inline __attribute__((always_inline)) vf splat(float x) {
         }                                                                                                   \
     }
 
-/* 1-2 rows: all VB vectors of two column blocks per input. 3+ rows: a pair of vectors at a time (the
- * block's second pair read again from cache), so R x 2 sums and the pair's 2 widened vectors stay in
- * registers: AVX512's 32 hold 9 rows, AVX2's 16 six; more take another pass. SmolLM2's head codes, one
+/* 1-2 rows: all VB vectors of two column blocks per input. 3+ rows: by pairs of vectors (PAIR_FMAS; the
+ * block's second pair read again from cache). SmolLM2's head codes, one
  * thread, AMD EPYC with AVX2, ms (min of 12 calls, one process): 1-9 rows 2.1 / 3.2 / 4.5 / 4.0 / 4.4 /
  * 5.9 / 7.1 / (8) 11.0 / 12.2, against 4.6 / 4.7 / 6.8 / 8.9 / 9.3 / 11.0 / 13.7 for 3-9 rows with all
  * vectors per row (4 rows a pass, spilled); 2 rows in pairs 4.3. Not measured with AVX512. */
@@ -440,22 +473,13 @@ static inline __attribute__((always_inline)) vf splat(float x) {
                 const signed char *wi = w + i * BLK + p * 2 * LANES;                                        \
                 __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
                 const vf w0 = widen(wi), w1 = widen(wi + LANES);                                            \
-                for (int r = 0; r < R; r++) {                                                               \
-                    const vf xr = splat(x[r * in + i]);                                                     \
-                    acc[r][0] += xr * w0, acc[r][1] += xr * w1;                                             \
-                }                                                                                           \
+                PAIR_FMAS(R, x, in, i, w0, w1)                                                              \
             }                                                                                               \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (long j = p * 2 * LANES; j < n && j < (p + 1) * 2 * LANES; j++)                         \
-                    y[r * out + b * BLK + j] = acc[r][(j / LANES) % 2][j % LANES];                          \
+            PAIR_STORE(R, p)                                                                                \
         }                                                                                                   \
     }
 
-#if defined(__AVX512F__)
-#define I8_MAX_R 9
-#else
-#define I8_MAX_R 6
-#endif
+#define I8_MAX_R PAIR_MAX_R
 static const int I8_STREAMS[MAX_R + 1] = {0, 2, 2, 1, 1, 1, 1, 1, 1, 1};
 I8_BLOCKS_FN(i8_block_1, 1, 2)
 I8_BLOCKS_FN(i8_block_2, 2, 2)
@@ -498,18 +522,6 @@ void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, fl
 #define Q4_GROUP 32
 #define Q4_GROUP_BYTES (2 * BLK * (long)sizeof(float) + Q4_GROUP * BLK / 2)
 #define PREFETCH_Q4 1536 /* bytes ahead: two groups' records */
-
-/* acc + a * b, one rounding (rows_matmul's fmaf), LANES at a time. */
-static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
-#if defined(__AVX512F__)
-    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
-#elif defined(__FMA__) && LANES == 8
-    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
-#else
-    for (int l = 0; l < LANES; l++) acc[l] = fmaf(a[l], b[l], acc[l]);
-    return acc;
-#endif
-}
 
 /* The LANES codes of two vectors (LANES bytes at p: low nibbles the first, high the second) as floats. */
 static inline __attribute__((always_inline)) void nibble_pair(const unsigned char *p, vf *lo, vf *hi) {
@@ -568,31 +580,21 @@ static void q4_one_row(const float *x, long in, const unsigned char *w, float *y
                     vf lo, hi;                                                                              \
                     nibble_pair(codes + i * (BLK / 2), &lo, &hi);                                           \
                     lo = lo * d0 + m0, hi = hi * d1 + m1;                                                   \
-                    for (int r = 0; r < R; r++) {                                                           \
-                        const vf xr = splat(x[r * in + g * Q4_GROUP + i]);                                  \
-                        acc[r][0] = vfma(xr, lo, acc[r][0]), acc[r][1] = vfma(xr, hi, acc[r][1]);           \
-                    }                                                                                       \
+                    PAIR_FMAS(R, x, in, g * Q4_GROUP + i, lo, hi)                                           \
                 }                                                                                           \
             }                                                                                               \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (long j = p * 2 * LANES; j < n && j < (p + 1) * 2 * LANES; j++)                         \
-                    y[r * out + b * BLK + j] = acc[r][(j / LANES) % 2][j % LANES];                          \
+            PAIR_STORE(R, p)                                                                                \
         }                                                                                                   \
     }
 
-/* 2-9 rows (a verifying step): a pair of vectors at a time, the column block's codes read once per pair
- * (the second pair's from cache), so R x 2 sums, the pair's 4 scale vectors and its 2 weight vectors stay
- * in registers: AVX512's 32 hold 9 rows, AVX2's 16 six; more take another pass. SmolLM2's layers, one
+/* 2-9 rows: by pairs of vectors (PAIR_FMAS; the column block's codes read once per pair, the second
+ * pair's from cache, the pair's 4 scale vectors in registers with its sums). SmolLM2's layers, one
  * thread, AMD EPYC with AVX2, ms (min of 10 calls, one process): 1-6 rows 8.3 / 11.6 / 13.9 / 16.1 / 18.6
  * / 21.7 (each row ~3 ms, the FMA units' pace: 106M multiply-adds at 16 a cycle, 2.45 GHz, is 2.7), 7-9
  * rows in two passes 28.8 / 30.7 / 33.4 (in one, spilled: 34.0 / 34.1 / 42.1), against the float32
  * weights' 28-31 for one row and 64-71 for nine. Tried and slower: all VB vectors per row for 2-4 rows
  * (spilled from 3 rows: 18.2 ms), each group's tile rebuilt once into L1 for 5-9 rows (5 rows 30.7). */
-#if defined(__AVX512F__)
-#define Q4_MAX_R 9
-#else
-#define Q4_MAX_R 6
-#endif
+#define Q4_MAX_R PAIR_MAX_R
 Q4_PAIRS_FN(q4_pairs_2, 2)
 Q4_PAIRS_FN(q4_pairs_3, 3)
 Q4_PAIRS_FN(q4_pairs_4, 4)
