@@ -19,9 +19,9 @@ are the GGUF's Q4_1 weights dequantized, code * d + m per group of 32 inputs, so
 say the same floats as 4; the kernel rebuilds each one exactly and runs the same fmaf chain, so the
 bits are the float32 kernel's and only the bytes change (425 MB of layers a step become 80 MB). In one
 process (`docs/recipes/row_kernel_ab.py chat_test 8 64 float-weights`, 8 held-out prompts x 64 tokens,
-every output identical) `ar` ran 1.93x / 1.91x as fast as on the float32 copies, `verified` 1.57x /
-1.50x (two runs); held-out `yue bench` (AMD EPYC, AVX2): `ar` 4.47x and `verified` 4.41x transformers,
-1.04x and 1.02x llama.cpp on the same GGUF (README).
+every output identical) `ar` ran 1.91-2.05x as fast as on the float32 copies, `verified` 1.50-1.59x
+(three runs); held-out `yue bench` (AMD EPYC, AVX2, two runs): `ar` 4.47x / 4.95x and `verified` 4.41x /
+5.11x transformers, 1.04x / 1.05x and 1.02x / 1.08x llama.cpp on the same GGUF (README).
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
