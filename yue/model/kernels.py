@@ -303,9 +303,9 @@ def _probe_rows() -> str:
 
 def _probe_q4() -> str:
     """Why the row kernel's 4-bit weights cannot stand in for float32 ones here ("" = they can): a
-    Q4_1-like weight (codes 0..15, each group's extremes 0 and 15, float16 scale and minimum per group of 32) taken by `q4_block` and
-    multiplied with the float kernel's bits over 1-9 rows and 13 (two passes), a partial column block
-    included; a weight that is not such refused."""
+    Q4_1-like weight (codes 0..15 with each group's extremes 0 and 15, a float16 scale and minimum per
+    group of 32) taken by `q4_block` and multiplied with the float kernel's bits over 1-9 rows and 13
+    (two passes), a partial column block included; a weight that is not such refused."""
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (40, 2, 32), generator=g).float()
     codes[..., 0], codes[..., 1] = 0, 15  # as Q4_1's: the minimum is code 0, the maximum code 15

@@ -150,9 +150,29 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
     lib.rows_layer.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ptr, ptr, ctypes.c_float, ptr, ptr]
-    lib.rows_layer.argtypes += [ptr, c_long, ptr, ctypes.c_int, ptr, ptr, c_long, c_long, ptr, ptr, c_long]
-    lib.rows_layer.argtypes += [c_long, ptr]
-    lib.rows_layer.argtypes += [c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float, ctypes.c_int]
+    lib.rows_layer.argtypes += [
+        ptr,
+        c_long,
+        ptr,
+        ctypes.c_int,
+        ptr,
+        ptr,
+        c_long,
+        c_long,
+        ptr,
+        ptr,
+        c_long,
+        c_long,
+    ]
+    lib.rows_layer.argtypes += [
+        ptr,
+        c_long,
+        c_long,
+        *[ctypes.c_int] * 3,
+        c_long,
+        ctypes.c_float,
+        ctypes.c_int,
+    ]
     lib.rows_layer.restype = None
     return lib
 
@@ -202,8 +222,9 @@ def block(w: torch.Tensor) -> torch.Tensor:
 
 
 def q4_block(w: torch.Tensor) -> torch.Tensor | None:
-    """An (out, in) float32 weight (any strides) in `rows_matmul_q4`'s layout (uint8, (ceil(out / BLK), in / 32, 768)
-    bytes), or None where 4-bit codes cannot give back its every value exactly (`rows_q4_pack`).
+    """An (out, in) float32 weight (any strides) in `rows_matmul_q4`'s layout (uint8, (ceil(out / BLK),
+    in / 32, 768) bytes), or None where 4-bit codes cannot give back its every value exactly
+    (`rows_q4_pack`).
 
     A weight qualifies where each group of 32 inputs of an output is code * d + m (one float32
     rounding), codes 0..15 spanning the group (0 at its minimum, 15 at its maximum), d a float16 value:
@@ -326,7 +347,7 @@ def layer(
 ) -> torch.Tensor:
     """A float32 decode layer over committed rows h (B, T, D), B x T <= MAX_ROWS, in one call
     (`rows_layer`): the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down
-    (`block`), RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start,
+    (all `block` or all `q4_block`), RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start,
     start + T), `visible` as `attention`'s, heads (H, Hkv, Dh). Returns the layer's output (B, T, D)."""
     B, T, D = h.shape
     H, Hkv, Dh = heads
@@ -338,24 +359,7 @@ def layer(
     rope = [cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1)]
     q4 = qkv.dtype == torch.uint8
     assert all((b.dtype == torch.uint8) == q4 for b in blocked)
-    args = [
-        out,
-        B,
-        T,
-        D,
-        *norms,
-        eps,
-        qkv,
-        o,
-        gate_up,
-        inputs(down),
-        down,
-        int(q4),
-        *rope,
-        k,
-        v,
-        *k.stride()[:2],
-    ]
-    args += [*_mask(visible), H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads()]
+    args = [out, B, T, D, *norms, eps, qkv, o, gate_up, inputs(down), down, int(q4), *rope]
+    args += [k, v, *k.stride()[:2], *_mask(visible), H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads()]
     library().rows_layer(*_pointers(*args))
     return out
