@@ -228,12 +228,9 @@ def decode_layout(model) -> str:
     sets = layer.decode_sets
     children = list(sets[0].children()) if sets is not None else []
     kinds = [type(m).__name__ for m in children]
-    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`): same bits, other costs.
-    kinds += [
-        "4-bit codes"
-        for m in children
-        if getattr(m, "blocked", (None,))[0] is not None and m.blocked[0].dtype == torch.uint8
-    ][:1]
+    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`, uint8): same bits, other costs.
+    weights = [getattr(m, "blocked", (None,))[0] for m in children]
+    kinds += ["4-bit codes"] if any(w is not None and w.dtype == torch.uint8 for w in weights) else []
     attention = []
     if layer.exact_rows:
         padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"

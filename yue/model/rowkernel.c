@@ -403,8 +403,13 @@ static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
  * AVX2's 16 six; more rows take another pass. */
 #if defined(__AVX512F__)
 #define PAIR_MAX_R 9
+/* A kernel's 7-9-row pair functions (FN's NAME P7..P9) and their table entries, where a pass takes 9. */
+#define PAIRS_7_TO_9(FN, P) FN(P##7, 7) FN(P##8, 8) FN(P##9, 9)
+#define PAIRS_7_TO_9_LIST(P) , P##7, P##8, P##9
 #else
 #define PAIR_MAX_R 6
+#define PAIRS_7_TO_9(FN, P)
+#define PAIRS_7_TO_9_LIST(P)
 #endif
 
 /* acc[r][0..1] += x[r * in + i] * (w0, w1) for R rows, one rounding each. */
@@ -459,10 +464,10 @@ static inline __attribute__((always_inline)) vf splat(float x) {
     }
 
 /* 1-2 rows: all VB vectors of two column blocks per input. 3+ rows: by pairs of vectors (PAIR_FMAS; the
- * block's second pair read again from cache). SmolLM2's head codes, one
- * thread, AMD EPYC with AVX2, ms (min of 12 calls, one process): 1-9 rows 2.1 / 3.2 / 4.5 / 4.0 / 4.4 /
- * 5.9 / 7.1 / (8) 11.0 / 12.2, against 4.6 / 4.7 / 6.8 / 8.9 / 9.3 / 11.0 / 13.7 for 3-9 rows with all
- * vectors per row (4 rows a pass, spilled); 2 rows in pairs 4.3. Not measured with AVX512. */
+ * block's second pair read again from cache). SmolLM2's head codes, one thread, AMD EPYC with AVX2, ms
+ * (min of 12 calls, one process): 3-9 rows 4.1 / 4.6 / 6.6 / 7.0 / 7.5 / 7.9 / 9.6 against 4.6 / 4.9 /
+ * 8.8 / 9.6 / 9.3 / 9.5 / 11.9 with all vectors per row (4 rows a pass, spilled); 2 rows in pairs 4.3
+ * against 3.2. Not measured with AVX512. */
 #define I8_PAIRS_FN(NAME, R)                                                                                \
     static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
         const long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
@@ -489,17 +494,10 @@ I8_PAIRS_FN(i8_pairs_3, 3)
 I8_PAIRS_FN(i8_pairs_4, 4)
 I8_PAIRS_FN(i8_pairs_5, 5)
 I8_PAIRS_FN(i8_pairs_6, 6)
-#if I8_MAX_R == 9
-I8_PAIRS_FN(i8_pairs_7, 7)
-I8_PAIRS_FN(i8_pairs_8, 8)
-I8_PAIRS_FN(i8_pairs_9, 9)
-#define I8_MORE , i8_pairs_7, i8_pairs_8, i8_pairs_9
-#else
-#define I8_MORE
-#endif
+PAIRS_7_TO_9(I8_PAIRS_FN, i8_pairs_)
 typedef void (*i8_block_fn)(const float *, long, const signed char *, float *, long, long);
-static const i8_block_fn I8_BLOCKS[I8_MAX_R + 1] = {0, i8_block_1, i8_block_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_MORE};
-static const i8_block_fn I8_SINGLES[I8_MAX_R + 1] = {0, i8_single_1, i8_single_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_MORE};
+static const i8_block_fn I8_BLOCKS[I8_MAX_R + 1] = {0, i8_block_1, i8_block_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 PAIRS_7_TO_9_LIST(i8_pairs_)};
+static const i8_block_fn I8_SINGLES[I8_MAX_R + 1] = {0, i8_single_1, i8_single_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 PAIRS_7_TO_9_LIST(i8_pairs_)};
 
 /* y (rows, out) = x (rows, in) @ codes.t(), codes in rowkernel.block's layout as int8. */
 void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
@@ -600,17 +598,9 @@ Q4_PAIRS_FN(q4_pairs_3, 3)
 Q4_PAIRS_FN(q4_pairs_4, 4)
 Q4_PAIRS_FN(q4_pairs_5, 5)
 Q4_PAIRS_FN(q4_pairs_6, 6)
-#if Q4_MAX_R == 9
-Q4_PAIRS_FN(q4_pairs_7, 7)
-Q4_PAIRS_FN(q4_pairs_8, 8)
-Q4_PAIRS_FN(q4_pairs_9, 9)
-#endif
+PAIRS_7_TO_9(Q4_PAIRS_FN, q4_pairs_)
 typedef void (*q4_block_fn)(const float *, long, const unsigned char *, float *, long, long);
-static const q4_block_fn Q4_BLOCKS[Q4_MAX_R + 1] = {0, q4_one_row, q4_pairs_2, q4_pairs_3, q4_pairs_4, q4_pairs_5, q4_pairs_6,
-#if Q4_MAX_R == 9
-                                                    q4_pairs_7, q4_pairs_8, q4_pairs_9
-#endif
-};
+static const q4_block_fn Q4_BLOCKS[Q4_MAX_R + 1] = {0, q4_one_row, q4_pairs_2, q4_pairs_3, q4_pairs_4, q4_pairs_5, q4_pairs_6 PAIRS_7_TO_9_LIST(q4_pairs_)};
 static const int Q4_STREAMS[MAX_R + 1] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}; /* one column block a call */
 
 /* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q4_block's layout (in a multiple of Q4_GROUP). */

@@ -247,6 +247,10 @@ def inputs(blocked: torch.Tensor) -> int:
     return blocked.shape[1] * (library().rows_q4_group() if blocked.dtype == torch.uint8 else 1)
 
 
+# The C matmul by the blocked weight's dtype: float32 weights, the screen's int8 codes, 4-bit codes.
+MATMULS = {torch.int8: "rows_matmul_i8", torch.uint8: "rows_matmul_q4"}
+
+
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
     An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales); a uint8 one
@@ -254,8 +258,7 @@ def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     inp = x.shape[-1]
     flat = x.reshape(-1, inp).contiguous()
     y = torch.empty(flat.shape[0], out, dtype=torch.float32)
-    lib = library()
-    fn = {torch.int8: lib.rows_matmul_i8, torch.uint8: lib.rows_matmul_q4}.get(blocked.dtype, lib.rows_matmul)
+    fn = getattr(library(), MATMULS.get(blocked.dtype, "rows_matmul"))
     fn(flat.data_ptr(), flat.shape[0], inp, blocked.data_ptr(), y.data_ptr(), out, torch.get_num_threads())
     return y.view(*x.shape[:-1], out)
 
