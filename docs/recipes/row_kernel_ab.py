@@ -16,6 +16,9 @@ package).
 - `float-weights`: the layers' Q4_1 weights held as their 4-bit codes (`rowkernel.q4_block`, the
   default where the `rows-q4` probe passes), against the same model with them held as float32
   (`kernels.forced("rows-q4")`).
+- `torch-drafting`: the NAR layers' int8 matmuls on the row kernel, each layer one call
+  (`inference.RowInt8Linear`, the default where the row kernel runs), against torch's dynamic int8
+  engine, op by op (as before; `lower_linear` without `row_kernel`).
 
 Prints seconds per engine and mode, the ratios, and how many outputs equal the other side's `ar`. Each
 engine measures its own cost curve on first use (cached per layout).
@@ -45,6 +48,14 @@ elif against == "float-weights":
     engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
     with kernels.forced("rows-q4"):
         engines[against] = yue.load("yue-smol", dtype=dtype)
+elif against == "torch-drafting":
+    engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
+    lower = inference.lower_linear
+    inference.lower_linear = lambda linear, dtype, row_kernel=False: lower(linear, dtype)
+    try:
+        engines[against] = yue.load("yue-smol", dtype=dtype)
+    finally:
+        inference.lower_linear = lower
 else:
     engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
 if against == "full-head":

@@ -221,7 +221,8 @@ def cost_cache_key(model) -> str:
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
     attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
-    layer is one row-kernel call; row-kernel weights held as 4-bit codes): the int4 precision and a large
+    layer is one row-kernel call; row-kernel weights held as 4-bit codes; the NAR layers' matmuls and
+    whether each is one call): the int4 precision and a large
     float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
     attention form is not the other's."""
     layer = model.model.layers[0]
@@ -236,7 +237,11 @@ def decode_layout(model) -> str:
         padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
         names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
         attention = [names[sets[0].attention]] + (["one call a layer"] if sets[0].blocked is not None else [])
-    return ",".join([*kinds, type(model.ar_head).__name__, *attention])
+    # The drafting pass's NAR layers: their matmuls' kind, and whether each is one row-kernel call.
+    nar = next((s[1] for s in (layer.decode_sets for layer in model.model.layers) if s and len(s) > 1), None)
+    drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]
+    drafting += ["drafting one call a layer"] if nar is not None and nar.blocked is not None else []
+    return ",".join([*kinds, type(model.ar_head).__name__, *attention, *drafting])
 
 
 def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:

@@ -157,7 +157,8 @@ class KernelChoice:
             f"{'Q4_1 weights: 4-bit codes, ' if self.ok('rows-q4') else ''}"
             f"one copy: {self.float32_one_copy}; "
             f"bfloat16 rows: {self.bfloat16_rows}; "
-            f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}; "
+            f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}"
+            f"{', NAR layers on the row kernel' if self.int8_engine and self.ok('rows-f32') else ''}; "
             f"int4 layers: {self.int4_rows or 'off (no int4 precision)'}"
         )
         off = [f"{p.name} ({p.why})" for p in self.probes if not p.ok]

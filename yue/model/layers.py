@@ -157,12 +157,17 @@ class DecodeSet(nn.Module):
         # call, 60 calls a step.
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
         # The whole layer in one row-kernel call (`rowkernel.layer`) where every part is on the row kernel
-        # (the matmuls `inference.StreamedLinear`s, holding `blocked` weights, all float32 or all 4-bit
-        # codes): its committed rows of a decode step, up to `rowkernel.MAX_ROWS`.
-        blocked = [getattr(m, "blocked", (None,))[0] for m in (qkv, o_proj, gate_up, down)]
+        # (the matmuls holding `blocked` weights of one kind: `inference.StreamedLinear`s, float32 or
+        # 4-bit codes, for an AR set whose rows are exact; a NAR set's may be int8 codes with scales,
+        # `inference.RowInt8Linear`): a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
+        matmuls = (qkv, o_proj, gate_up, down)
+        blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
         one_kind = all(b is not None for b in blocked) and len({b.dtype for b in blocked}) == 1
-        whole = exact and row_norm and attention == "kernel" and one_kind
+        whole = (exact or nar) and row_norm and attention == "kernel" and one_kind
         self.blocked = tuple(blocked) if whole else None
+        # int8 codes' scales per output, the four matmuls' concatenated (`rows_layer`), else None.
+        int8 = whole and blocked[0].dtype == torch.int8
+        self.scales = torch.cat([m.scale[0] for m in matmuls]) if int8 else None
         norm, _, post_norm, _ = layer._sets(nar)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
@@ -181,11 +186,12 @@ class DecodeSet(nn.Module):
         return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
 
     def whole_layer(self, h, cos, sin, kv, visible, start) -> torch.Tensor:
-        """The layer over a decode step's committed rows h (B, T, D) in one row-kernel call
+        """The layer over a decode step's rows of this set h (B, T, D) in one row-kernel call
         (`rowkernel.layer`; `blocked` set): what `qkv_rope`, the attention and `finish` compute."""
         norm, _, post_norm, _ = self.shared
         norms = (norm.weight, post_norm.weight)
-        return rowkernel.layer(h, norms, norm.eps, self.blocked, cos, sin, kv, visible, start, self.heads)
+        args = (self.blocked, cos, sin, kv, visible, start, self.heads, self.scales)
+        return rowkernel.layer(h, norms, norm.eps, *args)
 
     def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """As `MoTLayer._finish`, with gate/up as one matmul, over 2-d rows (B * T, D)."""
@@ -230,11 +236,18 @@ def _padded_step_mask(
 
 
 @functools.lru_cache(maxsize=4)
-def _visible_bytes(mask: torch.Tensor, start: int, T: int) -> torch.Tensor:
-    """`_attend_kernel`'s mask from a step's (1|B, 1, >= T, >= start + T): its first T rows over keys
-    [0, start + T) as contiguous bytes (1|B, T, start + T), 1 = may attend. Cached by the mask object,
-    as `_padded_step_mask` is, so a step's layers convert it once."""
-    return mask[:, 0, :T, : start + T].to(torch.uint8).contiguous()
+def _visible_bytes(mask: torch.Tensor, start: int, T: int, row0: int = 0) -> torch.Tensor:
+    """`_attend_kernel`'s mask from a step's (1|B, 1, >= row0 + T, >= start + T): its rows [row0, row0 +
+    T) (a set's rows in the step: a step's slots follow its committed rows) over keys [0, start + T) as
+    contiguous bytes (1|B, T, start + T), 1 = may attend. Cached by the mask object, as
+    `_padded_step_mask` is, so a step's layers convert it once."""
+    return mask[:, 0, row0 : row0 + T, : start + T].to(torch.uint8).contiguous()
+
+
+@functools.lru_cache(maxsize=4)
+def _every_key(start: int, T: int) -> torch.Tensor:
+    """`_attend_kernel`'s mask where the step has none: T queries each seeing all start + T keys."""
+    return torch.ones(1, T, start + T, dtype=torch.uint8)
 
 
 # Row-exact attention forms (`DecodeSet.attention`) -> the MoTLayer method that attends in it.
@@ -311,13 +324,18 @@ class MoTLayer(nn.Module):
         """One parameter set's positions in a cached forward: their K/V land at cache indices
         [start, start + T) and they attend over the cache up to there, under the step's `mask` rows
         [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
-        step, `_padded_step_mask`), or None (every key). A float32 layer wholly on yue's row kernel
-        takes a step's committed rows (up to `rowkernel.MAX_ROWS`; a prefill, start 0, is torch's) in
-        one call (`DecodeSet.whole_layer`)."""
+        step, `_padded_step_mask`), or None (every key). A parameter set wholly on yue's row kernel
+        (float32 activations; an AR set's exact rows, or a NAR set's int8 drafting layers) takes its rows
+        of a step (up to `rowkernel.MAX_ROWS`; a prefill, start 0, is torch's) in one call
+        (`DecodeSet.whole_layer`)."""
         fused = None if self.decode_sets is None else self.decode_sets[nar]
         rows = h.shape[0] * h.shape[1]
         if fused is not None and fused.blocked is not None and start and rows <= rowkernel.MAX_ROWS:
-            visible = None if mask is None else _visible_bytes(mask, start, h.shape[1])
+            T = h.shape[1]
+            # No mask: every key (a drafting pass's slots see each other), where the kernel's None means
+            # each query up to its own key (the same for a lone committed row).
+            visible = _every_key(start, T) if mask is None and T > 1 else None
+            visible = visible if mask is None else _visible_bytes(mask, start, T, row0)
             return fused.whole_layer(h, cos, sin, kv, visible, start)
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv

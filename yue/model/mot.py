@@ -51,11 +51,13 @@ class SlotEntry(nn.Module):
     def forward(self, anchor: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
         """anchor: (B, 1|n, D) hidden state entering the first NAR layer at each slot's anchor;
         token_emb: (B, n, D) the slots' input embeddings, n a multiple of K (whole blocks). -> (B, n, D)."""
-        n = token_emb.shape[1]
-        anchor = anchor.expand(-1, n, -1)
+        n, d = token_emb.shape[1:]
         index = torch.arange(n, device=token_emb.device) % self.block_size  # (n,) slot index in its block
-        x = torch.cat([self.norm(anchor), token_emb], dim=-1)  # (B, n, 2D)
-        return anchor + self.proj(x) + self.slot_embed[index]
+        # W [norm(h_t); e(x_i)] as two matmuls, the anchor's half once per anchor row, not once per slot
+        # (a drafting pass's 8 slots share one: 0.59 -> ~0.2 ms on SmolLM2, one thread).
+        w = self.proj.weight  # (D, 2D)
+        from_anchor = F.linear(self.norm(anchor), w[:, :d])  # (B, 1|n, D)
+        return anchor + from_anchor + F.linear(token_emb, w[:, d:]) + self.slot_embed[index]
 
 
 class MoTModel(nn.Module):

@@ -157,6 +157,7 @@ def _load(path: Path) -> ctypes.CDLL:
         ctypes.c_int,
         ptr,
         ptr,
+        ptr,
         c_long,
         c_long,
         ptr,
@@ -249,6 +250,8 @@ def inputs(blocked: torch.Tensor) -> int:
 
 # The C matmul by the blocked weight's dtype: float32 weights, the screen's int8 codes, 4-bit codes.
 MATMULS = {torch.int8: "rows_matmul_i8", torch.uint8: "rows_matmul_q4"}
+# `rows_layer`'s weight kinds by the blocked weights' dtype (its LAYER_F32, LAYER_Q4, LAYER_I8).
+LAYER_KINDS = {torch.float32: 0, torch.uint8: 1, torch.int8: 2}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
@@ -347,11 +350,14 @@ def layer(
     visible: torch.Tensor | None,
     start: int,
     heads: tuple[int, int, int],
+    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A float32 decode layer over committed rows h (B, T, D), B x T <= MAX_ROWS, in one call
-    (`rows_layer`): the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down
-    (all `block` or all `q4_block`), RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start,
-    start + T), `visible` as `attention`'s, heads (H, Hkv, Dh). Returns the layer's output (B, T, D)."""
+    """A float32 decode layer over rows h (B, T, D), B x T <= MAX_ROWS, in one call (`rows_layer`): the
+    norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all `block`, all
+    `q4_block`, or all `block` of int8 codes with `scales`, their outputs' float32 scales concatenated
+    in that order: `inference.RowInt8Linear`'s), RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to
+    the cache buffers kv at [start, start + T), `visible` as `attention`'s, heads (H, Hkv, Dh). Returns
+    the layer's output (B, T, D)."""
     B, T, D = h.shape
     H, Hkv, Dh = heads
     qkv, o, gate_up, down = blocked
@@ -360,9 +366,9 @@ def layer(
     out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
     cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
     rope = [cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1)]
-    q4 = qkv.dtype == torch.uint8
-    assert all((b.dtype == torch.uint8) == q4 for b in blocked)
-    args = [out, B, T, D, *norms, eps, qkv, o, gate_up, inputs(down), down, int(q4), *rope]
+    kind = LAYER_KINDS[qkv.dtype]
+    assert all(b.dtype == qkv.dtype for b in blocked) and (scales is not None) == (qkv.dtype == torch.int8)
+    args = [out, B, T, D, *norms, eps, qkv, o, gate_up, inputs(down), down, kind, scales, *rope]
     args += [k, v, *k.stride()[:2], *_mask(visible), H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads()]
     library().rows_layer(*_pointers(*args))
     return out

@@ -1,0 +1,128 @@
+"""The NAR set's int8 layers on yue's row kernel (`inference.RowInt8Linear`), each layer of a drafting
+pass one row-kernel call (`DecodeSet.whole_layer`), against the same layers through torch's calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_topnar import top_model
+from yue.config import DecodeConfig
+from yue.decode.loop import decode
+from yue.model import kernels
+from yue.model.inference import Int8Linear, RowInt8Linear, expand_draft_logits
+from yue.model.masks import decode_mask
+
+
+def nar_sets(model) -> list:
+    return [layer.decode_sets[1] for layer in model.model.layers if layer.has_nar]
+
+
+def test_row_int8_linear_is_the_linear_within_its_codes_error():
+    """Codes per output row (scale = max |w| / 127): each output within half a code step per input of the
+    float result, for 1-20 rows (beyond one pass of the kernel) and a partial column block."""
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(72, 45, bias=False)
+    linear.weight.data = torch.randn(45, 72, generator=g)
+    q = RowInt8Linear(linear)
+    scale = linear.weight.abs().amax(1) / 127
+    for rows in (1, 2, 5, 9, 20):
+        x = torch.randn(rows, 72, generator=g)
+        bound = x.abs().sum(1, keepdim=True) * scale / 2 + 1e-4
+        assert bool(((q(x) - linear(x)).abs() <= bound).all())
+    assert q.state_dict() == {}  # the codes are held in tuples: nothing to save or move
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_path_does(batch):
+    """A top-layer NAR set prepared for int8 drafting: its layers are `RowInt8Linear`s run as one
+    row-kernel call each; the same layers through torch's calls (`blocked` off) give the same slot logits
+    and cache rows within float32 rounding, over a left-padded batch."""
+    assert kernels.choice().ok("rows-f32"), kernels.describe()
+    model = top_model(nar_layers=2)
+    model.prepare_for_decoding(torch.qint8)
+    sets = nar_sets(model)
+    assert all(s.blocked is not None and s.blocked[0].dtype == torch.int8 for s in sets)
+    assert all(isinstance(m, RowInt8Linear) for s in sets for m in (s.qkv, s.gate_up, *s.shared[1::2]))
+    blocked = [s.blocked for s in sets]
+    n, K, mask_id = 12, model.config.block_size, model.config.mask_token_id
+    prompt = torch.randint(4, 96, (batch, n), generator=torch.Generator().manual_seed(batch))
+
+    def run(one_call: bool):
+        for s, b in zip(sets, blocked, strict=True):
+            s.blocked = b if one_call else None
+        cache = model.new_cache(batch, 40)
+        cache.set_padding([0, 3][:batch])
+        with torch.inference_mode():
+            mask = decode_mask(0, n, 0, cache.key_valid)
+            out = model.step(prompt, cache.positions(torch.arange(n), padded=True), n, mask, cache, 1)
+            cache.advance(n)
+            slots = torch.full((batch, K), mask_id)
+            slots[:, 0] = 5
+            mask = decode_mask(n, 0, K, cache.key_valid)
+            draft = model.step(slots, cache.positions(torch.arange(K)), 0, mask, cache, 0, out.entry[:, -1:])
+        return draft.slot_logits, cache
+
+    (fast, fast_cache), (slow, slow_cache) = run(True), run(False)
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
+    for i, layer in enumerate(model.model.layers):
+        if layer.has_nar:  # the slots' K/V rows, written by the one call and by torch's path
+            for a, b in zip(fast_cache.layer(i), slow_cache.layer(i), strict=True):
+                torch.testing.assert_close(a[:, :, : n + K], b[:, :, : n + K], atol=1e-4, rtol=1e-4)
+
+
+def test_fused_drafts_after_committed_rows_read_their_own_mask_rows():
+    """A full NAR stack with fused drafting: a step's slots follow its committed rows (mask rows from
+    row0 = n_committed), through one-call int8 layers as through torch's; and `verified` stays `ar`."""
+    model = top_model(nar_layers=4, draft_vocab=None, seed=3)
+    model.prepare_for_decoding(torch.qint8)
+    sets = nar_sets(model)
+    assert len(sets) == 4 and all(s.blocked is not None for s in sets)
+    blocked = [s.blocked for s in sets]
+    K, mask_id = model.config.block_size, model.config.mask_token_id
+    prompt = torch.randint(4, 96, (1, 10), generator=torch.Generator().manual_seed(7))
+
+    def slot_logits(one_call: bool) -> torch.Tensor:
+        for s, b in zip(sets, blocked, strict=True):
+            s.blocked = b if one_call else None
+        cache = model.new_cache(1, 40)
+        tokens = torch.cat([prompt, torch.full((1, K), mask_id)], dim=1)
+        n = prompt.shape[1]
+        with torch.inference_mode():
+            # The committed rows at start 0 are a prefill (torch's path); a second step starts later.
+            model.step(prompt[:, :4], torch.arange(4), 4, decode_mask(0, 4, 0, cache.key_valid), cache, 1)
+            cache.advance(4)
+            mask = decode_mask(4, n - 4, K, cache.key_valid)
+            return model.step(tokens[:, 4:], torch.arange(4, n + K), n - 4, mask, cache, 1).slot_logits
+
+    torch.testing.assert_close(slot_logits(True), slot_logits(False), atol=1e-4, rtol=1e-4)
+    for s, b in zip(sets, blocked, strict=True):
+        s.blocked = b
+    runs = {}
+    for mode, drafting in (("ar", "separate"), ("verified", "fused")):
+        cfg = DecodeConfig(mode=mode, drafting=drafting, max_new_tokens=20, ignore_eos=True)
+        cfg = cfg.resolved(model.config)
+        runs[mode] = [t for em in decode(model, [prompt[0].tolist()], cfg) for t in em.tokens[0]]
+    assert runs["verified"] == runs["ar"]
+
+
+def test_without_the_row_kernel_int8_drafting_stays_on_torchs_engine():
+    """`YUE_KERNELS=no-rows-f32` (or no compiler): the NAR set's int8 matmuls are torch's dynamic ones,
+    layer by layer, and drafting still runs."""
+    with kernels.forced("rows-f32"):
+        model = top_model(nar_layers=2)
+        model.prepare_for_decoding(torch.qint8)
+    sets = nar_sets(model)
+    assert all(s.blocked is None and isinstance(s.qkv, Int8Linear) for s in sets)
+    cfg = DecodeConfig(mode="verified", max_new_tokens=12, ignore_eos=True).resolved(model.config)
+    assert len([t for em in decode(model, [[5, 6, 7, 8]], cfg) for t in em.tokens[0]]) == 12
+
+
+def test_draft_logits_spread_over_the_vocabulary():
+    sub = torch.randn(2, 3, 4)
+    ids = torch.tensor([7, 1, 4, 9])
+    full = expand_draft_logits(sub, ids, 10)
+    assert torch.equal(full[..., ids], sub)
+    outside = torch.ones(10, dtype=torch.bool)
+    outside[ids] = False
+    assert bool((full[..., outside] < -1e8).all())
