@@ -15,7 +15,7 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key, decode_layout
 from yue.decode.loop import decode
-from yue.model import inference, kernels
+from yue.model import inference, kernels, rowkernel
 from yue.model.cache import padded_capacity
 from yue.model.inference import PackedLinear, packed_matmul, resolve_dtype
 from yue.model.layers import EXACT_KEY_PAD, MoTLayer
@@ -63,40 +63,47 @@ def test_bfloat16_model_holds_one_packed_copy_and_attends_in_float32():
     assert cache.k.dtype == torch.float32 and model.dtype == torch.bfloat16
 
 
-def q4_round_trip(w: torch.Tensor) -> torch.Tensor:
-    """A float32 (out, in) weight through GGUF Q4_1 and back (llama.cpp's reference quantizer and
-    dequantizer, the `gguf` package's): per group of 32 inputs code * d + m, as a Q4_1 GGUF loads."""
+def gguf_round_trip(w: torch.Tensor, kind: str = "Q4_1") -> torch.Tensor:
+    """A float32 (out, in) weight through a GGUF quantization and back (llama.cpp's reference quantizer
+    and dequantizer, the `gguf` package's): Q4_1 (per group of 32 inputs code * d + m) or Q8_0 (code *
+    d), as a GGUF of that type loads."""
     import gguf.quants
     from gguf import GGMLQuantizationType
 
-    packed = gguf.quants.quantize(w.detach().numpy(), GGMLQuantizationType.Q4_1)
-    return torch.from_numpy(gguf.quants.dequantize(packed, GGMLQuantizationType.Q4_1).reshape(w.shape))
+    kind = GGMLQuantizationType[kind]
+    packed = gguf.quants.quantize(w.detach().contiguous().numpy(), kind)
+    return torch.from_numpy(gguf.quants.dequantize(packed, kind).reshape(w.shape))
 
 
 def q4_weights(model):
-    """The AR set's layer weights replaced by their Q4_1 round trip (`q4_round_trip`)."""
+    """The AR set's layer weights replaced by their Q4_1 round trip (`gguf_round_trip`)."""
     for layer in model.model.layers:
         _, proj, _, mlp = layer._sets(False)
         for module in (proj, mlp):
             for linear in module.children():
-                linear.weight.data.copy_(q4_round_trip(linear.weight))
+                linear.weight.data.copy_(gguf_round_trip(linear.weight))
     return model
 
 
-def row_stream_model(seed: int, monkeypatch, q4: bool = False):
+def row_stream_model(seed: int, monkeypatch, q4: bool = False, q8_head: bool = False, off: tuple = ()):
     """A random top-layer NAR model in float32 whose rows run the row kernel (`inference.rows_kernel`
     keeps oneDNN for a model this small unless its bound is 0); skipped where the kernel cannot build.
-    With `q4`, its AR layers' weights are Q4_1 values, which the row kernel holds as 4-bit codes."""
+    With `q4`, its AR layers' weights are Q4_1 values, which the row kernel holds as 4-bit codes; with
+    `q8_head`, its tied head's are Q8_0 values, held as 8-bit codes. `off`: kernels forced off."""
     needs_row_kernel()
     monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
     model = top_model(2, seed=seed)
     if q4:
         q4_weights(model)
-    with kernels.forced():
+    if q8_head:
+        model.lm_head.weight.data.copy_(gguf_round_trip(model.lm_head.weight, "Q8_0"))
+    with kernels.forced(*off):
         model = model.prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
     assert isinstance(model.ar_head.head, inference.StreamedLinear)  # under its screen (`screen.py`)
-    codes = [layer.decode_sets[0].blocked[0].dtype == torch.uint8 for layer in model.model.layers]
-    assert all(codes) if q4 else not any(codes)
+    layouts = [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in model.model.layers]
+    assert layouts == ["q4" if q4 and "rows-q4" not in off else "float32"] * len(layouts)
+    head = rowkernel.layout(model.ar_head.head.blocked[0])
+    assert head == ("q8" if q8_head and "rows-q8" not in off else "float32")
     return model
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from yue.model import kernels
+from yue.model import kernels, rowkernel
 from yue.model.gguf import cache_root
 from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD
 from yue.model.masks import decode_mask
@@ -221,7 +221,7 @@ def cost_cache_key(model) -> str:
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
     attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
-    layer is one row-kernel call; row-kernel weights held as 4-bit codes; the NAR layers' matmuls and
+    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR layers' matmuls and
     whether each is one call): the int4 precision and a large
     float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
     attention form is not the other's."""
@@ -229,9 +229,13 @@ def decode_layout(model) -> str:
     sets = layer.decode_sets
     children = list(sets[0].children()) if sets is not None else []
     kinds = [type(m).__name__ for m in children]
-    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`, uint8): same bits, other costs.
+    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`), a head as 8-bit codes
+    # (`rowkernel.q8_block`): same bits, other costs.
+    head = getattr(model.ar_head, "head", model.ar_head)  # a screened head's full one
     weights = [getattr(m, "blocked", (None,))[0] for m in children]
-    kinds += ["4-bit codes"] if any(w is not None and w.dtype == torch.uint8 for w in weights) else []
+    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
+    head_codes = getattr(head, "blocked", (None,))[0]
+    kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
     attention = []
     if layer.exact_rows:
         padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"

@@ -163,7 +163,9 @@ class StreamedLinear(nn.Module):
     (`rows_matmul_q4`), for every row count, a prefill's too (passes of 6-9 rows). SmolLM2's 30 layers,
     one thread, AMD EPYC with AVX2, ms (min of 10 calls): 1 / 2 / 4 / 9 rows 8.3 / 11.6 / 16.1 / 33.4
     against 28-31 / 29-30 / 34-39 / 64-71 on the float32 copy: a step no longer waits on memory, so each
-    extra row (~3 ms, the FMA units' pace) is a larger share of it.
+    extra row (~3 ms, the FMA units' pace) is a larger share of it. A weight that 8-bit codes give back
+    exactly (a GGUF's Q8_0 table: SmolLM2's tied head, 113 MB as float32) is held as those
+    (`rowkernel.q8_block`, 1.125 bytes a weight), the same way.
 
     The tensor is held in a tuple, not registered: nothing in a state dict, no `.to()`.
     """
@@ -172,12 +174,14 @@ class StreamedLinear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         codes = rowkernel.q4_block(weight) if kernels.choice().ok("rows-q4") else None
+        if codes is None and kernels.choice().ok("rows-q8"):
+            codes = rowkernel.q8_block(weight)
         self.blocked = (rowkernel.block(weight) if codes is None else codes,)
         self.out_features = linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if rows <= rowkernel.MAX_ROWS or self.blocked[0].dtype == torch.uint8:
+        if rows <= rowkernel.MAX_ROWS or rowkernel.layout(self.blocked[0]) != "float32":
             return rowkernel.matmul(x, self.blocked[0], self.out_features)
         return rowkernel.blocked_gemm(x, self.blocked[0], self.out_features)
 

@@ -29,6 +29,8 @@ Design decisions:
   4-bit codes give back exactly (a GGUF's Q4_1 weights), rebuilt from the codes: the same bits as
   `rows-f32` on the float weights, at 0.75 bytes a weight. Probed for those bits (1-9 rows and a
   prefill's, a partial column block); off, the weights stay float32 in the row kernel.
+- `rows-q8` (`rowkernel.q8_block`, `rows_matmul_q8`): the same for weights that 8-bit codes give back
+  exactly (a GGUF's Q8_0 table: SmolLM2's tied head), at 1.125 bytes a weight; probed alike.
 - int4 (`pack_int4`, `int4_linear`: torch's CPU int4pack kernels, weight-only, bfloat16 activations):
   the int4 precision's AR layers, a user's choice like bfloat16. No fallback computes its function
   row-exactly, so where the probe fails `yue.load(dtype="int4")` is an error naming why. With
@@ -59,7 +61,15 @@ from yue.model.screen import ScreenedHead
 
 PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works drafts
-KERNELS = ("rows-f32", "rows-q4", "onednn-f32", "onednn-bf16", *(f"int8-{e}" for e in INT8_ENGINES), "int4")
+KERNELS = (
+    "rows-f32",
+    "rows-q4",
+    "rows-q8",
+    "onednn-f32",
+    "onednn-bf16",
+    *(f"int8-{e}" for e in INT8_ENGINES),
+    "int4",
+)
 ENV = "YUE_KERNELS"
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
 # A weight held once is kept packed where the packed kernel's one row costs at most this many times
@@ -155,6 +165,7 @@ class KernelChoice:
             f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
             f"float32 rows>1: {self.float32_rows} (oneDNN {'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}), "
             f"{'Q4_1 weights: 4-bit codes, ' if self.ok('rows-q4') else ''}"
+            f"{'Q8_0 weights: 8-bit codes, ' if self.ok('rows-q8') else ''}"
             f"one copy: {self.float32_one_copy}; "
             f"bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}"
@@ -302,20 +313,26 @@ def _probe_rows() -> str:
     return _tried(lambda: rowkernel.attention(q, k, v, visible.to(torch.uint8), start), ref, 1e-5)
 
 
-def _probe_q4() -> str:
-    """Why the row kernel's 4-bit weights cannot stand in for float32 ones here ("" = they can): a
-    Q4_1-like weight (codes 0..15 with each group's extremes 0 and 15, a float16 scale and minimum per
-    group of 32) taken by `q4_block` and multiplied with the float kernel's bits over 1-9 rows and 13
-    (two passes), a partial column block included; a weight that is not such refused."""
+def _probe_codes(name: str) -> str:
+    """Why the row kernel's 4-bit (`rows-q4`) or 8-bit (`rows-q8`) weights cannot stand in for float32
+    ones here ("" = they can): a weight of the GGUF's form (Q4_1: codes 0..15 with each group's extremes
+    0 and 15, a float16 scale and minimum per group of 32; Q8_0: codes -127..127 reaching +-127, a
+    float16 scale) taken by `q4_block` / `q8_block` and multiplied with the float kernel's bits over 1-9
+    rows and 13 (two passes), a partial column block included; a weight that is not such refused."""
     g = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, 16, (40, 2, 32), generator=g).float()
-    codes[..., 0], codes[..., 1] = 0, 15  # as Q4_1's: the minimum is code 0, the maximum code 15
     d = torch.rand(40, 2, 1, generator=g).half().float()
-    m = -8 * d + torch.randn(40, 2, 1, generator=g).half().float() / 100
-    w = torch.addcmul(m, codes, d).view(40, 64)
-    packed = rowkernel.q4_block(w)
-    if packed is None or rowkernel.q4_block(w + 1e-3) is not None:
-        return "tried: Q4_1 weights not recognised"
+    if name == "rows-q4":
+        codes = torch.randint(0, 16, (40, 2, 32), generator=g).float()
+        codes[..., 0], codes[..., 1] = 0, 15  # as Q4_1's: the minimum is code 0, the maximum code 15
+        m = -8 * d + torch.randn(40, 2, 1, generator=g).half().float() / 100
+        w, pack = torch.addcmul(m, codes, d).view(40, 64), rowkernel.q4_block
+    else:
+        codes = torch.randint(-127, 128, (40, 2, 32), generator=g).float()
+        codes[..., 0] = 127  # as Q8_0's: the largest |code| is 127
+        w, pack = (codes * d).view(40, 64), rowkernel.q8_block
+    packed = pack(w)
+    if packed is None or pack(w + 1e-3) is not None:
+        return "tried: the GGUF's weights not recognised"
     full = rowkernel.block(w)
     for rows in (*range(1, rowkernel.MAX_ROWS + 1), 13):
         x = torch.randn(rows, 64, generator=g)
@@ -400,8 +417,8 @@ def _probe(off: frozenset[str]) -> KernelChoice:
             whys[name] = _probe_int4()
         elif name == "rows-f32":
             whys[name] = _probe_rows()
-        elif name == "rows-q4":
-            whys[name] = "needs rows-f32" if whys["rows-f32"] else _probe_q4()
+        elif name in ("rows-q4", "rows-q8"):
+            whys[name] = "needs rows-f32" if whys["rows-f32"] else _probe_codes(name)
         else:
             whys[name] = _probe_packed(next(d for d, k in PACKED_KERNEL.items() if k == name))
     probes = tuple(Probe(n, not w, w) for n, w in whys.items())

@@ -162,17 +162,21 @@ class DecodeSet(nn.Module):
         # `inference.RowInt8Linear`): a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
-        one_kind = all(b is not None for b in blocked) and len({b.dtype for b in blocked}) == 1
+        kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()
+        one_kind = len(kinds) == 1 and kinds <= rowkernel.LAYER_KINDS.keys()
         whole = (exact or nar) and row_norm and attention == "kernel" and one_kind
         self.blocked = tuple(blocked) if whole else None
-        # int8 codes' scales per output, the four matmuls' concatenated (`rows_layer`), else None.
-        int8 = whole and blocked[0].dtype == torch.int8
-        self.scales = torch.cat([m.scale[0] for m in matmuls]) if int8 else None
         norm, _, post_norm, _ = layer._sets(nar)
+        # The call's unchanging arguments (`rowkernel.LayerWeights`); int8 codes bring their scales per
+        # output, the four matmuls' concatenated.
+        scales = torch.cat([m.scale[0] for m in matmuls]) if whole and kinds == {"int8"} else None
+        self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
+        norms = (norm.weight, post_norm.weight)
+        weights = rowkernel.LayerWeights.of(norms, norm.eps, blocked, self.heads, scales) if whole else None
+        self.layer_weights = weights
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
-        self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
 
     def qkv_rope(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """As `MoTLayer._qkv`, with one matmul and one rotation: (q, k, v) from h (B, T, D)."""
@@ -188,10 +192,7 @@ class DecodeSet(nn.Module):
     def whole_layer(self, h, cos, sin, kv, visible, start) -> torch.Tensor:
         """The layer over a decode step's rows of this set h (B, T, D) in one row-kernel call
         (`rowkernel.layer`; `blocked` set): what `qkv_rope`, the attention and `finish` compute."""
-        norm, _, post_norm, _ = self.shared
-        norms = (norm.weight, post_norm.weight)
-        args = (self.blocked, cos, sin, kv, visible, start, self.heads, self.scales)
-        return rowkernel.layer(h, norms, norm.eps, *args)
+        return rowkernel.layer(h, self.layer_weights, cos, sin, kv, visible, start)
 
     def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """As `MoTLayer._finish`, with gate/up as one matmul, over 2-d rows (B * T, D)."""

@@ -702,8 +702,110 @@ int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned c
     return 0;
 }
 
-int rows_q4_group(void) { return Q4_GROUP; }
+int rows_code_group(void) { return Q4_GROUP; } /* = Q8_GROUP */
 int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
+
+/* ---- The same for 8-bit codes: a GGUF's Q8_0 table (SmolLM2's tied head), code * d per group ----
+ *
+ * Why: greedy steps choose through the head's int8 screen, but a sampling or `hybrid` step needs every
+ * logit, and the float32 head is 113 MB (49,152 x 576) streamed each step: more than the 4-bit layers'
+ * 80. Its values are the GGUF's Q8_0 table dequantized: code * d per group of 32 inputs, code in
+ * -127..127 and d a float16 value, so code * d is exact in float32 (8 bits by 11), and this loop,
+ * rebuilding each weight and running rows_matmul's fmaf chain on it, gives rows_matmul's bits from
+ * 1.125 bytes a weight.
+ *
+ * Layout (rowkernel.q8_block): per column block of BLK outputs, per group of Q8_GROUP inputs, one
+ * contiguous Q8_GROUP_BYTES record: d (BLK floats), then per input BLK int8 codes (outputs in order). */
+#define Q8_GROUP Q4_GROUP /* the GGUF's blocks of 32 inputs, as Q4_1's */
+#define Q8_GROUP_BYTES (BLK * (long)sizeof(float) + Q8_GROUP * BLK)
+#define PREFETCH_Q8 2304 /* bytes ahead: two groups' records */
+
+/* One row: all VB vectors of a column block per input. */
+static void q8_one_row(const float *x, long in, const unsigned char *w, float *y, long out, long b) {
+    const long groups = in / Q8_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;
+    vf acc[VB];
+    for (int v = 0; v < VB; v++) acc[v] = (vf){0};
+    for (long g = 0; g < groups; g++) {
+        const unsigned char *rec = w + g * Q8_GROUP_BYTES;
+        vf dv[VB];
+        for (int v = 0; v < VB; v++) dv[v] = *(const vf *)((const float *)rec + v * LANES);
+        for (int i = 0; i < Q8_GROUP; i++) {
+            const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;
+            __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);
+            const vf xr = splat(x[g * Q8_GROUP + i]);
+            for (int v = 0; v < VB; v++) acc[v] = vfma(xr, widen(wi + v * LANES) * dv[v], acc[v]);
+        }
+    }
+    for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];
+}
+
+/* 2+ rows: by pairs of vectors (PAIR_FMAS), as the 4-bit loop. */
+#define Q8_PAIRS_FN(NAME, R)                                                                                \
+    static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
+        const long groups = in / Q8_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        for (int p = 0; p < VB / 2; p++) {                                                                  \
+            vf acc[R][2];                                                                                   \
+            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
+            for (long g = 0; g < groups; g++) {                                                             \
+                const unsigned char *rec = w + g * Q8_GROUP_BYTES;                                          \
+                const float *d = (const float *)rec + p * 2 * LANES;                                        \
+                const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                \
+                const signed char *codes = (const signed char *)rec + BLK * sizeof(float) + p * 2 * LANES;  \
+                for (int i = 0; i < Q8_GROUP; i++) {                                                        \
+                    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                \
+                    const vf w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;     \
+                    PAIR_FMAS(R, x, in, g * Q8_GROUP + i, w0, w1)                                           \
+                }                                                                                           \
+            }                                                                                               \
+            PAIR_STORE(R, p)                                                                                \
+        }                                                                                                   \
+    }
+
+Q8_PAIRS_FN(q8_pairs_2, 2)
+Q8_PAIRS_FN(q8_pairs_3, 3)
+Q8_PAIRS_FN(q8_pairs_4, 4)
+Q8_PAIRS_FN(q8_pairs_5, 5)
+Q8_PAIRS_FN(q8_pairs_6, 6)
+PAIRS_7_TO_9(Q8_PAIRS_FN, q8_pairs_)
+static const q4_block_fn Q8_BLOCKS[PAIR_MAX_R + 1] = {0, q8_one_row, q8_pairs_2, q8_pairs_3, q8_pairs_4, q8_pairs_5, q8_pairs_6 PAIRS_7_TO_9_LIST(q8_pairs_)};
+
+/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q8_block's layout (in a multiple of Q8_GROUP). */
+void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    MATMUL_PASSES(Q8_BLOCKS, Q8_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q8_GROUP * Q8_GROUP_BYTES)
+}
+
+/* W (out, in) float32 at strides (so, si), in a multiple of Q8_GROUP, into rows_matmul_q8's layout at dst
+ * (ceil(out / BLK) x in / Q8_GROUP records of Q8_GROUP_BYTES, zeroed by the caller). Each group of an
+ * output: d its largest |w| / 127 rounded to float16, codes round(w / d). Returns 0, or 1 as soon as a
+ * value is not code * d with a code in -127..127, so a weight either gives its exact bits back or is
+ * refused. */
+int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
+    const long groups = in / Q8_GROUP;
+    for (long b = 0; b * BLK < out; b++) {
+        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
+        for (long g = 0; g < groups; g++) {
+            unsigned char *rec = dst + (b * groups + g) * Q8_GROUP_BYTES;
+            signed char *codes = (signed char *)rec + BLK * sizeof(float);
+            for (long j = 0; j < n; j++) {
+                const float *wj = w + (b * BLK + j) * so + g * Q8_GROUP * si;
+                float top = 0.f;
+                for (int i = 0; i < Q8_GROUP; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
+                const float d = half_round(top / 127.f), inv = d > 0.f ? 1.f / d : 0.f;
+                ((float *)rec)[j] = d;
+                for (int i = 0; i < Q8_GROUP; i++) {
+                    const float t = wj[i * si] * inv;
+                    if (!(t > -127.5f && t < 127.5f)) return 1; /* NaN fails too */
+                    const int c = (int)lrintf(t);
+                    if ((float)c * d != wj[i * si]) return 1;
+                    codes[i * BLK + j] = (signed char)c;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
 
 /* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen
  * of yue/model/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's

@@ -61,6 +61,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -135,12 +136,12 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    lib.rows_matmul_i8.argtypes = lib.rows_matmul_q4.argtypes = lib.rows_matmul.argtypes
-    lib.rows_matmul_i8.restype = lib.rows_matmul_q4.restype = None
-    lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_q4_group.restype = ctypes.c_int
-    lib.rows_q4_bytes.restype = ctypes.c_int
-    lib.rows_q4_pack.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p]
-    lib.rows_q4_pack.restype = ctypes.c_int
+    for codes in (lib.rows_matmul_i8, lib.rows_matmul_q4, lib.rows_matmul_q8):
+        codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
+    lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
+    lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = ctypes.c_int
+    for pack in (lib.rows_q4_pack, lib.rows_q8_pack):
+        pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
     lib.rows_rms_norm.restype = None
@@ -233,35 +234,64 @@ def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     computes them). Every value is checked, so a weight that is not such (a trained one, another
     quantization) is refused, never approximated; most are refused at their first group.
     """
+    return _codes(w, "q4")
+
+
+def q8_block(w: torch.Tensor) -> torch.Tensor | None:
+    """An (out, in) float32 weight (any strides) in `rows_matmul_q8`'s layout (uint8, (ceil(out / BLK),
+    in / 32, 1152) bytes), or None where 8-bit codes cannot give back its every value exactly
+    (`rows_q8_pack`): a GGUF's Q8_0 weights dequantized (code * d per group of 32 inputs, codes
+    -127..127, d a float16 value; SmolLM2's tied head). Checked and refused as `q4_block`'s."""
+    return _codes(w, "q8")
+
+
+def _codes(w: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """`q4_block` / `q8_block`: the C packer's layout, or None where it refuses the weight."""
     lib = library()
     out, inp = w.shape
-    if w.dtype != torch.float32 or w.device.type != "cpu" or inp % lib.rows_q4_group():
+    group = lib.rows_code_group()  # inputs per group of codes: the GGUF's blocks of 32
+    if w.dtype != torch.float32 or w.device.type != "cpu" or inp % group:
         return None
-    blocks, groups = -(-out // lib.rows_block()), inp // lib.rows_q4_group()
-    packed = torch.zeros(blocks, groups, lib.rows_q4_bytes(), dtype=torch.uint8)
-    refused = lib.rows_q4_pack(w.data_ptr(), out, inp, *w.stride(), packed.data_ptr())
+    record = lib.rows_q4_bytes() if kind == "q4" else lib.rows_q8_bytes()
+    packed = torch.zeros(-(-out // lib.rows_block()), inp // group, record, dtype=torch.uint8)
+    pack = lib.rows_q4_pack if kind == "q4" else lib.rows_q8_pack
+    refused = pack(w.data_ptr(), out, inp, *w.stride(), packed.data_ptr())
     return None if refused else packed
 
 
+def layout(blocked: torch.Tensor) -> str:
+    """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's,
+    `inference.RowInt8Linear`'s), "q4" (`q4_block`) or "q8" (`q8_block`; both uint8 records, told apart
+    by their record's bytes, 768 and 1152)."""
+    if blocked.dtype != torch.uint8:
+        return "float32" if blocked.dtype == torch.float32 else "int8"
+    return "q4" if blocked.shape[-1] == _q4_bytes() else "q8"
+
+
+@functools.cache
+def _q4_bytes() -> int:
+    return library().rows_q4_bytes()
+
+
 def inputs(blocked: torch.Tensor) -> int:
-    """A weight's input count from its kernel layout (`block` or `q4_block`)."""
-    return blocked.shape[1] * (library().rows_q4_group() if blocked.dtype == torch.uint8 else 1)
+    """A weight's input count from its kernel layout (`block`, `q4_block` or `q8_block`)."""
+    return blocked.shape[1] * (library().rows_code_group() if blocked.dtype == torch.uint8 else 1)
 
 
-# The C matmul by the blocked weight's dtype: float32 weights, the screen's int8 codes, 4-bit codes.
-MATMULS = {torch.int8: "rows_matmul_i8", torch.uint8: "rows_matmul_q4"}
-# `rows_layer`'s weight kinds by the blocked weights' dtype (its LAYER_F32, LAYER_Q4, LAYER_I8).
-LAYER_KINDS = {torch.float32: 0, torch.uint8: 1, torch.int8: 2}
+# The C matmul by layout: float32 weights, int8 codes (the caller scales), 4-bit and 8-bit codes.
+MATMULS = {"float32": "rows_matmul", "int8": "rows_matmul_i8", "q4": "rows_matmul_q4", "q8": "rows_matmul_q8"}
+# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8).
+LAYER_KINDS = {"float32": 0, "q4": 1, "int8": 2}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
-    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales); a uint8 one
-    is `q4_block(W)` (`rows_matmul_q4`: `block(W)`'s bits, any row count)."""
+    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales); `q4_block(W)`
+    and `q8_block(W)` give `block(W)`'s bits (`rows_matmul_q4`, `rows_matmul_q8`), any row count."""
     inp = x.shape[-1]
     flat = x.reshape(-1, inp).contiguous()
     y = torch.empty(flat.shape[0], out, dtype=torch.float32)
-    fn = getattr(library(), MATMULS.get(blocked.dtype, "rows_matmul"))
+    fn = getattr(library(), MATMULS[layout(blocked)])
     fn(flat.data_ptr(), flat.shape[0], inp, blocked.data_ptr(), y.data_ptr(), out, torch.get_num_threads())
     return y.view(*x.shape[:-1], out)
 
@@ -339,36 +369,51 @@ def attention(
     return o.transpose(1, 2)
 
 
+@dataclass(frozen=True)
+class LayerWeights:
+    """What `layer` passes to `rows_layer` unchanged from step to step, checked and converted to ctypes
+    values once (a `layers.DecodeSet` holds one): the norms (input, post-attention) and their eps, the
+    blocked weights of Q/K/V, O, gate/up and down (all `block`, all `q4_block`, or all `block` of int8
+    codes with `scales`, their outputs' float32 scales concatenated in that order:
+    `inference.RowInt8Linear`'s), and the heads (H, Hkv, Dh). Building the ~30 arguments of a call took
+    ~35 us of Python, 30 calls a step. `tensors` keeps alive what `args` points into."""
+
+    tensors: tuple
+    args: tuple
+    heads: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, norms, eps: float, blocked, heads: tuple[int, int, int], scales=None) -> LayerWeights:
+        kinds = {layout(b) for b in blocked}
+        assert len(kinds) == 1 and kinds <= LAYER_KINDS.keys() and (scales is not None) == (kinds == {"int8"})
+        assert attention_fits(heads[2]) and all(n.dtype == torch.float32 and n.is_contiguous() for n in norms)
+        qkv, o, gate_up, down = blocked
+        args = [*norms, eps, qkv, o, gate_up, inputs(down), down, LAYER_KINDS[kinds.pop()], scales]
+        return cls((*norms, *blocked, scales), tuple(_pointers(*args)), heads)
+
+
 def layer(
     h: torch.Tensor,
-    norms: tuple[torch.Tensor, torch.Tensor],
-    eps: float,
-    blocked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    weights: LayerWeights,
     cos: torch.Tensor,
     sin: torch.Tensor,
     kv: tuple[torch.Tensor, torch.Tensor],
     visible: torch.Tensor | None,
     start: int,
-    heads: tuple[int, int, int],
-    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A float32 decode layer over rows h (B, T, D), B x T <= MAX_ROWS, in one call (`rows_layer`): the
-    norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all `block`, all
-    `q4_block`, or all `block` of int8 codes with `scales`, their outputs' float32 scales concatenated
-    in that order: `inference.RowInt8Linear`'s), RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to
-    the cache buffers kv at [start, start + T), `visible` as `attention`'s, heads (H, Hkv, Dh). Returns
-    the layer's output (B, T, D)."""
+    """A float32 decode layer over rows h (B, T, D), B x T <= MAX_ROWS, in one call (`rows_layer`):
+    `weights`' norms and matmuls, RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers
+    kv at [start, start + T), `visible` as `attention`'s. Returns the layer's output (B, T, D)."""
     B, T, D = h.shape
-    H, Hkv, Dh = heads
-    qkv, o, gate_up, down = blocked
+    H, Hkv, Dh = weights.heads
     k, v = kv
-    assert h.dtype == torch.float32 and B * T <= MAX_ROWS and attention_fits(Dh) and k.stride(-2) == Dh
+    assert h.dtype == torch.float32 and B * T <= MAX_ROWS and k.stride(-2) == Dh
     out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
     cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
-    rope = [cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1)]
-    kind = LAYER_KINDS[qkv.dtype]
-    assert all(b.dtype == qkv.dtype for b in blocked) and (scales is not None) == (qkv.dtype == torch.int8)
-    args = [out, B, T, D, *norms, eps, qkv, o, gate_up, inputs(down), down, kind, scales, *rope]
-    args += [k, v, *k.stride()[:2], *_mask(visible), H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads()]
-    library().rows_layer(*_pointers(*args))
+    mask, mb, mt = _mask(visible)
+    library().rows_layer(
+        out.data_ptr(), B, T, D, *weights.args, cos.data_ptr(), sin.data_ptr(),
+        cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), k.data_ptr(), v.data_ptr(), *k.stride()[:2],
+        None if mask is None else mask.data_ptr(), mb, mt, H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads(),
+    )  # fmt: skip
     return out
