@@ -2,7 +2,7 @@
 interleaved per prompt so that both see the same machine load (a development script, not part of the
 package).
 
-    python docs/recipes/row_kernel_ab.py chat_test 8 [max_new_tokens] [against] [dtype]
+    python docs/recipes/row_kernel_ab.py chat_test 8 [max_new_tokens] [against] [dtype] [temperature]
 
 `against` (default `oneDNN`):
 - `oneDNN`: float32 layers on `StreamedLinear` (the row kernel, the default where it builds) against
@@ -16,6 +16,10 @@ package).
 - `float-weights`: the layers' Q4_1 weights held as their 4-bit codes (`rowkernel.q4_block`, the
   default where the `rows-q4` probe passes), against the same model with them held as float32
   (`kernels.forced("rows-q4")`).
+- `float-head`: the tied head's Q8_0 values held as 8-bit codes (`rowkernel.q8_block`, the default
+  where the `rows-q8` probe passes), against the same model with the head float32
+  (`kernels.forced("rows-q8")`); with a `temperature` (sampled requests, seed 0 each, read every
+  logit) as well as greedy ones (the screen's).
 - `torch-drafting`: the NAR layers' int8 matmuls on the row kernel, each layer one call
   (`inference.RowInt8Linear`, the default where the row kernel runs), against torch's dynamic int8
   engine, op by op (as before; `lower_linear` without `row_kernel`).
@@ -39,6 +43,7 @@ split, n = sys.argv[1], int(sys.argv[2])
 new_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 against = sys.argv[4] if len(sys.argv) > 4 else "oneDNN"
 dtype = sys.argv[5] if len(sys.argv) > 5 else "float32"
+sampling = dict(temperature=float(sys.argv[6]), seed=0) if len(sys.argv) > 6 else {}
 engines = {}
 if against == "oneDNN":
     for name, bound in (("row kernel", inference.ROW_STREAM_BYTES), ("oneDNN", 2**62)):
@@ -47,6 +52,10 @@ if against == "oneDNN":
 elif against == "float-weights":
     engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
     with kernels.forced("rows-q4"):
+        engines[against] = yue.load("yue-smol", dtype=dtype)
+elif against == "float-head":
+    engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
+    with kernels.forced("rows-q8"):
         engines[against] = yue.load("yue-smol", dtype=dtype)
 elif against == "torch-drafting":
     engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
@@ -78,7 +87,7 @@ for i, messages in enumerate(prompts):
         prompt = engine.chat_prompt(messages)
         for mode in ("ar", "verified"):
             start = time.perf_counter()
-            result = engine.generate(prompt, mode=mode, max_new_tokens=new_tokens)
+            result = engine.generate(prompt, mode=mode, max_new_tokens=new_tokens, **sampling)
             seconds[name, mode] = seconds.get((name, mode), 0.0) + time.perf_counter() - start
             outputs.setdefault((name, mode), []).append(result.token_ids)
 for (name, mode), s in seconds.items():
