@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.test_rowkernel import needs_row_kernel
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
@@ -21,6 +22,7 @@ def nar_sets(model) -> list:
 def test_row_int8_linear_is_the_linear_within_its_codes_error():
     """Codes per output row (scale = max |w| / 127): each output within half a code step per input of the
     float result, for 1-20 rows (beyond one pass of the kernel) and a partial column block."""
+    needs_row_kernel()
     g = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(72, 45, bias=False)
     linear.weight.data = torch.randn(45, 72, generator=g)
@@ -38,6 +40,7 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
     """A top-layer NAR set prepared for int8 drafting: its layers are `RowInt8Linear`s run as one
     row-kernel call each; the same layers through torch's calls (`blocked` off) give the same slot logits
     and cache rows within float32 rounding, over a left-padded batch."""
+    needs_row_kernel()
     assert kernels.choice().ok("rows-f32"), kernels.describe()
     model = top_model(nar_layers=2)
     model.prepare_for_decoding(torch.qint8)
@@ -74,6 +77,7 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
 def test_fused_drafts_after_committed_rows_read_their_own_mask_rows():
     """A full NAR stack with fused drafting: a step's slots follow its committed rows (mask rows from
     row0 = n_committed), through one-call int8 layers as through torch's; and `verified` stays `ar`."""
+    needs_row_kernel()
     model = top_model(nar_layers=4, draft_vocab=None, seed=3)
     model.prepare_for_decoding(torch.qint8)
     sets = nar_sets(model)

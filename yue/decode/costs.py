@@ -221,8 +221,8 @@ def cost_cache_key(model) -> str:
 def decode_layout(model) -> str:
     """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
     attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
-    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR layers' matmuls and
-    whether each is one call): the int4 precision and a large
+    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR
+    layers' matmuls and whether each is one call): the int4 precision and a large
     float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
     attention form is not the other's."""
     layer = model.model.layers[0]

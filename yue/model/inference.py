@@ -192,9 +192,10 @@ class RowInt8Linear(nn.Module):
     scales). Its point is the whole NAR layer in one row-kernel call (`DecodeSet.whole_layer`): a
     drafting pass through SmolLM2's 4 NAR layers ran ~25 torch calls a layer, and at 2-8 slots their
     Python and small ops cost more than the matmuls (AMD EPYC, AVX2, one thread: pass 8.2 / 10.1 ms for
-    2 / 8 slots, of which the int8 matmuls 2.7 / 4.9). Alone, a matmul here is no faster than torch's
-    dynamic int8 one (one NAR layer, 2 / 8 rows: 0.56 / 1.29 ms against 0.58 / 0.92), and finer: no
-    activation quantization, a scale per output (relative error ~1% against ~2%).
+    2 / 8 slots, of which the int8 matmuls 2.7 / 4.9). Alone, a matmul here is about as fast as torch's
+    dynamic int8 one (a NAR layer's four, 2 / 8 rows: 0.56 / 0.85 ms, torch's 0.58 / 0.92 measured
+    beside the first), and finer: no activation quantization, a scale per output (relative error ~1%
+    against ~2% on random weights).
 
     The tensors are held in tuples, not registered: nothing in a state dict, no `.to()`.
     """

@@ -604,29 +604,39 @@ static void q4_one_row(const float *x, long in, const unsigned char *w, float *y
     for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];
 }
 
-#define Q4_PAIRS_FN(NAME, R)                                                                                \
+/* 2+ rows of the 4-bit and 8-bit matmuls: by pairs of vectors (PAIR_FMAS), a group of Q4_GROUP inputs
+ * at a time. SETUP reads the pair's scales (and minimums) from the group's record `rec`; REBUILD makes the
+ * pair's two weight vectors w0, w1 of input i from its codes, exactly (see each kind's comment). */
+#define CODES_PAIRS_FN(NAME, R, GROUP_BYTES, SETUP, REBUILD)                                                \
     static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
         const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
         for (int p = 0; p < VB / 2; p++) {                                                                  \
             vf acc[R][2];                                                                                   \
             for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
             for (long g = 0; g < groups; g++) {                                                             \
-                const unsigned char *rec = w + g * Q4_GROUP_BYTES;                                          \
-                const float *d = (const float *)rec + p * 2 * LANES, *m = d + BLK;                          \
-                const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                \
-                const vf m0 = *(const vf *)m, m1 = *(const vf *)(m + LANES);                                \
-                const unsigned char *codes = rec + 2 * BLK * sizeof(float) + p * LANES;                     \
+                const unsigned char *rec = w + g * (GROUP_BYTES);                                           \
+                SETUP                                                                                       \
                 for (int i = 0; i < Q4_GROUP; i++) {                                                        \
-                    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                          \
-                    vf lo, hi;                                                                              \
-                    nibble_pair(codes + i * (BLK / 2), &lo, &hi);                                           \
-                    lo = lo * d0 + m0, hi = hi * d1 + m1;                                                   \
-                    PAIR_FMAS(R, x, in, g * Q4_GROUP + i, lo, hi)                                           \
+                    vf w0, w1;                                                                              \
+                    REBUILD                                                                                 \
+                    PAIR_FMAS(R, x, in, g * Q4_GROUP + i, w0, w1)                                           \
                 }                                                                                           \
             }                                                                                               \
             PAIR_STORE(R, p)                                                                                \
         }                                                                                                   \
     }
+
+/* The 4-bit pair: its d and m vectors per group; per input, both vectors' nibbles from LANES bytes. */
+#define Q4_SETUP                                                                                            \
+    const float *d = (const float *)rec + p * 2 * LANES, *m = d + BLK;                                      \
+    const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                            \
+    const vf m0 = *(const vf *)m, m1 = *(const vf *)(m + LANES);                                            \
+    const unsigned char *codes = rec + 2 * BLK * sizeof(float) + p * LANES;
+#define Q4_REBUILD                                                                                          \
+    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                                          \
+    nibble_pair(codes + i * (BLK / 2), &w0, &w1);                                                           \
+    w0 = w0 * d0 + m0, w1 = w1 * d1 + m1;
+#define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
 
 /* 2-9 rows: by pairs of vectors (PAIR_FMAS; the column block's codes read once per pair, the second
  * pair's from cache, the pair's 4 scale vectors in registers with its sums). SmolLM2's layers, one
@@ -739,27 +749,15 @@ static void q8_one_row(const float *x, long in, const unsigned char *w, float *y
     for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];
 }
 
-/* 2+ rows: by pairs of vectors (PAIR_FMAS), as the 4-bit loop. */
-#define Q8_PAIRS_FN(NAME, R)                                                                                \
-    static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
-        const long groups = in / Q8_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
-        for (int p = 0; p < VB / 2; p++) {                                                                  \
-            vf acc[R][2];                                                                                   \
-            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
-            for (long g = 0; g < groups; g++) {                                                             \
-                const unsigned char *rec = w + g * Q8_GROUP_BYTES;                                          \
-                const float *d = (const float *)rec + p * 2 * LANES;                                        \
-                const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                \
-                const signed char *codes = (const signed char *)rec + BLK * sizeof(float) + p * 2 * LANES;  \
-                for (int i = 0; i < Q8_GROUP; i++) {                                                        \
-                    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                \
-                    const vf w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;     \
-                    PAIR_FMAS(R, x, in, g * Q8_GROUP + i, w0, w1)                                           \
-                }                                                                                           \
-            }                                                                                               \
-            PAIR_STORE(R, p)                                                                                \
-        }                                                                                                   \
-    }
+/* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
+#define Q8_SETUP                                                                                            \
+    const float *d = (const float *)rec + p * 2 * LANES;                                                    \
+    const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                            \
+    const signed char *codes = (const signed char *)rec + BLK * sizeof(float) + p * 2 * LANES;
+#define Q8_REBUILD                                                                                          \
+    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                                \
+    w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;
+#define Q8_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q8_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
 
 Q8_PAIRS_FN(q8_pairs_2, 2)
 Q8_PAIRS_FN(q8_pairs_3, 3)

@@ -21,7 +21,14 @@ bits are the float32 kernel's and only the bytes change (425 MB of layers a step
 process (`docs/recipes/row_kernel_ab.py chat_test 8 64 float-weights`, 8 held-out prompts x 64 tokens,
 every output identical) `ar` ran 1.91-2.05x as fast as on the float32 copies, `verified` 1.50-1.59x
 (three runs); held-out `yue bench` (AMD EPYC, AVX2, two runs): `ar` 4.47x / 4.95x and `verified` 4.41x /
-5.11x transformers, 1.04x / 1.05x and 1.02x / 1.08x llama.cpp on the same GGUF (README).
+5.11x transformers, 1.04x / 1.05x and 1.02x / 1.08x llama.cpp on the same GGUF (README). The tied
+head's values are the GGUF's Q8_0 table, code * d per group of 32, held alike (`q8_block`,
+`rows_matmul_q8`): the float32 head's bits from 30 MiB instead of 113 MB (one row 2.56 ms against 8.28;
+sampled requests, which read every logit, ran `ar` 1.25x and `verified` 1.28x as fast in one process).
+
+Why a NAR set's int8 layers too (`LayerWeights` of `block`ed int8 codes with their scales): a drafting
+pass ran ~25 torch calls a NAR layer, more than its matmuls cost; as one call each, a pass of 2 / 4
+slots costs 0.26-0.27 / 0.32-0.35x a one-row step instead of 0.40 / 0.41 (AMD EPYC, AVX2; README).
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
