@@ -319,21 +319,23 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
  *
  * h: (R, D) row-major, updated in place. Weights of one `kind` (layer_matmul's): in `rowkernel.block`'s
  * layout, or all four in rows_matmul_q4's; int8 ones with `scales`, their outputs' scales in the
- * matmuls' order (Q/K/V, O, gate/up, down; NULL otherwise): wqkv (H + 2 Hkv) Dh outputs (Q, K, V heads), wgu 2 F (gate, up), wo D from H Dh,
+ * matmuls' order (Q/K/V, O, gate/up, down; NULL otherwise): wqkv (H + 2 Hkv) Dh outputs (Q, K, V
+ * heads), wgu 2 F (gate, up), wo D from H Dh,
  * wdown D from F. cos, sin: (B|1, T, Dh)
  * at strides (cb, ct). k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh).
  * visible, mb, mt: as rows_attention's. */
 void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
                 const void *wqkv, const void *wo, const void *wgu, long F, const void *wdown, int kind,
-                const float *scales, const float *cos, const float *sin, long cb, long ct, float *k, float *v, long kb, long kh,
-                const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh, long start,
-                float scale, int threads) {
+                const float *scales, const float *cos, const float *sin, long cb, long ct, float *k, float *v,
+                long kb, long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh,
+                long start, float scale, int threads) {
     const long R = (long)B * T, nqkv = (long)(H + 2 * Hkv) * Dh, half = Dh / 2;
     float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
     float *o = malloc(R * (long)H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
     float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
     rows_rms_norm(h, R, D, norm1, eps, x);
-    const float *sqkv = scales, *so = scales ? sqkv + nqkv : 0, *sgu = scales ? so + D : 0, *sdown = scales ? sgu + 2 * F : 0;
+    const float *sqkv = scales, *so = scales ? sqkv + nqkv : 0, *sgu = scales ? so + D : 0;
+    const float *sdown = scales ? sgu + 2 * F : 0;
     layer_matmul(kind, x, R, D, wqkv, sqkv, qkv, nqkv, threads);
     for (long r = 0; r < R; r++) {
         const long b = r / T, t = r % T;
