@@ -238,7 +238,7 @@ def _padded_step_mask(
 
 @functools.lru_cache(maxsize=4)
 def _visible_bytes(mask: torch.Tensor, start: int, T: int, row0: int = 0) -> torch.Tensor:
-    """`_attend_kernel`'s mask from a step's (1|B, 1, >= row0 + T, >= start + T): its rows [row0, row0 +
+    """`_kernel_mask` from a step's mask (1|B, 1, >= row0 + T, >= start + T): its rows [row0, row0 +
     T) (a set's rows in the step: a step's slots follow its committed rows) over keys [0, start + T) as
     contiguous bytes (1|B, T, start + T), 1 = may attend. Cached by the mask object, as
     `_padded_step_mask` is, so a step's layers convert it once."""
@@ -247,8 +247,18 @@ def _visible_bytes(mask: torch.Tensor, start: int, T: int, row0: int = 0) -> tor
 
 @functools.lru_cache(maxsize=4)
 def _every_key(start: int, T: int) -> torch.Tensor:
-    """`_attend_kernel`'s mask where the step has none: T queries each seeing all start + T keys."""
+    """`_kernel_mask` where the step has none: T queries each seeing all start + T keys, as bytes."""
     return torch.ones(1, T, start + T, dtype=torch.uint8)
+
+
+def _kernel_mask(mask: torch.Tensor | None, start: int, T: int, row0: int = 0) -> torch.Tensor | None:
+    """The row kernel's `visible` for a set's T rows of a step at cache index `start`: the step's mask
+    rows [row0, row0 + T) as bytes (`_visible_bytes`). A step without a mask (`decode_mask`: every query
+    sees every key) gives None for a lone row (the kernel's None, each query up to its own key, is the
+    same there) and every key's bytes for more (a drafting pass's slots see each other)."""
+    if mask is not None:
+        return _visible_bytes(mask, start, T, row0)
+    return None if T == 1 else _every_key(start, T)
 
 
 # Row-exact attention forms (`DecodeSet.attention`) -> the MoTLayer method that attends in it.
@@ -332,11 +342,7 @@ class MoTLayer(nn.Module):
         fused = None if self.decode_sets is None else self.decode_sets[nar]
         rows = h.shape[0] * h.shape[1]
         if fused is not None and fused.blocked is not None and start and rows <= rowkernel.MAX_ROWS:
-            T = h.shape[1]
-            # No mask: every key (a drafting pass's slots see each other), where the kernel's None means
-            # each query up to its own key (the same for a lone committed row).
-            visible = _every_key(start, T) if mask is None and T > 1 else None
-            visible = visible if mask is None else _visible_bytes(mask, start, T, row0)
+            visible = _kernel_mask(mask, start, h.shape[1], row0)
             return fused.whole_layer(h, cos, sin, kv, visible, start)
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
@@ -421,9 +427,7 @@ class MoTLayer(nn.Module):
 
         `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """
-        T = q.shape[2]
-        visible = None if mask is None else _visible_bytes(mask, start, T)
-        return rowkernel.attention(q, *kv, visible, start)
+        return rowkernel.attention(q, *kv, _kernel_mask(mask, start, q.shape[2]), start)
 
     def forward(
         self,

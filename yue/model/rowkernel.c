@@ -581,30 +581,40 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
 #endif
 }
 
-/* One row: all VB vectors of a column block per input (4 sum chains on AVX2, for the FMA latency). */
-static void q4_one_row(const float *x, long in, const unsigned char *w, float *y, long out, long b) {
-    const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;
-    vf acc[VB];
-    for (int v = 0; v < VB; v++) acc[v] = (vf){0};
-    for (long g = 0; g < groups; g++) {
-        const unsigned char *rec = w + g * Q4_GROUP_BYTES;
-        const float *d = (const float *)rec, *m = d + BLK;
-        vf dv[VB], mv[VB];
-        for (int v = 0; v < VB; v++) dv[v] = *(const vf *)(d + v * LANES), mv[v] = *(const vf *)(m + v * LANES);
-        for (int i = 0; i < Q4_GROUP; i++) {
-            const unsigned char *wi = rec + 2 * BLK * sizeof(float) + i * (BLK / 2);
-            __builtin_prefetch(wi + PREFETCH_Q4, 0, 0);
-            const vf xr = splat(x[g * Q4_GROUP + i]);
-            for (int v = 0; v < VB; v += 2) {
-                vf lo, hi;
-                nibble_pair(wi + v / 2 * LANES, &lo, &hi);
-                acc[v] = vfma(xr, lo * dv[v] + mv[v], acc[v]);
-                acc[v + 1] = vfma(xr, hi * dv[v + 1] + mv[v + 1], acc[v + 1]);
-            }
-        }
+/* One row of the 4-bit and 8-bit matmuls: all VB vectors of a column block per input (4 sum chains on
+ * AVX2, for the FMA latency), a group of Q4_GROUP inputs at a time. SETUP reads the group's scales (and
+ * minimums) for all VB vectors from its record `rec`; REBUILD makes input i's weight vectors wv[0..VB). */
+#define CODES_ONE_ROW_FN(NAME, GROUP_BYTES, SETUP, REBUILD)                                                 \
+    static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
+        const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        vf acc[VB];                                                                                         \
+        for (int v = 0; v < VB; v++) acc[v] = (vf){0};                                                      \
+        for (long g = 0; g < groups; g++) {                                                                 \
+            const unsigned char *rec = w + g * (GROUP_BYTES);                                               \
+            SETUP                                                                                           \
+            for (int i = 0; i < Q4_GROUP; i++) {                                                            \
+                vf wv[VB];                                                                                  \
+                REBUILD                                                                                     \
+                const vf xr = splat(x[g * Q4_GROUP + i]);                                                   \
+                for (int v = 0; v < VB; v++) acc[v] = vfma(xr, wv[v], acc[v]);                              \
+            }                                                                                               \
+        }                                                                                                   \
+        for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];                            \
     }
-    for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];
-}
+
+/* The 4-bit row: d and m vectors per group; per input, each pair of vectors' nibbles from LANES bytes. */
+#define Q4_ROW_SETUP                                                                                        \
+    const float *d = (const float *)rec, *m = d + BLK;                                                      \
+    vf dv[VB], mv[VB];                                                                                      \
+    for (int v = 0; v < VB; v++) dv[v] = *(const vf *)(d + v * LANES), mv[v] = *(const vf *)(m + v * LANES);
+#define Q4_ROW_REBUILD                                                                                      \
+    const unsigned char *wi = rec + 2 * BLK * sizeof(float) + i * (BLK / 2);                                \
+    __builtin_prefetch(wi + PREFETCH_Q4, 0, 0);                                                             \
+    for (int v = 0; v < VB; v += 2) {                                                                       \
+        nibble_pair(wi + v / 2 * LANES, &wv[v], &wv[v + 1]);                                                \
+        wv[v] = wv[v] * dv[v] + mv[v], wv[v + 1] = wv[v + 1] * dv[v + 1] + mv[v + 1];                       \
+    }
+CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
 
 /* 2+ rows of the 4-bit and 8-bit matmuls: by pairs of vectors (PAIR_FMAS), a group of Q4_GROUP inputs
  * at a time. SETUP reads the pair's scales (and minimums) from the group's record `rec`; REBUILD makes the
@@ -732,24 +742,15 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
 #define Q8_GROUP_BYTES (BLK * (long)sizeof(float) + Q8_GROUP * BLK)
 #define PREFETCH_Q8 2304 /* bytes ahead: two groups' records */
 
-/* One row: all VB vectors of a column block per input. */
-static void q8_one_row(const float *x, long in, const unsigned char *w, float *y, long out, long b) {
-    const long groups = in / Q8_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;
-    vf acc[VB];
-    for (int v = 0; v < VB; v++) acc[v] = (vf){0};
-    for (long g = 0; g < groups; g++) {
-        const unsigned char *rec = w + g * Q8_GROUP_BYTES;
-        vf dv[VB];
-        for (int v = 0; v < VB; v++) dv[v] = *(const vf *)((const float *)rec + v * LANES);
-        for (int i = 0; i < Q8_GROUP; i++) {
-            const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;
-            __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);
-            const vf xr = splat(x[g * Q8_GROUP + i]);
-            for (int v = 0; v < VB; v++) acc[v] = vfma(xr, widen(wi + v * LANES) * dv[v], acc[v]);
-        }
-    }
-    for (long j = 0; j < n; j++) y[b * BLK + j] = acc[j / LANES][j % LANES];
-}
+/* The 8-bit row: d vectors per group; per input, each vector of codes widened. */
+#define Q8_ROW_SETUP                                                                                        \
+    vf dv[VB];                                                                                              \
+    for (int v = 0; v < VB; v++) dv[v] = *(const vf *)((const float *)rec + v * LANES);
+#define Q8_ROW_REBUILD                                                                                      \
+    const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;                       \
+    __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);                                                             \
+    for (int v = 0; v < VB; v++) wv[v] = widen(wi + v * LANES) * dv[v];
+CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 
 /* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
 #define Q8_SETUP                                                                                            \

@@ -241,7 +241,8 @@ def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     computes them). Every value is checked, so a weight that is not such (a trained one, another
     quantization) is refused, never approximated; most are refused at their first group.
     """
-    return _codes(w, "q4")
+    lib = library()
+    return _codes(w, lib.rows_q4_pack, lib.rows_q4_bytes())
 
 
 def q8_block(w: torch.Tensor) -> torch.Tensor | None:
@@ -249,19 +250,19 @@ def q8_block(w: torch.Tensor) -> torch.Tensor | None:
     in / 32, 1152) bytes), or None where 8-bit codes cannot give back its every value exactly
     (`rows_q8_pack`): a GGUF's Q8_0 weights dequantized (code * d per group of 32 inputs, codes
     -127..127, d a float16 value; SmolLM2's tied head). Checked and refused as `q4_block`'s."""
-    return _codes(w, "q8")
+    lib = library()
+    return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes())
 
 
-def _codes(w: torch.Tensor, kind: str) -> torch.Tensor | None:
-    """`q4_block` / `q8_block`: the C packer's layout, or None where it refuses the weight."""
+def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
+    """`q4_block` / `q8_block`: the C packer `pack`'s layout (`record` bytes a group of a column block),
+    or None where it refuses the weight."""
     lib = library()
     out, inp = w.shape
     group = lib.rows_code_group()  # inputs per group of codes: the GGUF's blocks of 32
     if w.dtype != torch.float32 or w.device.type != "cpu" or inp % group:
         return None
-    record = lib.rows_q4_bytes() if kind == "q4" else lib.rows_q8_bytes()
     packed = torch.zeros(-(-out // lib.rows_block()), inp // group, record, dtype=torch.uint8)
-    pack = lib.rows_q4_pack if kind == "q4" else lib.rows_q8_pack
     refused = pack(w.data_ptr(), out, inp, *w.stride(), packed.data_ptr())
     return None if refused else packed
 
