@@ -48,12 +48,15 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
     assert all(s.blocked is not None and s.blocked[0].dtype == torch.int8 for s in sets)
     assert all(isinstance(m, RowInt8Linear) for s in sets for m in (s.qkv, s.gate_up, *s.shared[1::2]))
     blocked = [s.blocked for s in sets]
+    stacks = model.model.kernel_stacks
+    assert stacks[True].first == model.model.nar_start and len(stacks[True].layers) == 2
     n, K, mask_id = 12, model.config.block_size, model.config.mask_token_id
     prompt = torch.randint(4, 96, (batch, n), generator=torch.Generator().manual_seed(batch))
 
-    def run(one_call: bool):
+    def run(one_call: bool, stacked: bool = True):
         for s, b in zip(sets, blocked, strict=True):
             s.blocked = b if one_call else None
+        model.model.kernel_stacks = stacks if one_call and stacked else {}
         cache = model.new_cache(batch, 40)
         cache.set_padding([0, 3][:batch])
         with torch.inference_mode():
@@ -72,6 +75,10 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
         if layer.has_nar:  # the slots' K/V rows, written by the one call and by torch's path
             for a, b in zip(fast_cache.layer(i), slow_cache.layer(i), strict=True):
                 torch.testing.assert_close(a[:, :, : n + K], b[:, :, : n + K], atol=1e-4, rtol=1e-4)
+    # The NAR stack in one call (`rowkernel.stack`) is its layers' one calls in turn: the same bits.
+    per_layer, per_layer_cache = run(True, stacked=False)
+    assert torch.equal(fast, per_layer)
+    assert torch.equal(fast_cache.k, per_layer_cache.k) and torch.equal(fast_cache.v, per_layer_cache.v)
 
 
 def test_fused_drafts_after_committed_rows_read_their_own_mask_rows():
@@ -118,6 +125,7 @@ def test_without_the_row_kernel_int8_drafting_stays_on_torchs_engine():
         model.prepare_for_decoding(torch.qint8)
     sets = nar_sets(model)
     assert all(s.blocked is None and isinstance(s.qkv, Int8Linear) for s in sets)
+    assert model.model.kernel_stacks == {}  # no layer in one call, no stack
     cfg = DecodeConfig(mode="verified", max_new_tokens=12, ignore_eos=True).resolved(model.config)
     assert len([t for em in decode(model, [[5, 6, 7, 8]], cfg) for t in em.tokens[0]]) == 12
 

@@ -158,10 +158,13 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
     prompts = torch.randint(4, 96, (batch, 9), generator=torch.Generator().manual_seed(3))
     steps = [torch.randint(4, 96, (batch, t), generator=torch.Generator().manual_seed(t)) for t in (1, 5)]
     blocked = [layer.decode_sets[0].blocked for layer in model.model.layers]
+    stacks = model.model.kernel_stacks
+    assert stacks[False].first == 0 and len(stacks[False].layers) == model.config.num_hidden_layers
 
-    def run(one_call: bool):
+    def run(one_call: bool, stacked: bool = True):
         for layer, b in zip(model.model.layers, blocked, strict=True):
             layer.decode_sets[0].blocked = b if one_call else None
+        model.model.kernel_stacks = stacks if one_call and stacked else {}
         cache = model.new_cache(batch, 32)
         cache.set_padding([0, 3][:batch])
         n = prompts.shape[1]
@@ -186,6 +189,10 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fast_cache.k, slow_cache.k, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fast_cache.v, slow_cache.v, atol=1e-4, rtol=1e-4)
+    # The stack in one call (`rowkernel.stack`) is the layers' one calls in turn: the same bits.
+    per_layer, per_layer_cache = run(True, stacked=False)
+    assert all(torch.equal(a, b) for a, b in zip(fast, per_layer, strict=True))
+    assert torch.equal(fast_cache.k, per_layer_cache.k) and torch.equal(fast_cache.v, per_layer_cache.v)
 
 
 @pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row", "_attend_kernel"])

@@ -11,6 +11,8 @@ package).
 - `torch-layer`: each layer one row-kernel call (`DecodeSet.whole_layer`) with the kernel's norms and
   attention, against the same model's layers through torch's calls (its RMSNorm, the padded SDPA, or
   one query per SDPA call for int4), as before the one-call layer. `dtype` float32 (default) or int4.
+- `per-layer`: a step's layers of a set as one row-kernel call (`rowkernel.stack`, the default where
+  every layer is one call) against one call a layer (`DecodeSet.whole_layer`, as before the stack).
 - `full-head`: greedy steps choosing through the head's int8 screen (`screen.ScreenedHead`, the
   default), against the same model with its AR head set back to the full float32 row-kernel head.
 - `float-weights`: the layers' Q4_1 weights held as their 4-bit codes (`rowkernel.q4_block`, the
@@ -69,7 +71,10 @@ else:
     engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
 if against == "full-head":
     engines[against].model.ar_head = engines[against].model.ar_head.head
+elif against == "per-layer":
+    engines[against].model.model.kernel_stacks = {}
 elif against == "torch-layer":
+    engines[against].model.model.kernel_stacks = {}
     for layer in engines[against].model.model.layers:
         for decode_set in layer.decode_sets:
             decode_set.rms_norm, decode_set.blocked = layers.rms_norm, None

@@ -238,7 +238,7 @@ def _padded_step_mask(
 
 @functools.lru_cache(maxsize=4)
 def _visible_bytes(mask: torch.Tensor, start: int, T: int, row0: int = 0) -> torch.Tensor:
-    """`_kernel_mask` from a step's mask (1|B, 1, >= row0 + T, >= start + T): its rows [row0, row0 +
+    """`kernel_mask` from a step's mask (1|B, 1, >= row0 + T, >= start + T): its rows [row0, row0 +
     T) (a set's rows in the step: a step's slots follow its committed rows) over keys [0, start + T) as
     contiguous bytes (1|B, T, start + T), 1 = may attend. Cached by the mask object, as
     `_padded_step_mask` is, so a step's layers convert it once."""
@@ -247,11 +247,11 @@ def _visible_bytes(mask: torch.Tensor, start: int, T: int, row0: int = 0) -> tor
 
 @functools.lru_cache(maxsize=4)
 def _every_key(start: int, T: int) -> torch.Tensor:
-    """`_kernel_mask` where the step has none: T queries each seeing all start + T keys, as bytes."""
+    """`kernel_mask` where the step has none: T queries each seeing all start + T keys, as bytes."""
     return torch.ones(1, T, start + T, dtype=torch.uint8)
 
 
-def _kernel_mask(mask: torch.Tensor | None, start: int, T: int, row0: int = 0) -> torch.Tensor | None:
+def kernel_mask(mask: torch.Tensor | None, start: int, T: int, row0: int = 0) -> torch.Tensor | None:
     """The row kernel's `visible` for a set's T rows of a step at cache index `start`: the step's mask
     rows [row0, row0 + T) as bytes (`_visible_bytes`). A step without a mask (`decode_mask`: every query
     sees every key) gives None for a lone row (the kernel's None, each query up to its own key, is the
@@ -342,7 +342,7 @@ class MoTLayer(nn.Module):
         fused = None if self.decode_sets is None else self.decode_sets[nar]
         rows = h.shape[0] * h.shape[1]
         if fused is not None and fused.blocked is not None and start and rows <= rowkernel.MAX_ROWS:
-            visible = _kernel_mask(mask, start, h.shape[1], row0)
+            visible = kernel_mask(mask, start, h.shape[1], row0)
             return fused.whole_layer(h, cos, sin, kv, visible, start)
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
@@ -427,7 +427,7 @@ class MoTLayer(nn.Module):
 
         `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """
-        return rowkernel.attention(q, *kv, _kernel_mask(mask, start, q.shape[2]), start)
+        return rowkernel.attention(q, *kv, kernel_mask(mask, start, q.shape[2]), start)
 
     def forward(
         self,

@@ -23,9 +23,10 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from yue.config import YueConfig
+from yue.model import rowkernel
 from yue.model.cache import KVCache
 from yue.model.inference import expand_draft_logits, prepare_for_decoding
-from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
+from yue.model.layers import MoTLayer, RMSNorm, RotaryTable, kernel_mask
 from yue.model.router import Router
 from yue.model.screen import ScreenedHead
 
@@ -80,6 +81,9 @@ class MoTModel(nn.Module):
         # Slots and drafts may sit up to 2K + 2 positions past the context's last committed token.
         rope_len = config.max_position_embeddings + 2 * config.block_size + 2
         self.rope = RotaryTable(config.head_dim, config.rope_theta, rope_len)
+        # Per parameter set (False: AR, True: NAR), its layers as one row-kernel call where each is one
+        # (`inference.kernel_stacks`, set when prepared for decoding); not a buffer or a parameter.
+        self.kernel_stacks: dict[bool, rowkernel.StackWeights] = {}
 
     def forward(
         self,
@@ -172,10 +176,30 @@ class MoTModel(nn.Module):
 
     def _layers(self, h_c, h_s, cos, sin, mask, cache, start, first, last=None):
         """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D)."""
-        for i in range(first, len(self.layers) if last is None else last):
+        last = len(self.layers) if last is None else last
+        stacked = self._stacked(h_c, h_s, cos, sin, mask, cache, start, first, last)
+        if stacked is not None:
+            return stacked
+        for i in range(first, last):
             kv = cache.layer(i) if cache is not None else None
             h_c, h_s = self.layers[i](h_c, h_s, cos, sin, mask, kv, start)
         return h_c, h_s
+
+    def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
+        """`_layers` in one row-kernel call (`rowkernel.stack`) where a decode step's rows are all of one
+        parameter set (committed rows, or a drafting pass's slots) and that set's layers are each one
+        call (`DecodeSet.whole_layer`, the condition `MoTLayer._decode` checks): the same calls in C, the
+        same bits, without ~70 us of Python a layer. None where it does not apply."""
+        nar = h_s.shape[1] > 0
+        h = h_s if nar else h_c
+        weights = self.kernel_stacks.get(nar)
+        if weights is None or cache is None or not start or first >= last or first < weights.first:
+            return None
+        if (h_c.shape[1] and h_s.shape[1]) or not h.shape[1] or h.shape[0] * h.shape[1] > rowkernel.MAX_ROWS:
+            return None
+        visible = kernel_mask(mask, start, h.shape[1])  # one set's rows: row0 0, its K/V from `start`
+        out = rowkernel.stack(h, weights, first, last, cos, sin, (cache.k, cache.v), visible, start)
+        return (h_c, out) if nar else (out, h_s)
 
     def _final(self, h_c: torch.Tensor, h_s: torch.Tensor) -> torch.Tensor:
         if not h_s.shape[1] or not h_c.shape[1]:

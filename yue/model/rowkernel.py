@@ -183,6 +183,12 @@ def _load(path: Path) -> ctypes.CDLL:
         ctypes.c_int,
     ]
     lib.rows_layer.restype = None
+    lib.rows_stack.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ctypes.c_int, ptr, ctypes.c_float]
+    lib.rows_stack.argtypes += [c_long, ctypes.c_int, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long]
+    lib.rows_stack.argtypes += [c_long, ptr, c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float]
+    lib.rows_stack.argtypes += [ctypes.c_int]
+    lib.rows_stack.restype = None
+    lib.rows_layer_ptrs.restype = ctypes.c_int
     return lib
 
 
@@ -399,6 +405,36 @@ class LayerWeights:
         args = [*norms, eps, qkv, o, gate_up, inputs(down), down, LAYER_KINDS[kinds.pop()], scales]
         return cls((*norms, *blocked, scales), tuple(_pointers(*args)), heads)
 
+    @property
+    def pointers(self) -> tuple:
+        """The layer's own arrays as `rows_stack` takes them: norm1, norm2, wqkv, wo, wgu, wdown, scales."""
+        return tuple(self.args[i] for i in (0, 1, 3, 4, 5, 7, 9))
+
+    @property
+    def shape(self) -> tuple:
+        """What a stack's layers share: eps, the MLP's width F, the weights' kind, the heads."""
+        return self.args[2], self.args[6], self.args[8], self.heads
+
+
+@dataclass(frozen=True)
+class StackWeights:
+    """Consecutive layers' `LayerWeights`, model layers [first, first + len(layers)), as `rows_stack`
+    takes them: their pointers in one C array, what they share once. A prepared model holds one per
+    parameter set whose every layer is one call (`inference.kernel_stacks`)."""
+
+    layers: tuple[LayerWeights, ...]
+    first: int
+    array: ctypes.Array
+
+    @classmethod
+    def of(cls, layers: list[LayerWeights], first: int) -> StackWeights | None:
+        """The stack, or None where the layers differ in what `rows_stack` takes once (`LayerWeights.shape`)."""
+        if len({w.shape for w in layers}) != 1:
+            return None
+        assert all(len(w.pointers) == library().rows_layer_ptrs() for w in layers)
+        pointers = [p for w in layers for p in w.pointers]
+        return cls(tuple(layers), first, (ctypes.c_void_p * len(pointers))(*pointers))
+
 
 def layer(
     h: torch.Tensor,
@@ -422,6 +458,39 @@ def layer(
     library().rows_layer(
         out.data_ptr(), B, T, D, *weights.args, cos.data_ptr(), sin.data_ptr(),
         cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), k.data_ptr(), v.data_ptr(), *k.stride()[:2],
+        None if mask is None else mask.data_ptr(), mb, mt, H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def stack(
+    h: torch.Tensor,
+    weights: StackWeights,
+    first: int,
+    last: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    visible: torch.Tensor | None,
+    start: int,
+) -> torch.Tensor:
+    """Model layers [first, last) of `weights` over rows h (B, T, D), B x T <= MAX_ROWS, in one call
+    (`rows_stack`): what `layer` computes layer after layer, the same bits, without a Python round trip
+    per layer. kv: the cache's (L, B, Hkv, capacity, Dh) key and value buffers, indexed by model layer;
+    cos, sin, visible, start as `layer`'s. Returns the last layer's output (B, T, D)."""
+    B, T, D = h.shape
+    k, v = kv
+    eps, F, kind, (H, Hkv, Dh) = weights.layers[0].shape
+    assert weights.first <= first < last <= weights.first + len(weights.layers)
+    assert h.dtype == torch.float32 and B * T <= MAX_ROWS and k.stride() == v.stride() and k.stride(-2) == Dh
+    out = h.contiguous().clone()  # updated in place
+    cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
+    mask, mb, mt = _mask(visible)
+    offset = (first - weights.first) * library().rows_layer_ptrs() * ctypes.sizeof(ctypes.c_void_p)
+    library().rows_stack(
+        out.data_ptr(), B, T, D, last - first, ctypes.addressof(weights.array) + offset, eps, F, kind,
+        cos.data_ptr(), sin.data_ptr(), cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
+        k[first].data_ptr(), v[first].data_ptr(), k.stride(0), *k.stride()[1:3],
         None if mask is None else mask.data_ptr(), mb, mt, H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads(),
     )  # fmt: skip
     return out
