@@ -198,6 +198,9 @@ class MoTModel(nn.Module):
         if (h_c.shape[1] and h_s.shape[1]) or not h.shape[1] or h.shape[0] * h.shape[1] > rowkernel.MAX_ROWS:
             return None
         visible = kernel_mask(mask, start, h.shape[1])  # one set's rows: row0 0, its K/V from `start`
+        # The step's RoPE rows may run on past these rows (slots that join above the layers run here).
+        Tc = h_c.shape[1]
+        cos, sin = (cos[..., Tc:, :], sin[..., Tc:, :]) if nar else (cos[..., :Tc, :], sin[..., :Tc, :])
         out = rowkernel.stack(h, weights, first, last, cos, sin, (cache.k, cache.v), visible, start)
         return (h_c, out) if nar else (out, h_s)
 

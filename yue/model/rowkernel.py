@@ -2,8 +2,8 @@
 a few rows that streams the weight once, the kernel of a float32 model's 1-9-row steps, a one-row AR
 step and a verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
-way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`) and a whole float32
-decode layer in one call (`layer`).
+way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`), a whole float32
+decode layer in one call (`layer`) and a step's run of such layers in one call (`stack`).
 
 Why the layer in one call: once the matmuls streamed at memory speed, the rest of a float32 step (~25
 torch calls a layer and their Python) was a third of it (SmolLM2, one thread, Xeon: 45-54 ms of a
@@ -13,6 +13,12 @@ kernel made `ar` 1.13x and `verified` 1.14x as fast, and the whole layer in one 
 1.23-1.26x held-out (two runs), 1.42x and 1.45x on the calibration split; held-out `yue bench`: a
 one-row step 57.5 ms, `ar` 1.89x transformers (from 1.41x), `verified` 2.18x (from 1.84x); with more
 column streams for 3-9 rows (`STREAMS` in the C file) `ar` 1.92x, `verified` 2.41x.
+
+Why a step's layers in one call (`stack`, `rows_stack`: the same `rows_layer` calls in turn, in C): with
+each layer one call and the layers' weights 4-bit codes, what was left of a step outside the kernel was
+its Python, ~70 us a layer (module calls, views, ctypes): ~2 ms of SmolLM2's one-row step (bare
+`model.step`, 200-token context, AMD EPYC with AVX2, one thread, min of 25: 16.6 ms, of which the 30
+layer calls 11.7 and the head's screen 2.8; with the stack 13.8). MEASURED_STACK_AB
 
 Why the layers' Q4_1 weights as 4-bit codes (`q4_block`, `rows_matmul_q4`): SmolLM2's float32 values
 are the GGUF's Q4_1 weights dequantized, code * d + m per group of 32 inputs, so 0.75 bytes a weight
