@@ -120,7 +120,7 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
     else:
         model = row_stream_model(seed, monkeypatch, q4=precision.endswith("codes"))
     assert all(layer.exact_rows for layer in model.model.layers)
-    if precision != "bfloat16":  # the AR layers in one row-kernel call each (`rowkernel.layer`)
+    if precision != "bfloat16":  # the AR layers in one row-kernel call each (`DecodeSet.whole_layer`)
         assert all(layer.decode_sets[0].blocked is not None for layer in model.model.layers)
     n, k = 11, 8
     prompt = torch.randint(4, 96, (1, n), generator=torch.Generator().manual_seed(1))
@@ -151,7 +151,7 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch):
-    """`rowkernel.layer` (the AR layers of a float32 row-kernel model in one call each) against the same
+    """`DecodeSet.whole_layer` (the AR layers of a float32 row-kernel model in one call each) against the same
     model's layer-by-layer torch path (`DecodeSet` with the call turned off): a prefill, then a 1-row and
     a 5-row step over a left-padded batch, logits and cache within float32 rounding."""
     model = row_stream_model(0, monkeypatch)

@@ -156,7 +156,7 @@ class DecodeSet(nn.Module):
         # The norms on yue's row kernel (`rowkernel.rms_norm`, float32 rows): torch's costs 30-80 us a
         # call, 60 calls a step.
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
-        # The whole layer in one row-kernel call (`rowkernel.layer`) where every part is on the row kernel
+        # The whole layer in one row-kernel call (`rowkernel.stack`, `whole_layer`) where every part is on the row kernel
         # (the matmuls holding `blocked` weights of one kind: `inference.StreamedLinear`s, float32 or
         # 4-bit codes, for an AR set whose rows are exact; a NAR set's may be int8 codes with scales,
         # `inference.RowInt8Linear`): a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
@@ -174,6 +174,7 @@ class DecodeSet(nn.Module):
         norms = (norm.weight, post_norm.weight)
         weights = rowkernel.LayerWeights.of(norms, norm.eps, blocked, self.heads, scales) if whole else None
         self.layer_weights = weights
+        self.one_layer = None if weights is None else rowkernel.StackWeights.of([weights], first=0)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
@@ -191,8 +192,10 @@ class DecodeSet(nn.Module):
 
     def whole_layer(self, h, cos, sin, kv, visible, start) -> torch.Tensor:
         """The layer over a decode step's rows of this set h (B, T, D) in one row-kernel call
-        (`rowkernel.layer`; `blocked` set): what `qkv_rope`, the attention and `finish` compute."""
-        return rowkernel.layer(h, self.layer_weights, cos, sin, kv, visible, start)
+        (`rowkernel.stack` of this one layer; `blocked` set): what `qkv_rope`, the attention and `finish`
+        compute. kv: the layer's cache buffers (B, Hkv, capacity, Dh)."""
+        k, v = kv
+        return rowkernel.stack(h, self.one_layer, 0, 1, cos, sin, (k[None], v[None]), visible, start)
 
     def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """As `MoTLayer._finish`, with gate/up as one matmul, over 2-d rows (B * T, D)."""

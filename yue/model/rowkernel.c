@@ -310,7 +310,8 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
     }
 }
 
-/* A whole layer of a float32 decode step over R = B x T committed rows, in one call: the step's ~25
+/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (rows_stack's
+ * step; Python calls rows_stack, for one layer or many): the step's ~25
  * torch calls and their Python (~0.7 ms a layer, a third of SmolLM2's float32 step once the matmuls
  * streamed at memory speed) become one. The same functions as `layers.DecodeSet`'s path, in its order:
  *   x = norm1(h); qkv = x Wqkv; q, k rotated (half-split RoPE); k, v written to the cache at
@@ -324,11 +325,11 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
  * wdown D from F. cos, sin: (B|1, T, Dh)
  * at strides (cb, ct). k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh).
  * visible, mb, mt: as rows_attention's. */
-void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
-                const void *wqkv, const void *wo, const void *wgu, long F, const void *wdown, int kind,
-                const float *scales, const float *cos, const float *sin, long cb, long ct, float *k, float *v,
-                long kb, long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh,
-                long start, float scale, int threads) {
+static void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
+                       const void *wqkv, const void *wo, const void *wgu, long F, const void *wdown, int kind,
+                       const float *scales, const float *cos, const float *sin, long cb, long ct, float *k,
+                       float *v, long kb, long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv,
+                       int Dh, long start, float scale, int threads) {
     const long R = (long)B * T, nqkv = (long)(H + 2 * Hkv) * Dh, half = Dh / 2;
     float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
     float *o = malloc(R * (long)H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));

@@ -3,7 +3,7 @@ a few rows that streams the weight once, the kernel of a float32 model's 1-9-row
 step and a verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`), a whole float32
-decode layer in one call (`layer`) and a step's run of such layers in one call (`stack`).
+decode layer in one call and a step's run of such layers in one call (`stack`).
 
 Why the layer in one call: once the matmuls streamed at memory speed, the rest of a float32 step (~25
 torch calls a layer and their Python) was a third of it (SmolLM2, one thread, Xeon: 45-54 ms of a
@@ -165,32 +165,6 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
-    lib.rows_layer.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ptr, ptr, ctypes.c_float, ptr, ptr]
-    lib.rows_layer.argtypes += [
-        ptr,
-        c_long,
-        ptr,
-        ctypes.c_int,
-        ptr,
-        ptr,
-        ptr,
-        c_long,
-        c_long,
-        ptr,
-        ptr,
-        c_long,
-        c_long,
-    ]
-    lib.rows_layer.argtypes += [
-        ptr,
-        c_long,
-        c_long,
-        *[ctypes.c_int] * 3,
-        c_long,
-        ctypes.c_float,
-        ctypes.c_int,
-    ]
-    lib.rows_layer.restype = None
     lib.rows_stack.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ctypes.c_int, ptr, ctypes.c_float]
     lib.rows_stack.argtypes += [c_long, ctypes.c_int, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long]
     lib.rows_stack.argtypes += [c_long, ptr, c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float]
@@ -393,42 +367,35 @@ def attention(
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """What `layer` passes to `rows_layer` unchanged from step to step, checked and converted to ctypes
-    values once (a `layers.DecodeSet` holds one): the norms (input, post-attention) and their eps, the
-    blocked weights of Q/K/V, O, gate/up and down (all `block`, all `q4_block`, or all `block` of int8
-    codes with `scales`, their outputs' float32 scales concatenated in that order:
-    `inference.RowInt8Linear`'s), and the heads (H, Hkv, Dh). Building the ~30 arguments of a call took
-    ~35 us of Python, 30 calls a step. `tensors` keeps alive what `args` points into."""
+    """What `rows_stack` takes of one layer unchanged from step to step, checked and converted to ctypes
+    values once (a `layers.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
+    order: the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all
+    `block`, all `q4_block`, or all `block` of int8 codes) and the int8 codes' scales (their outputs'
+    float32 scales concatenated in that order: `inference.RowInt8Linear`'s; else None); `shape`, what a
+    stack's layers share: the norms' eps, the MLP's width, the weights' kind (`LAYER_KINDS`), the heads
+    (H, Hkv, Dh). Building a call's ~30 arguments took ~35 us of Python, 30 calls a step. `tensors`
+    keeps alive what `pointers` point into."""
 
     tensors: tuple
-    args: tuple
-    heads: tuple[int, int, int]
+    pointers: tuple
+    shape: tuple
 
     @classmethod
     def of(cls, norms, eps: float, blocked, heads: tuple[int, int, int], scales=None) -> LayerWeights:
         kinds = {layout(b) for b in blocked}
         assert len(kinds) == 1 and kinds <= LAYER_KINDS.keys() and (scales is not None) == (kinds == {"int8"})
         assert attention_fits(heads[2]) and all(n.dtype == torch.float32 and n.is_contiguous() for n in norms)
-        qkv, o, gate_up, down = blocked
-        args = [*norms, eps, qkv, o, gate_up, inputs(down), down, LAYER_KINDS[kinds.pop()], scales]
-        return cls((*norms, *blocked, scales), tuple(_pointers(*args)), heads)
-
-    @property
-    def pointers(self) -> tuple:
-        """The layer's own arrays as `rows_stack` takes them: norm1, norm2, wqkv, wo, wgu, wdown, scales."""
-        return tuple(self.args[i] for i in (0, 1, 3, 4, 5, 7, 9))
-
-    @property
-    def shape(self) -> tuple:
-        """What a stack's layers share: eps, the MLP's width F, the weights' kind, the heads."""
-        return self.args[2], self.args[6], self.args[8], self.heads
+        arrays = (*norms, *blocked, scales)
+        shape = (eps, inputs(blocked[3]), LAYER_KINDS[kinds.pop()], heads)
+        return cls(arrays, tuple(_pointers(*arrays)), shape)
 
 
 @dataclass(frozen=True)
 class StackWeights:
     """Consecutive layers' `LayerWeights`, model layers [first, first + len(layers)), as `rows_stack`
     takes them: their pointers in one C array, what they share once. A prepared model holds one per
-    parameter set whose every layer is one call (`inference.kernel_stacks`)."""
+    parameter set whose every layer is one call (`inference.kernel_stacks`), and each such layer's
+    `DecodeSet` one of its own (a step that mixes committed rows and slots runs its layers one by one)."""
 
     layers: tuple[LayerWeights, ...]
     first: int
@@ -444,33 +411,6 @@ class StackWeights:
         return cls(tuple(layers), first, (ctypes.c_void_p * len(pointers))(*pointers))
 
 
-def layer(
-    h: torch.Tensor,
-    weights: LayerWeights,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
-    visible: torch.Tensor | None,
-    start: int,
-) -> torch.Tensor:
-    """A float32 decode layer over rows h (B, T, D), B x T <= MAX_ROWS, in one call (`rows_layer`):
-    `weights`' norms and matmuls, RoPE rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers
-    kv at [start, start + T), `visible` as `attention`'s. Returns the layer's output (B, T, D)."""
-    B, T, D = h.shape
-    H, Hkv, Dh = weights.heads
-    k, v = kv
-    assert h.dtype == torch.float32 and B * T <= MAX_ROWS and k.stride(-2) == Dh
-    out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
-    cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
-    mask, mb, mt = _mask(visible)
-    library().rows_layer(
-        out.data_ptr(), B, T, D, *weights.args, cos.data_ptr(), sin.data_ptr(),
-        cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), k.data_ptr(), v.data_ptr(), *k.stride()[:2],
-        None if mask is None else mask.data_ptr(), mb, mt, H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads(),
-    )  # fmt: skip
-    return out
-
-
 def stack(
     h: torch.Tensor,
     weights: StackWeights,
@@ -482,23 +422,26 @@ def stack(
     visible: torch.Tensor | None,
     start: int,
 ) -> torch.Tensor:
-    """Model layers [first, last) of `weights` over rows h (B, T, D), B x T <= MAX_ROWS, in one call
-    (`rows_stack`): what `layer` computes layer after layer, the same bits, without a Python round trip
-    per layer. kv: the cache's (L, B, Hkv, capacity, Dh) key and value buffers, indexed by model layer;
-    cos, sin, visible, start as `layer`'s. Returns the last layer's output (B, T, D)."""
+    """Float32 decode layers [first, last) (model layers) of `weights` over rows h (B, T, D), B x T <=
+    MAX_ROWS, in one call (`rows_stack`, each layer `rows_layer`): the layers' norms and matmuls, RoPE
+    rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start, start + T), `visible`
+    as `attention`'s. kv: the cache's (L, B, Hkv, capacity, Dh) key and value buffers, indexed by model
+    layer. Returns the last layer's output (B, T, D)."""
     B, T, D = h.shape
     k, v = kv
     eps, F, kind, (H, Hkv, Dh) = weights.layers[0].shape
     assert weights.first <= first < last <= weights.first + len(weights.layers)
     assert h.dtype == torch.float32 and B * T <= MAX_ROWS and k.stride() == v.stride() and k.stride(-2) == Dh
-    out = h.contiguous().clone()  # updated in place
+    out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
     cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
-    mask, mb, mt = _mask(visible)
+    rope = (cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
+    mask = _mask(visible)
     offset = (first - weights.first) * library().rows_layer_ptrs() * ctypes.sizeof(ctypes.c_void_p)
+    layers = ctypes.addressof(weights.array) + offset  # model layer `first`'s pointers
+    cache = (k[first], v[first], k.stride(0), *k.stride()[1:3])  # its K/V; layer strides; batch, head
     library().rows_stack(
-        out.data_ptr(), B, T, D, last - first, ctypes.addressof(weights.array) + offset, eps, F, kind,
-        cos.data_ptr(), sin.data_ptr(), cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
-        k[first].data_ptr(), v[first].data_ptr(), k.stride(0), *k.stride()[1:3],
-        None if mask is None else mask.data_ptr(), mb, mt, H, Hkv, Dh, start, Dh**-0.5, torch.get_num_threads(),
-    )  # fmt: skip
+        *_pointers(out, B, T, D, last - first, layers, eps, F, kind, *rope, *cache, *mask, H, Hkv, Dh, start),
+        Dh**-0.5,
+        torch.get_num_threads(),
+    )
     return out
