@@ -156,10 +156,11 @@ class DecodeSet(nn.Module):
         # The norms on yue's row kernel (`rowkernel.rms_norm`, float32 rows): torch's costs 30-80 us a
         # call, 60 calls a step.
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
-        # The whole layer in one row-kernel call (`rowkernel.stack`, `whole_layer`) where every part is on the row kernel
-        # (the matmuls holding `blocked` weights of one kind: `inference.StreamedLinear`s, float32 or
-        # 4-bit codes, for an AR set whose rows are exact; a NAR set's may be int8 codes with scales,
-        # `inference.RowInt8Linear`): a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
+        # The whole layer in one row-kernel call (`whole_layer`; a step's run of such layers, one call for
+        # them all: `inference.kernel_stacks`) where every part is on the row kernel (the matmuls holding
+        # `blocked` weights of one kind: `inference.StreamedLinear`s, float32 or 4-bit codes, for an AR
+        # set whose rows are exact; a NAR set's may be int8 codes with scales, `inference.RowInt8Linear`):
+        # a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
         kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()

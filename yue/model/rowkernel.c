@@ -310,10 +310,10 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
     }
 }
 
-/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (rows_stack's
- * step; Python calls rows_stack, for one layer or many): the step's ~25
- * torch calls and their Python (~0.7 ms a layer, a third of SmolLM2's float32 step once the matmuls
- * streamed at memory speed) become one. The same functions as `layers.DecodeSet`'s path, in its order:
+/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (Python
+ * reaches it through rows_stack, for one layer or many): the step's ~25 torch calls and their Python
+ * (~0.7 ms a layer, a third of SmolLM2's float32 step once the matmuls streamed at memory speed) become
+ * one. The same functions as `layers.DecodeSet`'s path, in its order:
  *   x = norm1(h); qkv = x Wqkv; q, k rotated (half-split RoPE); k, v written to the cache at
  *   [start, start + T); o = attention; h += o Wo; x = norm2(h); g, u = x Wgu; h += (silu(g) u) Wdown,
  * each row on its own (the matmuls `rows_matmul`, 1-9 rows), so a row's bits do not depend on R.
