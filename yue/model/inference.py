@@ -666,16 +666,16 @@ def prepare_for_decoding(
 def kernel_stacks(layers) -> dict:
     """Per parameter set (False: AR, True: NAR), its layers' one-call weights as one stack
     (`rowkernel.StackWeights`, `MoTModel._stacked`) where every layer holding the set is one row-kernel
-    call (`DecodeSet.layer_weights`) and they share their sizes and kind; no entry elsewhere.
+    call (`DecodeSet.one_layer`) and they share their sizes and kind; no entry elsewhere.
 
     Why: with each layer one call, a step's remaining Python was ~70 us a layer (module calls, views,
     ctypes): ~2 ms of SmolLM2's ~17 ms one-row step (AMD EPYC, AVX2, one thread)."""
     stacks = {}
     for nar in (False, True):
         held = [layer for layer in layers if not nar or layer.has_nar]
-        weights = [layer.decode_sets[nar].layer_weights for layer in held]
-        if held and all(w is not None for w in weights):
-            stack = rowkernel.StackWeights.of(weights, first=len(layers) - len(held))
+        ones = [layer.decode_sets[nar].one_layer for layer in held]
+        if held and all(one is not None for one in ones):
+            stack = rowkernel.StackWeights.of([one.layers[0] for one in ones], first=len(layers) - len(held))
             if stack is not None:
                 stacks[nar] = stack
     return stacks

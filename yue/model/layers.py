@@ -174,7 +174,7 @@ class DecodeSet(nn.Module):
         self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
         norms = (norm.weight, post_norm.weight)
         weights = rowkernel.LayerWeights.of(norms, norm.eps, blocked, self.heads, scales) if whole else None
-        self.layer_weights = weights
+        # This layer as a stack of one (`whole_layer`); a step's run of layers stacks their `LayerWeights`.
         self.one_layer = None if weights is None else rowkernel.StackWeights.of([weights], first=0)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
@@ -265,6 +265,13 @@ def kernel_mask(mask: torch.Tensor | None, start: int, T: int, row0: int = 0) ->
     return None if T == 1 else _every_key(start, T)
 
 
+def one_call_rows(h: torch.Tensor, start: int) -> bool:
+    """Whether a decode step's rows h (B, T, D) of one parameter set may run a layer (or a stack of them)
+    in one row-kernel call, where the set's layers are such: not a prefill (start 0, torch's path in every
+    mode), at most `rowkernel.MAX_ROWS` rows."""
+    return bool(start) and h.shape[0] * h.shape[1] <= rowkernel.MAX_ROWS
+
+
 # Row-exact attention forms (`DecodeSet.attention`) -> the MoTLayer method that attends in it.
 EXACT_ATTENTION = {"padded": "_attend_exact", "per-row": "_attend_per_row", "kernel": "_attend_kernel"}
 
@@ -344,8 +351,7 @@ class MoTLayer(nn.Module):
         of a step (up to `rowkernel.MAX_ROWS`; a prefill, start 0, is torch's) in one call
         (`DecodeSet.whole_layer`)."""
         fused = None if self.decode_sets is None else self.decode_sets[nar]
-        rows = h.shape[0] * h.shape[1]
-        if fused is not None and fused.blocked is not None and start and rows <= rowkernel.MAX_ROWS:
+        if fused is not None and fused.blocked is not None and one_call_rows(h, start):
             visible = kernel_mask(mask, start, h.shape[1], row0)
             return fused.whole_layer(h, cos, sin, kv, visible, start)
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)

@@ -26,7 +26,7 @@ from yue.config import YueConfig
 from yue.model import rowkernel
 from yue.model.cache import KVCache
 from yue.model.inference import expand_draft_logits, prepare_for_decoding
-from yue.model.layers import MoTLayer, RMSNorm, RotaryTable, kernel_mask
+from yue.model.layers import MoTLayer, RMSNorm, RotaryTable, kernel_mask, one_call_rows
 from yue.model.router import Router
 from yue.model.screen import ScreenedHead
 
@@ -193,9 +193,9 @@ class MoTModel(nn.Module):
         nar = h_s.shape[1] > 0
         h = h_s if nar else h_c
         weights = self.kernel_stacks.get(nar)
-        if weights is None or cache is None or not start or first >= last or first < weights.first:
+        if weights is None or cache is None or first >= last or first < weights.first:
             return None
-        if (h_c.shape[1] and h_s.shape[1]) or not h.shape[1] or h.shape[0] * h.shape[1] > rowkernel.MAX_ROWS:
+        if (h_c.shape[1] and h_s.shape[1]) or not h.shape[1] or not one_call_rows(h, start):
             return None
         visible = kernel_mask(mask, start, h.shape[1])  # one set's rows: row0 0, its K/V from `start`
         # The step's RoPE rows may run on past these rows (slots that join above the layers run here).

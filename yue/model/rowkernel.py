@@ -410,6 +410,12 @@ class StackWeights:
         pointers = [p for w in layers for p in w.pointers]
         return cls(tuple(layers), first, (ctypes.c_void_p * len(pointers))(*pointers))
 
+    def address(self, layer: int) -> int:
+        """Where model layer `layer`'s pointers start in `array`."""
+        return ctypes.addressof(self.array) + (layer - self.first) * ctypes.sizeof(self.array) // len(
+            self.layers
+        )
+
 
 def stack(
     h: torch.Tensor,
@@ -436,9 +442,13 @@ def stack(
     cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
     rope = (cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
     mask = _mask(visible)
-    offset = (first - weights.first) * library().rows_layer_ptrs() * ctypes.sizeof(ctypes.c_void_p)
-    layers = ctypes.addressof(weights.array) + offset  # model layer `first`'s pointers
-    cache = (k[first], v[first], k.stride(0), *k.stride()[1:3])  # its K/V; layer strides; batch, head
+    layers = weights.address(first)
+    cache = (
+        k[first],
+        v[first],
+        k.stride(0),
+        *k.stride()[1:3],
+    )  # layer `first`'s K/V; layer, batch, head strides
     library().rows_stack(
         *_pointers(out, B, T, D, last - first, layers, eps, F, kind, *rope, *cache, *mask, H, Hkv, Dh, start),
         Dh**-0.5,
