@@ -10,9 +10,10 @@ from tests.test_rowkernel import needs_row_kernel
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
-from yue.model import kernels
-from yue.model.inference import Int8Linear, RowInt8Linear, expand_draft_logits
+from yue.model import kernels, rowkernel
+from yue.model.inference import DRAFT_FILL, DraftVocabHead, Int8Linear, RowInt8Linear, expand_draft_logits
 from yue.model.masks import decode_mask
+from yue.model.router import softmax_stats
 
 
 def nar_sets(model) -> list:
@@ -33,6 +34,39 @@ def test_row_int8_linear_is_the_linear_within_its_codes_error():
         bound = x.abs().sum(1, keepdim=True) * scale / 2 + 1e-4
         assert bool(((q(x) - linear(x)).abs() <= bound).all())
     assert q.state_dict() == {}  # the codes are held in tuples: nothing to save or move
+
+
+def quantized_rows_reference(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """What `rows_matmul_i8dot` computes, in torch: each row of x quantized to int8 (scale max |x| / 127,
+    rounded half to even), the integer dot products with the codes (exact in float64), times the row's
+    scale. The same float32 operations in the same order, so the same bits."""
+    amax = x.abs().amax(1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    xq = torch.round(x * inv[:, None]).clamp(-127, 127)
+    sums = xq.double() @ codes.double().t()
+    return sums.float() * (amax / 127)[:, None]
+
+
+@pytest.mark.parametrize("out, inp", [(45, 72), (8, 4), (960, 576)])
+def test_the_integer_dot_matmul_is_exact_integer_arithmetic_on_rows_quantized(out, inp):
+    """`rows_matmul_i8dot` (a drafting set's int8 matmul): for 1-20 rows (beyond one pass), a partial
+    column block and a zero row, bit for bit the quantized rows' exact integer products times their
+    scales; so every build (AVX2's or the plain loop) computes the same bits."""
+    needs_row_kernel()
+    g = torch.Generator().manual_seed(out)
+    codes = torch.randint(-127, 128, (out, inp), generator=g, dtype=torch.int8)
+    blocked = rowkernel.dot_block(codes)
+    assert rowkernel.layout(blocked) == "i8dot" and rowkernel.inputs(blocked) == inp
+    for rows in (1, 2, 4, 9, 10, 20):
+        x = torch.randn(rows, inp, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+        x[rows // 2] = 0.0
+        assert torch.equal(rowkernel.matmul(x, blocked, out), quantized_rows_reference(x, codes)), rows
+
+
+def test_row_int8_linear_needs_inputs_in_quads():
+    """`dot_block` takes inputs 4 at a time: a Linear of another width stays on torch's int8 engine."""
+    assert RowInt8Linear.fits(torch.nn.Linear(8, 3)) and not RowInt8Linear.fits(torch.nn.Linear(6, 3))
+    assert not RowInt8Linear.fits(torch.nn.Linear(8, 3).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -138,3 +172,58 @@ def test_draft_logits_spread_over_the_vocabulary():
     outside = torch.ones(10, dtype=torch.bool)
     outside[ids] = False
     assert bool((full[..., outside] < -1e8).all())
+
+
+def test_the_row_kernels_spread_is_torchs():
+    """`rowkernel.spread` (a prepared draft head's, `DraftVocabHead` with `row_kernel`) gives
+    `expand_draft_logits`'s tensor."""
+    needs_row_kernel()
+    g = torch.Generator().manual_seed(0)
+    sub = torch.randn(2, 3, 50, generator=g)
+    ids = torch.randperm(300, generator=g)[:50]
+    assert torch.equal(rowkernel.spread(sub, ids, 300, DRAFT_FILL), expand_draft_logits(sub, ids, 300))
+    head = DraftVocabHead(torch.nn.Identity(), ids, 300, row_kernel=True)
+    assert torch.equal(head(sub), expand_draft_logits(sub, ids, 300))
+
+
+def test_a_prepared_slot_entry_runs_int8_near_its_float_form():
+    """Prepared for int8 drafting on the row kernel, a top-layer NAR set's slot entry holds W's two halves
+    as `RowInt8Linear`s and its norm on the row kernel; its slot states stay within int8 rounding of the
+    float form's; the final norm of a drafting pass's rows is the row kernel's, which equals torch's."""
+    needs_row_kernel()
+    model = top_model(nar_layers=2)
+    entry = model.model.slot_entry
+    g = torch.Generator().manual_seed(1)
+    anchor, emb = torch.randn(2, 1, 64, generator=g), torch.randn(2, 4, 64, generator=g)
+    with torch.inference_mode():
+        ref = entry(anchor, emb)
+        model.prepare_for_decoding(torch.qint8)
+        assert all(isinstance(m, RowInt8Linear) for m in entry.lowered) and entry.row_norm is not None
+        lowered = entry(anchor, emb)
+        h = torch.randn(1, 4, 64, generator=g)
+        torch.testing.assert_close(model.model.slot_norm(h), model.model.norm(h), atol=1e-6, rtol=1e-5)
+    assert entry.proj.weight.shape == (64, 128)  # the float weight stays, as saved
+    torch.testing.assert_close(lowered, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
+    assert not torch.equal(lowered, ref)
+
+
+def test_the_row_kernels_softmax_stats_are_the_routers():
+    """`rowkernel.softmax_stats` (a prepared router's, `Router.softmax_stats`) gives each row's largest
+    probability and entropy as `router.softmax_stats` does, within float32 rounding; rows with -inf or a
+    reduced vocabulary's fill weigh those logits 0 (torch's entropy is NaN at -inf: 0 * -inf)."""
+    needs_row_kernel()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 1001, generator=g) * 4
+    x[1, 2, 7:900] = DRAFT_FILL
+    top, ent = rowkernel.softmax_stats(x)
+    ref_top, ref_ent = softmax_stats(x)
+    torch.testing.assert_close(top, ref_top, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    x[0, 0, :500] = float("-inf")
+    top, ent = rowkernel.softmax_stats(x)
+    ref_top, ref_ent = softmax_stats(x[0, 0, 500:])
+    torch.testing.assert_close(top[0, 0], ref_top, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ent[0, 0], ref_ent, atol=1e-5, rtol=1e-5)
+    model = top_model(nar_layers=2)
+    model.prepare_for_decoding(torch.qint8)
+    assert model.router.softmax_stats is rowkernel.softmax_stats

@@ -13,7 +13,14 @@ import torch
 
 import yue
 from yue.model import kernels
-from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
+from yue.model.inference import (
+    Int8Linear,
+    Lowered,
+    PackedLinear,
+    RowAdaptiveLinear,
+    RowInt8Linear,
+    StreamedLinear,
+)
 from yue.model.masks import decode_mask
 from yue.model.screen import ScreenedHead
 
@@ -66,7 +73,10 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
     assert type(head) is kind if kind else head is None
     # Row-exact layers: bfloat16's packed copy, or float32's row kernel (one kernel for 1-9 rows).
     assert model.model.layers[0].exact_rows == (kind in (PackedLinear, StreamedLinear))
-    int8 = Int8Linear if model.dtype == torch.float32 else Lowered
+    # Int8 drafting's head: on yue's row kernel where it runs (as the NAR layers), else torch's engine.
+    int8 = (
+        (RowInt8Linear if choice.ok("rows-f32") else Int8Linear) if model.dtype == torch.float32 else Lowered
+    )
     assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
 
 

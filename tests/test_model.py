@@ -183,10 +183,10 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
     plain = yue.load(trained_model_dir, nar_dtype="float32")
     layer = engine.model.model.layers[0]
     lowered = Lowered if name == "bfloat16" else Int8Linear
-    # int8 NAR layers run on yue's row kernel where it builds (`RowInt8Linear`); the draft head on torch's.
+    # int8 NAR layers and draft head run on yue's row kernel where it builds (`RowInt8Linear`).
     in_layers = RowInt8Linear if name == "int8" and kernels.choice().ok("rows-f32") else lowered
-    assert isinstance(layer.nar_mlp.up_proj, in_layers) and isinstance(engine.model.draft_head, lowered)
-    if name == "int8":  # the lean forward computes what torch's dynamic int8 module computes
+    assert isinstance(layer.nar_mlp.up_proj, in_layers) and isinstance(engine.model.draft_head, in_layers)
+    if in_layers is Int8Linear:  # the lean forward computes what torch's dynamic int8 module computes
         x = torch.randn(2, 5, engine.model.config.hidden_size)
         head = engine.model.draft_head
         assert isinstance(head.quantized, torch.ao.nn.quantized.dynamic.Linear)

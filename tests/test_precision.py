@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests import test_drafting_kernel
 from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
@@ -239,6 +240,8 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
         test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "_attend_kernel")
     test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream", monkeypatch)
     test_the_one_call_layer_computes_what_its_torch_path_does(2, monkeypatch)
+    # The drafting sets' integer dot products: the plain loop's integers are AVX2's.
+    test_drafting_kernel.test_the_integer_dot_matmul_is_exact_integer_arithmetic_on_rows_quantized(45, 72)
 
 
 @needs_packed

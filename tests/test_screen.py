@@ -15,6 +15,7 @@ from yue.decode.loop import decode
 from yue.decode.policies import get_policy
 from yue.model import rowkernel
 from yue.model.inference import StreamedLinear
+from yue.model.masks import decode_mask
 from yue.model.screen import ScreenedHead
 
 
@@ -100,7 +101,7 @@ def test_the_int8_kernels_portable_builds(flags, lanes, fresh_build, monkeypatch
         ("ar", {}, True),
         ("nar", {}, True),
         ("verified", {"router_threshold": 1.0}, True),
-        ("verified", {"router_threshold": 0.5}, False),  # the router reads the AR logits
+        ("verified", {"router_threshold": 0.5}, True),  # the router's anchor row: computed whole when asked
         ("hybrid", {}, False),  # its tolerance reads p_AR
         ("ar", {"temperature": 0.7}, False),
         ("ar", {"repetition_penalty": 1.2}, False),
@@ -125,8 +126,8 @@ def test_a_float32_model_writes_the_same_tokens_screened_or_not(seed, monkeypatc
     monkeypatch.setattr(head, "top1", lambda x: calls.append(x.shape) or top1(x))
     prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
 
-    def run(mode: str, **kw) -> list[int]:
-        cfg = DecodeConfig(mode=mode, max_new_tokens=24, ignore_eos=True, router_threshold=1.0, **kw)
+    def run(mode: str, threshold: float = 1.0, **kw) -> list[int]:
+        cfg = DecodeConfig(mode=mode, max_new_tokens=24, ignore_eos=True, router_threshold=threshold, **kw)
         return [t for em in decode(model, [prompt], cfg.resolved(model.config)) for t in em.tokens[0]]
 
     full = run("ar", logprobs=0)
@@ -134,3 +135,26 @@ def test_a_float32_model_writes_the_same_tokens_screened_or_not(seed, monkeypatc
     assert run("ar") == full and calls
     assert run("verified") == full
     assert any(shape[-2] > 1 for shape in calls)  # verifying steps of several rows were screened
+    calls.clear()
+    assert run("verified", threshold=0.5) == full and calls  # the router asked, the steps screened
+
+
+def test_a_screened_steps_whole_ar_logits_are_the_unscreened_steps(monkeypatch):
+    """What the router reads of a screened greedy step (`YueForCausalLM.ar_logits_of` on its rows) is,
+    bit for bit, what the same step gives unscreened."""
+    model = row_stream_model(0, monkeypatch)
+    ids = torch.randint(4, 96, (1, 7), generator=torch.Generator().manual_seed(0))
+
+    def step(top1: bool):
+        cache = model.new_cache(1, 32)
+        with torch.inference_mode():
+            model.step(ids[:, :4], torch.arange(4), 4, decode_mask(0, 4, 0), cache, 1)
+            cache.advance(4)
+            return model.step(ids[:, 4:], torch.arange(4, 7), 3, decode_mask(4, 3, 0), cache, 2, top1=top1)
+
+    screened, whole = step(True), step(False)
+    assert screened.screened and not whole.screened and screened.ar_start == whole.ar_start == 1
+    assert not torch.equal(screened.ar_logits, whole.ar_logits)  # -inf off the candidates
+    with torch.inference_mode():
+        again = model.ar_logits_of(screened.hidden[:, screened.ar_start :])
+    assert torch.equal(again, whole.ar_logits)

@@ -188,14 +188,15 @@ class StreamedLinear(nn.Module):
 
 class RowInt8Linear(nn.Module):
     """A drafting matmul in int8 on yue's row kernel: the weight's codes per output row (symmetric,
-    scale = max |w| / 127) in the kernel's layout, the activations float32 (`rows_matmul_i8`, then the
-    scales). Its point is the whole NAR layer in one row-kernel call (`DecodeSet.whole_layer`): a
-    drafting pass through SmolLM2's 4 NAR layers ran ~25 torch calls a layer, and at 2-8 slots their
-    Python and small ops cost more than the matmuls (AMD EPYC, AVX2, one thread: pass 8.2 / 10.1 ms for
-    2 / 8 slots, of which the int8 matmuls 2.7 / 4.9). Alone, a matmul here is about as fast as torch's
-    dynamic int8 one (a NAR layer's four, 2 / 8 rows: 0.56 / 0.85 ms, torch's 0.58 / 0.92 measured
-    beside the first), and finer: no activation quantization, a scale per output (relative error ~1%
-    against ~2% on random weights).
+    scale = max |w| / 127) in `rowkernel.dot_block`'s layout, each activation row quantized to int8 the
+    same way and multiplied in integer arithmetic (`rows_matmul_i8dot`), then both scales. Its point is
+    the whole NAR layer in one row-kernel call (`DecodeSet.whole_layer`): a drafting pass through
+    SmolLM2's 4 NAR layers ran ~25 torch calls a layer, and at 2-8 slots their Python and small ops cost
+    more than the matmuls (AMD EPYC, AVX2, one thread: pass 8.2 / 10.1 ms for 2 / 8 slots, of which the
+    int8 matmuls 2.7 / 4.9). On integer dot products rather than the codes widened to floats (the first
+    form) the 4 layers' matmuls cost 1.18 / 1.39 / 2.29 ms at 2 / 4 / 8 rows instead of 1.38 / 2.09 /
+    3.79, 4 rows at memory speed (`rowkernel.c`); the rows' rounding (~0.8% relative on Gaussian rows,
+    like torch's dynamic int8) touches drafts only.
 
     The tensors are held in tuples, not registered: nothing in a state dict, no `.to()`.
     """
@@ -205,8 +206,13 @@ class RowInt8Linear(nn.Module):
         w = linear.weight.detach().float()
         scale = (w.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self.blocked, self.scale = (rowkernel.block(codes),), (scale,)
+        self.blocked, self.scale = (rowkernel.dot_block(codes),), (scale,)
         self.out_features = linear.out_features
+
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        """Whether a float32 `linear` can be one (`dot_block` takes inputs in quads)."""
+        return linear.weight.dtype == torch.float32 and linear.in_features % 4 == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rowkernel.matmul(x, self.blocked[0], self.out_features) * self.scale[0]
@@ -421,7 +427,7 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype, row_kernel: bool = False
     Raises:
         ValueError: int8 requested for a module on a GPU, or where no int8 engine works (`kernels`).
     """
-    if dtype == INT8 and row_kernel and linear.weight.dtype == torch.float32:
+    if dtype == INT8 and row_kernel and RowInt8Linear.fits(linear):
         return RowInt8Linear(linear)
     if dtype != INT8:
         lowered = copy.deepcopy(linear).to(dtype)
@@ -642,6 +648,13 @@ def prepare_for_decoding(
             release_unpacked(layer)
         release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
     model.model.kernel_stacks = kernel_stacks(model.model.layers)
+    entry = model.model.slot_entry
+    if entry is not None and drafting_dtype is not None:
+        entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), row_ops)
+    if row_ops:
+        norm = model.model.norm
+        model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
+        model.router.softmax_stats = rowkernel.softmax_stats
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
     head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
@@ -659,7 +672,7 @@ def prepare_for_decoding(
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call
         # against ~28 in float32 (one query, 200 keys, SmolLM2's heads), 30 calls a step.
         model.cache_dtype = torch.float32
-    model.draft_head = draft_head(model, drafting_dtype)
+    model.draft_head = draft_head(model, drafting_dtype, row_ops)
     release_freed_memory()
 
 
@@ -730,26 +743,35 @@ class DraftVocabHead(nn.Module):
     """Slot rows' head over a reduced drafting vocabulary (FR-Spec), returning whole-vocabulary logits.
 
     `inner` maps (B, n, D) -> (B, n, Vd) over the rows `ids` of the LM head; the result is spread into
-    (B, n, V) with `DRAFT_FILL` elsewhere (one fill and one index_copy: ~0.1 ms for 8 rows of 49k), so
-    the policies and the router see the shapes they always do. On SmolLM2 the head over the 8,192 most
-    frequent output tokens is a sixth of the full one (DESIGN §8).
+    (B, n, V) with `DRAFT_FILL` elsewhere (`expand_draft_logits`; on yue's row kernel where `row_kernel`,
+    float32 on the CPU: one pass, `rowkernel.spread`), so the policies and the router see the shapes they
+    always do. On SmolLM2 the head over the 8,192 most frequent output tokens is a sixth of the full one
+    (DESIGN §8).
     """
 
-    def __init__(self, inner: nn.Module, ids: torch.Tensor, vocab_size: int) -> None:
+    def __init__(
+        self, inner: nn.Module, ids: torch.Tensor, vocab_size: int, row_kernel: bool = False
+    ) -> None:
         super().__init__()
-        self.inner, self.ids, self.vocab_size = inner, (ids,), vocab_size
+        self.inner, self.ids, self.vocab_size, self.row_kernel = inner, (ids,), vocab_size, row_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return expand_draft_logits(self.inner(x), self.ids[0], self.vocab_size)
+        sub = self.inner(x)
+        if self.row_kernel and sub.dtype == torch.float32:
+            return rowkernel.spread(sub, self.ids[0], self.vocab_size, DRAFT_FILL)
+        return expand_draft_logits(sub, self.ids[0], self.vocab_size)
 
 
-def draft_head(model, drafting_dtype: torch.dtype | None) -> nn.Module | None:
+def draft_head(model, drafting_dtype: torch.dtype | None, row_kernel: bool = False) -> nn.Module | None:
     """The head for slot rows: the LM head's rows over `model.draft_vocab` (if any), lowered to
-    `drafting_dtype` (if any); None where the LM head itself serves."""
+    `drafting_dtype` (if any; int8 on yue's row kernel where `row_kernel`, as the NAR layers: SmolLM2's
+    8,192-token head, one thread, AVX2, 2 / 4 rows 0.35 / 0.43 ms against torch's dynamic int8's 0.51 /
+    0.50); None where the LM head itself serves."""
     vocab = None if model.draft_vocab is None else model.draft_vocab.long()
+    lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_kernel)
     if vocab is None:
-        return None if drafting_dtype is None else lower_linear(model.lm_head, drafting_dtype)
+        return None if drafting_dtype is None else lower(model.lm_head)
     sub = nn.Linear(model.config.hidden_size, len(vocab), bias=False, device=vocab.device)
     sub.weight = nn.Parameter(model.lm_head.weight.detach()[vocab].clone(), requires_grad=False)
-    inner = row_adaptive(sub) if drafting_dtype is None else lower_linear(sub, drafting_dtype)
-    return DraftVocabHead(inner, vocab, model.config.vocab_size)
+    inner = row_adaptive(sub) if drafting_dtype is None else lower(sub)
+    return DraftVocabHead(inner, vocab, model.config.vocab_size, row_kernel)

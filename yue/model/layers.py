@@ -170,7 +170,7 @@ class DecodeSet(nn.Module):
         norm, _, post_norm, _ = layer._sets(nar)
         # The call's unchanging arguments (`rowkernel.LayerWeights`); int8 codes bring their scales per
         # output, the four matmuls' concatenated.
-        scales = torch.cat([m.scale[0] for m in matmuls]) if whole and kinds == {"int8"} else None
+        scales = torch.cat([m.scale[0] for m in matmuls]) if whole and kinds == {"i8dot"} else None
         self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
         norms = (norm.weight, post_norm.weight)
         weights = rowkernel.LayerWeights.of(norms, norm.eps, blocked, self.heads, scales) if whole else None

@@ -14,6 +14,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,25 @@ class SlotEntry(nn.Module):
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.proj = nn.Linear(2 * d, d, bias=False)
         self.slot_embed = nn.Parameter(torch.zeros(config.block_size, d))
+        # Set when prepared for decoding (`lower`): W's two halves lowered to the drafting precision, and
+        # the norm's function; a tuple, so nothing is registered or saved twice.
+        self.lowered: tuple[nn.Module, nn.Module] | None = None
+        self.row_norm = None
+
+    def lower(self, lower, row_norm: bool) -> None:
+        """For drafting passes (`inference.prepare_for_decoding`): W's anchor and token halves as `lower`
+        makes them (int8 drafting: `inference.RowInt8Linear`), the norm on yue's row kernel where
+        `row_norm`. Why: in float32 these two matmuls of a pass read 2.6 MB, ~0.5 ms of a 4-slot pass
+        (SmolLM2, AMD EPYC, one thread, cold caches as between decode steps), as int8 0.66 MB."""
+        d = self.norm.weight.shape[0]
+        halves = []
+        for half in (self.proj.weight[:, :d], self.proj.weight[:, d:]):
+            linear = nn.Linear(d, d, bias=False, device=half.device, dtype=half.dtype)
+            linear.weight = nn.Parameter(half.detach().clone(), requires_grad=False)
+            halves.append(lower(linear))
+        self.lowered = (halves[0], halves[1])
+        if row_norm:
+            self.row_norm = functools.partial(rowkernel.rms_norm, weight=self.norm.weight, eps=self.norm.eps)
 
     def forward(self, anchor: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
         """anchor: (B, 1|n, D) hidden state entering the first NAR layer at each slot's anchor;
@@ -56,6 +76,10 @@ class SlotEntry(nn.Module):
         index = torch.arange(n, device=token_emb.device) % self.block_size  # (n,) slot index in its block
         # W [norm(h_t); e(x_i)] as two matmuls, the anchor's half once per anchor row, not once per slot
         # (a drafting pass's 8 slots share one: 0.59 -> ~0.2 ms on SmolLM2, one thread).
+        if self.lowered is not None:
+            from_anchor, from_token = self.lowered
+            normed = (self.row_norm or self.norm)(anchor)
+            return anchor + from_anchor(normed) + from_token(token_emb) + self.slot_embed[index]
         w = self.proj.weight  # (D, 2D)
         from_anchor = F.linear(self.norm(anchor), w[:, :d])  # (B, 1|n, D)
         return anchor + from_anchor + F.linear(token_emb, w[:, d:]) + self.slot_embed[index]
@@ -84,6 +108,9 @@ class MoTModel(nn.Module):
         # Per parameter set (False: AR, True: NAR), its layers as one row-kernel call where each is one
         # (`inference.kernel_stacks`, set when prepared for decoding); not a buffer or a parameter.
         self.kernel_stacks: dict[bool, rowkernel.StackWeights] = {}
+        # A drafting pass's final norm on yue's row kernel (set when prepared, on a CPU in float32): torch's
+        # costs ~0.1 ms a call there with the caches cold. Committed rows keep torch's, whose bits `ar` has.
+        self.slot_norm = None
 
     def forward(
         self,
@@ -205,20 +232,26 @@ class MoTModel(nn.Module):
         return (h_c, out) if nar else (out, h_s)
 
     def _final(self, h_c: torch.Tensor, h_s: torch.Tensor) -> torch.Tensor:
-        if not h_s.shape[1] or not h_c.shape[1]:
-            return self.norm(h_s if h_s.shape[1] else h_c)
+        if not h_c.shape[1]:
+            return (self.slot_norm or self.norm)(h_s)
+        if not h_s.shape[1]:
+            return self.norm(h_c)
         return self.norm(torch.cat([h_c, h_s], dim=1))
 
 
 @dataclass
 class StepOutput:
-    """One decode forward. ar_logits: (B, n_committed, V); slot_logits: (B, n_slots, V); hidden: (B, T, D);
-    entry: (B, n_committed, D) hidden states entering the first NAR layer (top-layer NAR sets), else None."""
+    """One decode forward. ar_logits: (B, n_logits, V), of hidden's rows from `ar_start`; slot_logits:
+    (B, n_slots, V); hidden: (B, T, D); entry: (B, n_committed, D) hidden states entering the first NAR
+    layer (top-layer NAR sets), else None. `screened`: the AR logits hold only where each row's largest
+    may be (`step`'s top1); `YueForCausalLM.ar_logits_of` gives a row's whole ones."""
 
     ar_logits: torch.Tensor
     slot_logits: torch.Tensor
     hidden: torch.Tensor
     entry: torch.Tensor | None = None
+    ar_start: int = 0
+    screened: bool = False
 
 
 class YuePreTrainedModel(PreTrainedModel):
@@ -344,7 +377,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         # and softmax over bfloat16 are ~4x slower (a 49,152-token argmax: 177 vs 44 us a row).
         if self.draft_head is None and self.draft_vocab is None and not screened:
             logits = head(hidden[:, first:]).float()  # (B, T - first, V): one matmul for all rows
-            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)
+            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry, first)
         # Screened, lowered or reduced drafting: AR rows through the LM head as loaded (or its screen),
         # slot rows their own way. A drafting pass has no AR rows: no head call (a padded packed head
         # would cost a whole step's).
@@ -355,8 +388,15 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             else hidden.new_empty(B, 0, V, dtype=torch.float32)
         )
         if hidden.shape[1] == n_committed:  # no slots: an empty (B, 0, V), without a head call
-            return StepOutput(ar_logits, ar_logits[:, :0], hidden, entry)
-        return StepOutput(ar_logits, self.slot_logits(hidden[:, n_committed:]), hidden, entry)
+            return StepOutput(ar_logits, ar_logits[:, :0], hidden, entry, first, screened)
+        return StepOutput(
+            ar_logits, self.slot_logits(hidden[:, n_committed:]), hidden, entry, first, screened
+        )
+
+    def ar_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The AR head's whole float32 logits of final-norm rows (..., D) -> (..., V): what a screened
+        step's row holds only at its candidates (the router reads a drafting step's anchor row)."""
+        return (self.ar_head or self.lm_head)(hidden).float()
 
     def slot_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Slot rows' logits over the whole vocabulary, (B, n, D) -> (B, n, V): the draft head when the

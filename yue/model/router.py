@@ -31,6 +31,12 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return entropy_of_logprobs(F.log_softmax(logits.float(), dim=-1))
 
 
+def softmax_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's largest softmax probability and its entropy (nats), in float32: (..., V) -> (...), (...)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return logp.amax(-1).exp(), entropy_of_logprobs(logp)
+
+
 def revealed_slot1(slot_logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """Slot logits as the router sees a block whose slot 1 was revealed (its input was its true token):
     slot 1 certain of `token`. A revealed slot's own output is untrained (it carries no loss).
@@ -51,6 +57,9 @@ class Router(nn.Module):
         n_in = config.hidden_size + 1 + 3 * config.block_size
         self.fc1 = nn.Linear(n_in, config.router_hidden_size)
         self.fc2 = nn.Linear(config.router_hidden_size, config.block_size)
+        # `softmax_stats`, or where prepared on a CPU in float32 yue's row kernel's (`rowkernel.softmax_stats`:
+        # a drafting step's features ~3 ms through torch, caches cold, SmolLM2's 49,152 logits a row).
+        self.softmax_stats = softmax_stats
 
     def features(
         self,
@@ -73,16 +82,14 @@ class Router(nn.Module):
         """
         B, n, _ = slot_logits.shape
         K, r = self.block_size, int(slot1_revealed)
-        # The AR row and the slots computed on, in one log-softmax (a decode step pays per call).
-        rows = torch.cat([ar_logits_last[:, None], slot_logits[:, r:]], dim=1)  # (B, 1 + n - r, V)
-        logp = F.log_softmax(rows.float(), dim=-1)
-        ent = entropy_of_logprobs(logp)  # (B, 1 + n - r): the AR path's, then the slots'
+        _, ar_entropy = self.softmax_stats(ar_logits_last[:, None])  # (B, 1)
+        top, ent = self.softmax_stats(slot_logits[:, r:])  # (B, n - r): the slots computed on
         per_slot = torch.zeros(B, 3, K, device=slot_logits.device)
         per_slot[:, 0, :r] = 1.0
-        per_slot[:, 0, r:n] = logp[:, 1:].amax(-1).exp()  # max probability
-        per_slot[:, 1, r:n] = ent[:, 1:]
+        per_slot[:, 0, r:n] = top  # max probability
+        per_slot[:, 1, r:n] = ent
         per_slot[:, 2, :n] = 1.0  # present
-        return torch.cat([hidden_last.float(), ent[:, :1], per_slot.flatten(1)], dim=-1)
+        return torch.cat([hidden_last.float(), ar_entropy, per_slot.flatten(1)], dim=-1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Conditional logits z: sigmoid(z_i) = P(slot i matches | slots 1..i-1 matched). (B, K)."""

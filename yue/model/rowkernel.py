@@ -151,15 +151,20 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    for codes in (lib.rows_matmul_i8, lib.rows_matmul_q4, lib.rows_matmul_q8):
+    for codes in (lib.rows_matmul_i8, lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8):
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
+    lib.rows_dot_block.restype = ctypes.c_int
     lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = ctypes.c_int
     for pack in (lib.rows_q4_pack, lib.rows_q8_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
     lib.rows_rms_norm.restype = None
+    lib.rows_spread.argtypes = [ptr, c_long, c_long, ptr, c_long, ctypes.c_float, ptr]
+    lib.rows_spread.restype = None
+    lib.rows_softmax_stats.argtypes = [ptr, c_long, c_long, ptr, ptr]
+    lib.rows_softmax_stats.restype = None
     lib.rows_screen.argtypes = [ptr, c_long, c_long, *[ptr] * 4, c_long, c_long, ptr, c_long, ctypes.c_int]
     lib.rows_screen.restype = ctypes.c_int
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
@@ -218,6 +223,17 @@ def block(w: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, blk, inp).transpose(1, 2).contiguous()
 
 
+def dot_block(codes: torch.Tensor) -> torch.Tensor:
+    """(out, in) int8 codes (-127..127, in a multiple of 4) in `rows_matmul_i8dot`'s layout: (ceil(out /
+    DOT_BLK), in / 4, DOT_BLK, 4), zero-padded; each output's 4 codes of a quad of inputs side by side."""
+    blk = library().rows_dot_block()
+    out, inp = codes.shape
+    assert codes.dtype == torch.int8 and inp % 4 == 0, (codes.dtype, inp)
+    padded = torch.zeros(-(-out // blk) * blk, inp, dtype=torch.int8)
+    padded[:out] = codes
+    return padded.view(-1, blk, inp // 4, 4).transpose(1, 2).contiguous()
+
+
 def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     """An (out, in) float32 weight (any strides) in `rows_matmul_q4`'s layout (uint8, (ceil(out / BLK),
     in / 32, 768) bytes), or None where 4-bit codes cannot give back its every value exactly
@@ -256,11 +272,11 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 
 
 def layout(blocked: torch.Tensor) -> str:
-    """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's,
-    `inference.RowInt8Linear`'s), "q4" (`q4_block`) or "q8" (`q8_block`; both uint8 records, told apart
-    by their record's bytes, 768 and 1152)."""
+    """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's),
+    "i8dot" (`dot_block`'s 4-d int8 codes: `inference.RowInt8Linear`'s), "q4" (`q4_block`) or "q8"
+    (`q8_block`; both uint8 records, told apart by their record's bytes, 768 and 1152)."""
     if blocked.dtype != torch.uint8:
-        return "float32" if blocked.dtype == torch.float32 else "int8"
+        return "float32" if blocked.dtype == torch.float32 else "i8dot" if blocked.dim() == 4 else "int8"
     return "q4" if blocked.shape[-1] == _q4_bytes() else "q8"
 
 
@@ -270,19 +286,29 @@ def _q4_bytes() -> int:
 
 
 def inputs(blocked: torch.Tensor) -> int:
-    """A weight's input count from its kernel layout (`block`, `q4_block` or `q8_block`)."""
-    return blocked.shape[1] * (library().rows_code_group() if blocked.dtype == torch.uint8 else 1)
+    """A weight's input count from its kernel layout (`block`, `dot_block`, `q4_block` or `q8_block`)."""
+    if blocked.dtype == torch.uint8:
+        return blocked.shape[1] * library().rows_code_group()
+    return blocked.shape[1] * (4 if blocked.dim() == 4 else 1)
 
 
-# The C matmul by layout: float32 weights, int8 codes (the caller scales), 4-bit and 8-bit codes.
-MATMULS = {"float32": "rows_matmul", "int8": "rows_matmul_i8", "q4": "rows_matmul_q4", "q8": "rows_matmul_q8"}
+# The C matmul by layout: float32 weights, int8 codes (the caller scales; "i8dot" on quantized rows),
+# 4-bit and 8-bit codes.
+MATMULS = {
+    "float32": "rows_matmul",
+    "int8": "rows_matmul_i8",
+    "i8dot": "rows_matmul_i8dot",
+    "q4": "rows_matmul_q4",
+    "q8": "rows_matmul_q8",
+}
 # `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8).
-LAYER_KINDS = {"float32": 0, "q4": 1, "int8": 2}
+LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
-    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales); `q4_block(W)`
+    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales), a `dot_block`
+    one the same on x quantized per row (`rows_matmul_i8dot`, its rows' scales applied); `q4_block(W)`
     and `q8_block(W)` give `block(W)`'s bits (`rows_matmul_q4`, `rows_matmul_q8`), any row count."""
     inp = x.shape[-1]
     flat = x.reshape(-1, inp).contiguous()
@@ -330,6 +356,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.view(x.shape)
 
 
+def spread(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
+    """`inference.expand_draft_logits` for float32 sub (..., Vd) on the CPU, ids (Vd,) int64 distinct
+    (`rows_spread`): (..., vocab_size), `fill` outside ids."""
+    flat = sub.reshape(-1, sub.shape[-1]).contiguous()
+    out = torch.empty(flat.shape[0], vocab_size, dtype=torch.float32)
+    ids = ids.contiguous()
+    assert ids.dtype == torch.int64 and ids.shape == flat.shape[-1:]
+    library().rows_spread(
+        flat.data_ptr(), flat.shape[0], flat.shape[1], ids.data_ptr(), vocab_size, fill, out.data_ptr()
+    )
+    return out.view(*sub.shape[:-1], vocab_size)
+
+
+def softmax_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`router.softmax_stats` for float32 logits (..., V) on the CPU (`rows_softmax_stats`): each row's
+    largest softmax probability and its entropy in nats, both (...)."""
+    flat = logits.reshape(-1, logits.shape[-1]).float().contiguous()
+    top, ent = torch.empty(2, flat.shape[0], dtype=torch.float32)
+    library().rows_softmax_stats(
+        flat.data_ptr(), flat.shape[0], flat.shape[1], top.data_ptr(), ent.data_ptr()
+    )
+    return top.view(logits.shape[:-1]), ent.view(logits.shape[:-1])
+
+
 def attention_fits(head_dim: int) -> bool:
     """Whether `attention` takes heads of this size (a multiple of the build's vector width, <= 256)."""
     return head_dim <= 256 and head_dim % library().rows_lanes() == 0
@@ -370,7 +420,7 @@ class LayerWeights:
     """What `rows_stack` takes of one layer unchanged from step to step, checked and converted to ctypes
     values once (a `layers.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
     order: the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all
-    `block`, all `q4_block`, or all `block` of int8 codes) and the int8 codes' scales (their outputs'
+    `block`, all `q4_block`, or all `dot_block` of int8 codes) and the int8 codes' scales (their outputs'
     float32 scales concatenated in that order: `inference.RowInt8Linear`'s; else None); `shape`, what a
     stack's layers share: the norms' eps, the MLP's width, the weights' kind (`LAYER_KINDS`), the heads
     (H, Hkv, Dh). Building a call's ~30 arguments took ~35 us of Python, 30 calls a step. `tensors`
@@ -383,7 +433,9 @@ class LayerWeights:
     @classmethod
     def of(cls, norms, eps: float, blocked, heads: tuple[int, int, int], scales=None) -> LayerWeights:
         kinds = {layout(b) for b in blocked}
-        assert len(kinds) == 1 and kinds <= LAYER_KINDS.keys() and (scales is not None) == (kinds == {"int8"})
+        assert (
+            len(kinds) == 1 and kinds <= LAYER_KINDS.keys() and (scales is not None) == (kinds == {"i8dot"})
+        )
         assert attention_fits(heads[2]) and all(n.dtype == torch.float32 and n.is_contiguous() for n in norms)
         arrays = (*norms, *blocked, scales)
         shape = (eps, inputs(blocked[3]), LAYER_KINDS[kinds.pop()], heads)
