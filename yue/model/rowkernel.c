@@ -174,6 +174,24 @@ static inline __attribute__((always_inline)) vf exp_neg(vf x) {
     return (vf)((vi)(p * (vf)scale) & (x >= -87.0f));
 }
 
+/* out = silu(g) * u over n values: g * sigmoid(g), sigmoid from e = exp(-|g|) (exp_neg, LANES at a time;
+ * 1 / (1 + e) for g >= 0, e / (1 + e) below), so no exp overflows. A value's bits depend on its index
+ * in the row only (the tail past the last whole vector goes through expf), never on the rows of the call.
+ * Why: libm's expf, one value at a time, was ~0.3 ms of a SmolLM2 one-row step (30 layers x 1,536). */
+static void silu_mul(const float *g, const float *u, float *out, long n) {
+    const vi sign = (vi){0} + (int)0x80000000;
+    long i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const vf gv = *(const vf *)(g + i);
+        const vi neg = gv < 0.f;
+        const vf e = exp_neg((vf)((vi)gv | sign)); /* exp(-|g|) */
+        const vf one = (vf){0} + 1.f;
+        const vf num = (vf)(((vi)e & neg) | ((vi)one & ~neg));
+        *(vf *)(out + i) = gv * (num / (one + e)) * *(const vf *)(u + i);
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
 /* y = x / sqrt(mean(x^2) + eps) * weight over each of `rows` rows of n (row-major). */
 void rows_rms_norm(const float *x, long rows, long n, const float *weight, float eps, float *y) {
     for (long r = 0; r < rows; r++) {
@@ -401,11 +419,7 @@ static void rows_layer(float *h, int B, int T, long D, const float *norm1, const
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     rows_rms_norm(h, R, D, norm2, eps, x);
     layer_matmul(kind, x, R, D, wgu, sgu, gu, 2 * F, threads);
-    for (long r = 0; r < R; r++)
-        for (long i = 0; i < F; i++) {
-            const float g = gu[r * 2 * F + i];
-            act[r * F + i] = g / (1.f + expf(-g)) * gu[r * 2 * F + F + i]; /* silu(g) * u */
-        }
+    for (long r = 0; r < R; r++) silu_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F);
     layer_matmul(kind, act, R, F, wdown, sdown, y, D, threads);
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     free(x), free(qkv), free(o), free(y), free(gu), free(act);
