@@ -367,6 +367,10 @@ def test_default_sets_of_an_instruct_model_are_held_out_chat_then_calibration(
     # Files given: exactly those, held-out first, whatever the model.
     sets = prompt_sets(chat_engine, None, calib, limit=1)
     assert [(s.name, s.split, len(s.prompts)) for s in sets] == [("chat_calibration", "dev", 1)]
+    # The calibration split given as the held-out set still reads as what it is; another file does not.
+    sets = prompt_sets(chat_engine, calib, None, limit=1)
+    assert [(s.name, s.split) for s in sets] == [("chat_calibration", "dev")]
+    assert [s.split for s in prompt_sets(chat_engine, test, None, limit=1)] == ["held-out"]
 
 
 def test_every_mode_and_peer_is_fed_the_same_templated_ids(

@@ -129,5 +129,16 @@ def prompt_sets(
     if held_out is None and dev is None:
         files = default_files(engine)
     else:
-        files = [(s, Path(p)) for s, p in (("held-out", held_out), ("dev", dev)) if p is not None]
+        files = [
+            (split_of(Path(p), s), Path(p))
+            for s, p in (("held-out", held_out), ("dev", dev))
+            if p is not None
+        ]
     return [PromptSet(p.stem, s, p, load_prompts(p, engine, limit)) for s, p in files]
+
+
+def split_of(path: Path, given: Split) -> Split:
+    """A file's split: a shipped development file (the chat calibration split, yue-code-mini's dev set)
+    is "dev" even when given as the held-out set (`--prompts`), so a run on it never reads as held-out."""
+    shipped_dev = {f.resolve() for f in (CHAT_CALIBRATION, DEVSET) if f.is_file()}
+    return "dev" if path.is_file() and path.resolve() in shipped_dev else given
