@@ -230,7 +230,8 @@ def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
 def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkeypatch):  # noqa: F811
     """The last flag set (plain -O3: no -march, so 8-float vectors, as on an AVX2 or ARM CPU, and no
     OpenMP), forced here, and that build as a compiler without vector shuffles makes it (GCC < 12):
-    the attention stays row-exact, the whole float32 model too, and the one-call layer right."""
+    the attention stays row-exact, the whole float32 model too, the one-call layer right, and the drafting
+    kernels (integer dot products, softmax statistics) compute what the native build does."""
     from yue.model import rowkernel
 
     monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
@@ -240,8 +241,10 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
         test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "_attend_kernel")
     test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream", monkeypatch)
     test_the_one_call_layer_computes_what_its_torch_path_does(2, monkeypatch)
-    # The drafting sets' integer dot products: the plain loop's integers are AVX2's.
+    # The drafting sets' integer dot products: the plain loop's integers are AVX2's; the router's
+    # softmax statistics on the plain build's vectors.
     test_drafting_kernel.test_the_integer_dot_matmul_is_exact_integer_arithmetic_on_rows_quantized(45, 72)
+    test_drafting_kernel.test_the_row_kernels_softmax_stats_are_the_routers()
 
 
 @needs_packed

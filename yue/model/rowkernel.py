@@ -34,9 +34,12 @@ head's values are the GGUF's Q8_0 table, code * d per group of 32, held alike (`
 `rows_matmul_q8`): the float32 head's bits from 30 MiB instead of 113 MB (one row 2.56 ms against 8.28;
 sampled requests, which read every logit, ran `ar` 1.25x and `verified` 1.28x as fast in one process).
 
-Why a NAR set's int8 layers too (`LayerWeights` of `block`ed int8 codes with their scales): a drafting
-pass ran ~25 torch calls a NAR layer, more than its matmuls cost; as one call each, a pass of 2 / 4
-slots costs 0.26-0.27 / 0.32-0.35x a one-row step instead of 0.40 / 0.41 (AMD EPYC, AVX2; README).
+Why a NAR set's int8 layers too (`LayerWeights` of int8 codes with their scales): a drafting pass ran
+~25 torch calls a NAR layer, more than its matmuls cost; as one call each, a pass of 2 / 4 slots cost
+0.26-0.27 / 0.32-0.35x a one-row step instead of 0.40 / 0.41 (AMD EPYC, AVX2; README). Their matmuls
+then widened each code to a float (`rows_matmul_i8`, compute-bound); on integer dot products over rows
+quantized to int8 (`dot_block`, `rows_matmul_i8dot`), with the slot entry and the draft head on them
+too, a 4-slot pass costs 0.22-0.24x a one-row step (held-out `yue bench`, four runs; README).
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
