@@ -55,7 +55,16 @@ class MarkovStub:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)
 
     def step(
-        self, tokens, positions, n_committed, mask, cache, n_logits=None, anchor_entry=None, top1=False
+        self,
+        tokens,
+        positions,
+        n_committed,
+        mask,
+        cache,
+        n_logits=None,
+        anchor_entry=None,
+        top1=False,
+        ar_entropy=False,
     ) -> StepOutput:
         self.forwards += 1
         self.draft_passes += n_committed == 0

@@ -537,7 +537,7 @@ class _TrustSlot1Only:
 
     calls = 0
 
-    def features(self, hidden_last, ar_logits_last, slot_logits, slot1_revealed=False):
+    def features(self, hidden_last, ar_logits_last, slot_logits, slot1_revealed=False, ar_entropy=None):
         self.calls += 1
         return torch.zeros(slot_logits.shape[0], slot_logits.shape[1])
 

@@ -16,6 +16,7 @@ from yue.decode.policies import get_policy
 from yue.model import rowkernel
 from yue.model.inference import StreamedLinear
 from yue.model.masks import decode_mask
+from yue.model.router import softmax_stats
 from yue.model.screen import ScreenedHead
 
 
@@ -122,8 +123,8 @@ def test_a_float32_model_writes_the_same_tokens_screened_or_not(seed, monkeypatc
     head = model.ar_head
     assert isinstance(head, ScreenedHead) and isinstance(head.head, StreamedLinear)
     calls = []
-    top1 = head.top1
-    monkeypatch.setattr(head, "top1", lambda x: calls.append(x.shape) or top1(x))
+    top1 = head.top1_entropy
+    monkeypatch.setattr(head, "top1_entropy", lambda x, entropy: calls.append(x.shape) or top1(x, entropy))
     prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
 
     def run(mode: str, threshold: float = 1.0, **kw) -> list[int]:
@@ -158,3 +159,28 @@ def test_a_screened_steps_whole_ar_logits_are_the_unscreened_steps(monkeypatch):
     with torch.inference_mode():
         again = model.ar_logits_of(screened.hidden[:, screened.ar_start :])
     assert torch.equal(again, whole.ar_logits)
+    assert screened.ar_entropy is None and whole.ar_entropy is None  # not asked
+
+
+def test_a_screened_steps_entropy_is_its_whole_logits_within_the_screen(monkeypatch):
+    """Asked (`ar_entropy`, a request whose router is asked), a screened step brings each AR row's entropy
+    over its logits as screened: its logits are the same, and the entropy is the whole logits' within
+    the screen's error, not torch's -inf-riddled NaN."""
+    model = row_stream_model(1, monkeypatch)
+    ids = torch.randint(4, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+
+    def step(top1: bool, ar_entropy: bool):
+        cache = model.new_cache(1, 32)
+        with torch.inference_mode():
+            model.step(ids[:, :4], torch.arange(4), 4, decode_mask(0, 4, 0), cache, 1)
+            cache.advance(4)
+            mask = decode_mask(4, 3, 0)
+            return model.step(
+                ids[:, 4:], torch.arange(4, 7), 3, mask, cache, 3, top1=top1, ar_entropy=ar_entropy
+            )
+
+    asked, plain, whole = step(True, True), step(True, False), step(False, True)
+    assert torch.equal(asked.ar_logits, plain.ar_logits) and whole.ar_entropy is None  # unscreened: none
+    reference = softmax_stats(whole.ar_logits)[1]  # (1, 3)
+    assert asked.ar_entropy.shape == (1, 3) and bool(torch.isfinite(asked.ar_entropy).all())
+    torch.testing.assert_close(asked.ar_entropy, reference, atol=2e-3, rtol=2e-3)

@@ -115,6 +115,7 @@ class DecodeBatch:
         self.corpus = corpus if self.key.corpus_drafts else None
         self.policy = get_policy(cfg.mode)
         self.argmax_only = self.policy.argmax_only(self.key, model.config)
+        self.asks_router = self.policy.asks_router(self.key, model.config)
         self.max_prefill_tokens = max_prefill_tokens
         self.running: Group | None = None
         self.queued: list[Row] = []
@@ -238,7 +239,9 @@ class DecodeBatch:
         # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
         positions = cache.positions(offsets, padded=g.index == 0)  # step 0: the (left-padded) prefill
         top1 = self.argmax_only and all(r.cfg.logprobs is None for r in g.rows)
-        out = model.step(tokens, positions, n_c, mask, cache, st.max_drafts + 1, top1=top1)
+        out = model.step(
+            tokens, positions, n_c, mask, cache, st.max_drafts + 1, top1=top1, ar_entropy=self.asks_router
+        )
         # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
         adv = self.policy.advance(model, st, out)
         cache.commit(adv.keep)

@@ -329,6 +329,11 @@ class Policy:
         records the AR entropy). Log-probs are asked per row: the loop checks those."""
         return cfg.greedy and cfg.repetition_penalty == 1.0 and not cfg.trace
 
+    def asks_router(self, cfg: DecodeConfig, model_config) -> bool:
+        """Whether a request's drafting steps ask the router (so a screened step brings each AR row's
+        entropy, `YueForCausalLM.step`'s ar_entropy)."""
+        return False
+
     def n_slots(self, st: LoopState) -> int:
         return st.cfg.block_size if st.cfg.drafting == "fused" and self.drafts_now(st) else 0
 
@@ -370,18 +375,22 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
 
     A separate drafting pass reveals slot 1 (its token, next_fed[:, 0], is known; see loop.py). A
     revealed slot's own output is untrained, so the router is shown what is true of it instead:
-    certain (`Router.features`' slot1_revealed). After a greedy step's screened head (`StepOutput.screened`,
-    whatever the router threshold) the anchor row's whole AR logits are computed here, for the router
-    alone: SmolLM2, AMD EPYC, one thread, a step's whole head ~3.3 ms against its screen's ~2.1, and
-    about one step in ten drafts.
+    certain (`Router.features`' slot1_revealed). A greedy step's AR rows are screened whatever the
+    router threshold (`StepOutput.screened`: a step's whole head ~3.3 ms against its screen's ~2.1 on
+    SmolLM2, AMD EPYC, one thread); the router then reads the anchor row's entropy over its screened
+    logits (`StepOutput.ar_entropy`, the loop asks for it: `Policy.asks_router`), or, not asked, the
+    row's whole logits computed here.
     """
     revealed = st.cfg.drafting == "separate"
     hidden = rows_at(out.hidden, [k - 1 for k in adv.keep])
-    if out.screened:  # a greedy step's AR rows hold their candidates only: the anchor row's whole logits
+    ar_logits, ar_entropy = None, None
+    if out.ar_entropy is not None:
+        ar_entropy = rows_at(out.ar_entropy, adv.anchor_rows)
+    elif out.screened:  # the AR rows hold their candidates only: the anchor row's whole logits
         ar_logits = model.ar_logits_of(rows_at(out.hidden, [out.ar_start + r for r in adv.anchor_rows]))
     else:
         ar_logits = rows_at(out.ar_logits, adv.anchor_rows)
-    feats = model.router.features(hidden, ar_logits, logits, revealed)
+    feats = model.router.features(hidden, ar_logits, logits, revealed, ar_entropy=ar_entropy)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 
 
@@ -408,6 +417,10 @@ class VerifiedPolicy(Policy):
     def drafts_now(self, st: LoopState) -> bool:
         """Whether this step drafts a block (not in an AR stretch, drafting not switched off)."""
         return st.cfg.router_threshold > 0 and st.ar_stretch == 0 and st.cfg.draft_block >= 2
+
+    def asks_router(self, cfg: DecodeConfig, model_config) -> bool:
+        """Below threshold 1 (`draft` asks it where not every slot is drafted)."""
+        return cfg.draft_gate(model_config) < 1.0
 
     def anchors(self, st: LoopState) -> tuple[int, ...] | None:
         """Fused drafting: a block at every fed position from p0 on; whichever prefix of the drafts the

@@ -244,7 +244,8 @@ class StepOutput:
     """One decode forward. ar_logits: (B, n_logits, V), of hidden's rows from `ar_start`; slot_logits:
     (B, n_slots, V); hidden: (B, T, D); entry: (B, n_committed, D) hidden states entering the first NAR
     layer (top-layer NAR sets), else None. `screened`: the AR logits hold only where each row's largest
-    may be (`step`'s top1); `YueForCausalLM.ar_logits_of` gives a row's whole ones."""
+    may be (`step`'s top1); `YueForCausalLM.ar_logits_of` gives a row's whole ones. ar_entropy: (B,
+    n_logits) each screened AR row's softmax entropy (`ScreenedHead.top1_entropy`), where asked."""
 
     ar_logits: torch.Tensor
     slot_logits: torch.Tensor
@@ -252,6 +253,7 @@ class StepOutput:
     entry: torch.Tensor | None = None
     ar_start: int = 0
     screened: bool = False
+    ar_entropy: torch.Tensor | None = None
 
 
 class YuePreTrainedModel(PreTrainedModel):
@@ -347,6 +349,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         n_logits: int | None = None,
         anchor_entry: torch.Tensor | None = None,
         top1: bool = False,
+        ar_entropy: bool = False,
     ) -> StepOutput:
         """One decode forward at cache index `cache.length`; the cache pointer is not moved.
 
@@ -362,6 +365,8 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             top1: the AR logits serve only their argmax (`Policy.argmax_only`): where the head has an
                 int8 screen (`screen.ScreenedHead`), each AR row holds its float32 logits only where
                 they may be its largest, -inf elsewhere (the same argmax, a quarter of the head's bytes).
+            ar_entropy: with a screened head, also each AR row's entropy over its screened logits
+                (`StepOutput.ar_entropy`): the router's AR feature, where a request asks the router.
         Returns:
             StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden
             (B, T, D), entry (B, n_committed, D) or None.
@@ -382,16 +387,19 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         # slot rows their own way. A drafting pass has no AR rows: no head call (a padded packed head
         # would cost a whole step's).
         B, V = hidden.shape[0], self.config.vocab_size
-        ar_logits = (
-            (head.top1 if screened else head)(hidden[:, first:n_committed]).float()
-            if n_ar
-            else hidden.new_empty(B, 0, V, dtype=torch.float32)
+        entropy = None
+        if not n_ar:
+            ar_logits = hidden.new_empty(B, 0, V, dtype=torch.float32)
+        elif screened:
+            ar_logits, entropy = head.top1_entropy(hidden[:, first:n_committed], ar_entropy)
+        else:
+            ar_logits = head(hidden[:, first:n_committed]).float()
+        slot_logits = (
+            ar_logits[:, :0]  # no slots: an empty (B, 0, V), without a head call
+            if hidden.shape[1] == n_committed
+            else self.slot_logits(hidden[:, n_committed:])
         )
-        if hidden.shape[1] == n_committed:  # no slots: an empty (B, 0, V), without a head call
-            return StepOutput(ar_logits, ar_logits[:, :0], hidden, entry, first, screened)
-        return StepOutput(
-            ar_logits, self.slot_logits(hidden[:, n_committed:]), hidden, entry, first, screened
-        )
+        return StepOutput(ar_logits, slot_logits, hidden, entry, first, screened, entropy)
 
     def ar_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """The AR head's whole float32 logits of final-norm rows (..., D) -> (..., V): what a screened

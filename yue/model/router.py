@@ -67,29 +67,33 @@ class Router(nn.Module):
         ar_logits_last: torch.Tensor,
         slot_logits: torch.Tensor,
         slot1_revealed: bool = False,
+        ar_entropy: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Assemble router inputs.
 
         Args:
             hidden_last: (B, D) final-norm hidden state of the block's anchor (last committed position).
-            ar_logits_last: (B, V) AR logits at that position.
+            ar_logits_last: (B, V) AR logits at that position (unread where `ar_entropy` is given).
             slot_logits: (B, n, V) NAR logits of the block's n <= K slots.
             slot1_revealed: slot 1's input was its true token (a drafting pass; `revealed_slot1`). Its
                 own output is untrained, so it reads as certain (max probability 1, entropy 0, what
                 `revealed_slot1`'s logits give to float precision) and its logits are not computed on.
+            ar_entropy: (B,) the AR logits' entropy where the step had it already (a screened greedy
+                step's, `StepOutput.ar_entropy`), else None.
         Returns:
             (B, D + 1 + 3K) float32 features; slots past n are zero with their "present" flag off.
         """
         B, n, _ = slot_logits.shape
         K, r = self.block_size, int(slot1_revealed)
-        _, ar_entropy = self.softmax_stats(ar_logits_last[:, None])  # (B, 1)
+        if ar_entropy is None:
+            ar_entropy = self.softmax_stats(ar_logits_last)[1]  # (B,)
         top, ent = self.softmax_stats(slot_logits[:, r:])  # (B, n - r): the slots computed on
         per_slot = torch.zeros(B, 3, K, device=slot_logits.device)
         per_slot[:, 0, :r] = 1.0
         per_slot[:, 0, r:n] = top  # max probability
         per_slot[:, 1, r:n] = ent
         per_slot[:, 2, :n] = 1.0  # present
-        return torch.cat([hidden_last.float(), ar_entropy, per_slot.flatten(1)], dim=-1)
+        return torch.cat([hidden_last.float(), ar_entropy[:, None].float(), per_slot.flatten(1)], dim=-1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Conditional logits z: sigmoid(z_i) = P(slot i matches | slots 1..i-1 matched). (B, K)."""

@@ -218,29 +218,30 @@ void rows_spread(const float *sub, long rows, long Vd, const long *ids, long V, 
  * max probability 1 / s, entropy log s - t / s. Two passes over the row, LANES exps at a time, instead of
  * torch's log_softmax, exp and sum over a whole copy (~0.6 ms a row of SmolLM2's 49,152 logits, caches
  * cold). Logits of -inf (or below m - 87) weigh 0. */
-void rows_softmax_stats(const float *x, long rows, long V, float *max_prob, float *entropy) {
-    for (long r = 0; r < rows; r++) {
-        const float *xr = x + r * V;
-        float m = -INFINITY;
-        for (long j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
-        vf s = {0}, t = {0};
-        long j = 0;
-        for (; j + LANES <= V; j += LANES) {
-            vf d = *(const vf *)(xr + j) - m;
-            const vi near = d > -88.0f; /* -inf and far tails: weight 0, and d -88, not 0 * -inf */
-            d = (vf)(((vi)d & near) | ((vi)((vf){0} - 88.0f) & ~near));
-            const vf w = exp_neg(d);
-            s += w, t += w * d;
-        }
-        float ss = lanes_sum(s), tt = lanes_sum(t);
-        for (; j < V; j++) {
-            const float d = xr[j] - m > -88.0f ? xr[j] - m : -88.0f;
-            const float w = d > -87.0f ? expf(d) : 0.f;
-            ss += w, tt += w * d;
-        }
-        max_prob[r] = 1.0f / ss;
-        entropy[r] = logf(ss) - tt / ss;
+static void softmax_row(const float *xr, long V, float *max_prob, float *entropy) {
+    float m = -INFINITY;
+    for (long j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
+    vf s = {0}, t = {0};
+    long j = 0;
+    for (; j + LANES <= V; j += LANES) {
+        vf d = *(const vf *)(xr + j) - m;
+        const vi near = d > -88.0f; /* -inf and far tails: weight 0, and d -88, not 0 * -inf */
+        d = (vf)(((vi)d & near) | ((vi)((vf){0} - 88.0f) & ~near));
+        const vf w = exp_neg(d);
+        s += w, t += w * d;
     }
+    float ss = lanes_sum(s), tt = lanes_sum(t);
+    for (; j < V; j++) {
+        const float d = xr[j] - m > -88.0f ? xr[j] - m : -88.0f;
+        const float w = d > -87.0f ? expf(d) : 0.f;
+        ss += w, tt += w * d;
+    }
+    *max_prob = 1.0f / ss;
+    *entropy = logf(ss) - tt / ss;
+}
+
+void rows_softmax_stats(const float *x, long rows, long V, float *max_prob, float *entropy) {
+    for (long r = 0; r < rows; r++) softmax_row(x + r * V, V, max_prob + r, entropy + r);
 }
 
 /* The LANES dot products of q (Dh) with the LANES rows of k (LANES, Dh), Dh % LANES == 0: each a
@@ -994,22 +995,31 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
  * int8 codes in rowkernel.block's layout, scale[j] their column scales, slack[j] the bound's radius per
  * unit of |x|_1; w the float32 head (out, in) at strides (sc, si), e.g. a tied head's input-major
  * storage (sc 1, si out): a kept logit is one fmaf chain over the inputs in order from 0, rows_matmul's
- * bits. The bound's arithmetic is in double. Returns 1 (y undefined) where a row is not finite, else 0. */
+ * bits. The bound's arithmetic is in double. Returns 1 (y undefined) where a row is not finite, else 0.
+ * entropy (rows floats, or NULL): each row's softmax entropy over its logits as screened, the kept ones
+ * exact and the rest their screened value s_j c_j (within the bound of theirs): what the router reads of
+ * the AR path (yue/model/router.py) without the whole head's 28 MB more (~3 ms a row on SmolLM2). */
 int rows_screen(const float *x, long rows, long in, const signed char *codes, const double *scale,
-                const double *slack, const float *w, long sc, long si, float *y, long out, int threads) {
+                const double *slack, const float *w, long sc, long si, float *y, long out, float *entropy,
+                int threads) {
     rows_matmul_i8(x, rows, in, codes, y, out, threads);
+    float *seen = entropy ? malloc(out * sizeof(float)) : NULL; /* a row's logits as screened, for its entropy */
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * in;
         float *yr = y + r * out;
         double norm = 0.0, floor = -INFINITY;
         for (long i = 0; i < in; i++) norm += fabs((double)xr[i]);
-        if (!isfinite(norm)) return 1;
+        if (!isfinite(norm)) {
+            free(seen);
+            return 1;
+        }
         for (long j = 0; j < out; j++) {
             const double low = yr[j] * scale[j] - norm * slack[j];
             floor = low > floor ? low : floor;
         }
         for (long j = 0; j < out; j++) {
             if (yr[j] * scale[j] + norm * slack[j] < floor) {
+                if (seen) seen[j] = (float)(yr[j] * scale[j]);
                 yr[j] = -INFINITY;
                 continue;
             }
@@ -1017,7 +1027,13 @@ int rows_screen(const float *x, long rows, long in, const signed char *codes, co
             float acc = 0.f;
             for (long i = 0; i < in; i++) acc = fmaf(xr[i], b[i * si], acc);
             yr[j] = acc;
+            if (seen) seen[j] = acc;
+        }
+        if (seen) {
+            float top;
+            softmax_row(seen, out, &top, entropy + r);
         }
     }
+    free(seen);
     return 0;
 }

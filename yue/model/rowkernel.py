@@ -168,7 +168,18 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_spread.restype = None
     lib.rows_softmax_stats.argtypes = [ptr, c_long, c_long, ptr, ptr]
     lib.rows_softmax_stats.restype = None
-    lib.rows_screen.argtypes = [ptr, c_long, c_long, *[ptr] * 4, c_long, c_long, ptr, c_long, ctypes.c_int]
+    lib.rows_screen.argtypes = [
+        ptr,
+        c_long,
+        c_long,
+        *[ptr] * 4,
+        c_long,
+        c_long,
+        ptr,
+        c_long,
+        ptr,
+        ctypes.c_int,
+    ]
     lib.rows_screen.restype = ctypes.c_int
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
@@ -322,19 +333,27 @@ def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
 
 
 def screen(
-    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, slack: torch.Tensor, w: torch.Tensor
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    slack: torch.Tensor,
+    w: torch.Tensor,
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """(R, V) float32 for float32 x (R, in): each row's logits x . w[j] where the int8 screen leaves
     doubt that they are the row's largest, the bits of `matmul(x, block(w), V)`, -inf elsewhere
     (`rows_screen`; `screen.ScreenedHead` holds its arguments). None where a row is not finite.
 
     codes: `block` of the head's int8 codes; scale, slack: (V,) float64, the codes' scales and the bound
-    per unit of |x|_1; w: the float32 head (V, in) in any strides (a tied head's input-major storage)."""
+    per unit of |x|_1; w: the float32 head (V, in) in any strides (a tied head's input-major storage);
+    entropy: (R,) float32 to fill with each row's softmax entropy over its logits as screened (the kept
+    exact, the rest their screened values), or None."""
     assert x.dtype == w.dtype == torch.float32 and scale.dtype == slack.dtype == torch.float64
     flat = x.contiguous()
     V = w.shape[0]
     y = torch.empty(flat.shape[0], V, dtype=torch.float32)
-    args = [flat, flat.shape[0], flat.shape[1], codes, scale, slack, w, *w.stride(), y, V]
+    assert entropy is None or (entropy.dtype == torch.float32 and entropy.shape == flat.shape[:1])
+    args = [flat, flat.shape[0], flat.shape[1], codes, scale, slack, w, *w.stride(), y, V, entropy]
     failed = library().rows_screen(*_pointers(*args, torch.get_num_threads()))
     return None if failed else y
 
