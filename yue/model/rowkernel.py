@@ -39,7 +39,7 @@ Why a NAR set's int8 layers too (`LayerWeights` of int8 codes with their scales)
 0.26-0.27 / 0.32-0.35x a one-row step instead of 0.40 / 0.41 (AMD EPYC, AVX2; README). Their matmuls
 then widened each code to a float (`rows_matmul_i8`, compute-bound); on integer dot products over rows
 quantized to int8 (`dot_block`, `rows_matmul_i8dot`), with the slot entry and the draft head on them
-too, a 4-slot pass costs 0.22-0.24x a one-row step (held-out `yue bench`, four runs; README).
+too, a 4-slot pass costs 0.22-0.25x a one-row step (held-out `yue bench`, six runs; README).
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one

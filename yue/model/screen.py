@@ -18,7 +18,10 @@ the token's row of the weight as the head's column), the rest -inf, all in one C
 over the (rows, V) bounds cost 1-4 ms a step). A row of a SmolLM2 step keeps 1-6 candidates.
 
 Used by the decode loop where the AR logits serve only their argmax (`policies.argmax_only`: greedy,
-no repetition penalty, no log-probs, trace or router); `forward` is the full head, for everything else.
+no repetition penalty, no log-probs or trace); `forward` is the full head, for everything else. Where a
+request asks the router (`verified` below threshold 1), each screened row also brings its softmax
+entropy over its logits as screened (`top1_entropy`): the router's AR feature, within the bound's
+error of the full head's, without the full head's bytes.
 """
 
 from __future__ import annotations
