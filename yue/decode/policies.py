@@ -378,17 +378,15 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
     certain (`Router.features`' slot1_revealed). A greedy step's AR rows are screened whatever the
     router threshold (`StepOutput.screened`: a step's whole head ~3.3 ms against its screen's ~2.1 on
     SmolLM2, AMD EPYC, one thread); the router then reads the anchor row's entropy over its screened
-    logits (`StepOutput.ar_entropy`, the loop asks for it: `Policy.asks_router`), or, not asked, the
-    row's whole logits computed here.
+    logits (`StepOutput.ar_entropy`: the loop asks for it where the router is asked, `Policy.asks_router`).
     """
     revealed = st.cfg.drafting == "separate"
     hidden = rows_at(out.hidden, [k - 1 for k in adv.keep])
     ar_logits, ar_entropy = None, None
     if out.ar_entropy is not None:
         ar_entropy = rows_at(out.ar_entropy, adv.anchor_rows)
-    elif out.screened:  # the AR rows hold their candidates only: the anchor row's whole logits
-        ar_logits = model.ar_logits_of(rows_at(out.hidden, [out.ar_start + r for r in adv.anchor_rows]))
-    else:
+    else:  # screened rows hold their candidates only: their entropy must come with the step
+        assert not out.screened, "a screened step asked for the router needs step(..., ar_entropy=True)"
         ar_logits = rows_at(out.ar_logits, adv.anchor_rows)
     feats = model.router.features(hidden, ar_logits, logits, revealed, ar_entropy=ar_entropy)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]

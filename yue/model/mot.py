@@ -241,17 +241,16 @@ class MoTModel(nn.Module):
 
 @dataclass
 class StepOutput:
-    """One decode forward. ar_logits: (B, n_logits, V), of hidden's rows from `ar_start`; slot_logits:
-    (B, n_slots, V); hidden: (B, T, D); entry: (B, n_committed, D) hidden states entering the first NAR
-    layer (top-layer NAR sets), else None. `screened`: the AR logits hold only where each row's largest
-    may be (`step`'s top1); `YueForCausalLM.ar_logits_of` gives a row's whole ones. ar_entropy: (B,
-    n_logits) each screened AR row's softmax entropy (`ScreenedHead.top1_entropy`), where asked."""
+    """One decode forward. ar_logits: (B, n_logits, V) of the last committed rows; slot_logits: (B, n_slots,
+    V); hidden: (B, T, D); entry: (B, n_committed, D) hidden states entering the first NAR layer
+    (top-layer NAR sets), else None. `screened`: the AR logits hold only where each row's largest may be
+    (`step`'s top1); ar_entropy: (B, n_logits) each screened AR row's softmax entropy
+    (`ScreenedHead.top1_entropy`), where asked."""
 
     ar_logits: torch.Tensor
     slot_logits: torch.Tensor
     hidden: torch.Tensor
     entry: torch.Tensor | None = None
-    ar_start: int = 0
     screened: bool = False
     ar_entropy: torch.Tensor | None = None
 
@@ -382,7 +381,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         # and softmax over bfloat16 are ~4x slower (a 49,152-token argmax: 177 vs 44 us a row).
         if self.draft_head is None and self.draft_vocab is None and not screened:
             logits = head(hidden[:, first:]).float()  # (B, T - first, V): one matmul for all rows
-            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry, first)
+            return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)
         # Screened, lowered or reduced drafting: AR rows through the LM head as loaded (or its screen),
         # slot rows their own way. A drafting pass has no AR rows: no head call (a padded packed head
         # would cost a whole step's).
@@ -399,12 +398,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             if hidden.shape[1] == n_committed
             else self.slot_logits(hidden[:, n_committed:])
         )
-        return StepOutput(ar_logits, slot_logits, hidden, entry, first, screened, entropy)
-
-    def ar_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The AR head's whole float32 logits of final-norm rows (..., D) -> (..., V): what a screened
-        step's row holds only at its candidates (the router reads a drafting step's anchor row)."""
-        return (self.ar_head or self.lm_head)(hidden).float()
+        return StepOutput(ar_logits, slot_logits, hidden, entry, screened, entropy)
 
     def slot_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Slot rows' logits over the whole vocabulary, (B, n, D) -> (B, n, V): the draft head when the

@@ -168,18 +168,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_spread.restype = None
     lib.rows_softmax_stats.argtypes = [ptr, c_long, c_long, ptr, ptr]
     lib.rows_softmax_stats.restype = None
-    lib.rows_screen.argtypes = [
-        ptr,
-        c_long,
-        c_long,
-        *[ptr] * 4,
-        c_long,
-        c_long,
-        ptr,
-        c_long,
-        ptr,
-        ctypes.c_int,
-    ]
+    lib.rows_screen.argtypes = [ptr, c_long, c_long, *[ptr] * 4, c_long, c_long, ptr, c_long, ptr]
+    lib.rows_screen.argtypes += [ctypes.c_int]
     lib.rows_screen.restype = ctypes.c_int
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
