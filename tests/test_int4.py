@@ -1,5 +1,7 @@
 """The int4 precision: the AR layers in 4 bits per group of 32 (a Q4_1 GGUF's own codes), row-exact,
-so `ar` == `verified` in it; the head in bfloat16; a clear error where its kernel does not run."""
+so `ar` == `verified` in it: on yue's row kernel with int8 activations (`RowInt4Linear`, the head
+float32), else on torch's int4pack with bfloat16 ones (`Int4Linear`, the head bfloat16); a clear error
+where neither runs."""
 
 from __future__ import annotations
 
@@ -12,12 +14,28 @@ import yue
 from tests.test_precision import assert_layers_hold_only, assert_verified_equals_ar
 from tests.test_topnar import top_model
 from yue.decode.costs import cost_cache_key, decode_layout
-from yue.model import kernels
-from yue.model.inference import Int4Linear, Lowered, PackedLinear, int4_usable, quantize_int4
+from yue.model import kernels, rowkernel
+from yue.model.inference import (
+    Int4Linear,
+    Lowered,
+    PackedLinear,
+    RowInt4Linear,
+    StreamedLinear,
+    int4_usable,
+    quantize_int4,
+)
+from yue.model.screen import ScreenedHead
 
 needs_int4 = pytest.mark.skipif(
     not kernels.choice().int4_rows,
-    reason=f"torch's int4 kernel does not run on this CPU: {kernels.describe()}",
+    reason=f"no int4 kernel runs on this CPU: {kernels.describe()}",
+)
+needs_int4pack = pytest.mark.skipif(
+    not kernels.choice().ok("int4"), reason=f"torch's int4 kernel does not run here: {kernels.describe()}"
+)
+needs_row_int4 = pytest.mark.skipif(
+    not kernels.choice().ok("rows-int4"),
+    reason=f"the row kernel's int4 does not run here: {kernels.describe()}",
 )
 
 
@@ -43,20 +61,90 @@ def test_quantizing_a_q4_1_weight_gives_back_its_codes_and_values():
     assert ((((got - 8) * scale + zero) - w).abs() <= bound).all()
 
 
-@needs_int4
-def test_int4_rows_do_not_depend_on_the_row_count():
-    """What `ar` == `verified` rests on in this precision: a row's bits are the same in a call of 1..9 rows."""
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(Int4Linear, marks=needs_int4pack), pytest.param(RowInt4Linear, marks=needs_row_int4)],
+)
+def test_int4_rows_do_not_depend_on_the_row_count(kind):
+    """What `ar` == `verified` rests on in this precision: a row's bits are the same in a call of 1..9 rows
+    (and 13: two passes of the row kernel), either kernel, within its activations' rounding of the float
+    product."""
     g = torch.Generator().manual_seed(0)
     for out_f, in_f in [(64, 96), (960, 576), (576, 1536)]:
         linear = torch.nn.Linear(in_f, out_f, bias=False)
         linear.weight.data = q4_1_weight(out_f, in_f, seed=out_f)[1]
-        matmul = Int4Linear(linear)
-        x = torch.randn(9, in_f, generator=g)
-        alone = torch.cat([matmul(x[j : j + 1]) for j in range(9)])
-        for rows in range(1, 10):
+        matmul = kind(linear)
+        x = torch.randn(13, in_f, generator=g)
+        alone = torch.cat([matmul(x[j : j + 1]) for j in range(13)])
+        for rows in (*range(1, 10), 13):
             assert torch.equal(matmul(x[:rows]), alone[:rows]), (out_f, in_f, rows)
-        want = x.to(torch.bfloat16).float() @ linear.weight.t()
+        want = x @ linear.weight.t()
         assert torch.allclose(alone, want, atol=0.02 * want.abs().max().item())
+
+
+def q4dot_reference(x: torch.Tensor, codes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What `rows_matmul_q4dot` computes, in torch (float64 for the exact parts): each row of x quantized
+    per group of 32 to int8 (scale max |x| / 127, half to even), the groups' exact integer sums with the
+    codes, then per group y += sum (d sx) + m (sx sum xq) in float32 with one rounding each (float64
+    then float32: a double rounding that the tolerance of the caller covers)."""
+    rows, inp = x.shape
+    G = inp // 32
+    xg = x.view(rows, G, 32)
+    amax = xg.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    xq = torch.round(xg * inv[..., None]).clamp(-127, 127)
+    sx = amax / 127
+    xs = sx * xq.sum(-1)
+    wg = w.view(w.shape[0], G, 32)
+    m, d = wg.amin(-1), (wg.amax(-1) - wg.amin(-1)) / 15  # the Q4_1 weight's own (float16-exact) d
+    sums = torch.einsum("rgi,ogi->rog", xq.double(), codes.view(w.shape[0], G, 32).double())
+    y = torch.zeros(rows, w.shape[0], dtype=torch.float32)
+    for g in range(G):
+        step = (d[None, :, g] * sx[:, None, g]).double()  # float32 product, as the kernel's
+        y = (sums[:, :, g] * step + y.double()).float()
+        y = (m[None, :, g].double() * xs[:, None, g].double() + y.double()).float()
+    return y
+
+
+@needs_row_int4
+@pytest.mark.parametrize("out_f, in_f", [(45, 64), (8, 32), (960, 576)])
+def test_the_row_kernels_int4_is_the_q4_1_codes_times_rows_quantized_per_group(out_f, in_f):
+    """`q4dot_block` keeps a Q4_1 weight's codes, d and m exactly, and `rows_matmul_q4dot` computes, for
+    1-20 rows (beyond one pass), a partial column block, a zero row and rows of very different scales,
+    the integer products of the codes with each row's int8 groups, scaled: the torch reference within
+    float32's last bits (every build runs these integers and these fmaf steps)."""
+    codes, w = q4_1_weight(out_f, in_f, seed=in_f)
+    blocked = rowkernel.q4dot_block(w)
+    assert rowkernel.layout(blocked) == "q4dot" and rowkernel.inputs(blocked) == in_f
+    # The record's codes, d and m are the file's: unpack them back.
+    B, G, _ = blocked.shape
+    dm = blocked[..., :64].contiguous().view(torch.float32).view(B, G, 2, 8)
+    nib = blocked[..., 64:].view(B, G, 4, 8, 4)
+    both = torch.stack([nib & 15, nib >> 4], 3)  # (B, G, chunk, low/high, output, k)
+    unpacked = both.permute(0, 4, 1, 2, 3, 5).reshape(B * 8, in_f)[:out_f]
+    assert torch.equal(unpacked.to(torch.int32), codes)
+    d = dm[:, :, 0].permute(0, 2, 1).reshape(B * 8, G)[:out_f]
+    m = dm[:, :, 1].permute(0, 2, 1).reshape(B * 8, G)[:out_f]
+    assert torch.equal((unpacked.view(out_f, G, 32) * d[..., None] + m[..., None]).view(out_f, in_f), w)
+    g = torch.Generator().manual_seed(out_f)
+    for rows in (1, 2, 4, 9, 10, 20):
+        x = torch.randn(rows, in_f, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+        x[rows // 2] = 0.0
+        got, want = rowkernel.matmul(x, blocked, out_f), q4dot_reference(x, codes, w)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6 * want.abs().amax().item()), rows
+        assert torch.equal(got[rows // 2], torch.zeros(out_f))
+
+
+@needs_row_int4
+def test_a_weight_not_of_the_gguf_form_is_quantized_round_to_nearest():
+    """Any float weight takes the int4 precision: codes round((w - m) / d) per group, d = (max - m) / 15,
+    so each value within half a step of its code's."""
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    blocked = rowkernel.q4dot_block(w)
+    eye = torch.eye(64)  # one-hot rows: each row reads one input's column, up to the rows' int8 rounding
+    got = rowkernel.matmul(eye, blocked, 16).t()
+    step = (w.view(16, 2, 32).amax(-1) - w.view(16, 2, 32).amin(-1)) / 15
+    assert ((got - w).abs().view(16, 2, 32) <= step[..., None] / 2 + 1e-6).all()
 
 
 def int4_model(seed: int = 0):
@@ -65,9 +153,20 @@ def int4_model(seed: int = 0):
     )
 
 
-@needs_int4
-def test_int4_model_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
+@needs_row_int4
+def test_int4_model_on_the_row_kernel_holds_its_layers_in_four_bits_as_one_call_and_its_head_float32():
     model = int4_model()
+    assert_layers_hold_only(model, RowInt4Linear)
+    assert isinstance(model.ar_head, ScreenedHead) and isinstance(model.ar_head.head, StreamedLinear)
+    assert model.model.kernel_stacks[False] is not None  # the AR layers: one row-kernel call a step
+    assert "RowInt4Linear" in decode_layout(model)
+    assert cost_cache_key(model) != cost_cache_key(top_model(2).prepare_for_decoding(None))
+
+
+@needs_int4pack
+def test_int4_model_on_torchs_kernel_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
+    with kernels.forced("rows-int4"):
+        model = int4_model()
     assert_layers_hold_only(model, Int4Linear)
     packed_bf16 = kernels.packed_rows(torch.bfloat16)
     assert isinstance(model.ar_head, Lowered) == packed_bf16
@@ -79,7 +178,7 @@ def test_int4_model_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
     assert model.model.layers[0].exact_rows
     assert model.model.layers[0].decode_sets[0].attention == ("kernel" if kernel else "per-row")
     assert ("attention row kernel" if kernel else "attention per row") in decode_layout(model)
-    with kernels.forced("rows-f32"):
+    with kernels.forced("rows-f32"):  # the row kernel off: its int4 off too
         assert int4_model().model.layers[0].decode_sets[0].attention == "per-row"
 
 
@@ -92,15 +191,19 @@ def test_shapes_the_int4_kernel_does_not_take_are_named():
 
 @needs_int4
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 40), threshold=st.sampled_from([0.5, 1.0]))
-def test_int4_verified_equals_ar(seed, threshold):
-    assert_verified_equals_ar(int4_model(seed=seed % 5), seed, threshold)
+@given(seed=st.integers(0, 40), threshold=st.sampled_from([0.5, 1.0]), torchs=st.booleans())
+def test_int4_verified_equals_ar(seed, threshold, torchs):
+    """Either int4 kernel (torch's forced where the row kernel's runs, when `torchs`)."""
+    with kernels.forced(*(["rows-int4"] if torchs and kernels.choice().ok("int4") else [])):
+        model = int4_model(seed=seed % 5)
+    assert_verified_equals_ar(model, seed, threshold)
 
 
 @needs_int4
 def test_int4_engine_generates_and_verified_equals_ar(trained_model_dir):
     engine = yue.load(trained_model_dir, dtype="int4")
-    assert isinstance(engine.model.model.layers[0].decode_sets[0].qkv, Int4Linear)
+    kind = RowInt4Linear if kernels.choice().ok("rows-int4") else Int4Linear
+    assert isinstance(engine.model.model.layers[0].decode_sets[0].qkv, kind)
     for prompt in ("def add(a, b):", "import os\n"):
         ar = engine.generate(prompt, mode="ar", max_new_tokens=20, ignore_eos=True).token_ids
         assert len(ar) == 20
@@ -108,7 +211,7 @@ def test_int4_engine_generates_and_verified_equals_ar(trained_model_dir):
 
 
 def test_int4_where_its_kernel_is_off_is_a_clear_error(trained_model_dir):
-    with kernels.forced("int4") as choice:
+    with kernels.forced("int4", "rows-int4") as choice:
         assert "int4 (forced off)" in choice.describe() and "int4 layers: off" in choice.describe()
         with pytest.raises(ValueError, match="int4 precision needs a CPU where"):
             yue.load(trained_model_dir, dtype="int4")

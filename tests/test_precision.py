@@ -4,6 +4,7 @@ construction (a verifying row computes the bits a one-row AR step would); its ke
 from __future__ import annotations
 
 import logging
+import platform
 
 import pytest
 import torch
@@ -226,12 +227,24 @@ def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
         assert torch.equal(lone_batch[:, :, t : t + 1], lone), t
 
 
-@pytest.mark.parametrize("flags", [[], ["-DYUE_NO_SHUFFLE"]])
+X86 = platform.machine() in ("x86_64", "AMD64")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["-DYUE_NO_SHUFFLE"],
+        pytest.param(["-mavx2", "-mfma"], marks=pytest.mark.skipif(not X86, reason="x86")),
+    ],
+)
 def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkeypatch):  # noqa: F811
     """The last flag set (plain -O3: no -march, so 8-float vectors, as on an AVX2 or ARM CPU, and no
-    OpenMP), forced here, and that build as a compiler without vector shuffles makes it (GCC < 12):
-    the attention stays row-exact, the whole float32 model too, the one-call layer right, and the drafting
-    kernels (integer dot products, softmax statistics) compute what the native build does."""
+    OpenMP), forced here, that build as a compiler without vector shuffles makes it (GCC < 12), and an
+    AVX2 build (the intrinsics paths without AVX512 or VNNI, on any x86 CPU that runs this): the
+    attention stays row-exact, the whole float32 model too, the one-call layer right, and the drafting
+    kernels (integer dot products, softmax statistics) and the int4 precision's matmul compute what the
+    native build does."""
     from yue.model import rowkernel
 
     monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
@@ -245,6 +258,11 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
     # softmax statistics on the plain build's vectors.
     test_drafting_kernel.test_the_integer_dot_matmul_is_exact_integer_arithmetic_on_rows_quantized(45, 72)
     test_drafting_kernel.test_the_row_kernels_softmax_stats_are_the_routers()
+    from tests import test_int4  # here: test_int4 imports this module's helpers
+
+    for shape in ((45, 64), (960, 576)):
+        test_int4.test_the_row_kernels_int4_is_the_q4_1_codes_times_rows_quantized_per_group(*shape)
+    test_int4.test_int4_rows_do_not_depend_on_the_row_count(inference.RowInt4Linear)
 
 
 @needs_packed

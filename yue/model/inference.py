@@ -258,6 +258,42 @@ class Int4Linear(nn.Module):
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
+class RowInt4Linear(nn.Module):
+    """The int4 precision's matmul on yue's row kernel: the weight as 4-bit codes with a float32 d and m
+    per group of 32 inputs (`rowkernel.q4dot_block`: a Q4_1 GGUF's own codes and scales, exactly), each
+    activation row quantized to int8 per group of 32 and multiplied in integer arithmetic
+    (`rows_matmul_q4dot`: llama.cpp's Q4_1 x Q8_1 scheme). Row-exact: a row's bits do not depend on the
+    call's rows, so `ar` == `verified` in this precision. Preferred over `Int4Linear` where the row
+    kernel builds: its layers are one row-kernel call each and a step's layers one call
+    (`rowkernel.stack`), and its extra verifying rows cost a fraction of the float ones.
+
+    The tensor is held in a tuple, not registered: nothing in a state dict, no `.to()`.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.blocked = (rowkernel.q4dot_block(linear.weight.detach()),)
+        self.out_features = linear.out_features
+
+    @staticmethod
+    def fits(linear: nn.Module) -> bool:
+        """Whether the row kernel's int4 matmul takes `linear`: bias-free float32 on the CPU, inputs in
+        whole groups of 32."""
+        return cpu_matmul(linear) and linear.weight.dtype == torch.float32 and linear.in_features % 32 == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rowkernel.matmul(x, self.blocked[0], self.out_features)
+
+
+def int4_matmul(linear: nn.Module) -> nn.Module:
+    """The int4 precision's form of an AR matmul: on the row kernel where it runs its int4 matmul
+    (`RowInt4Linear`), else torch's int4pack (`Int4Linear`); a matmul neither takes in bfloat16
+    (`bf16_packed`), row-exact as they are."""
+    if kernels.choice().int4_rows == kernels.ROW_INT4 and RowInt4Linear.fits(linear):
+        return RowInt4Linear(linear)
+    return Int4Linear(linear) if int4_usable(linear) else bf16_packed(linear)
+
+
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, in) float weight -> codes (out, in) int32 in 0..15 and scales_zeros (in / 32, out, 2)
     bfloat16, the weight being (code - 8) * scale + zero per group of 32 inputs.
@@ -297,16 +333,16 @@ def int4_unavailable(device: torch.device | str) -> str:
     """Why the int4 precision cannot run on `device` ("" = it can): for `load`, before any weights
     are read, and for `prepare_for_decoding`."""
     if torch.device(device).type != "cpu":
-        return "the CPU (its kernel is torch's CPU int4pack)"
+        return "the CPU (its kernels are yue's row kernel and torch's CPU int4pack)"
     if not kernels.choice().int4_rows:
-        return f"a CPU where torch's int4 kernel runs ({kernels.describe()})"
+        return f"a CPU where yue's row kernel or torch's int4 kernel runs ({kernels.describe()})"
     return ""
 
 
 def row_exact(matmul: nn.Module) -> bool:
     """Whether a decode matmul gives each row the same bits whatever the call's row count."""
     inner = matmul.inner if isinstance(matmul, Lowered) else matmul
-    return isinstance(inner, (PackedLinear, Int4Linear, StreamedLinear))
+    return isinstance(inner, (PackedLinear, Int4Linear, RowInt4Linear, StreamedLinear))
 
 
 def bf16_packed(linear: nn.Module) -> nn.Module:
@@ -474,7 +510,7 @@ def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device 
 
 
 # A model's precision by name -> the dtype `load` converts it to (None: as saved). "int4" loads as
-# saved and holds its AR layers in 4 bits (`Int4Linear`, `prepare_for_decoding(int4=True)`).
+# saved and holds its AR layers in 4 bits (`int4_matmul`, `prepare_for_decoding(int4=True)`).
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "int4": None}
 
 
@@ -567,7 +603,9 @@ def prepare_for_decoding(
       (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.
     - With `int4` (the int4 precision, a float32 model on the CPU): the AR layers' matmuls in 4 bits
-      (`Int4Linear`), the head for AR rows in bfloat16 (`bf16_packed`), both row-exact.
+      (`int4_matmul`): on the row kernel with int8 activations (`RowInt4Linear`; the head for AR rows
+      float32 there, `StreamedLinear`, screened), else torch's int4pack on bfloat16 activations
+      (`Int4Linear`; the head in bfloat16, `bf16_packed`), all row-exact.
     - With `low_memory`, a float32 model's AR matmuls hold one copy whatever their size, as a large
       model's do (`streamed_weights`): the row kernel's layers already do, and their head keeps only
       its input-major copy (the embedding table); else `kernels.choice().float32_one_copy`, the
@@ -629,9 +667,7 @@ def prepare_for_decoding(
                     for name, child in list(module.named_children()):
                         setattr(module, name, lower(child))
             matmuls = [
-                (Int4Linear(m) if int4_usable(m) else bf16_packed(m))
-                if int4 and not nar
-                else row_adaptive(m, one_copy and not streamed, rows)
+                int4_matmul(m) if int4 and not nar else row_adaptive(m, one_copy and not streamed, rows)
                 for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
             ]
             exact = not nar and all(row_exact(m) for m in matmuls)
@@ -658,7 +694,9 @@ def prepare_for_decoding(
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
     head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
-    if int4:
+    if int4 and kernels.choice().int4_rows == kernels.ROW_INT4:
+        head = StreamedLinear(model.lm_head)  # the float32 logits of the int4 rows, screened below
+    elif int4:
         head = bf16_packed(model.lm_head)
     elif head_once and streamed:  # not `row_adaptive`'s one copy, which may be a packed one (timed)
         head = model.lm_head

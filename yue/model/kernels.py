@@ -31,11 +31,15 @@ Design decisions:
   prefill's, a partial column block); off, the weights stay float32 in the row kernel.
 - `rows-q8` (`rowkernel.q8_block`, `rows_matmul_q8`): the same for weights that 8-bit codes give back
   exactly (a GGUF's Q8_0 table: SmolLM2's tied head), at 1.125 bytes a weight; probed alike.
+- `rows-int4` (`rowkernel.q4dot_block`, `rows_matmul_q4dot`): the int4 precision's AR layers on the
+  row kernel, 4-bit codes times activations quantized to int8 per group of 32 (llama.cpp's Q4_1 x Q8_1
+  scheme), in integer dot products. Probed for row-exactness (1-9 rows and 13) and against the float
+  product within the activations' rounding; preferred (`int4_rows`), since its layers are one call.
 - int4 (`pack_int4`, `int4_linear`: torch's CPU int4pack kernels, weight-only, bfloat16 activations):
-  the int4 precision's AR layers, a user's choice like bfloat16. No fallback computes its function
-  row-exactly, so where the probe fails `yue.load(dtype="int4")` is an error naming why. With
-  float32 activations the same kernel is ~30x slower here (3.2 ms against 0.10 for a 576x3072 matmul),
-  hence bfloat16.
+  the int4 precision's AR layers where the row kernel does not build (another rounding of the
+  activations, so int4's outputs differ from the row kernel's there), a user's choice like bfloat16.
+  Where neither probe passes `yue.load(dtype="int4")` is an error naming why. With float32 activations
+  the same kernel is ~30x slower here (3.2 ms against 0.10 for a 576x3072 matmul), hence bfloat16.
 - Forcing a fallback, for tests and for users on odd CPUs: the environment variable
   `YUE_KERNELS` ("auto", "portable" = every fallback, or e.g. "no-onednn-bf16,no-int8"), or the
   context manager `forced(...)`, which wins over it. A model keeps the kernels it was prepared with.
@@ -65,12 +69,14 @@ KERNELS = (
     "rows-f32",
     "rows-q4",
     "rows-q8",
+    "rows-int4",
     "onednn-f32",
     "onednn-bf16",
     *(f"int8-{e}" for e in INT8_ENGINES),
     "int4",
 )
 ENV = "YUE_KERNELS"
+ROW_INT4 = "row kernel (int8 activations)"  # `KernelChoice.int4_rows` where `rows-int4` runs
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
 # A weight held once is kept packed where the packed kernel's one row costs at most this many times
 # MKL's GEMV (`KernelChoice.float32_one_copy`): 1.02 on an AMD EPYC with AVX512, 1.3-1.6 with AVX2 and
@@ -151,8 +157,11 @@ class KernelChoice:
 
     @property
     def int4_rows(self) -> str:
-        """Kernel for the int4 precision's AR layers (`inference.Int4Linear`); "" where it cannot run."""
-        return "int4pack" if self.ok("int4") else ""
+        """Kernel for the int4 precision's AR layers (`inference.int4_matmul`): yue's row kernel on int8
+        activations (`ROW_INT4`), else torch's int4pack on bfloat16 ones; "" where neither runs."""
+        if self.ok("rows-int4"):
+            return ROW_INT4
+        return "int4pack (bfloat16 activations)" if self.ok("int4") else ""
 
     @property
     def int8_engine(self) -> str | None:
@@ -341,6 +350,24 @@ def _probe_codes(name: str) -> str:
     return ""
 
 
+def _probe_int4_rows() -> str:
+    """Why the row kernel's int4 matmul cannot serve the int4 precision here ("" = it can): a weight of
+    the GGUF's Q4_1 form (a partial column block) over 1-9 rows and 13 (two passes), each row the bits
+    of the row alone, all within the activations' int8 rounding of the float product."""
+    g = torch.Generator().manual_seed(0)
+    d = torch.rand(12, 2, 1, generator=g).half().float()
+    codes = torch.randint(0, 16, (12, 2, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15
+    w = torch.addcmul(-8 * d, codes, d).view(12, 64)
+    packed = rowkernel.q4dot_block(w)
+    x = torch.randn(13, 64, generator=g)
+    alone = torch.cat([rowkernel.matmul(x[r : r + 1], packed, 12) for r in range(13)])
+    for rows in (*range(1, rowkernel.MAX_ROWS + 1), 13):
+        if not torch.equal(rowkernel.matmul(x[:rows], packed, 12), alone[:rows]):
+            return f"tried: {rows} rows not each row's bits alone"
+    return _tried(lambda: alone, x @ w.t(), 0.05)
+
+
 def _probe_packed(dtype: torch.dtype) -> str:
     """Why oneDNN's pre-packed matmul cannot serve `dtype` here ("" = it can)."""
     if not torch.backends.mkldnn.is_available():
@@ -419,6 +446,8 @@ def _probe(off: frozenset[str]) -> KernelChoice:
             whys[name] = _probe_rows()
         elif name in ("rows-q4", "rows-q8"):
             whys[name] = "needs rows-f32" if whys["rows-f32"] else _probe_codes(name)
+        elif name == "rows-int4":
+            whys[name] = "needs rows-f32" if whys["rows-f32"] else _probe_int4_rows()
         else:
             whys[name] = _probe_packed(next(d for d, k in PACKED_KERNEL.items() if k == name))
     probes = tuple(Probe(n, not w, w) for n, w in whys.items())

@@ -351,17 +351,20 @@ int rows_lanes(void) { return LANES; }
 
 void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads);
+void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 
 /* The weight kinds rows_layer takes (rowkernel.LAYER_KINDS): all four matmuls of a layer one kind. */
-enum { LAYER_F32, LAYER_Q4, LAYER_I8 };
+enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT };
 
-/* A matmul of rows_layer's: float32 weights in rowkernel.block's layout, 4-bit codes in rows_matmul_q4's,
- * or int8 codes in rowkernel.dot_block's layout times a scale per output (`scale`, out floats: a drafting
+/* A matmul of rows_layer's: float32 weights in rowkernel.block's layout, 4-bit codes in rows_matmul_q4's
+ * (or the int4 precision's, rows_matmul_q4dot's), or int8 codes in rowkernel.dot_block's layout times a scale per output (`scale`, out floats: a drafting
  * set's, on integer dot products). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
         rows_matmul_q4(x, rows, in, w, y, out, threads);
+    else if (kind == LAYER_Q4DOT)
+        rows_matmul_q4dot(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_F32)
         rows_matmul(x, rows, in, w, y, out, threads);
     else {
@@ -908,6 +911,142 @@ int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned c
 
 int rows_code_group(void) { return Q4_GROUP; } /* = Q8_GROUP */
 int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
+
+/* ---- The int4 precision's matmul: 4-bit codes times activations quantized to int8, integer dot products ----
+ *
+ * Why: rows_matmul_q4 rebuilds each float32 weight from its code and spends a float FMA on it per row, so
+ * a float32 verifying row costs the FMA units' pace (~3 ms over SmolLM2's layers, AVX2, one thread) and
+ * a step's extra rows are dear. The int4 precision instead quantizes each activation row to int8 per
+ * group of Q4_GROUP inputs (scale sx = max |x| / 127 of the group, as llama.cpp's Q8_1) and multiplies
+ * the GGUF's Q4_1 codes (0..15, d and m per group) in integer arithmetic: per output and group,
+ *   y += (sum_i code_i xq_i) * (d sx) + m * (sx sum_i xq_i),
+ * 32 products per instruction pair (maddubs, madd; one dpbusd with VNNI). The weights' codes, d and m
+ * are the file's exactly; the activations' rounding is the precision's loss (its NLL is reported).
+ *
+ * Layout (rowkernel.q4dot_block): per column block of DOT_BLK outputs, per group of Q4_GROUP inputs, one
+ * Q4DOT_BYTES record: d (DOT_BLK floats), m (DOT_BLK floats), then 4 chunks of 32 bytes, chunk c's
+ * byte 4 j + k holding output j's code of input 8 c + k in its low nibble and of input 8 c + 4 + k in
+ * its high one: each nibble plane of a chunk is the dot_block layout of a quad of inputs.
+ *
+ * Exactness: the integer sums are exact, and each row's float arithmetic (two fmaf a group, groups in
+ * order) is the same in every build and call, whatever the row count: `ar` == `verified` at int4. */
+#define Q4DOT_BYTES (2 * DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK / 2)
+
+/* x (rows, in) quantized per group of Q4_GROUP: xq (rows, in / 4) quads of int8 codes; sx (rows, groups)
+ * the groups' scales; xs (rows, groups) sx times the group's code sum (m's factor). */
+static void quantize_groups(const float *x, long rows, long in, int *xq, float *sx, float *xs) {
+    const long groups = in / Q4_GROUP;
+    for (long r = 0; r < rows; r++)
+        for (long g = 0; g < groups; g++) {
+            const float *xg = x + r * in + g * Q4_GROUP;
+            float amax = 0.f;
+            for (int i = 0; i < Q4_GROUP; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
+            const float inv = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
+            signed char *c = (signed char *)(xq + r * (in / 4)) + g * Q4_GROUP;
+            int sum = 0;
+            for (int i = 0; i < Q4_GROUP; i++) {
+                const float q = nearbyintf(xg[i] * inv);
+                c[i] = q > 127.f ? 127 : q < -127.f ? -127 : q == q ? (signed char)q : 0;
+                sum += c[i];
+            }
+            sx[r * groups + g] = amax / 127.f, xs[r * groups + g] = amax / 127.f * (float)sum;
+        }
+}
+
+/* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads. */
+#if defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#else
+#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones))
+#endif
+#define Q4DOT_FN(NAME, R)                                                                                   \
+    static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
+                     float *sums) {                                                                         \
+        const long groups = in / Q4_GROUP, quads = in / 4;                                                  \
+        const __m256i low = _mm256_set1_epi8(15);                                                           \
+        __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
+        __m256 acc[R];                                                                                      \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
+        for (long g = 0; g < groups; g++) {                                                                 \
+            const unsigned char *rec = w + g * Q4DOT_BYTES;                                                 \
+            __builtin_prefetch(rec + 2 * Q4DOT_BYTES, 0, 0);                                                \
+            __builtin_prefetch(rec + 2 * Q4DOT_BYTES + 64, 0, 0);                                           \
+            __builtin_prefetch(rec + 2 * Q4DOT_BYTES + 128, 0, 0);                                          \
+            const __m256 d = _mm256_loadu_ps((const float *)rec), m = _mm256_loadu_ps((const float *)rec + DOT_BLK); \
+            __m256i c[8];                                                                                   \
+            for (int k = 0; k < 4; k++) {                                                                   \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 2 * DOT_BLK * sizeof(float) + 32 * k)); \
+                c[2 * k] = _mm256_and_si256(v, low), c[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); \
+            }                                                                                               \
+            for (int r = 0; r < R; r++) {                                                                   \
+                const int *xr = xq + r * quads + g * (Q4_GROUP / 4);                                        \
+                __m256i s = _mm256_setzero_si256();                                                         \
+                for (int k = 0; k < 8; k++) s = DPBUSD(s, c[k], _mm256_set1_epi32(xr[k]));                  \
+                const float sxr = sx[r * groups + g];                                                       \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(sxr)), acc[r]); \
+                acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[r * groups + g]), acc[r]);                    \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
+    }
+#else
+#define Q4DOT_FN(NAME, R)                                                                                   \
+    static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
+                     float *sums) {                                                                         \
+        const long groups = in / Q4_GROUP, quads = in / 4;                                                  \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int j = 0; j < DOT_BLK; j++) sums[r * DOT_BLK + j] = 0.f;                                  \
+        for (long g = 0; g < groups; g++) {                                                                 \
+            const unsigned char *rec = w + g * Q4DOT_BYTES, *codes = rec + 2 * DOT_BLK * sizeof(float);     \
+            const float *d = (const float *)rec, *m = d + DOT_BLK;                                          \
+            for (int r = 0; r < R; r++) {                                                                   \
+                const signed char *x = (const signed char *)(xq + r * quads) + g * Q4_GROUP;                \
+                for (int j = 0; j < DOT_BLK; j++) {                                                         \
+                    int s = 0;                                                                              \
+                    for (int i = 0; i < Q4_GROUP; i++)                                                      \
+                        s += x[i] * ((codes[32 * (i / 8) + 4 * j + i % 4] >> (i % 8 / 4 * 4)) & 15);        \
+                    float *y = sums + r * DOT_BLK + j;                                                      \
+                    *y = fmaf((float)s, d[j] * sx[r * groups + g], *y);                                     \
+                    *y = fmaf(m[j], xs[r * groups + g], *y);                                                \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+#endif
+Q4DOT_FN(q4dot_1, 1)
+Q4DOT_FN(q4dot_2, 2)
+Q4DOT_FN(q4dot_3, 3)
+Q4DOT_FN(q4dot_4, 4)
+Q4DOT_FN(q4dot_5, 5)
+Q4DOT_FN(q4dot_6, 6)
+Q4DOT_FN(q4dot_7, 7)
+Q4DOT_FN(q4dot_8, 8)
+Q4DOT_FN(q4dot_9, 9)
+typedef void (*q4dot_fn)(const int *, const float *, const float *, long, const unsigned char *, float *);
+static const q4dot_fn Q4DOTS[MAX_R + 1] = {0, q4dot_1, q4dot_2, q4dot_3, q4dot_4, q4dot_5, q4dot_6, q4dot_7, q4dot_8, q4dot_9};
+
+/* y (rows, out) = x (rows, in) quantized per group @ W.t(), W in rowkernel.q4dot_block's layout. */
+void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    const long quads = in / 4, groups = in / Q4_GROUP, blocks = (out + DOT_BLK - 1) / DOT_BLK;
+    int *xq = malloc(rows * quads * sizeof(int));
+    float *sx = malloc(rows * groups * sizeof(float)), *xs = malloc(rows * groups * sizeof(float));
+    quantize_groups(x, rows, in, xq, sx, xs);
+    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
+        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (long b = 0; b < blocks; b++) {
+            float sums[MAX_R * DOT_BLK];
+            Q4DOTS[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in, w + b * groups * Q4DOT_BYTES, sums);
+            const long n = out - b * DOT_BLK < DOT_BLK ? out - b * DOT_BLK : DOT_BLK;
+            for (long r = 0; r < R; r++)
+                for (long j = 0; j < n; j++) y[(r0 + r) * out + b * DOT_BLK + j] = sums[r * DOT_BLK + j];
+        }
+    }
+    free(xq), free(sx), free(xs);
+}
+
+int rows_q4dot_bytes(void) { return Q4DOT_BYTES; }
 
 /* ---- The same for 8-bit codes: a GGUF's Q8_0 table (SmolLM2's tied head), code * d per group ----
  *

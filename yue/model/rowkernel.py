@@ -83,6 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from yue.model.gguf import cache_root
 
@@ -154,11 +155,12 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    for codes in (lib.rows_matmul_i8, lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8):
+    matmuls = (lib.rows_matmul_i8, lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8)
+    for codes in (*matmuls, lib.rows_matmul_q4dot):
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
     lib.rows_dot_block.restype = ctypes.c_int
-    lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = ctypes.c_int
+    lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = lib.rows_q4dot_bytes.restype = ctypes.c_int
     for pack in (lib.rows_q4_pack, lib.rows_q8_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
@@ -262,6 +264,40 @@ def q8_block(w: torch.Tensor) -> torch.Tensor | None:
     return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes())
 
 
+def q4dot_block(w: torch.Tensor) -> torch.Tensor:
+    """An (out, in) float32 weight (in a multiple of 32) as the int4 precision's 4-bit codes in
+    `rows_matmul_q4dot`'s layout: uint8 (ceil(out / DOT_BLK), in / 32, 192), per column block and group
+    of 32 inputs a record of d (DOT_BLK float32), m (DOT_BLK float32) and the codes' nibbles (chunk c's
+    byte 4 j + k: output j's code of input 8 c + k low, of 8 c + 4 + k high), zero-padded.
+
+    Each group of an output is code * d + m, codes 0..15 (asymmetric round-to-nearest: m the group's
+    minimum, d (max - m) / 15). A GGUF's Q4_1 weights dequantized (a float16 d, codes spanning 0..15)
+    give back the file's codes, d and m exactly, so the int4 precision's weights are the file's; any
+    other float weight is quantized (the precision's loss, with the activations' rounding)."""
+    lib = library()
+    out, inp = w.shape
+    assert w.dtype == torch.float32 and inp % 32 == 0, (w.dtype, inp)
+    G = inp // 32
+    groups = w.detach().reshape(out, G, 32)
+    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    d = ((hi - lo) / 15).half().float()  # a Q4_1 file's d is a float16 value
+    codes = ((groups - lo) / d).round().clamp(0, 15)
+    if not torch.equal(codes * d + lo, groups):  # not the GGUF's form: round-to-nearest in float32
+        d = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+        codes = ((groups - lo) / d).round().clamp(0, 15)
+    blk = lib.rows_dot_block()
+    B = -(-out // blk)
+    pad = B * blk - out
+    codes = F.pad(codes.to(torch.uint8), (0, 0, 0, 0, 0, pad)).view(B, blk, G, 4, 2, 4)
+    nibbles = codes.permute(0, 2, 3, 4, 1, 5)  # (B, G, chunk, low/high, output, k)
+    packed = (nibbles[:, :, :, 0] | nibbles[:, :, :, 1] << 4).reshape(B, G, 32 * 4)
+    dm = torch.stack([F.pad(t[..., 0], (0, 0, 0, pad)).view(B, blk, G) for t in (d, lo)], 1)  # (B, 2, blk, G)
+    scales = dm.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(B, G, 2 * blk * 4)
+    record = torch.cat([scales, packed], -1).contiguous()
+    assert record.shape[-1] == lib.rows_q4dot_bytes()
+    return record
+
+
 def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
     """`q4_block` / `q8_block`: the C packer `pack`'s layout (`record` bytes a group of a column block),
     or None where it refuses the weight."""
@@ -277,20 +313,23 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 
 def layout(blocked: torch.Tensor) -> str:
     """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's),
-    "i8dot" (`dot_block`'s 4-d int8 codes: `inference.RowInt8Linear`'s), "q4" (`q4_block`) or "q8"
-    (`q8_block`; both uint8 records, told apart by their record's bytes, 768 and 1152)."""
+    "i8dot" (`dot_block`'s 4-d int8 codes: `inference.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
+    (`q8_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last three uint8 records, told
+    apart by their record's bytes (768, 1152, 192)."""
     if blocked.dtype != torch.uint8:
         return "float32" if blocked.dtype == torch.float32 else "i8dot" if blocked.dim() == 4 else "int8"
-    return "q4" if blocked.shape[-1] == _q4_bytes() else "q8"
+    return _record_kinds()[blocked.shape[-1]]
 
 
 @functools.cache
-def _q4_bytes() -> int:
-    return library().rows_q4_bytes()
+def _record_kinds() -> dict[int, str]:
+    lib = library()
+    return {lib.rows_q4_bytes(): "q4", lib.rows_q8_bytes(): "q8", lib.rows_q4dot_bytes(): "q4dot"}
 
 
 def inputs(blocked: torch.Tensor) -> int:
-    """A weight's input count from its kernel layout (`block`, `dot_block`, `q4_block` or `q8_block`)."""
+    """A weight's input count from its kernel layout (`block`, `dot_block`, or the records of `q4_block`,
+    `q8_block` and `q4dot_block`: groups of 32 inputs)."""
     if blocked.dtype == torch.uint8:
         return blocked.shape[1] * library().rows_code_group()
     return blocked.shape[1] * (4 if blocked.dim() == 4 else 1)
@@ -304,16 +343,18 @@ MATMULS = {
     "i8dot": "rows_matmul_i8dot",
     "q4": "rows_matmul_q4",
     "q8": "rows_matmul_q8",
+    "q4dot": "rows_matmul_q4dot",
 }
-# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8).
-LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2}
+# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT).
+LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
     An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales), a `dot_block`
     one the same on x quantized per row (`rows_matmul_i8dot`, its rows' scales applied); `q4_block(W)`
-    and `q8_block(W)` give `block(W)`'s bits (`rows_matmul_q4`, `rows_matmul_q8`), any row count."""
+    and `q8_block(W)` give `block(W)`'s bits (`rows_matmul_q4`, `rows_matmul_q8`), any row count;
+    `q4dot_block(W)` the int4 precision's product, x quantized per group of 32 (`rows_matmul_q4dot`)."""
     inp = x.shape[-1]
     flat = x.reshape(-1, inp).contiguous()
     y = torch.empty(flat.shape[0], out, dtype=torch.float32)
