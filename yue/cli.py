@@ -39,8 +39,8 @@ MODEL_HELP = (
 )
 DTYPE_HELP = (
     "float32 (the GGUF's values) | bfloat16: a named precision, ~1.5x faster on a CPU with AVX512-BF16 "
-    "or AMX | int4 (CPU): the AR layers in 4 bits (a Q4_1 GGUF's own codes), the fastest; ar and "
-    "verified stay exact against each other in each."
+    "or AMX | int4 (CPU): the AR layers in 4 bits (a Q4_1 GGUF's own codes) on int8 activations, "
+    "as llama.cpp runs them, the fastest; ar and verified stay exact against each other in each."
 )
 LOW_MEMORY_HELP = (
     "float32 on a CPU: each weight held once. With yue's row kernel the layers hold one copy anyway "

@@ -389,8 +389,10 @@ def load(
             activations in bfloat16 (as `LlamaForCausalLM` in bfloat16), attention and KV cache in
             float32 on a CPU; `ar` and `verified` are exact against each other in it (`inference.py`).
             "int4" (CPU): another named precision, the AR layers' weights in 4 bits per group of 32
-            (a Q4_1 GGUF's own codes) on bfloat16 activations, the head in bfloat16, the rest float32;
-            `ar` and `verified` exact against each other too (`inference.Int4Linear`).
+            (a Q4_1 GGUF's own codes) on activations quantized to int8 per group of 32 (yue's row
+            kernel, as llama.cpp's Q4_1 x Q8_1), the head float32; where that kernel does not build,
+            on bfloat16 activations (torch's int4pack), the head bfloat16; `ar` and `verified` exact
+            against each other too (`inference.int4_matmul`).
         nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
             `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same

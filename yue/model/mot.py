@@ -303,7 +303,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
 
         The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts
         (and what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its
-        own: the AR layers in 4 bits, the head in bfloat16 (`inference.Int4Linear`). `low_memory`: a
+        own: the AR layers in 4 bits (`inference.int4_matmul`). `low_memory`: a
         float32 model's AR matmuls hold one copy of their weights, not two (slower verifying rows or
         one-row steps, by CPU; `inference.prepare_for_decoding`). See `inference.py` for why and the
         measured gains. Inference only: a prepared model cannot be saved; save it before

@@ -636,8 +636,9 @@ void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, fl
  * float and spends a float FMA on it: 4 slots over SmolLM2's 4 NAR layers were compute-bound at ~2.1 ms
  * (14 MB of codes, ~6.8 GB/s). Here each row of x is quantized to int8 (symmetric, scale max |x| / 127)
  * and multiplied by the codes in integer arithmetic, 32 products per three AVX2 instructions (sign,
- * maddubs, madd): the same 4 NAR layers (random codes, one thread, AMD EPYC with AVX2, min of 15) 2 / 4 /
- * 8 rows 1.18 / 1.39 / 2.29 ms against 1.38 / 2.09 / 3.79, 4 rows at memory speed. Drafts only: the
+ * maddubs, madd; two with AVX512-VNNI: sign, dpbusd): the same 4 NAR layers (random codes, one thread,
+ * AMD EPYC with AVX2, min of 15) 2 / 4 / 8 rows 1.18 / 1.39 / 2.29 ms against 1.38 / 2.09 / 3.79, 4
+ * rows at memory speed. Drafts only: the
  * activations' rounding (relative error ~0.8% on Gaussian rows) never reaches a verified token.
  *
  * Layout (rowkernel.dot_block): W (out, in) int8 codes, -127..127, in a multiple of 4, as column blocks
@@ -670,9 +671,17 @@ static void quantize_rows(const float *x, long rows, long in, int *xq, float *sx
  * |w| times x with w's signs (so that maddubs's unsigned operand is |w| <= 127 and its pairs cannot
  * saturate), then pairs of 16-bit products to 32 bits. */
 #if defined(__AVX2__)
+/* acc + the sums of each 4 adjacent products of unsigned bytes u and signed bytes s, per 32-bit lane:
+ * one VNNI instruction, else maddubs (16-bit pair sums, which the callers' operands cannot saturate:
+ * u <= 127, or u <= 15) and madd with `ones` (a vector of 16-bit ones in the caller's scope). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#else
+#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones))
+#endif
 #define DOT_FN(NAME, R)                                                                                     \
     static void NAME(const int *xq, long quads, const signed char *w, int *sums) {                          \
-        const __m256i ones = _mm256_set1_epi16(1);                                                          \
+        __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
         __m256i acc[R];                                                                                     \
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                        \
         for (long q = 0; q < quads; q++) {                                                                  \
@@ -681,7 +690,7 @@ static void quantize_rows(const float *x, long rows, long in, int *xq, float *sx
             const __m256i wv = _mm256_loadu_si256((const __m256i *)wq), aw = _mm256_abs_epi8(wv);           \
             for (int r = 0; r < R; r++) {                                                                   \
                 const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xq[r * quads + q]), wv);              \
-                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));  \
+                acc[r] = DPBUSD(acc[r], aw, xs);                                                            \
             }                                                                                               \
         }                                                                                                   \
         for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)(sums + r * DOT_BLK), acc[r]);           \
@@ -955,11 +964,6 @@ static void quantize_groups(const float *x, long rows, long in, int *xq, float *
 
 /* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads. */
 #if defined(__AVX2__)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
-#else
-#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones))
-#endif
 #define Q4DOT_FN(NAME, R)                                                                                   \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
                      float *sums) {                                                                         \
