@@ -41,6 +41,17 @@ then widened each code to a float (`rows_matmul_i8`, compute-bound); on integer 
 quantized to int8 (`dot_block`, `rows_matmul_i8dot`), with the slot entry and the draft head on them
 too, a 4-slot pass costs 0.22-0.25x a one-row step (held-out `yue bench`, six runs; README).
 
+Why the int4 precision on the row kernel (`q4dot_block`, `rows_matmul_q4dot`): float32 from 4-bit codes
+rebuilds each weight and spends a float FMA on it per row, so its one-row step is compute-bound and
+each verifying row costs the FMA units' pace. The int4 precision keeps the GGUF's codes, d and m
+exactly and rounds the activations instead, to int8 per group of 32 (llama.cpp's Q4_1 x Q8_1 scheme),
+multiplying in integer dot products: SmolLM2's 30 layers (random Q4_1 weights, one thread, AMD EPYC
+with AVX512 and VNNI, min of 8, one process) 1 / 2 / 4 / 8 / 9 rows 3.6 / 4.8 / 6.5 / 12.4 / 13.2 ms
+against 6.7 / 9.3 / 12.7 / 20.0 / 22.1 from the same codes in float32 (an AVX2 build on that CPU,
+maddubs for dpbusd: 3.7 / 5.0 / 8.5 / 16.1 / 18.2), within ~0.5% of the float product; each layer is
+one row-kernel call and a step's layers one call, as float32's. torch's int4pack (bfloat16
+activations, `inference.Int4Linear`) stays where the row kernel does not build.
+
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
 thread, weights streamed from memory (Intel Xeon with AVX512 and AMX; ms, 1 / 2 / 4 / 9 rows, ranges
