@@ -81,6 +81,31 @@ def test_the_row_attention_is_sdpa_for_masks_holes_and_gqa(head_dim, heads, kv_h
         )
 
 
+@pytest.mark.parametrize("holes", [0, 3, 7, 16, 21])
+def test_a_query_behind_holes_gets_the_bits_it_gets_alone(holes):
+    """What batch rows equal to their solo runs rests on (`KVCache.join` leaves holes in a row's keys,
+    left padding too): a query whose visible keys sit at scattered indices, holes masked, gives the bits
+    of the same query over those keys alone, contiguous from 0 with no mask."""
+    needs_row_kernel()
+    g = torch.Generator().manual_seed(holes)
+    n, Dh = 37, 64
+    if not rowkernel.attention_fits(Dh):
+        pytest.skip("64-wide heads are not a multiple of this build's vector width")
+    k, v = (torch.randn(1, 3, n + holes + 8, Dh, generator=g) for _ in range(2))
+    seen = torch.ones(n + holes, dtype=torch.bool)
+    seen[torch.randperm(n + holes, generator=g)[:holes]] = False  # holes anywhere, the last key seen
+    seen[-1] = True
+    idx = seen.nonzero().squeeze(1)[:n]
+    q = torch.randn(1, 9, 1, Dh, generator=g)
+    start = int(idx[-1])
+    visible = torch.zeros(1, 1, start + 1, dtype=torch.uint8)
+    visible[0, 0, idx] = 1
+    alone_k, alone_v = (t[:, :, idx].contiguous() for t in (k, v))
+    pad = torch.zeros(1, 3, 8, Dh)
+    alone = rowkernel.attention(q, torch.cat([alone_k, pad], 2), torch.cat([alone_v, pad], 2), None, n - 1)
+    assert torch.equal(rowkernel.attention(q, k, v, visible, start), alone)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 9, 10, 32, 33, 70])
 def test_a_row_streamed_linear_is_the_linear_at_every_row_count_and_kernel(rows):
     """1-9 rows through the row kernel, more through the batched GEMM over its column blocks: each is

@@ -19,7 +19,7 @@ Design decisions:
 - Rows of one batch share what shapes a step (their `batch_key`: mode, K, drafting, threshold, and the
   sampling warp); each keeps its own seed (a `torch.Generator` per row, so its samples do not depend on
   its batch-mates), budget, EOS rule and, in the engine, stop strings.
-- Joining: queued rows are prefilled in buckets of similar length (one left-padded forward each, at
+- Joining: queued rows are prefilled in buckets of one prompt length (one forward each, no padding, at
   most `max_prefill_tokens` prompt tokens per step), then appended to the running batch: their cache
   rows left-aligned, the columns up to the shared pointer holes (`KVCache.join`). A long prompt is
   prefilled in one forward, not in chunks: it stalls the running rows for that forward.
@@ -44,9 +44,6 @@ from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import entropy
-
-# A prefill bucket holds prompts up to this many times as long as its shortest (left padding is compute).
-BUCKET_SPREAD = 2
 
 
 @dataclass
@@ -187,10 +184,14 @@ class DecodeBatch:
 
     @staticmethod
     def _buckets(rows: list[Row]) -> list[list[Row]]:
-        """Rows grouped by prompt length, each bucket within BUCKET_SPREAD of its shortest."""
+        """Rows grouped by prompt length, one length a bucket: no left padding, so each row's prefill is
+        the forward it would be alone, bit for bit (a padded row's attention in torch's prefill SDPA got
+        other bits, ~1e-5 in SmolLM2's float32 hidden states, which the int4 precision's rounded
+        activations grew into other tokens). On a CPU this costs nothing: the row kernel takes a
+        prefill's rows 9 at a time however they are batched, and padding was compute."""
         buckets: list[list[Row]] = []
         for row in sorted(rows, key=lambda r: len(r.prompt)):
-            if buckets and len(row.prompt) <= BUCKET_SPREAD * len(buckets[-1][0].prompt):
+            if buckets and len(row.prompt) == len(buckets[-1][0].prompt):
                 buckets[-1].append(row)
             else:
                 buckets.append([row])

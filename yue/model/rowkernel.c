@@ -303,6 +303,7 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
 #pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
     {
         float *p = malloc((S + LANES) * sizeof(float)); /* one query's scores, then its weights */
+        float *seen_w = malloc((S + LANES) * sizeof(float)); /* the weights of the keys it sees, in order */
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
             const int b = item / (H * T), h = item / T % H, t = item % T, g = h / (H / Hkv);
@@ -322,13 +323,20 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
                 if (m && !m[j]) p[j] = -INFINITY;
                 best = p[j] > best ? p[j] : best;
             }
-            vf sums = {0};
+            long seen = 0;
             for (j = 0; j < keys; j += LANES) { /* the tail's lanes read past `keys`: dropped */
                 vf w = exp_neg(*(vf *)(p + j) - best);
                 for (long l = keys - j; l < LANES; l++) w[l] = 0.f;
                 *(vf *)(p + j) = w;
-                sums += w;
             }
+            /* The weights summed over the keys the query sees, each in the lane of its rank among them,
+             * not of its index: a batch row whose keys sit behind holes (`KVCache.join`) sums as it
+             * would alone, its keys from 0 with none hidden, so its bits are its solo bits. */
+            for (j = 0; j < keys; j++)
+                if (!m || m[j]) seen_w[seen++] = p[j];
+            for (long l = 0; l < LANES; l++) seen_w[seen + l] = 0.f;
+            vf sums = {0};
+            for (j = 0; j < seen; j += LANES) sums += *(vf *)(seen_w + j);
             const float total = lanes_sum(sums); /* > 0: the best key's weight is 1; NaN if it saw none */
             float *out = o + (((long)b * T + t) * H + h) * Dh;
             for (int c0 = 0; c0 < chunks; c0 += 4) { /* four vectors of sums in registers per pass */
@@ -342,7 +350,7 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
                 for (int c = 0; c < n; c++) *(vf *)(out + (c0 + c) * LANES) = acc[c] / total;
             }
         }
-        free(p);
+        free(p), free(seen_w);
     }
 }
 
