@@ -323,7 +323,6 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
                 if (m && !m[j]) p[j] = -INFINITY;
                 best = p[j] > best ? p[j] : best;
             }
-            long seen = 0;
             for (j = 0; j < keys; j += LANES) { /* the tail's lanes read past `keys`: dropped */
                 vf w = exp_neg(*(vf *)(p + j) - best);
                 for (long l = keys - j; l < LANES; l++) w[l] = 0.f;
@@ -332,6 +331,7 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
             /* The weights summed over the keys the query sees, each in the lane of its rank among them,
              * not of its index: a batch row whose keys sit behind holes (`KVCache.join`) sums as it
              * would alone, its keys from 0 with none hidden, so its bits are its solo bits. */
+            long seen = 0;
             for (j = 0; j < keys; j++)
                 if (!m || m[j]) seen_w[seen++] = p[j];
             for (long l = 0; l < LANES; l++) seen_w[seen + l] = 0.f;
@@ -365,8 +365,8 @@ void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *
 enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT };
 
 /* A matmul of rows_layer's: float32 weights in rowkernel.block's layout, 4-bit codes in rows_matmul_q4's
- * (or the int4 precision's, rows_matmul_q4dot's), or int8 codes in rowkernel.dot_block's layout times a scale per output (`scale`, out floats: a drafting
- * set's, on integer dot products). */
+ * (or the int4 precision's, rows_matmul_q4dot's), or int8 codes in rowkernel.dot_block's layout times a
+ * scale per output (`scale`, out floats: a drafting set's, on integer dot products). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
@@ -646,8 +646,8 @@ void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, fl
  * and multiplied by the codes in integer arithmetic, 32 products per three AVX2 instructions (sign,
  * maddubs, madd; two with AVX512-VNNI: sign, dpbusd): the same 4 NAR layers (random codes, one thread,
  * AMD EPYC with AVX2, min of 15) 2 / 4 / 8 rows 1.18 / 1.39 / 2.29 ms against 1.38 / 2.09 / 3.79, 4
- * rows at memory speed. Drafts only: the
- * activations' rounding (relative error ~0.8% on Gaussian rows) never reaches a verified token.
+ * rows at memory speed. Drafts only: the activations' rounding (relative error ~0.8% on Gaussian rows)
+ * never reaches a verified token.
  *
  * Layout (rowkernel.dot_block): W (out, in) int8 codes, -127..127, in a multiple of 4, as column blocks
  * of DOT_BLK outputs, (ceil(out / DOT_BLK), in / 4, DOT_BLK, 4): per block and quad of inputs, each
