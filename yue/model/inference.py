@@ -290,7 +290,7 @@ def int4_matmul(linear: nn.Module) -> nn.Module:
     """The int4 precision's form of an AR matmul: on the row kernel where it runs its int4 matmul
     (`RowInt4Linear`), else torch's int4pack (`Int4Linear`); a matmul neither takes in bfloat16
     (`bf16_packed`), row-exact as they are."""
-    if kernels.choice().int4_rows == kernels.ROW_INT4 and RowInt4Linear.fits(linear):
+    if kernels.choice().ok("rows-int4") and RowInt4Linear.fits(linear):
         return RowInt4Linear(linear)
     return Int4Linear(linear) if int4_usable(linear) else bf16_packed(linear)
 
@@ -305,13 +305,9 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     of the scale and zero. Measured on SmolLM2's layers: the values within 0.5% of a quantization step
     on average (4.6% at most), 0.2% of the weight's norm: the order of bfloat16's own rounding.
     """
-    out_f, in_f = w.shape
-    groups = w.float().reshape(out_f, in_f // kernels.INT4_GROUP, kernels.INT4_GROUP)
-    lo, hi = groups.amin(-1), groups.amax(-1)
-    scale = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+    codes, scale, lo = (t.squeeze(-1) for t in rowkernel.q4_groups(w))  # groups of INT4_GROUP = 32
     scales_zeros = torch.stack([scale.t(), (lo + 8 * scale).t()], -1).to(torch.bfloat16).contiguous()
-    return codes.reshape(out_f, in_f), scales_zeros
+    return codes.to(torch.int32).reshape(w.shape), scales_zeros
 
 
 def cpu_matmul(linear: nn.Module) -> bool:
@@ -695,7 +691,7 @@ def prepare_for_decoding(
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
     head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
-    if int4 and kernels.choice().int4_rows == kernels.ROW_INT4:
+    if int4 and kernels.choice().ok("rows-int4"):
         head = StreamedLinear(model.lm_head)  # the float32 logits of the int4 rows, screened below
     elif int4:
         head = bf16_packed(model.lm_head)

@@ -76,7 +76,6 @@ KERNELS = (
     "int4",
 )
 ENV = "YUE_KERNELS"
-ROW_INT4 = "row kernel (int8 activations)"  # `KernelChoice.int4_rows` where `rows-int4` runs
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
 # A weight held once is kept packed where the packed kernel's one row costs at most this many times
 # MKL's GEMV (`KernelChoice.float32_one_copy`): 1.02 on an AMD EPYC with AVX512, 1.3-1.6 with AVX2 and
@@ -158,9 +157,9 @@ class KernelChoice:
     @property
     def int4_rows(self) -> str:
         """Kernel for the int4 precision's AR layers (`inference.int4_matmul`): yue's row kernel on int8
-        activations (`ROW_INT4`), else torch's int4pack on bfloat16 ones; "" where neither runs."""
+        activations, else torch's int4pack on bfloat16 ones; "" where neither runs."""
         if self.ok("rows-int4"):
-            return ROW_INT4
+            return "row kernel (int8 activations)"
         return "int4pack (bfloat16 activations)" if self.ok("int4") else ""
 
     @property

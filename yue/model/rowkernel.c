@@ -330,13 +330,19 @@ void rows_attention(const float *q, long qb, long qh, long qt, const float *k, c
             }
             /* The weights summed over the keys the query sees, each in the lane of its rank among them,
              * not of its index: a batch row whose keys sit behind holes (`KVCache.join`) sums as it
-             * would alone, its keys from 0 with none hidden, so its bits are its solo bits. */
-            long seen = 0;
-            for (j = 0; j < keys; j++)
-                if (!m || m[j]) seen_w[seen++] = p[j];
-            for (long l = 0; l < LANES; l++) seen_w[seen + l] = 0.f;
+             * would alone, its keys from 0 with none hidden, so its bits are its solo bits. Without a
+             * mask every key is seen, in order: p itself (its tail lanes zeroed above). */
+            const float *ws = p;
+            long seen = keys;
+            if (m) {
+                seen = 0;
+                for (j = 0; j < keys; j++)
+                    if (m[j]) seen_w[seen++] = p[j];
+                for (long l = 0; l < LANES; l++) seen_w[seen + l] = 0.f;
+                ws = seen_w;
+            }
             vf sums = {0};
-            for (j = 0; j < seen; j += LANES) sums += *(vf *)(seen_w + j);
+            for (j = 0; j < seen; j += LANES) sums += *(const vf *)(ws + j);
             const float total = lanes_sum(sums); /* > 0: the best key's weight is 1; NaN if it saw none */
             float *out = o + (((long)b * T + t) * H + h) * Dh;
             for (int c0 = 0; c0 < chunks; c0 += 4) { /* four vectors of sums in registers per pass */

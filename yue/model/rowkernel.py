@@ -275,6 +275,24 @@ def q8_block(w: torch.Tensor) -> torch.Tensor | None:
     return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes())
 
 
+def q4_groups(w: torch.Tensor, float16_scale: bool = False) -> tuple[torch.Tensor, ...]:
+    """(out, in) float weight (in a multiple of 32) -> 4-bit codes per group of 32 inputs, asymmetric
+    round-to-nearest: codes (out, in / 32, 32) float in 0..15, scale d and minimum m (out, in / 32, 1),
+    each value ~ code * d + m, m the group's minimum and d (max - m) / 15. With `float16_scale`, d is
+    rounded to float16 where that gives every value back exactly (a GGUF's Q4_1 weights dequantized:
+    the file's own codes, d and m), else kept in float32."""
+    out, inp = w.shape
+    groups = w.detach().float().reshape(out, inp // 32, 32)
+    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    d = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    if float16_scale:
+        d16 = d.half().float()  # a Q4_1 file's d is a float16 value
+        codes = ((groups - lo) / d16).round().clamp(0, 15)
+        if torch.equal(codes * d16 + lo, groups):
+            return codes, d16, lo
+    return ((groups - lo) / d).round().clamp(0, 15), d, lo
+
+
 def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     """An (out, in) float32 weight (in a multiple of 32) as the int4 precision's 4-bit codes in
     `rows_matmul_q4dot`'s layout: uint8 (ceil(out / DOT_BLK), in / 32, 192), per column block and group
@@ -289,13 +307,7 @@ def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     out, inp = w.shape
     assert w.dtype == torch.float32 and inp % 32 == 0, (w.dtype, inp)
     G = inp // 32
-    groups = w.detach().reshape(out, G, 32)
-    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-    d = ((hi - lo) / 15).half().float()  # a Q4_1 file's d is a float16 value
-    codes = ((groups - lo) / d).round().clamp(0, 15)
-    if not torch.equal(codes * d + lo, groups):  # not the GGUF's form: round-to-nearest in float32
-        d = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-        codes = ((groups - lo) / d).round().clamp(0, 15)
+    codes, d, lo = q4_groups(w, float16_scale=True)
     blk = lib.rows_dot_block()
     B = -(-out // blk)
     pad = B * blk - out
