@@ -74,6 +74,10 @@ def test_shipped_sets_parse_and_hold_one_user_message_each():
             assert isinstance(r["source"], str) and r["source"]
     assert all(r["source"].startswith("handwritten:") for r in load_chat_set("test"))
     assert all(r["source"].startswith("stdlib-calibration:") for r in load_chat_set("calibration"))
+    everyday = load_chat_set("calibration-everyday")
+    assert all(r["source"].startswith("handwritten-calibration:") for r in everyday)
+    held_out = {content_hash(r["messages"][0]["content"]) for r in load_chat_set("test")}
+    assert not held_out & {content_hash(r["messages"][0]["content"]) for r in everyday}
     with pytest.raises(ValueError, match="unknown chat set"):
         load_chat_set("dev")
 

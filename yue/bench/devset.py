@@ -24,7 +24,7 @@ Each record's "source" is "<package>/<file relative to the package>", "version" 
 
 `python -m yue.bench.devset [--out FILE] [--n 40] [--seed 0]` rewrites `yue/assets/devset.jsonl`;
 `python -m yue.bench.devset --held-out` rewrites `yue/assets/code_test.jsonl` instead.
-`load_chat_set("calibration" | "test")` reads the shipped chat prompt sets (see CHAT_SETS).
+`load_chat_set("calibration" | "calibration-everyday" | "test")` reads the shipped chat prompt sets (see CHAT_SETS).
 """
 
 from __future__ import annotations
@@ -223,17 +223,22 @@ def load_devset(path: str | Path | None = None) -> list[dict[str, str]]:
 # - "calibration": 40 prompts made by `yue.train.prompts` from its calibration split (stdlib packages and
 #   pydoc sections that the self-distillation prompts never use); defaults (threshold, draft length) are
 #   chosen on it. Source "stdlib-calibration:<task>:<kind>:<name>".
+# - "calibration-everyday": 40 everyday requests written by hand later, for choosing what the stdlib
+#   calibration split cannot show (its questions are like the NAR set's training text; everyday ones are
+#   not): the same categories as "test", none of its prompts. Source "handwritten-calibration:<category>".
 # - "test": 40 held-out everyday requests written by hand for this set (writing, science, cooking,
 #   travel, history, maths word problems, general Python), not derived from the stdlib; never used to
 #   train or tune anything. Source "handwritten:<category>".
+# Every set is excluded from model-written training prompts by content hash (`yue distill --prompts model:N`).
 CHAT_SETS = {
     "calibration": DEFAULT_OUT.parent / "chat_calibration.jsonl",
+    "calibration-everyday": DEFAULT_OUT.parent / "chat_calibration_everyday.jsonl",
     "test": DEFAULT_OUT.parent / "chat_test.jsonl",
 }
 
 
 def load_chat_set(name: str) -> list[dict]:
-    """A shipped chat prompt set by name ("calibration" or "test"); each record holds a user message.
+    """A shipped chat prompt set by name (`CHAT_SETS`); each record holds a user message.
 
     Raises:
         ValueError: an unknown name, or a record without a user message.
