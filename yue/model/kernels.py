@@ -321,6 +321,16 @@ def _probe_rows() -> str:
     return _tried(lambda: rowkernel.attention(q, k, v, visible.to(torch.uint8), start), ref, 1e-5)
 
 
+def _q4_1_weight(outputs: int, g: torch.Generator) -> torch.Tensor:
+    """A float32 (outputs, 64) weight of a GGUF's Q4_1 form: per group of 32 inputs, codes 0..15 with the
+    group's extremes 0 and 15, times a float16 scale d, plus a float16 minimum m."""
+    d = torch.rand(outputs, 2, 1, generator=g).half().float()
+    codes = torch.randint(0, 16, (outputs, 2, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # as Q4_1's: the minimum is code 0, the maximum code 15
+    m = -8 * d + torch.randn(outputs, 2, 1, generator=g).half().float() / 100
+    return torch.addcmul(m, codes, d).view(outputs, 64)
+
+
 def _probe_codes(name: str) -> str:
     """Why the row kernel's 4-bit (`rows-q4`) or 8-bit (`rows-q8`) weights cannot stand in for float32
     ones here ("" = they can): a weight of the GGUF's form (Q4_1: codes 0..15 with each group's extremes
@@ -328,13 +338,10 @@ def _probe_codes(name: str) -> str:
     float16 scale) taken by `q4_block` / `q8_block` and multiplied with the float kernel's bits over 1-9
     rows and 13 (two passes), a partial column block included; a weight that is not such refused."""
     g = torch.Generator().manual_seed(0)
-    d = torch.rand(40, 2, 1, generator=g).half().float()
     if name == "rows-q4":
-        codes = torch.randint(0, 16, (40, 2, 32), generator=g).float()
-        codes[..., 0], codes[..., 1] = 0, 15  # as Q4_1's: the minimum is code 0, the maximum code 15
-        m = -8 * d + torch.randn(40, 2, 1, generator=g).half().float() / 100
-        w, pack = torch.addcmul(m, codes, d).view(40, 64), rowkernel.q4_block
+        w, pack = _q4_1_weight(40, g), rowkernel.q4_block
     else:
+        d = torch.rand(40, 2, 1, generator=g).half().float()
         codes = torch.randint(-127, 128, (40, 2, 32), generator=g).float()
         codes[..., 0] = 127  # as Q8_0's: the largest |code| is 127
         w, pack = (codes * d).view(40, 64), rowkernel.q8_block
@@ -354,10 +361,7 @@ def _probe_int4_rows() -> str:
     the GGUF's Q4_1 form (a partial column block) over 1-9 rows and 13 (two passes), each row the bits
     of the row alone, all within the activations' int8 rounding of the float product."""
     g = torch.Generator().manual_seed(0)
-    d = torch.rand(12, 2, 1, generator=g).half().float()
-    codes = torch.randint(0, 16, (12, 2, 32), generator=g).float()
-    codes[..., 0], codes[..., 1] = 0, 15
-    w = torch.addcmul(-8 * d, codes, d).view(12, 64)
+    w = _q4_1_weight(12, g)
     packed = rowkernel.q4dot_block(w)
     x = torch.randn(13, 64, generator=g)
     alone = torch.cat([rowkernel.matmul(x[r : r + 1], packed, 12) for r in range(13)])

@@ -665,20 +665,28 @@ void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, fl
 #define DOT_BLK 8
 #define PREFETCH_DOT 1024
 
-/* x (rows, in) quantized row by row: xq (rows, in / 4) quads of int8 codes, sx the rows' scales. */
-static void quantize_rows(const float *x, long rows, long in, int *xq, float *sx) {
-    for (long r = 0; r < rows; r++) {
-        const float *xr = x + r * in;
-        float amax = 0.f;
-        for (long i = 0; i < in; i++) amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax; /* NaN skipped */
-        const float inv = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
-        sx[r] = amax / 127.f;
-        signed char *c = (signed char *)(xq + r * (in / 4));
-        for (long i = 0; i < in; i++) {
-            const float q = nearbyintf(xr[i] * inv); /* NaN (a broken row) becomes 0, not undefined */
-            c[i] = q > 127.f ? 127 : q < -127.f ? -127 : q == q ? (signed char)q : 0;
+/* x (rows, in) quantized to int8 per group of `group` inputs (symmetric, scale max |x| / 127 of the
+ * group): xq (rows, in / 4) quads of codes; sx (rows, in / group) the groups' scales; xs, where given,
+ * (rows, in / group) each scale times its group's code sum (the int4 matmul's factor for m). Rows are
+ * whole groups for the drafting set's int8 matmul (group = in), groups of Q4_GROUP for the int4 one. */
+static void quantize_groups(const float *x, long rows, long in, long group, int *xq, float *sx, float *xs) {
+    const long groups = in / group;
+    for (long r = 0; r < rows; r++)
+        for (long g = 0; g < groups; g++) {
+            const float *xg = x + r * in + g * group;
+            float amax = 0.f;
+            for (long i = 0; i < group; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax; /* NaN skipped */
+            const float inv = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
+            signed char *c = (signed char *)(xq + r * (in / 4)) + g * group;
+            int sum = 0;
+            for (long i = 0; i < group; i++) {
+                const float q = nearbyintf(xg[i] * inv); /* NaN (a broken row) becomes 0, not undefined */
+                c[i] = q > 127.f ? 127 : q < -127.f ? -127 : q == q ? (signed char)q : 0;
+                sum += c[i];
+            }
+            sx[r * groups + g] = amax / 127.f;
+            if (xs) xs[r * groups + g] = amax / 127.f * (float)sum;
         }
-    }
 }
 
 /* R rows' sums over one column block (quads x DOT_BLK x 4 codes at w) into sums (R, DOT_BLK). AVX2:
@@ -740,7 +748,7 @@ void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w,
     const long quads = in / 4, blocks = (out + DOT_BLK - 1) / DOT_BLK;
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * sizeof(float));
-    quantize_rows(x, rows, in, xq, sx);
+    quantize_groups(x, rows, in, in, xq, sx, NULL);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
         const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
@@ -955,27 +963,6 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
  * order) is the same in every build and call, whatever the row count: `ar` == `verified` at int4. */
 #define Q4DOT_BYTES (2 * DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK / 2)
 
-/* x (rows, in) quantized per group of Q4_GROUP: xq (rows, in / 4) quads of int8 codes; sx (rows, groups)
- * the groups' scales; xs (rows, groups) sx times the group's code sum (m's factor). */
-static void quantize_groups(const float *x, long rows, long in, int *xq, float *sx, float *xs) {
-    const long groups = in / Q4_GROUP;
-    for (long r = 0; r < rows; r++)
-        for (long g = 0; g < groups; g++) {
-            const float *xg = x + r * in + g * Q4_GROUP;
-            float amax = 0.f;
-            for (int i = 0; i < Q4_GROUP; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
-            const float inv = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
-            signed char *c = (signed char *)(xq + r * (in / 4)) + g * Q4_GROUP;
-            int sum = 0;
-            for (int i = 0; i < Q4_GROUP; i++) {
-                const float q = nearbyintf(xg[i] * inv);
-                c[i] = q > 127.f ? 127 : q < -127.f ? -127 : q == q ? (signed char)q : 0;
-                sum += c[i];
-            }
-            sx[r * groups + g] = amax / 127.f, xs[r * groups + g] = amax / 127.f * (float)sum;
-        }
-}
-
 /* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads. */
 #if defined(__AVX2__)
 #define Q4DOT_FN(NAME, R)                                                                                   \
@@ -1049,7 +1036,7 @@ void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *
     const long quads = in / 4, groups = in / Q4_GROUP, blocks = (out + DOT_BLK - 1) / DOT_BLK;
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * groups * sizeof(float)), *xs = malloc(rows * groups * sizeof(float));
-    quantize_groups(x, rows, in, xq, sx, xs);
+    quantize_groups(x, rows, in, Q4_GROUP, xq, sx, xs);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
         const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
