@@ -742,6 +742,22 @@ DOT_FN(dot_9, 9)
 typedef void (*dot_fn)(const int *, long, const signed char *, int *);
 static const dot_fn DOTS[MAX_R + 1] = {0, dot_1, dot_2, dot_3, dot_4, dot_5, dot_6, dot_7, dot_8, dot_9};
 
+/* The passes of an integer-dot matmul over its quantized rows xq: MAX_R rows a pass, its column blocks
+ * shared among `threads`; BLOCK (a call) fills `sums` (R, DOT_BLK) of SUM_T for block b of rows r0..,
+ * VALUE is output j of row r from them (`blocks` and `out` in the caller's scope). */
+#define DOT_PASSES(SUM_T, BLOCK, VALUE)                                                                     \
+    for (long r0 = 0; r0 < rows; r0 += MAX_R) {                                                             \
+        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;                                               \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")                 \
+        for (long b = 0; b < blocks; b++) {                                                                 \
+            SUM_T sums[MAX_R * DOT_BLK];                                                                    \
+            BLOCK;                                                                                          \
+            const long n = out - b * DOT_BLK < DOT_BLK ? out - b * DOT_BLK : DOT_BLK;                       \
+            for (long r = 0; r < R; r++)                                                                    \
+                for (long j = 0; j < n; j++) y[(r0 + r) * out + b * DOT_BLK + j] = VALUE;                   \
+        }                                                                                                   \
+    }
+
 /* y (rows, out) = quantized x (rows, in) @ codes.t() times each row's scale (the caller applies the
  * codes' scales), codes in rowkernel.dot_block's layout. */
 void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
@@ -749,17 +765,8 @@ void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w,
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * sizeof(float));
     quantize_groups(x, rows, in, in, xq, sx, NULL);
-    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long b = 0; b < blocks; b++) {
-            int sums[MAX_R * DOT_BLK];
-            DOTS[R](xq + r0 * quads, quads, w + b * quads * DOT_BLK * 4, sums);
-            const long n = out - b * DOT_BLK < DOT_BLK ? out - b * DOT_BLK : DOT_BLK;
-            for (long r = 0; r < R; r++)
-                for (long j = 0; j < n; j++) y[(r0 + r) * out + b * DOT_BLK + j] = (float)sums[r * DOT_BLK + j] * sx[r0 + r];
-        }
-    }
+    DOT_PASSES(int, DOTS[R](xq + r0 * quads, quads, w + b * quads * DOT_BLK * 4, sums),
+               (float)sums[r * DOT_BLK + j] * sx[r0 + r])
     free(xq), free(sx);
 }
 
@@ -1037,17 +1044,8 @@ void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * groups * sizeof(float)), *xs = malloc(rows * groups * sizeof(float));
     quantize_groups(x, rows, in, Q4_GROUP, xq, sx, xs);
-    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long b = 0; b < blocks; b++) {
-            float sums[MAX_R * DOT_BLK];
-            Q4DOTS[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in, w + b * groups * Q4DOT_BYTES, sums);
-            const long n = out - b * DOT_BLK < DOT_BLK ? out - b * DOT_BLK : DOT_BLK;
-            for (long r = 0; r < R; r++)
-                for (long j = 0; j < n; j++) y[(r0 + r) * out + b * DOT_BLK + j] = sums[r * DOT_BLK + j];
-        }
-    }
+    DOT_PASSES(float, Q4DOTS[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in, w + b * groups * Q4DOT_BYTES, sums),
+               sums[r * DOT_BLK + j])
     free(xq), free(sx), free(xs);
 }
 
