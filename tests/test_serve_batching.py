@@ -125,6 +125,24 @@ def test_completion_logprobs_are_the_ar_paths(client, trained):
     assert got == pytest.approx(lp["token_logprobs"], abs=1e-4)
 
 
+def test_completion_top_logprobs_hold_the_sampled_token(client):
+    # As OpenAI's legacy completions: the chosen token is always among its top_logprobs (n + 1 entries
+    # where a sampled token is not in the top n). Temperature 5 samples tokens outside the top 1 often.
+    body = {
+        "prompt": PROMPTS[0],
+        "logprobs": 1,
+        "max_tokens": 24,
+        "temperature": 5.0,
+        "seed": 3,
+        "mode": "ar",
+    }
+    lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    entries = list(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True))
+    assert entries and all(top.get(token) == pytest.approx(logprob) for token, logprob, top in entries)
+    assert all(len(top) <= 2 for _, _, top in entries)
+    assert any(len(top) == 2 for _, _, top in entries)  # some sampled token was outside the top 1
+
+
 def test_nar_reports_null_for_tokens_it_committed_unverified(client):
     """`nar` commits slots no AR row predicted: null; its AR tokens have log-probs. (`hybrid` commits
     nothing unverified: every token it keeps was scored by an AR row.)"""

@@ -187,6 +187,28 @@ CASES = [
         "invalid_value",
     ),
     ("malformed-json", "/v1/completions", '{"prompt": ', KEY, 400, None, "invalid_json"),
+    ("not-utf8", "/generate", b'{"prompt": "\xff\xfe"}', KEY, 400, None, "invalid_json"),
+    # A lone UTF-16 surrogate ("\ud800" in JSON) is not text: 400, not the tokenizer's TypeError as a 500.
+    ("prompt-surrogate", "/v1/completions", OK | {"prompt": "a \ud800"}, KEY, 400, "prompt", "invalid_value"),
+    (
+        "prompts-surrogate",
+        "/v1/completions",
+        OK | {"prompt": ["ok", "\udfff"]},
+        KEY,
+        400,
+        "prompt",
+        "invalid_value",
+    ),
+    (
+        "chat-surrogate",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi \ud83d"}]},
+        KEY,
+        400,
+        "messages",
+        "invalid_value",
+    ),
+    ("generate-surrogate", "/generate", {"prompt": "\udfff"}, KEY, 400, "prompt", "invalid_value"),
     ("json-array", "/generate", "[1, 2]", KEY, 400, None, "invalid_request"),
     ("empty-body", "/generate", "", KEY, 400, None, "invalid_request"),
     ("body-too-large", "/generate", {"prompt": "x" * 4096}, KEY, 413, None, "request_too_large"),
@@ -222,7 +244,7 @@ def test_each_bound_violation_gets_its_status_param_and_code(
     if body is None:
         r = client.get(path, headers=headers)
     else:
-        raw = body if isinstance(body, str) else json.dumps(body)
+        raw = body if isinstance(body, str | bytes) else json.dumps(body)
         r = client.post(path, content=raw, headers=headers | {"Content-Type": "application/json"})
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -246,6 +268,38 @@ def test_requests_within_bounds_succeed_and_health_metrics_need_no_key(client):
     text = client.get("/metrics").text
     assert metric(text, "yue_request_failure_total", reason="context_length_exceeded") >= 1
     assert metric(text, "yue_request_failure_total", reason="invalid_api_key") >= 1
+
+
+def test_a_form_body_is_told_to_send_json(client):
+    r = client.post(
+        "/generate",
+        content=json.dumps(OK),
+        headers=KEY | {"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
+
+
+def test_the_generation_count_is_checked_before_any_prompt_is_tokenized(tiny_engine, monkeypatch):
+    # 17 prompts: one over MAX_CHOICES; a list of 200,000 once held the event loop ~5 s tokenizing them.
+    encoded = []
+    monkeypatch.setattr(tiny_engine, "encode", lambda text: encoded.append(text) or [5])
+    with TestClient(create_app(tiny_engine, ServeConfig()), raise_server_exceptions=False) as c:
+        _wait_ready(c)
+        r = c.post("/v1/completions", json={"prompt": ["a"] * 17, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and encoded == []
+        r = c.post("/v1/chat/completions", json=CHAT | {"n": 17})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and encoded == []
+
+
+def test_more_generations_than_the_server_can_ever_admit_is_a_400_not_a_503(tiny_engine):
+    # running + waiting slots are 1 + 2: a request for 4 would get "retry shortly" forever.
+    with TestClient(create_app(tiny_engine, ServeConfig(max_batch_size=1, max_queue=2))) as c:
+        _wait_ready(c)
+        r = c.post("/v1/completions", json=OK | {"n": 4})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("n", "invalid_value") and "at most 3" in error["message"]
+        assert c.post("/v1/completions", json=OK | {"n": 3}).status_code == 200
 
 
 def test_body_limit_holds_for_chunked_bodies(tiny_engine):

@@ -25,6 +25,13 @@ def test_saved_and_loaded_tokenizer_encodes_identically(tokenizer, tmp_path_fact
     assert YueTokenizer.load(path).encode(text) == tokenizer.encode(text)
 
 
+@pytest.mark.parametrize(("text", "at"), [("\ud800", 0), ("ok \udfff", 3), ("hi \ud83d there", 3)])
+def test_a_lone_surrogate_is_a_clear_value_error(tokenizer, text, at):
+    # Not text (JSON's "\ud800" decodes to one); tokenizers itself raises a bare TypeError.
+    with pytest.raises(ValueError, match=f"lone surrogate .* at character {at}$"):
+        tokenizer.encode(text)
+
+
 def test_special_tokens_have_the_ids_the_model_config_expects(tokenizer):
     assert [tokenizer.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
     assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.mask_id) == (0, 1, 2, 3)

@@ -124,6 +124,18 @@ class YueTokenizer:
         return self.tokenizer.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
+        """The text's token ids (no special tokens added).
+
+        Raises:
+            ValueError: text that is not valid Unicode (a lone UTF-16 surrogate, as JSON's "\\ud800" or
+                a `surrogateescape` decode makes: tokenizers would raise a bare TypeError).
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"the text is not valid Unicode: a lone surrogate {text[e.start]!r} at character {e.start}"
+            ) from None
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

@@ -33,7 +33,7 @@ from yue import __version__
 from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
 from yue.serve import schemas as s
-from yue.serve.config import MAX_CHOICES, ServeConfig, check_limits
+from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, openapi_without_422
 from yue.serve.gate import Gate
 from yue.serve.metrics import Metrics
@@ -203,6 +203,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
         engine = _check_model(state, body.model)
+        check_choices(state.config, 1 if isinstance(body.prompt, str) else len(body.prompt), body.n)
         prompts = _completion_prompts(body.prompt, engine)
         prepared = [
             _prepare(state, body, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
@@ -231,6 +232,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
         engine = _check_model(state, body.model)
+        check_choices(state.config, 1, body.n)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             prompt = engine.chat_prompt(messages, state.template)
@@ -303,17 +305,9 @@ def _completion_prompts(prompt, engine) -> list[str | list[int]]:
 
 
 def _choices(prepared: list[Prepared], n: int) -> list[Prepared]:
-    """n choices per prompt, prompt-major (choice i * n + j is prompt i's j-th); a seeded request's
-    choice j samples with seed + j, so its choices differ and each is reproducible."""
-    if not 1 <= n <= MAX_CHOICES:
-        raise ApiError(400, f"n must be in [1, {MAX_CHOICES}], got {n}", param="n", code="invalid_value")
-    if len(prepared) * n > MAX_CHOICES:
-        raise ApiError(
-            400,
-            f"at most {MAX_CHOICES} generations per request (prompts x n), got {len(prepared) * n}",
-            param="n",
-            code="invalid_value",
-        )
+    """n choices per prompt (their count checked first: `check_choices`), prompt-major (choice i * n + j
+    is prompt i's j-th); a seeded request's choice j samples with seed + j, so its choices differ and
+    each is reproducible."""
     out = []
     for i, p in enumerate(prepared):
         for j in range(n):
@@ -347,7 +341,10 @@ def _prepare(
 ) -> Prepared:
     """Request fields -> a validated `DecodeConfig` within the server's limits (or a 400)."""
     engine = state.engine
-    ids = engine.encode(prompt) if isinstance(prompt, str) else prompt
+    try:
+        ids = engine.encode(prompt) if isinstance(prompt, str) else prompt
+    except ValueError as e:  # text the tokenizer cannot take (a lone UTF-16 surrogate, `YueTokenizer.encode`)
+        raise ApiError(400, f"{prompt_param}: {e}", param=prompt_param, code="invalid_value") from e
     n = len(ids)
     max_tokens = body.max_tokens
     if max_tokens is None:  # a default never overflows the context; an explicit value may (and 400s)

@@ -3,8 +3,9 @@
 Design decisions:
 - `ServeConfig` is a frozen dataclass validated once (bad values raise `ValueError` naming the field),
   like `DecodeConfig`; the CLI builds it from its flags and the app never reads flags itself.
-- All limits a request can hit live here and are enforced in one function, `check_limits`, except the
-  ones that must act before the request is parsed: the API key and the body size (gate.py, an ASGI
+- All limits a request can hit live here and are enforced in two functions, `check_choices` (first,
+  before any prompt is tokenized) and `check_limits` (per prompt), except the ones that must act before
+  the request is parsed: the API key and the body size (gate.py, an ASGI
   middleware counting bytes as they arrive, so chunked bodies are bounded too) and admission (the
   scheduler's running + waiting slots). The table below is the documentation;
   tests/test_serve_limits.py checks every row.
@@ -18,7 +19,8 @@ Design decisions:
 | max_prompt_tokens  | check_limits           | 400    | prompt_too_long, param prompt / messages    |
 | context length     | check_limits           | 400    | context_length_exceeded, param max_tokens   |
 | MAX_STOP (4)       | check_limits           | 400    | invalid_value, param stop                   |
-| MAX_CHOICES (16)   | app (prompts x n)      | 400    | invalid_value, param n                      |
+| MAX_CHOICES (16)   | app (prompts x n)      | 400    | invalid_value, param n (also above          |
+|                    |                        |        | max_batch_size + max_queue: never admitted) |
 | decode fields      | DecodeConfig           | 400    | invalid_value, param = the field            |
 """
 
@@ -126,4 +128,26 @@ def check_limits(
             f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to generate)",
             param="max_tokens",
             code="context_length_exceeded",
+        )
+
+
+def check_choices(config: ServeConfig, prompts: int, n: int) -> None:
+    """The generations a request asks for (`prompts` x `n`), checked before any prompt is tokenized (a
+    list of 200,000 prompts must not hold the event loop for seconds before its 400): n in [1,
+    MAX_CHOICES], and prompts x n at most MAX_CHOICES and at most what the scheduler can ever admit
+    (max_batch_size + max_queue: a request above that would get 503 "retry" forever).
+
+    Raises:
+        ApiError: 400, param n.
+    """
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"n must be in [1, {MAX_CHOICES}], got {n}", param="n", code="invalid_value")
+    limit = min(MAX_CHOICES, config.max_batch_size + config.max_queue)
+    if prompts * n > limit:
+        why = "" if limit == MAX_CHOICES else " on this server (its --max-batch-size + --max-queue)"
+        raise ApiError(
+            400,
+            f"at most {limit} generations per request (prompts x n){why}, got {prompts * n}",
+            param="n",
+            code="invalid_value",
         )

@@ -69,11 +69,12 @@ def install_error_handlers(app: FastAPI, book: Callable[[str, str], None]) -> No
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         book(request.url.path, "invalid_request")
-        return error_response(validation_to_api_error(exc))
+        return error_response(validation_to_api_error(exc, request.headers.get("content-type")))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        # FastAPI's own 400 is a body it could not parse (bytes that are not UTF-8, JSON nested too deep).
+        code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         error = ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
         return error_response(error)
 
@@ -89,13 +90,21 @@ def install_error_handlers(app: FastAPI, book: Callable[[str, str], None]) -> No
 _NESTED = {"role", "content", "type", "text", "include_usage"}
 
 
-def validation_to_api_error(exc: RequestValidationError) -> ApiError:
-    """FastAPI's 422 -> our 400, naming the first offending field as `messages[0].role`."""
+def validation_to_api_error(exc: RequestValidationError, content_type: str | None = None) -> ApiError:
+    """FastAPI's 422 -> our 400, naming the first offending field as `messages[0].role`. content_type:
+    the request's header (a body sent as a form, curl -d's default, is not read as JSON)."""
     first = exc.errors()[0]
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return ApiError(400, f"malformed JSON: {first.get('msg', '')}", code="invalid_json")
     if not loc or not isinstance(loc[0], str):
+        if content_type and content_type.split(";")[0].strip().lower() != "application/json":
+            return ApiError(
+                400,
+                f"the body was sent as {content_type.split(';')[0]}; send JSON with the header "
+                "'Content-Type: application/json'",
+                code="invalid_request",
+            )
         return ApiError(400, "the request body must be a JSON object", code="invalid_request")
     param = loc[0]
     for part in loc[1:]:

@@ -149,7 +149,9 @@ class CompletionFormat(Format):
 
     def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
         """OpenAI's legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset (each
-        token's offset in the choice's text, counting the tokens' own decoded texts)."""
+        token's offset in the choice's text, counting the tokens' own decoded texts). As OpenAI's, each
+        top_logprobs entry holds the chosen token too (a sampled one may be outside the top n: n + 1
+        entries then)."""
         if self.tokenizer is None or entries is None:
             return None
         tokens = [token_text(self.tokenizer, e.token) for e in entries]
@@ -160,7 +162,9 @@ class CompletionFormat(Format):
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{token_text(self.tokenizer, t): lp for t, lp in e.top.items()} for e in entries],
+            "top_logprobs": [
+                {token_text(self.tokenizer, t): lp for t, lp in _with_chosen(e).items()} for e in entries
+            ],
             "text_offset": offsets,
         }
 
@@ -193,6 +197,12 @@ class ChatFormat(CompletionFormat):
 
     def start(self, indices: list[int]) -> list[dict]:
         return [self._chunk(self._choice(i, {"role": "assistant", "content": ""}, None)) for i in indices]
+
+
+def _with_chosen(entry: TokenLogprob) -> dict[int, float]:
+    """An entry's top alternatives with its own token among them (where it has a log-prob: a token
+    committed unverified has none)."""
+    return entry.top if entry.logprob is None else entry.top | {entry.token: entry.logprob}
 
 
 def token_text(tokenizer: YueTokenizer, token: int) -> str:
