@@ -3,6 +3,7 @@ equal lone ones, `n` > 1, lists of prompts, token-id prompts, log-probs from the
 
 from __future__ import annotations
 
+import asyncio
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +15,9 @@ from fastapi.testclient import TestClient
 import yue
 from tests.serve_utils import LiveServer, parse_sse
 from tests.test_serve import _wait_ready, metric
+from yue.config import DecodeConfig
 from yue.serve import ServeConfig, create_app
+from yue.serve.scheduler import Overloaded, Scheduler
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def ", "x", "    return gamma(x) + 4\n\ndef ", "import os\n"]
 GREEDY = {"max_tokens": 24, "temperature": 0, "mode": "verified"}
@@ -173,10 +176,22 @@ def test_chat_logprobs_with_the_openai_client(trained):
 
 
 def test_a_request_of_more_choices_than_free_slots_is_refused_whole(trained):
-    with LiveServer(trained, ServeConfig(max_batch_size=1, max_queue=2)) as srv:
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPTS[:2], "n": 2} | GREEDY, timeout=30)
-        assert r.status_code == 503
-        assert srv.state.scheduler.waiting == 0 and srv.state.scheduler.running == 0
+    # 3 slots (1 running + 2 waiting), 1 taken by a long generation: 3 more choices do not fit now, and
+    # none of them is admitted (a request for more than 3 in all is a 400: test_serve_limits).
+    async def submit():
+        scheduler = Scheduler(trained, max_batch_size=1, max_queue=2)
+        try:
+            config = DecodeConfig(max_new_tokens=200, mode="ar", ignore_eos=True)
+            first = scheduler.submit_all([(PROMPTS[0], config)])
+            with pytest.raises(Overloaded):
+                scheduler.submit_all([(p, config) for p in PROMPTS[:3]])
+            taken = scheduler.running + scheduler.waiting
+            scheduler.cancel(first[0])
+            return taken
+        finally:
+            scheduler.close()
+
+    assert asyncio.run(submit()) == 1
 
 
 def test_bench_serve_measures_every_level_and_checks_outputs(trained):
