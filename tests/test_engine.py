@@ -102,6 +102,29 @@ def test_default_threshold_is_the_models_except_verified_which_drafts_every_slot
     assert resolve(mode="verified", router_threshold=0.3) == 0.3
 
 
+@pytest.mark.parametrize("mode", ["verified", "hybrid", "ar"])
+def test_a_call_naming_no_mode_runs_the_models_default_mode(engine, monkeypatch, mode):
+    monkeypatch.setattr(engine.model.config, "default_mode", mode)
+    assert engine.request("x", None, {})[1].mode == mode  # as generate, stream and a batch resolve it
+    assert engine.request("x", None, {"mode": "nar"})[1].mode == "nar"  # a named mode wins
+    trace = engine.generate("def f(x):\n", max_new_tokens=16, trace=True).trace
+    assert any(s.drafted for s in trace) == (mode != "ar")
+
+
+def test_a_batch_returns_each_rows_logprobs(engine):
+    kw = dict(mode="verified", max_new_tokens=8, logprobs=2)
+    batch = engine.generate(["def f(x):\n", "class "], **kw)
+    for prompt, result in zip(["def f(x):\n", "class "], batch, strict=True):
+        alone = engine.generate(prompt, **kw)
+        assert result.token_ids == alone.token_ids
+        assert [e.token for e in result.logprobs] == result.token_ids
+        assert [e.logprob for e in result.logprobs] == pytest.approx(
+            [e.logprob for e in alone.logprobs], abs=1e-4
+        )
+    with pytest.raises(TypeError, match="list of strings"):
+        engine.generate([1, 2, 3])
+
+
 def test_prompt_longer_than_the_context_is_a_value_error(engine):
     with pytest.raises(ValueError, match="context"):
         engine.generate("x " * 400, max_new_tokens=8)

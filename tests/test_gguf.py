@@ -113,3 +113,6 @@ def test_an_ar_only_model_refuses_drafting_modes_naming_itself(tiny_gguf):
     assert engine.default_mode == "ar" and not engine.has_nar_set
     with pytest.raises(ValueError, match="tiny.*mode 'ar'"):
         engine.generate("Hello", mode="verified", max_new_tokens=2)
+    # A call naming no mode gets the model's default (`ar`), in the library as in the CLI.
+    assert engine.generate("Hello", max_new_tokens=2, ignore_eos=True).token_ids
+    assert len(list(engine.stream("Hello", max_new_tokens=2))) >= 1

@@ -162,7 +162,10 @@ class Engine:
         return prefix + ids if prefix or ids else [self.tokenizer.bos_id]
 
     def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
-        cfg = config or DecodeConfig()
+        # No config: the model's own default mode (`default_mode`: yue-smol's `verified`, an AR-only
+        # model's `ar`), not DecodeConfig's field default, which would run `hybrid` (lossy) on yue-smol
+        # and refuse an AR-only model.
+        cfg = config or DecodeConfig(mode=self.default_mode)
         if overrides:
             unknown = set(overrides) - set(DecodeConfig.__dataclass_fields__)
             if unknown:
@@ -192,7 +195,8 @@ class Engine:
 
         Args:
             prompt: the text to continue.
-            config: decode settings (default `DecodeConfig()`); keyword overrides are applied on top.
+            config: decode settings (default: `DecodeConfig` in the model's `default_mode`); keyword
+                overrides are applied on top.
             cancel: called before every decode step; returning True ends the stream ("cancelled").
         Yields:
             StreamEvent per step; the last one carries finish_reason and stats.
@@ -266,12 +270,17 @@ class Engine:
         seeded with seed + b. Each result has its own stats, counting the forwards its row ran in."""
         if not prompts:
             raise ValueError("prompt: the batch is empty")
+        if not all(isinstance(p, str) for p in prompts):
+            raise TypeError(
+                "prompt: a string, or a list of strings (a batch), got a list holding other values"
+            )
         ids = [self.encode(p) for p in prompts]
         for x in ids:
             self._check_fits(len(x), cfg)
         rows = [self.row_stream(cfg) for _ in ids]
         parts: list[list[str]] = [[] for _ in ids]
         tokens: list[list[int]] = [[] for _ in ids]
+        logprobs = None if cfg.logprobs is None else [[] for _ in ids]
         trace: list[Step] = []
         done = lambda: all(r.finish_reason is not None for r in rows)  # noqa: E731
         for em in decode(self.model, ids, cfg, done, self._costs(cfg), self.corpus):
@@ -282,9 +291,17 @@ class Engine:
                     event = row.fold(em, b)
                     parts[b].append(event.delta)
                     tokens[b].extend(event.token_ids)
+                    if logprobs is not None:
+                        logprobs[b].extend(event.logprobs or [])
         return [
             GenerationResult(
-                "".join(parts[b]), tokens[b], r.finish_reason or "stop", len(ids[b]), r.stats, trace
+                "".join(parts[b]),
+                tokens[b],
+                r.finish_reason or "stop",
+                len(ids[b]),
+                r.stats,
+                trace,
+                None if logprobs is None else logprobs[b],
             )
             for b, r in enumerate(rows)
         ]
