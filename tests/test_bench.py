@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 
 import yue
 from yue.bench import llamacpp, metrics
-from yue.bench.harness import JSON_KEYS, BenchConfig, entries, run_bench
+from yue.bench.harness import JSON_KEYS, BenchConfig, _skips, entries, run_bench
 from yue.bench.prompts import load_prompts, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Prompt, load_peers
 from yue.cli import app
@@ -219,6 +220,18 @@ def test_sweep_and_batch_entries_follow_the_modes():
     names = ["verified", "verified@1", "verified+fused", "verified+fused@1"]
     assert [e.name for e in entries(cfg)] == names
     assert [e.drafting for e in entries(cfg)] == ["separate", "separate", "fused", "fused"]
+
+
+def test_fused_entries_are_skipped_with_a_reason_for_a_top_layer_nar_set():
+    # yue-smol's NAR set is in its top 4 layers: `yue bench --model yue-smol` with the default
+    # --fused-drafts once exited 2 ("drafting 'fused' needs a NAR set in every layer").
+    todo = entries(BenchConfig(modes=("ar", "verified"), verified_thresholds=(1.0,)))
+    engine = SimpleNamespace(name="top", has_nar_set=True, model_config=SimpleNamespace(nar_start=26))
+    skipped = _skips(todo, BenchConfig(), engine)
+    assert set(skipped) == {"verified+fused", "verified+fused@1"}
+    assert all("layer 26" in why for why in skipped.values())
+    engine.model_config.nar_start = 0  # a NAR set in every layer drafts fused
+    assert _skips(todo, BenchConfig(), engine) == {}
 
 
 @pytest.mark.slow

@@ -268,6 +268,13 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
         for e in todo:
             if e.mode in MODES and e.mode != "ar":
                 out[e.name] = f"model {engine.name} has no NAR set: only ar runs"
+    elif engine.model_config.nar_start > 0:  # a top-layer NAR set (yue-smol): slots enter at its depth
+        for e in todo:
+            if e.drafting == "fused":
+                out[e.name] = (
+                    f"fused drafting needs a NAR set in every layer; {engine.name}'s starts at layer "
+                    f"{engine.model_config.nar_start} (its verified drafts in a separate pass)"
+                )
     return out
 
 
