@@ -238,13 +238,15 @@ def test_the_prefill_budget_spreads_a_burst_of_joiners_over_steps(trained):
     assert len(batch.queued) == 1 and len(batch.running.rows) == 2
 
 
+@pytest.mark.parametrize("lengths", [(5, 9, 14), (5, 9, 14, 5, 6, 7, 8, 9, 10, 11, 12)])
 @pytest.mark.parametrize("precision", ["float32", "int4"])
-def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, monkeypatch):
-    """Prompts of three lengths decoded together: every hidden row the head reads alone is, bit for bit,
-    one it reads in the batch (each prompt prefilled without padding, `DecodeBatch._buckets`; decode
-    steps attending past the batch's holes as alone, `rows_attention`). Tokens alone would not show it:
-    float32's differences were ~1e-5, which the int4 precision's rounded activations grew into other
-    tokens on SmolLM2."""
+def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monkeypatch):
+    """Prompts of several lengths decoded together: every hidden row the head reads alone is, bit for
+    bit, one it reads in the batch (each prompt prefilled without padding, `DecodeBatch._buckets`; decode
+    steps attending past the batch's holes as alone, `rows_attention`; a step of more rows than one
+    row-kernel call takes, 11 here, in calls of at most 9, `YueForCausalLM._step_by_rows`). Tokens
+    alone would not show it: float32's differences were ~1e-5, which the int4 precision's rounded
+    activations grew into other tokens on SmolLM2."""
     from tests.test_int4 import int4_model
     from tests.test_precision import row_stream_model
 
@@ -262,7 +264,7 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, monkeypatch):
         lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
     )
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in (5, 9, 14)]
+    prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in lengths]
     cfg = DecodeConfig(mode="ar", max_new_tokens=12, ignore_eos=True).resolved(model.config)
 
     def hidden(rows: list[list[int]]) -> list[torch.Tensor]:

@@ -625,7 +625,8 @@ def prepare_for_decoding(
             logger.warning(
                 "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here "
                 "(SmolLM2 on an AVX2 CPU, one thread: a step 77 ms against 58, verifying rows 1.6-5.9x a "
-                "step); float32 or int4 run faster",
+                "step), and its rows' bits depend on a step's row count, so `verified` may part from `ar` "
+                "where two tokens are near-tied; float32 or int4 run faster, and exactly",
                 next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
             )
     one_copy = low_memory or streamed_weights(model)
