@@ -873,7 +873,8 @@ def eval_cmd(
     batch_size: int = typer.Option(8, help="Sequences per batch."),
     seq_len: int = typer.Option(256, help="Tokens per sequence."),
 ) -> None:
-    """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON)."""
+    """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON); for a
+    top-layer NAR set (yue-smol) or a plain Llama/GGUF, the AR loss."""
     import json
 
     from yue.registry import resolve

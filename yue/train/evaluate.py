@@ -9,15 +9,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from yue.model.hf import load_model
-from yue.tokenizer import YueTokenizer
+import torch
+
+from yue.engine import load_unprepared
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, encode_documents, read_corpus, split_documents
 from yue.train.loop import evaluate
 
 
 def evaluate_model(
-    model_dir: str | Path,
+    model_dir: str | Path | None,
     corpus: str = "stdlib",
     batches: int = 8,
     batch_size: int = 8,
@@ -26,16 +27,17 @@ def evaluate_model(
     val_fraction: float = 0.02,
     seed: int = 0,
 ) -> dict:
-    """Validation metrics of the model in `model_dir` on `corpus`'s validation split.
+    """Validation metrics of a model on `corpus`'s validation split.
 
+    Args:
+        model_dir: a model as `yue.load` takes it (a shipped name, a folder, a GGUF; None: the default).
     Returns:
         {"ar_loss", "ar_perplexity", "nar_loss", "nar_acc_per_slot", "sequences"}.
     """
-    model = load_model(model_dir)
-    tokenizer = YueTokenizer.load(model_dir)
+    model, tokenizer, files = load_unprepared(model_dir)
     cfg = TrainConfig(
         corpus=corpus,
-        out=str(model_dir),
+        out=str(files.yue_dir or files.tokenizer_dir),
         seq_len=seq_len,
         batch_size=batch_size,
         anchors=anchors,
@@ -44,15 +46,44 @@ def evaluate_model(
         val_fraction=val_fraction,
         seed=seed,
     )
-    _, val_docs = split_documents(read_corpus(corpus), val_fraction)
-    if not val_docs:
-        raise ValueError(f"corpus: {corpus!r} has no validation files at val_fraction={val_fraction}")
+    docs = read_corpus(corpus)
+    _, val_docs = split_documents(docs, val_fraction)
+    split = "validation"
+    if not val_docs:  # one document (a .txt file): no split to hold out, and this command trains nothing
+        val_docs, split = docs, "all (a one-document corpus has no validation split)"
     val = PackedSequences(encode_documents(val_docs, tokenizer, seed), seq_len, seed)
+    sequences = min(len(val), batches * batch_size)
+    if model.config.nar_start > 0 or not model.config.has_nar:
+        # A top-layer NAR set (yue-smol) trains on the model's own answers from cached entry features
+        # (`yue distill --nar-layers`, whose report holds its numbers), a plain Llama has none: the AR
+        # loss here, no NAR numbers.
+        ar = ar_loss(model, val, sequences, batch_size)
+        why = "a top-layer NAR set: see its distillation report" if model.config.has_nar else "no NAR set"
+        return {
+            "ar_loss": ar,
+            "ar_perplexity": math.exp(ar),
+            "nar_loss": None,
+            "nar_acc_per_slot": None,
+            "nar": why,
+            "sequences": sequences,
+            "split": split,
+        }
     result = evaluate(model, model, val, cfg, model.device)
     return {
         "ar_loss": result.ar_loss,
         "ar_perplexity": math.exp(result.ar_loss),
         "nar_loss": result.nar_loss,
         "nar_acc_per_slot": result.nar_acc_per_slot,
-        "sequences": min(len(val), batches * batch_size),
+        "sequences": sequences,
+        "split": split,
     }
+
+
+@torch.inference_mode()
+def ar_loss(model, val: PackedSequences, sequences: int, batch_size: int) -> float:
+    """Mean next-token cross-entropy of the AR path over the first `sequences` of `val`."""
+    losses = []
+    for start in range(0, sequences, batch_size):
+        x = val.data[start : min(start + batch_size, sequences)].to(model.device)
+        losses.append(float(model(input_ids=x, labels=x).loss) * len(x))
+    return sum(losses) / sequences
