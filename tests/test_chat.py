@@ -136,6 +136,32 @@ def test_chat_cli_streams_replies_and_keeps_the_conversation(tiny_gguf, monkeypa
     assert first_reply and first_reply in res.stdout
 
 
+@pytest.mark.parametrize("messages", ["hi", [{"role": "user"}], [{"content": "hi"}], [("user", "hi")]])
+def test_chat_prompt_of_something_else_than_messages_is_a_type_error(tiny_gguf, messages):
+    with pytest.raises(TypeError, match="role"):
+        yue.load(tiny_gguf.path).chat_prompt(messages)
+
+
+def test_ctrl_c_stops_a_reply_and_keeps_the_session(tiny_gguf, monkeypatch):
+    prompts = []
+    stream = Engine.stream
+
+    def interrupted(self, prompt, *a, **kw):  # the first reply is interrupted after its first event
+        prompts.append(prompt)
+        for i, ev in enumerate(stream(self, prompt, *a, **kw)):
+            yield ev
+            if len(prompts) == 1 and i == 0:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(Engine, "stream", interrupted)
+    res = CliRunner().invoke(
+        app, ["chat", "--model", str(tiny_gguf.path), "--max-new-tokens", "4"], input="Hello\nAgain\n"
+    )
+    assert res.exit_code == 0, res.output
+    assert len(prompts) == 2 and "[stopped]" in res.output
+    assert prompts[1].startswith(prompts[0])  # the stopped exchange stays in the conversation
+
+
 def test_openai_chat_uses_the_models_template_and_completions_stay_raw(tiny_gguf):
     engine = yue.load(tiny_gguf.path)
     ref = reference_tokenizer(tiny_gguf.path)

@@ -168,7 +168,8 @@ def chat(
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
     adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
 ) -> None:
-    """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF ends."""
+    """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF
+    ends. Ctrl-C stops a reply (kept as far as it got) and ends the session at the prompt."""
     from dataclasses import replace
 
     import yue
@@ -182,11 +183,11 @@ def chat(
     )
     cfg = replace(cfg, mode=mode or engine.default_mode)
     messages = [{"role": "system", "content": system}] if system else []
-    typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends.", err=True)
+    typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
     while True:
         try:
             line = input("> ")
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
             typer.echo("", err=True)
             return
         if line.strip() in ("/exit", "/quit"):
@@ -204,6 +205,8 @@ def chat(
             messages.pop()
             typer.echo(f"error: {e}", err=True)
             continue
+        except KeyboardInterrupt:  # stop this reply, keep the session (and the reply as far as it got)
+            typer.echo("\n[stopped]", err=True)
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply)})
 

@@ -127,7 +127,17 @@ class Engine:
         Args:
             messages: [{"role": ..., "content": ...}, ...].
             template: another template to render instead (the server's --chat-template override).
+        Raises:
+            TypeError: `messages` is not a list of {"role": str, "content": str} dicts.
         """
+        ok = isinstance(messages, list | tuple) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+        if not ok:
+            raise TypeError(
+                'messages: a list of {"role": str, "content": str} dicts, e.g. [{"role": "user", "content": "hi"}]'
+            )
         tok = self.tokenizer.tokenizer
         return (template or self._template).render(
             messages,
