@@ -88,6 +88,13 @@ def test_eos_ends_generation_and_is_not_in_the_output(engine):
         ("top_k", -1),
         ("repetition_penalty", 0.0),
         ("drafting", "lazy"),
+        # Wrong types are named too, not a TypeError from a comparison deep inside.
+        ("block_size", 1.5),
+        ("seed", "abc"),
+        ("top_p", "x"),
+        ("router_threshold", "x"),
+        ("max_new_tokens", True),
+        ("logprobs", 2.0),
     ],
 )
 def test_bad_decode_values_raise_value_error_naming_the_field(field, value):

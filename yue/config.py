@@ -10,6 +10,7 @@ Design decisions:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
@@ -119,6 +120,19 @@ class YueConfig(PreTrainedConfig):
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
 
 
+# DecodeConfig's fields by type, checked first (`__post_init__`); None passes where a field allows it.
+_INTEGER_FIELDS = (
+    "max_new_tokens",
+    "top_k",
+    "seed",
+    "block_size",
+    "drafting_slots",
+    "reeval_every",
+    "logprobs",
+)
+_NUMBER_FIELDS = ("temperature", "top_p", "repetition_penalty", "router_threshold")
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """How to decode one request. Validated once; bad values raise `ValueError` naming the field.
@@ -188,6 +202,11 @@ class DecodeConfig:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        for name in _INTEGER_FIELDS + _NUMBER_FIELDS:  # a wrong type is named, not a TypeError deep inside
+            value, kind = getattr(self, name), numbers.Integral if name in _INTEGER_FIELDS else numbers.Real
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                what = "an integer" if kind is numbers.Integral else "a number"
+                raise ValueError(f"{name} must be {what}, got {value!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
