@@ -477,7 +477,7 @@ def f32_gguf(tmp_path_factory) -> Path:
 
 needs_llama_cpp = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
-    reason="llama-cpp-python is not installed (pip install 'yue[llamacpp]')",
+    reason="llama-cpp-python is not installed (pip install '.[llamacpp]')",
 )
 
 
@@ -607,4 +607,4 @@ def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatc
         importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
     )
     why = llamacpp.unavailable(str(gguf_file))
-    assert why is not None and "\n" not in why and "pip install 'yue[llamacpp]'" in why
+    assert why is not None and "\n" not in why and "pip install 'llama-cpp-python>=0.3.30'" in why

@@ -36,7 +36,7 @@ from pathlib import Path
 from yue.bench.runners import Prompt, Sample
 
 NAME = "llamacpp-greedy"
-INSTALL = "pip install 'yue[llamacpp]' (llama-cpp-python builds from source: ~9 min on 2 cores)"
+INSTALL = "pip install '.[llamacpp]' in yue's repository, or pip install 'llama-cpp-python>=0.3.30' (it builds from source: ~9 min on 2 cores)"
 EXTRA_BUFFERS_ENV = "YUE_LLAMACPP_EXTRA_BUFFERS"
 # The probe's child: load the file with llama.cpp's defaults and decode a 2-token batch (argv: path).
 PROBE = (
