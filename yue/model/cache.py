@@ -72,17 +72,6 @@ class KVCache:
         """(k, v) views of layer i, each (B, Hkv, T_max, Dh)."""
         return self.k[i], self.v[i]
 
-    def rows(self, lo: int, hi: int) -> KVCache:
-        """A view of rows [lo, hi): the same buffers (a step through it writes this cache's), its own
-        pointer (`length`, this one's). For a step split by rows (`YueForCausalLM.step`); a view is not
-        committed or grown itself."""
-        view = object.__new__(KVCache)
-        view.k, view.v = self.k[:, lo:hi], self.v[:, lo:hi]
-        view.length = self.length
-        view.key_valid = None if self.key_valid is None else self.key_valid[lo:hi]
-        view.seq_lens = self.seq_lens[lo:hi]
-        return view
-
     def set_padding(self, pad_lengths: list[int]) -> None:
         """Mark the first pad_lengths[b] positions of row b as padding (left-padded batch); a row's
         positions count from its first real token (its prompt starts at position 0)."""

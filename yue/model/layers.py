@@ -267,9 +267,10 @@ def kernel_mask(mask: torch.Tensor | None, start: int, T: int, row0: int = 0) ->
 
 def one_call_rows(h: torch.Tensor, start: int) -> bool:
     """Whether a decode step's rows h (B, T, D) of one parameter set may run a layer (or a stack of them)
-    in one row-kernel call, where the set's layers are such: not a prefill (start 0, torch's path in every
-    mode), at most `rowkernel.MAX_ROWS` rows."""
-    return bool(start) and h.shape[0] * h.shape[1] <= rowkernel.MAX_ROWS
+    on the row kernel (`rowkernel.stack`: one call, or one per group of whole batch rows), where the
+    set's layers are such: not a prefill (start 0, torch's path in every mode), at most
+    `rowkernel.MAX_ROWS` rows a batch row."""
+    return bool(start) and h.shape[1] <= rowkernel.MAX_ROWS
 
 
 # Row-exact attention forms (`DecodeSet.attention`) -> the MoTLayer method that attends in it.

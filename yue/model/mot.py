@@ -213,10 +213,11 @@ class MoTModel(nn.Module):
         return h_c, h_s
 
     def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
-        """`_layers` in one row-kernel call (`rowkernel.stack`) where a decode step's rows are all of one
-        parameter set (committed rows, or a drafting pass's slots) and that set's layers are each one
-        call (`DecodeSet.whole_layer`, the condition `MoTLayer._decode` checks): the same calls in C, the
-        same bits, without ~70 us of Python a layer. None where it does not apply."""
+        """`_layers` in one row-kernel call (`rowkernel.stack`; a batch of more rows, one per group of
+        whole batch rows) where a decode step's rows are all of one parameter set (committed rows, or a
+        drafting pass's slots) and that set's layers are each one call (`DecodeSet.whole_layer`, the
+        condition `MoTLayer._decode` checks): the same calls in C, the same bits, without ~70 us of
+        Python a layer. None where it does not apply."""
         nar = h_s.shape[1] > 0
         h = h_s if nar else h_c
         weights = self.kernel_stacks.get(nar)
@@ -237,11 +238,6 @@ class MoTModel(nn.Module):
         if not h_s.shape[1]:
             return self.norm(h_c)
         return self.norm(torch.cat([h_c, h_s], dim=1))
-
-
-def _batch_rows(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    """Rows of a (1|B, ...) step input: a broadcast (1, ...) one as it is."""
-    return x if x is None or x.shape[0] == 1 else x[rows]
 
 
 @dataclass
@@ -318,12 +314,6 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         return self
 
     @property
-    def _row_exact(self) -> bool:
-        """Whether a decode step's rows compute what they would in a call of their own, up to
-        `rowkernel.MAX_ROWS` rows (the AR layers' `MoTLayer.exact_rows`, or one row-kernel call a step)."""
-        return self.model.layers[0].exact_rows or bool(self.model.kernel_stacks)
-
-    @property
     def prepared_for_decoding(self) -> bool:
         """Whether `prepare_for_decoding` has run (the layers then hold their `DecodeSet`s)."""
         return self.model.layers[0].decode_sets is not None
@@ -381,11 +371,6 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden
             (B, T, D), entry (B, n_committed, D) or None.
         """
-        B, T = tokens.shape
-        if B > 1 and B * T > rowkernel.MAX_ROWS >= T and cache.length and self._row_exact:
-            return self._step_by_rows(
-                tokens, positions, n_committed, mask, cache, n_logits, anchor_entry, top1, ar_entropy
-            )
         hidden, entry = self.model.run(
             tokens, positions, n_committed, mask, cache, cache.length, anchor_entry
         )
@@ -415,47 +400,6 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             else self.slot_logits(hidden[:, n_committed:])
         )
         return StepOutput(ar_logits, slot_logits, hidden, entry, screened, entropy)
-
-    def _step_by_rows(
-        self, tokens, positions, n_committed, mask, cache, n_logits, anchor_entry, top1, ar_entropy
-    ):
-        """`step` over a batch's rows a few at a time, each call at most `rowkernel.MAX_ROWS` rows, outputs
-        concatenated, on a model whose decode steps are row-exact (`_row_exact`) up to that many rows.
-        Why: past it a step took other paths (the row kernel runs a step's layers in one call up to 9
-        rows, `MoTModel._stacked`, and torch's RoPE and attention round otherwise; bfloat16's packed
-        matmuls and padded attention were made row-exact for 1-9 rows), so a batch's rows were not what
-        the same requests alone compute: a batch of 6 in int4 (whose rounded activations grow such bits
-        into other tokens) gave 3 rows a `verified` output other than their `ar`, in bfloat16 2. In
-        calls of at most 9 rows a batch's every row computes what it would alone."""
-        B, T = tokens.shape
-        per = rowkernel.MAX_ROWS // T
-        parts = []
-        for lo in range(0, B, per):
-            hi = min(lo + per, B)
-            part = functools.partial(_batch_rows, rows=slice(lo, hi))
-            parts.append(
-                self.step(
-                    tokens[lo:hi],
-                    positions if positions.dim() == 1 else part(positions),
-                    n_committed,
-                    part(mask),
-                    cache.rows(lo, hi),
-                    n_logits,
-                    part(anchor_entry),
-                    top1,
-                    ar_entropy,
-                )
-            )
-        cat = lambda xs: None if xs[0] is None else torch.cat(xs)  # noqa: E731
-        first = parts[0]
-        return StepOutput(
-            torch.cat([p.ar_logits for p in parts]),
-            torch.cat([p.slot_logits for p in parts]),
-            torch.cat([p.hidden for p in parts]),
-            cat([p.entry for p in parts]),
-            first.screened,
-            cat([p.ar_entropy for p in parts]),
-        )
 
     def slot_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Slot rows' logits over the whole vocabulary, (B, n, D) -> (B, n, V): the draft head when the
