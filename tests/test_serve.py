@@ -60,6 +60,9 @@ def test_openai_client_drives_completions_chat_and_streaming(tiny_engine):
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-test", max_retries=0, timeout=30)
         [model] = client.models.list().data
         assert model.id == tiny_engine.name
+        assert client.models.retrieve(model.id).id == model.id
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("gpt-4")
 
         done = client.completions.create(model=model.id, prompt=PROMPT, max_tokens=12, temperature=0)
         assert done.object == "text_completion" and done.choices[0].finish_reason in ("length", "stop")

@@ -200,6 +200,11 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         card = s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
         return s.ModelList(data=[card])
 
+    @app.get("/v1/models/{model_id}", response_model=s.ModelCard, responses=_ERRORS)
+    async def model(model_id: str) -> s.ModelCard:
+        engine = _check_model(state, model_id)  # another id: 404 model_not_found
+        return s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
+
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
         engine = _check_model(state, body.model)
