@@ -279,6 +279,12 @@ def test_a_form_body_is_told_to_send_json(client):
     assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
 
 
+def test_one_token_id_prompt_is_one_generation_however_long(client):
+    r = client.post("/v1/completions", json={"prompt": list(range(4, 24)), "max_tokens": 2}, headers=KEY)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1
+
+
 def test_the_generation_count_is_checked_before_any_prompt_is_tokenized(tiny_engine, monkeypatch):
     # 17 prompts: one over MAX_CHOICES; a list of 200,000 once held the event loop ~5 s tokenizing them.
     encoded = []
