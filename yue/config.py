@@ -209,11 +209,11 @@ class DecodeConfig:
                 raise ValueError(f"{name} must be {what}, got {value!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -229,9 +229,7 @@ class DecodeConfig:
             raise ValueError(f"reeval_every must be >= 1, got {self.reeval_every!r}")
         if self.drafting not in DRAFTINGS:
             raise ValueError(f"drafting must be one of {', '.join(DRAFTINGS)}; got {self.drafting!r}")
-        if self.logprobs is not None and not (
-            isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))

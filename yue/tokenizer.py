@@ -131,12 +131,17 @@ class YueTokenizer:
                 a `surrogateescape` decode makes: tokenizers would raise a bare TypeError).
         """
         try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(
-                f"the text is not valid Unicode: a lone surrogate {text[e.start]!r} at character {e.start}"
-            ) from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            if isinstance(text, str):  # only then looked at: no extra pass over every prompt
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    at = e.start
+                    raise ValueError(
+                        f"the text is not valid Unicode: a lone surrogate {text[at]!r} at character {at}"
+                    ) from None
+            raise
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

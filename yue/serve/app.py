@@ -208,8 +208,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
         engine = _check_model(state, body.model)
-        check_choices(state.config, _prompt_count(body.prompt), body.n)
-        prompts = _completion_prompts(body.prompt, engine)
+        prompts = _completion_prompts(body.prompt, engine)  # no tokenizing yet
+        check_choices(state.config, len(prompts), body.n)
         prepared = [
             _prepare(state, body, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
             for p in prompts
@@ -287,11 +287,6 @@ def _envelope(fmt, outcomes: list[Outcome]) -> dict:
         "model": fmt.model,
         "usage": s.Usage(**total_usage(outcomes)),
     }
-
-
-def _prompt_count(prompt) -> int:
-    """How many prompts /v1/completions' prompt holds: a text or one list of token ids is one."""
-    return 1 if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else len(prompt)
 
 
 def _completion_prompts(prompt, engine) -> list[str | list[int]]:

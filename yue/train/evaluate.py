@@ -32,7 +32,8 @@ def evaluate_model(
     Args:
         model_dir: a model as `yue.load` takes it (a shipped name, a folder, a GGUF; None: the default).
     Returns:
-        {"ar_loss", "ar_perplexity", "nar_loss", "nar_acc_per_slot", "sequences"}.
+        {"ar_loss", "ar_perplexity", "nar_loss", "nar_acc_per_slot", "sequences", "split"}; "nar_loss"
+        and "nar_acc_per_slot" None, with "nar" saying why, for a model whose NAR set is not scored here.
     """
     model, tokenizer, files = load_unprepared(model_dir)
     cfg = TrainConfig(
@@ -53,30 +54,19 @@ def evaluate_model(
         val_docs, split = docs, "all (a one-document corpus has no validation split)"
     val = PackedSequences(encode_documents(val_docs, tokenizer, seed), seq_len, seed)
     sequences = min(len(val), batches * batch_size)
+    out = {"sequences": sequences, "split": split}
     if model.config.nar_start > 0 or not model.config.has_nar:
         # A top-layer NAR set (yue-smol) trains on the model's own answers from cached entry features
         # (`yue distill --nar-layers`, whose report holds its numbers), a plain Llama has none: the AR
         # loss here, no NAR numbers.
-        ar = ar_loss(model, val, sequences, batch_size)
-        why = "a top-layer NAR set: see its distillation report" if model.config.has_nar else "no NAR set"
-        return {
-            "ar_loss": ar,
-            "ar_perplexity": math.exp(ar),
-            "nar_loss": None,
-            "nar_acc_per_slot": None,
-            "nar": why,
-            "sequences": sequences,
-            "split": split,
-        }
-    result = evaluate(model, model, val, cfg, model.device)
-    return {
-        "ar_loss": result.ar_loss,
-        "ar_perplexity": math.exp(result.ar_loss),
-        "nar_loss": result.nar_loss,
-        "nar_acc_per_slot": result.nar_acc_per_slot,
-        "sequences": sequences,
-        "split": split,
-    }
+        ar, nar, acc = ar_loss(model, val, sequences, batch_size), None, None
+        out["nar"] = (
+            "a top-layer NAR set: see its distillation report" if model.config.has_nar else "no NAR set"
+        )
+    else:
+        result = evaluate(model, model, val, cfg, model.device)
+        ar, nar, acc = result.ar_loss, result.nar_loss, result.nar_acc_per_slot
+    return {"ar_loss": ar, "ar_perplexity": math.exp(ar), "nar_loss": nar, "nar_acc_per_slot": acc} | out
 
 
 @torch.inference_mode()
