@@ -136,6 +136,24 @@ def test_chat_cli_streams_replies_and_keeps_the_conversation(tiny_gguf, monkeypa
     assert first_reply and first_reply in res.stdout
 
 
+def test_chat_cli_passes_its_sampling_options_and_stop_strings(tiny_gguf, monkeypatch):
+    configs = []
+    stream = Engine.stream
+
+    def recording(self, prompt, cfg, *a, **kw):
+        configs.append(cfg)
+        return stream(self, prompt, cfg, *a, **kw)
+
+    monkeypatch.setattr(Engine, "stream", recording)
+    args = ["chat", "--model", str(tiny_gguf.path), "--top-k", "5", "--repetition-penalty", "1.3"]
+    res = CliRunner().invoke(
+        app, [*args, "--stop", "a", "--stop", "END", "--max-new-tokens", "4"], input="Hi\n"
+    )
+    assert res.exit_code == 0, res.output
+    (cfg,) = configs
+    assert (cfg.top_k, cfg.repetition_penalty, cfg.stop) == (5, 1.3, ("a", "END"))
+
+
 @pytest.mark.parametrize("messages", ["hi", [{"role": "user"}], [{"content": "hi"}], [("user", "hi")]])
 def test_chat_prompt_of_something_else_than_messages_is_a_type_error(tiny_gguf, messages):
     with pytest.raises(TypeError, match="role"):

@@ -106,6 +106,51 @@ def test_token_id_prompts_equal_their_text(client, trained):
     assert one["usage"]["prompt_tokens"] == len(ids[0])
 
 
+def test_penalties_and_logit_bias_reach_the_decoder(client, trained):
+    """OpenAI's presence / frequency penalties and logit_bias (ids as strings): the answer is the
+    library's `ar` under them, and differs from the plain one (they are not ignored)."""
+    plain = _alone(trained, PROMPTS[0])
+    banned = trained.encode(plain)[:3]
+    extra = {"frequency_penalty": 0.8, "presence_penalty": 0.3, "logit_bias": {str(t): -100 for t in banned}}
+    got = client.post("/v1/completions", json={"prompt": PROMPTS[0]} | GREEDY | extra).json()
+    kw = {"frequency_penalty": 0.8, "presence_penalty": 0.3, "logit_bias": {t: -100 for t in banned}}
+    want = trained.generate(PROMPTS[0], mode="ar", max_new_tokens=24, **kw).text
+    assert got["choices"][0]["text"] == want != plain
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    chat = client.post("/v1/chat/completions", json={"messages": messages, "logit_bias": {"5": 100}} | GREEDY)
+    forced = trained.generate(
+        trained.chat_prompt(messages), mode="ar", max_new_tokens=24, logit_bias={5: 100}
+    )
+    assert forced.token_ids == [5] * 24
+    assert chat.json()["choices"][0]["message"]["content"] == forced.text
+
+
+def test_echo_prepends_each_prompt_streamed_or_not(client, trained):
+    body = {"prompt": PROMPTS[:2], "n": 2, "echo": True} | GREEDY
+    whole = client.post("/v1/completions", json=body).json()
+    expected = [p + _alone(trained, p) for p in PROMPTS[:2] for _ in range(2)]
+    assert [c["text"] for c in whole["choices"]] == expected
+    events = parse_sse(client.post("/v1/completions", json=body | {"stream": True}).text)
+    texts = ["", "", "", ""]
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == expected
+    ids = trained.encode(PROMPTS[1])  # token ids echo as their text
+    one = client.post("/v1/completions", json={"prompt": ids, "echo": True} | GREEDY).json()
+    assert one["choices"][0]["text"] == trained.tokenizer.decode(ids) + _alone(trained, PROMPTS[1])
+
+
+def test_developer_messages_are_the_system_prompt(client):
+    def ask(role: str) -> str:
+        messages = [{"role": role, "content": "Answer in Python."}, {"role": "user", "content": PROMPTS[0]}]
+        r = client.post("/v1/chat/completions", json={"messages": messages} | GREEDY)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert ask("developer") == ask("system")
+
+
 def test_completion_logprobs_are_the_ar_paths(client, trained):
     body = {"prompt": PROMPTS[0], "logprobs": 2} | GREEDY
     r = client.post("/v1/completions", json=body).json()["choices"][0]

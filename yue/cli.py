@@ -160,8 +160,11 @@ def chat(
     system: str | None = typer.Option(None, help="A system message opening the conversation."),
     max_new_tokens: int = typer.Option(512, help="Longest reply, in tokens."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
+    repetition_penalty: float = typer.Option(1.0, help="> 1 discourages repeats."),
     seed: int | None = typer.Option(None, help="Random seed for sampling."),
+    stop: list[str] = typer.Option([], help="Stop string ending a reply (repeatable)."),
     draft_dtype: str = typer.Option("auto", help="Drafting weights: auto | int8 | bfloat16 | float32."),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
@@ -176,7 +179,14 @@ def chat(
     from yue.config import DecodeConfig
 
     cfg = DecodeConfig(
-        mode=mode or "hybrid", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        mode=mode or "hybrid",
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        stop=tuple(stop),
     )
     engine = yue.load(
         model, device=device, dtype=dtype, nar_dtype=draft_dtype, adapter=adapter, low_memory=low_memory

@@ -130,7 +130,15 @@ _INTEGER_FIELDS = (
     "reeval_every",
     "logprobs",
 )
-_NUMBER_FIELDS = ("temperature", "top_p", "repetition_penalty", "router_threshold")
+_NUMBER_FIELDS = (
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "router_threshold",
+)
+MAX_PENALTY, MAX_LOGIT_BIAS = 2.0, 100.0  # OpenAI's ranges for the penalties and logit_bias
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,12 @@ class DecodeConfig:
         top_k: keep the k most likely tokens (0 = off).
         top_p: nucleus mass in (0, 1]; 1 = off.
         repetition_penalty: CTRL-style penalty on tokens already in the context; 1 = off.
+        presence_penalty / frequency_penalty: OpenAI's penalties, in [-2, 2]: a generated token's logit
+            minus presence_penalty once it has been generated, and minus frequency_penalty times how
+            often (the prompt's tokens do not count); 0 = off.
+        logit_bias: (token id, bias) pairs added to those tokens' logits, each bias in [-100, 100]
+            (OpenAI's `logit_bias`; -100 bans a token in effect); () = off. Applied after the
+            penalties, before temperature; a dict is taken too.
         seed: seeds the request's own `torch.Generator`; same seed, same sample.
         stop: strings that end generation; the text is cut before the first one.
         router_threshold: the mode's dial; None = the model's calibrated default. `verified`: a slot
@@ -177,7 +191,7 @@ class DecodeConfig:
             followed the context's last few tokens in that corpus (no forward), when this request's
             record of such drafts says they pay. `verified`'s output is `ar`'s either way.
         logprobs: report each generated token's log-probability under the AR path (raw log-softmax of
-            its logits, before penalty and temperature) with this many top alternatives (0 = the
+            its logits, before penalties, logit bias and temperature) with this many top alternatives (0 = the
             token's own only); None = off. A token committed unverified (`nar`'s slots) has no AR
             log-prob at commit time and reports None.
     """
@@ -188,6 +202,9 @@ class DecodeConfig:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     router_threshold: float | None = None
@@ -219,6 +236,10 @@ class DecodeConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.router_threshold is not None and not (0.0 <= self.router_threshold <= 1.0):
             raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold!r}")
         if self.block_size is not None and self.block_size < 1:
@@ -238,6 +259,16 @@ class DecodeConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the AR logits are adjusted before a token is chosen (penalties, logit bias)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+        )
 
     @property
     def draft_block(self) -> int:
@@ -267,6 +298,10 @@ class DecodeConfig:
             )
         if self.drafting_slots is not None and self.drafting_slots > k:
             raise ValueError(f"drafting_slots must be <= block_size {k}, got {self.drafting_slots}")
+        vocab = model_config.vocab_size
+        if any(not 0 <= t < vocab for t, _ in self.logit_bias):
+            bad = next(t for t, _ in self.logit_bias if not 0 <= t < vocab)
+            raise ValueError(f"logit_bias: token id {bad} is not in this model's vocabulary [0, {vocab})")
         slots = self.drafting_slots
         if slots is None:
             slots = k if self.mode == "nar" else min(model_config.drafting_slots or k, k)
@@ -284,3 +319,25 @@ class DecodeConfig:
             drafting_slots=slots,
             reeval_every=self.reeval_every if self.reeval_every is not None else model_config.reeval_every,
         )
+
+
+def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """`DecodeConfig.logit_bias` as sorted (token id, bias) pairs (hashable: it is part of a batch's key)
+    from pairs or a dict; ValueError on a wrong type or a bias outside [-100, 100]."""
+    pairs = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = [(t, b) for t, b in pairs]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+    for t, b in pairs:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"logit_bias: token ids must be integers, got {t!r}")
+        if (
+            isinstance(b, bool)
+            or not isinstance(b, numbers.Real)
+            or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS
+        ):
+            raise ValueError(
+                f"logit_bias: each bias must be a number in [-100, 100], got {b!r} for token {t}"
+            )
+    return tuple(sorted((int(t), float(b)) for t, b in dict(pairs).items()))

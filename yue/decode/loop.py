@@ -215,6 +215,8 @@ class DecodeBatch:
         if self.key.repetition_penalty != 1.0:
             st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=model.device)
             st.seen.scatter_(1, st.fed, True)
+        if self.key.presence_penalty != 0.0 or self.key.frequency_penalty != 0.0:  # generated tokens only
+            st.counts = torch.zeros(B, model.config.vocab_size, dtype=torch.int32, device=model.device)
         return Group(rows, cache, st)
 
     def _step(self, g: Group) -> StepEmission:
@@ -258,6 +260,13 @@ class DecodeBatch:
         if st.seen is not None:
             for b, t in enumerate(toks):
                 st.seen[b, t] = True
+        if st.counts is not None:
+            for b, t in enumerate(toks):
+                st.counts[b].index_add_(
+                    0,
+                    torch.tensor(t, dtype=torch.long, device=device),
+                    torch.ones(len(t), dtype=torch.int32, device=device),
+                )
         step = None
         if cfg.trace:
             h = float(entropy(out.ar_logits[0, -1]))

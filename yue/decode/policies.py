@@ -55,6 +55,7 @@ from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.sampling import (
+    apply_openai_penalties,
     apply_repetition_penalty,
     choose_rows,
     one_hot_logprobs,
@@ -84,6 +85,8 @@ class LoopState:
         draft_logprobs: (B, max(n_drafts), V) warped NAR log-probs the drafts were sampled from
             (sampling), aligned to the tail: row b's are the last n_drafts[b].
         seen: (B, V) bool, tokens in each row's context (for repetition penalty), or None.
+        counts: (B, V) int32, how often each row generated each token (OpenAI's presence / frequency
+            penalties), or None.
         ar_stretch: AR-only steps (verified) or AR-written tokens (hybrid) left before the router is
             asked again.
         futile_probes: verified: consecutive steps whose slots the router found not worth drafting;
@@ -110,6 +113,7 @@ class LoopState:
     n_drafts: list[int] = field(default_factory=list)
     draft_logprobs: torch.Tensor | None = None
     seen: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
     ar_stretch: int = 0
     futile_probes: int = 0
     costs: StepCosts | None = None
@@ -227,20 +231,35 @@ class Advance:
         return [top - d + a for d, a in zip(self.drafted, self.accepted, strict=True)]
 
 
-def ar_logits_with_penalty(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
-    """The last `rows` AR logits (B, rows, V), with the repetition penalty of each row's context.
+def adjusted_ar_logits(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
+    """The last `rows` AR logits (B, rows, V), adjusted as the request asks (`DecodeConfig.adjusts_logits`):
+    repetition penalty over each row's context, OpenAI's presence / frequency penalties over the tokens
+    generated before it, then the logit bias.
 
     With drafts fed = [p0, d1..dk] and rows = k + 1, row i's context also holds d1..di.
     """
     logits = out.ar_logits[:, -rows:]
-    if st.seen is None:
+    cfg = st.cfg
+    if not cfg.adjusts_logits:
         return logits
-    seen = st.seen[:, None, :].expand(-1, rows, -1)
-    if rows > 1:
-        onehot = torch.zeros_like(seen[:, 1:]).scatter_(2, st.fed[:, -rows + 1 :, None], True)
-        later = torch.cumsum(onehot.int(), dim=1) > 0  # (B, rows-1, V)
-        seen = torch.cat([seen[:, :1], seen[:, 1:] | later], dim=1)
-    return apply_repetition_penalty(logits, seen, st.cfg.repetition_penalty)
+    later = None  # (B, rows, V): how often each token occurs among the drafts before each row
+    if rows > 1 and (st.seen is not None or st.counts is not None):
+        B, V = logits.shape[0], logits.shape[-1]
+        onehot = logits.new_zeros(B, rows, V, dtype=torch.int32)
+        onehot[:, 1:].scatter_(2, st.fed[:, -rows + 1 :, None], 1)
+        later = torch.cumsum(onehot, dim=1)
+    if st.seen is not None:
+        seen = st.seen[:, None, :] if later is None else st.seen[:, None, :] | (later > 0)
+        logits = apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if st.counts is not None:
+        counts = st.counts[:, None, :] if later is None else st.counts[:, None, :] + later
+        logits = apply_openai_penalties(logits, counts, cfg.presence_penalty, cfg.frequency_penalty)
+    if cfg.logit_bias:
+        ids, values = zip(*cfg.logit_bias, strict=True)
+        bias = logits.new_zeros(logits.shape[-1])
+        bias[list(ids)] = logits.new_tensor(values)
+        logits = logits + bias
+    return logits
 
 
 def draft_slots(st: LoopState, slot_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -325,9 +344,9 @@ class Policy:
 
     def argmax_only(self, cfg: DecodeConfig, model_config) -> bool:
         """Whether a step's AR logits serve only their argmax, so the model may compute them where they
-        may be the largest (`YueForCausalLM.step`'s top1): greedy, no repetition penalty, no trace (it
+        may be the largest (`YueForCausalLM.step`'s top1): greedy, no penalty or logit bias, no trace (it
         records the AR entropy). Log-probs are asked per row: the loop checks those."""
-        return cfg.greedy and cfg.repetition_penalty == 1.0 and not cfg.trace
+        return cfg.greedy and not cfg.adjusts_logits and not cfg.trace
 
     def asks_router(self, cfg: DecodeConfig, model_config) -> bool:
         """Whether a request's drafting steps ask the router (so a screened step brings each AR row's
@@ -398,7 +417,7 @@ class ARPolicy(Policy):
     name = "ar"
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        tok = choose_rows(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generators)  # (B,)
+        tok = choose_rows(adjusted_ar_logits(st, out)[:, -1], st.cfg, st.generators)  # (B,)
         return commit_unverified(st, tok)
 
 
@@ -494,7 +513,7 @@ class VerifiedPolicy(Policy):
         return k
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        n_acc, nxt = self.verify(st, ar_logits_with_penalty(st, out, st.max_drafts + 1))
+        n_acc, nxt = self.verify(st, adjusted_ar_logits(st, out, st.max_drafts + 1))
         if st.max_drafts:  # the record counts the rows' mean
             record = st.record if st.copied is None else st.copied
             record.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
@@ -651,7 +670,7 @@ class NARPolicy(Policy):
         return True
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
-        bonus = choose_rows(ar_logits_with_penalty(st, out)[:, -1], st.cfg, st.generators)
+        bonus = choose_rows(adjusted_ar_logits(st, out)[:, -1], st.cfg, st.generators)
         return self.with_block(model, st, commit_unverified(st, bonus), out)
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:

@@ -64,6 +64,8 @@ def select(g: Group, keep: list[int]) -> Group | None:
         st.draft_logprobs = st.draft_logprobs.index_select(0, index)
     if st.seen is not None:
         st.seen = st.seen.index_select(0, index)
+    if st.counts is not None:
+        st.counts = st.counts.index_select(0, index)
     g.rows = [g.rows[i] for i in keep]
     return g
 
@@ -97,6 +99,8 @@ def merge(a: Group, b: Group, vocab: int) -> Group:
         sa.contexts = sa.contexts + sb.contexts
     if sa.seen is not None:
         sa.seen = torch.cat([sa.seen, sb.seen])
+    if sa.counts is not None:
+        sa.counts = torch.cat([sa.counts, sb.counts])
     a.rows = a.rows + b.rows
     return a
 

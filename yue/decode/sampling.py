@@ -37,6 +37,19 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, penalised, logits)
 
 
+def apply_openai_penalties(
+    logits: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float
+) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties: logit - frequency * count - presence * (count > 0).
+
+    Args:
+        logits: (..., V).
+        counts: integers broadcastable to logits: how often each token was generated before this position.
+    """
+    counts = counts.to(logits.dtype)
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
 def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     """Temperature, top-k and top-p applied to (..., V) logits; returns log-probabilities.
 

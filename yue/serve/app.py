@@ -56,6 +56,18 @@ log = logging.getLogger("yue.serve")
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 DEMO_PAGE = Path(__file__).parent / "static" / "index.html"
 _REQUEST_FIELD = {"max_new_tokens": "max_tokens"}  # DecodeConfig names that differ from the request's
+_ROLES = {"developer": "system"}  # chat roles the template knows by another name
+_SAMPLING_FIELDS = (  # request fields passed to DecodeConfig as they are (when given)
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "mode",
+    "router_threshold",
+)
 _ERRORS = {code: {"model": s.ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 _STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
@@ -208,6 +220,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
         engine = _check_model(state, body.model)
+        _check_unsupported(body)
         prompts = _completion_prompts(body.prompt, engine)  # no tokenizing yet
         check_choices(state.config, len(prompts), body.n)
         prepared = [
@@ -219,12 +232,15 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         fmt = CompletionFormat(
             f"cmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage, tokenizer
         )
+        if body.echo:  # each choice's prompt as text (token ids decoded as they stand)
+            texts = [p if isinstance(p, str) else engine.tokenizer.decode(p) for p in prompts]
+            fmt.echo = [texts[i] for i in range(len(prompts)) for _ in range(body.n)]
 
         def build(outcomes: list[Outcome]) -> s.CompletionResponse:
             choices = [
                 s.CompletionChoice(
                     index=i,
-                    text=o.text,
+                    text=fmt.text(i, o.text),
                     finish_reason=openai_finish_reason(o.finish_reason),
                     logprobs=fmt.logprobs(i, o.logprobs),
                 )
@@ -238,7 +254,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
         engine = _check_model(state, body.model)
         check_choices(state.config, 1, body.n)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        # OpenAI's "developer" messages are the system prompt under a newer name (chat templates know "system").
+        messages = [{"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in body.messages]
         try:
             prompt = engine.chat_prompt(messages, state.template)
         except Exception as e:  # a model's template may reject a conversation (raise_exception)
@@ -287,6 +304,34 @@ def _envelope(fmt, outcomes: list[Outcome]) -> dict:
         "model": fmt.model,
         "usage": s.Usage(**total_usage(outcomes)),
     }
+
+
+def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
+    """OpenAI's `logit_bias` (token ids as JSON object keys, so strings) -> {token id: bias}; a key that
+    is not a token id of this model is a 400 (the biases' range is `DecodeConfig`'s to check)."""
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab:
+            raise ApiError(
+                400,
+                f"logit_bias: {key!r} is not a token id of this model (integers in [0, {vocab}))",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        out[int(key)] = value
+    return out
+
+
+def _check_unsupported(body: s.CompletionRequest) -> None:
+    """A 400 for OpenAI completion fields yue cannot honour, rather than an answer that ignores them."""
+    if body.suffix:
+        raise ApiError(400, "suffix is not supported (no insertion)", param="suffix", code="unsupported")
+    if body.best_of not in (None, 1):
+        raise ApiError(400, "best_of is not supported: use n", param="best_of", code="unsupported")
+    if body.echo and body.logprobs is not None:
+        raise ApiError(
+            400, "echo with logprobs is not supported (no prompt log-probs)", param="echo", code="unsupported"
+        )
 
 
 def _completion_prompts(prompt, engine) -> list[str | list[int]]:
@@ -358,13 +403,15 @@ def _prepare(
     fields = {"max_new_tokens": max_tokens, "stop": stop, "mode": engine.default_mode, "logprobs": logprobs}
     if temperature is not None:
         fields["temperature"] = temperature
-    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "mode", "router_threshold"):
+    for name in _SAMPLING_FIELDS:
         if (value := getattr(body, name)) is not None:
             fields[name] = value
+    if body.logit_bias:
+        fields["logit_bias"] = _logit_bias(body.logit_bias, engine.model_config.vocab_size)
     try:
         decode = DecodeConfig(**fields)
     except ValueError as e:  # the message starts with the field's name
-        field = (str(e).split() or [""])[0]
+        field = (str(e).split() or [""])[0].rstrip(":")
         param = _REQUEST_FIELD.get(field, field) if field in DecodeConfig.__dataclass_fields__ else None
         if field == "logprobs" and prompt_param == "messages":
             param = "top_logprobs"

@@ -5,7 +5,9 @@ Design decisions:
   checked once, by `DecodeConfig`, whose `ValueError` names the field; the app maps it to a 400 with
   that `param`. The only bound here is `seed`'s, which `DecodeConfig` leaves to `torch.Generator`.
 - Unknown fields are ignored (as OpenAI-compatible servers commonly do), so clients that send
-  `user`, `echo: false`, ... keep working. `n` choices per prompt, a list of prompts and token-id
+  `user`, `service_tier`, ... keep working. OpenAI fields that would change the answer are either
+  honoured (penalties, `logit_bias`, `echo`) or refused with a 400 when set (`suffix`, `best_of` > 1),
+  never silently ignored. `n` choices per prompt, a list of prompts and token-id
   prompts (`/v1/completions`) each become one generation of the running batch; log-probs come from
   the AR path (`DecodeConfig.logprobs`: a token committed unverified reports null).
 - `mode` and `router_threshold` extend every generation endpoint: the speed/fidelity dial.
@@ -38,6 +40,12 @@ class _Sampling(_Body):
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely tokens; 0 = off")
     repetition_penalty: float | None = Field(None, description="> 0; 1 = off")
+    presence_penalty: float | None = Field(None, description="OpenAI's, in [-2, 2]; 0 = off")
+    frequency_penalty: float | None = Field(None, description="OpenAI's, in [-2, 2]; 0 = off")
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        description='token id (as a string) -> bias in [-100, 100] added to its logit, e.g. {"50256": -100}',
+    )
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: str | list[str] | None = None
     mode: Mode | None = Field(None, description="decode policy: ar | verified | hybrid | nar")
@@ -62,6 +70,9 @@ class CompletionRequest(_OpenAI):
     logprobs: int | None = Field(
         None, description="the AR path's log-prob of each token plus this many top alternatives (0-20)"
     )
+    echo: bool = Field(False, description="prepend the prompt's text to each choice's (not with logprobs)")
+    suffix: str | None = Field(None, description="not supported: only null or empty")
+    best_of: int | None = Field(None, description="not supported: only null or 1")
 
 
 class TextPart(_Body):
@@ -70,7 +81,7 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
     content: str | list[TextPart]
 
     def text(self) -> str:

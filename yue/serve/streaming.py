@@ -109,6 +109,7 @@ class Format:
         self.id, self.created, self.model, self.include_usage = request_id, created, model, include_usage
         self.tokenizer = tokenizer  # set when the request asked for log-probs
         self._offsets: dict[int, int] = {}  # per choice: characters of token text reported so far
+        self.echo: list[str] | None = None  # completions' `echo`: per choice, its prompt's text
 
     def start(self, indices: list[int]) -> list[dict]:
         return []
@@ -167,6 +168,16 @@ class CompletionFormat(Format):
             ],
             "text_offset": offsets,
         }
+
+    def start(self, indices: list[int]) -> list[dict]:
+        """With `echo`, each choice's stream opens with its prompt's text."""
+        if self.echo is None:
+            return []
+        return [self._chunk(self._choice(i, self.echo[i], None)) for i in indices if self.echo[i]]
+
+    def text(self, index: int, generated: str) -> str:
+        """A choice's whole text: its prompt's first with `echo`."""
+        return generated if self.echo is None else self.echo[index] + generated
 
     def delta(self, index: int, event: StreamEvent) -> dict | None:
         if not event.delta and not (self.tokenizer and event.logprobs):
