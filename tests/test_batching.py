@@ -10,6 +10,7 @@ import yue
 from tests.stubs import MarkovStub
 from yue.batcher import Batcher
 from yue.config import DecodeConfig
+from yue.decode import loop
 from yue.decode.costs import StepCosts
 from yue.decode.loop import DecodeBatch, decode
 from yue.model import kernels
@@ -276,4 +277,106 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monk
     together = hidden(prompts)
     for p in prompts:
         for row in hidden([p]):
+            assert any(torch.equal(row, other) for other in together)
+
+
+def _long_prompts(engine, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of these lengths (random text of the tiny model's vocabulary, no specials)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, engine.model.config.vocab_size - 4, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("mode", ["ar", "verified"])
+def test_long_prompts_are_prefilled_a_chunk_a_step_while_running_rows_keep_writing(
+    trained, mode, monkeypatch
+):
+    """Chunks of 16 tokens, a budget of 16 a step: a 64-token prompt joins after 4 steps, during which
+    the running row writes a token every step; every answer is what its prompt gets alone."""
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    cfg = DecodeConfig(mode=mode, max_new_tokens=12, ignore_eos=True).resolved(trained.model.config)
+    short, long_, odd = _long_prompts(trained, [5, 64, 37])
+    batch = DecodeBatch(trained.model, cfg, max_prefill_tokens=16)
+    rows = {batch.add(short, cfg): short}
+    (first,) = batch.step()  # the short prompt's prefill is its first step
+    rows[batch.add(long_, cfg)] = long_
+    rows[batch.add(odd, cfg)] = odd
+    got: dict[int, list[int]] = {r: [] for r in rows}
+    got[0] += first.tokens[0]
+    writers_per_step = []
+    while len(batch):
+        ems = batch.step()
+        writers = set()
+        for em in ems:
+            for r, t, f in zip(em.rows, em.tokens, em.finished, strict=True):
+                got[r] += t
+                writers.add(r) if t else None
+                if f is not None:
+                    batch.remove(r)
+        writers_per_step.append(writers)
+    long_id = 1
+    joined = next(i for i, w in enumerate(writers_per_step) if long_id in w)
+    assert joined == 3  # chunks 1-3 fed in steps 0-2, the 4th is its first step (step 3)
+    assert all(0 in w for w in writers_per_step[:joined])  # the running row wrote every step meanwhile
+    for r, p in rows.items():
+        alone = [t for em in decode(trained.model, [p], cfg) for t in em.tokens[0]]
+        assert got[r] == alone, r
+
+
+def test_a_request_cancelled_mid_prefill_leaves_at_the_next_chunk(trained, monkeypatch):
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=8, ignore_eos=True).resolved(trained.model.config)
+    a, b = _long_prompts(trained, [48, 48], seed=1)
+    batch = DecodeBatch(trained.model, cfg, max_prefill_tokens=32)
+    ida, idb = batch.add(a, cfg), batch.add(b, cfg)
+    batch.step()  # one 16-token chunk of the bucket of both (32 tokens)
+    assert len(batch.prefilling) == 1 and batch.prefilling[0].done == 16 and len(batch) == 2
+    batch.remove(ida)
+    assert len(batch) == 1 and batch.prefilling[0].prompt.shape[0] == 1
+    got = []
+    while len(batch):
+        for em in batch.step():
+            got += em.tokens[0]
+            if em.finished[0]:
+                batch.remove(idb)
+    assert got == [t for em in decode(trained.model, [b], cfg) for t in em.tokens[0]]
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, monkeypatch):
+    """Chunks are fixed by the prompt's length: a prompt fed in 3 chunks beside other prompts (and under
+    another budget) reads, bit for bit, the hidden rows it reads alone."""
+    from tests.test_int4 import int4_model
+    from tests.test_precision import row_stream_model
+
+    if precision == "int4":
+        if not kernels.choice().ok("rows-int4"):
+            pytest.skip(f"the row kernel's int4 does not run here: {kernels.describe()}")
+        model = int4_model(seed=1)
+    else:
+        model = row_stream_model(1, monkeypatch)
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    seen: list[torch.Tensor] = []
+    top1 = model.ar_head.top1_entropy
+    monkeypatch.setattr(
+        model.ar_head,
+        "top1_entropy",
+        lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
+    )
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in (40, 40, 23, 9)]
+    cfg = DecodeConfig(mode="ar", max_new_tokens=6, ignore_eos=True).resolved(model.config)
+
+    def hidden(rows: list[list[int]], budget: int | None) -> list[torch.Tensor]:
+        seen.clear()
+        batch = DecodeBatch(model, cfg, max_prefill_tokens=budget)
+        ids = [batch.add(p, cfg) for p in rows]
+        while len(batch):
+            for em in batch.step():
+                batch.remove(*[r for r, f in zip(em.rows, em.finished, strict=True) if f is not None])
+        assert len(ids) == len(rows)
+        return [r for x in seen for r in x]
+
+    together = hidden(prompts, 16)
+    for p in prompts:
+        for row in hidden([p], None):
             assert any(torch.equal(row, other) for other in together)

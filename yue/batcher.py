@@ -7,8 +7,9 @@ Design decisions:
   threshold, sampling warp): rows that may share a forward do. Requests whose keys differ decode in
   different batches, which `step` takes in turn (round-robin), so each key gets every n-th step.
 - At most `max_batch_size` requests run at once, over all batches; more wait in `submit` order and
-  join as rows leave. `max_batch_tokens` bounds the prompt tokens prefilled in one step, so a burst
-  of arrivals is prefilled over several steps instead of stalling the running rows for all of them.
+  join as rows leave. `max_batch_tokens` bounds the prompt tokens prefilled in one step (in chunks,
+  `loop.PREFILL_CHUNK`), so a burst of arrivals or a long prompt is prefilled over several steps
+  instead of stalling the running rows for all of it.
 - Text stays the engine's: each request has an `engine.RowStream` (detokenizing, stop strings,
   stats), and a request that meets a stop string is removed from its batch at once.
 """
@@ -58,7 +59,7 @@ class Batcher:
     Args:
         engine: a loaded `Engine` (its `decode_batch` opens the DecodeBatches).
         max_batch_size: requests running at once; 1 = one request at a time.
-        max_batch_tokens: prompt tokens prefilled per step (at least one prompt); None = no bound.
+        max_batch_tokens: prompt tokens prefilled per step (at least one chunk); None = no bound.
     """
 
     def __init__(self, engine, max_batch_size: int = 16, max_batch_tokens: int | None = None) -> None:

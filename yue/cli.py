@@ -833,7 +833,9 @@ def serve_cmd(
         16, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
     ),
     max_batch_tokens: int = typer.Option(
-        2048, help="Prompt tokens prefilled per decode step (at least one prompt); 0 = no bound."
+        512,
+        help="Prompt tokens prefilled per decode step, in chunks of 512 (at least one chunk), so a long "
+        "prompt stalls the running requests a chunk at a time; 0 = no bound.",
     ),
     max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
     max_prompt_tokens: int | None = typer.Option(
