@@ -151,6 +151,24 @@ def test_developer_messages_are_the_system_prompt(client):
     assert ask("developer") == ask("system")
 
 
+def test_openai_fields_that_change_nothing_are_accepted(client):
+    """Defaults of fields yue refuses when set, and fields it does not know, are a plain answer."""
+    body = {"messages": [{"role": "user", "content": PROMPTS[0]}]} | GREEDY
+    plain = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    extra = {
+        "tools": [],
+        "response_format": {"type": "text"},
+        "user": "u1",
+        "presence_penalty": 0,
+        "logit_bias": {},
+    }
+    r = client.post("/v1/chat/completions", json=body | extra)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == plain
+    r = client.post("/v1/completions", json={"prompt": PROMPTS[0], "suffix": "", "best_of": 1} | GREEDY)
+    assert r.status_code == 200, r.text
+
+
 def test_completion_logprobs_are_the_ar_paths(client, trained):
     body = {"prompt": PROMPTS[0], "logprobs": 2} | GREEDY
     r = client.post("/v1/completions", json=body).json()["choices"][0]

@@ -1,4 +1,4 @@
-"""The `yue` command: thin subcommands over library functions (keyword arguments only).
+"""The `yue` command: thin subcommands over library functions.
 
 User mistakes (ValueError, including CheckpointError) print one line and exit with code 2, no
 traceback. Each subcommand imports what it needs inside its body, so `yue --help` stays fast.
@@ -631,7 +631,7 @@ def bench_cmd(
     modes: str = typer.Option(
         "hf-greedy,hf-prompt-lookup,llamacpp-greedy,ar,verified,hybrid,nar",
         help="Comma-separated entries to compare. llamacpp-greedy needs a model with a GGUF source and "
-        "llama-cpp-python (in the repository: pip install '.[llamacpp]'); else it is skipped, saying why.",
+        "llama-cpp-python (in the repository: pip install '.\\[llamacpp]'); else it is skipped, saying why.",
     ),
     thresholds: str = typer.Option(
         "0.05,0.1,0.2,0.4", help="hybrid sweep (tolerances): adds hybrid@T entries."

@@ -67,8 +67,8 @@ class YueConfig(PreTrainedConfig):
     # verified mode's default threshold, and hybrid's draft gate (`DecodeConfig.draft_gate`): 1 leaves
     # the router unasked, and each draft length follows the request's own acceptance record and the
     # step costs measured on the machine (`VerifiedPolicy.record_length`); below 1 the router's
-    # predictions, scaled by that record, pick them (`VerifiedPolicy.draft_length`). Both shipped
-    # models: 1, chosen on their calibration splits.
+    # predictions, scaled by that record, pick them (`VerifiedPolicy.draft_length`). yue-smol
+    # ships 0.8, yue-code-mini 1, each chosen on its calibration split (their config.json).
     verified_threshold: float = 1.0
     # verified / hybrid with a router gate below 1: after a futile router probe, AR steps before it is
     # asked again (doubling after each futile probe, up to 8x).

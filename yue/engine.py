@@ -126,7 +126,7 @@ class Engine:
 
         Args:
             messages: [{"role": ..., "content": ...}, ...].
-            template: another template to render instead (the server's --chat-template override).
+            template: another template to render instead (`serve.create_app`'s chat_template override).
         Raises:
             TypeError: `messages` is not a list of {"role": str, "content": str} dicts.
         """

@@ -23,7 +23,6 @@ from yue.errors import CheckpointError, ModelNotInstalledError
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED = ("yue-smol", "yue-code-mini")  # names `resolve` knows, each a folder under ASSETS
 # The model `yue.load()`, `yue generate`, `yue chat` and `yue serve` use when none is named.
-# Flip to "yue-smol" once yue/assets/yue-smol/ holds its NAR set (DESIGN §4).
 DEFAULT_MODEL = "yue-smol"
 AR_SOURCE = "ar_source.json"
 

@@ -2,7 +2,8 @@
 
 Design decisions:
 - A thin adapter: a request is parsed (schemas.py), turned into a `DecodeConfig` (whose validation
-  is the only range check: its `ValueError` names the field, which becomes the error's `param`),
+  checks the decode fields' ranges: its `ValueError` names the field, which becomes the error's
+  `param`; `n`, `seed`, token ids and `logit_bias` keys are checked before it),
   checked against the limits (config.check_limits), admitted by the scheduler (or refused with 503),
   and run by its one thread, batched with every other running request (`yue.batcher`). Streamed and
   non-streamed answers both come from the same events, so a disconnect can cancel either.
@@ -253,6 +254,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
         engine = _check_model(state, body.model)
+        _check_unsupported_chat(body)
         check_choices(state.config, 1, body.n)
         # OpenAI's "developer" messages are the system prompt under a newer name (chat templates know "system").
         messages = [{"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in body.messages]
@@ -331,6 +333,18 @@ def _check_unsupported(body: s.CompletionRequest) -> None:
     if body.echo and body.logprobs is not None:
         raise ApiError(
             400, "echo with logprobs is not supported (no prompt log-probs)", param="echo", code="unsupported"
+        )
+
+
+def _check_unsupported_chat(body: s.ChatCompletionRequest) -> None:
+    """A 400 for OpenAI chat fields yue cannot honour (tool calls, JSON mode), rather than an answer
+    that ignores them."""
+    for name in ("tools", "functions"):
+        if getattr(body, name):
+            raise ApiError(400, f"{name} is not supported (no tool calls)", param=name, code="unsupported")
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise ApiError(
+            400, "response_format: only type 'text' is supported", param="response_format", code="unsupported"
         )
 
 

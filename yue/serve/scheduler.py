@@ -5,7 +5,7 @@ Design decisions:
   waiting jobs (up to `max_batch_size` running), removes cancelled ones, and runs one decode step of
   a running batch. New requests join between steps; finished and cancelled ones leave within one
   step. `max_batch_size` 1 runs one request at a time.
-- Admission is decided on the loop thread, in `submit`: running + waiting beyond
+- Admission is decided on the loop thread, in `submit_all` (a request's generations all or none): running + waiting beyond
   `max_batch_size + max_queue` is refused at once (the app answers 503 + Retry-After), so overload
   costs the server almost nothing.
 - Every job carries a `threading.Event`; the scheduler thread checks it before every step. Cancelling
@@ -33,7 +33,7 @@ _DONE = object()
 
 
 class Overloaded(Exception):
-    """Raised by `Scheduler.submit` when every running and waiting slot is taken."""
+    """Raised by `Scheduler.submit_all` when every running and waiting slot is taken."""
 
 
 class Job:

@@ -3,11 +3,12 @@
 Design decisions:
 - Schemas check types only (strict: no "5" for 5, no true for 1, no NaN). Ranges and choices are
   checked once, by `DecodeConfig`, whose `ValueError` names the field; the app maps it to a 400 with
-  that `param`. The only bound here is `seed`'s, which `DecodeConfig` leaves to `torch.Generator`.
+  that `param`. The only bounds here are `seed`'s, which `DecodeConfig` leaves to `torch.Generator`,
+  and a non-empty `messages`.
 - Unknown fields are ignored (as OpenAI-compatible servers commonly do), so clients that send
   `user`, `service_tier`, ... keep working. OpenAI fields that would change the answer are either
-  honoured (penalties, `logit_bias`, `echo`) or refused with a 400 when set (`suffix`, `best_of` > 1),
-  never silently ignored. `n` choices per prompt, a list of prompts and token-id
+  honoured (penalties, `logit_bias`, `echo`) or refused with a 400 when set (`suffix`, `best_of` > 1,
+  `echo` with `logprobs`, chat's `tools` / `functions` and a non-text `response_format`). `n` choices per prompt, a list of prompts and token-id
   prompts (`/v1/completions`) each become one generation of the running batch; log-probs come from
   the AR path (`DecodeConfig.logprobs`: a token committed unverified reports null).
 - `mode` and `router_threshold` extend every generation endpoint: the speed/fidelity dial.
@@ -95,6 +96,13 @@ class ChatCompletionRequest(_OpenAI):
     max_completion_tokens: int | None = Field(None, description="OpenAI's newer name for max_tokens")
     logprobs: bool = Field(False, description="the AR path's log-prob of each token")
     top_logprobs: int | None = Field(None, description="top alternatives per token (0-20), with logprobs")
+    tools: list[dict] | None = Field(None, description="not supported (no tool calls): only null or empty")
+    functions: list[dict] | None = Field(
+        None, description="not supported (no tool calls): only null or empty"
+    )
+    response_format: dict | None = Field(
+        None, description='not supported but {"type": "text"} (no JSON mode)'
+    )
 
     @model_validator(mode="after")
     def _max_completion_tokens(self) -> ChatCompletionRequest:

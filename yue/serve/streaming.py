@@ -2,8 +2,8 @@
 
 Design decisions:
 - One loop (`sse_events`) drives every endpoint; a small `Format` per endpoint shapes the JSON. Every
-  chunk of a response carries the same `id`; chat's first delta carries the role; the last content
-  chunk carries `finish_reason`; a usage chunk (empty `choices`) follows when
+  chunk of a response carries the same `id`; chat's first delta carries the role; each choice ends
+  with a chunk of empty content carrying its `finish_reason`; a usage chunk (empty `choices`) follows when
   `stream_options.include_usage`; `data: [DONE]` always ends the stream, after an error chunk too.
 - Text comes from the engine's deltas, which never split a character; `/generate` additionally
   splits each delta into per-token pieces tagged "ar"/"nar" so the demo page can colour them.
