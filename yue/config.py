@@ -299,9 +299,8 @@ class DecodeConfig:
         if self.drafting_slots is not None and self.drafting_slots > k:
             raise ValueError(f"drafting_slots must be <= block_size {k}, got {self.drafting_slots}")
         vocab = model_config.vocab_size
-        if any(not 0 <= t < vocab for t, _ in self.logit_bias):
-            bad = next(t for t, _ in self.logit_bias if not 0 <= t < vocab)
-            raise ValueError(f"logit_bias: token id {bad} is not in this model's vocabulary [0, {vocab})")
+        if bad := [t for t, _ in self.logit_bias if not 0 <= t < vocab]:
+            raise ValueError(f"logit_bias: token id {bad[0]} is not in this model's vocabulary [0, {vocab})")
         slots = self.drafting_slots
         if slots is None:
             slots = k if self.mode == "nar" else min(model_config.drafting_slots or k, k)

@@ -149,7 +149,7 @@ class DecodeBatch:
         self.max_prefill_tokens = max_prefill_tokens
         self.running: Group | None = None
         self.queued: list[Row] = []
-        self.prefilling: list[Prefill] = []  # buckets part-way through their prompts, first come first
+        self.prefilling: list[Prefill] = []  # buckets part-way through their prompts, oldest first
         self._ids = 0
         self._offsets = torch.arange(64, device=model.device)  # `_arange`'s table
         eos = model.config.eos_token_id
