@@ -267,7 +267,9 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monk
     if hasattr(head, "top1_entropy"):  # a screened head's greedy rows (float32 and int4)
         top1 = head.top1_entropy
         monkeypatch.setattr(
-            head, "top1_entropy", lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy)
+            head,
+            "top1_entropy",
+            lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
         )
     else:  # bfloat16's packed head
         head.register_forward_pre_hook(lambda _, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
@@ -367,7 +369,9 @@ def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, m
     if hasattr(head, "top1_entropy"):  # a screened head's greedy rows (float32 and int4)
         top1 = head.top1_entropy
         monkeypatch.setattr(
-            head, "top1_entropy", lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy)
+            head,
+            "top1_entropy",
+            lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
         )
     else:  # bfloat16's packed head
         head.register_forward_pre_hook(lambda _, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))

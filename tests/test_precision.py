@@ -198,13 +198,14 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
 
 
 @pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row", "_attend_kernel"])
-@pytest.mark.parametrize("start", [1, 57, 127, 509])
+@pytest.mark.parametrize("start", [1, 57, 127, 187, 250, 509])
 def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
     """The row-exact attention forms (`MoTLayer._attend_exact`, padded; `_attend_per_row`; the row
     kernel's, `_attend_kernel`, where it builds) over 9
     committed queries give, bit for bit, nine one-query calls of the same form at their positions
     (SmolLM2's heads: 9 query, 3 key/value, 64 dims; ranges crossing 64-column boundaries), in a batch
-    whose second row has holes and for a lone row with no mask."""
+    whose second row has holes and for a lone row with no mask. (Starts 187 and 250 failed when the
+    padded form attended a step crossing a boundary in one call: its earlier rows saw more keys.)"""
     config = YueConfig(vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
     if form == "_attend_kernel":

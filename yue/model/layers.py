@@ -232,12 +232,12 @@ def _causal_padded_mask(
 
 @functools.lru_cache(maxsize=4)
 def _padded_step_mask(
-    mask: torch.Tensor, start: int, T: int, keys: int, rows: int, dtype: torch.dtype
+    mask: torch.Tensor, start: int, T: int, keys: int, rows: int, dtype: torch.dtype, row0: int = 0
 ) -> torch.Tensor:
-    """From a step's mask (1|B, 1, >= T, >= start + T): its first T rows over keys [0, start + T).
-    Cached by the mask object (a tensor hashes by identity, and the cache's reference keeps that
-    identity from being reused), so a step's layers pad it once, not once each."""
-    return _padded_additive(mask[..., :T, : start + T], keys, rows, dtype)
+    """From a step's mask (1|B, 1, >= row0 + T, >= start + T): its rows [row0, row0 + T) over keys
+    [0, start + T). Cached by the mask object (a tensor hashes by identity, and the cache's reference
+    keeps that identity from being reused), so a step's layers pad it once, not once each."""
+    return _padded_additive(mask[..., row0 : row0 + T, : start + T], keys, rows, dtype)
 
 
 @functools.lru_cache(maxsize=4)
@@ -376,7 +376,7 @@ class MoTLayer(nn.Module):
             o = o.to(h.dtype)
         return self._finish(h, o, nar) if fused is None else fused.finish(h, o)
 
-    def _attend_exact(self, q, kv, mask, start) -> torch.Tensor:
+    def _attend_exact(self, q, kv, mask, start, row0: int = 0) -> torch.Tensor:
         """Attention of T committed queries q (B, H, T, Dh) at cache indices [start, start + T) whose
         rows' bits do not depend on T, so a verifying step's rows equal the one-row AR steps they stand
         for (`DecodeSet.exact`).
@@ -389,17 +389,31 @@ class MoTLayer(nn.Module):
         ~560 for nine one-query calls, a one-row step 90-145 us against 59-73 unpadded (one thread, the
         Xeon, measured in two sessions).
 
-        `mask` is the step's (its first T rows are these queries'), or None for a lone row.
+        Each query's call pads the keys as its one-row call does: a step whose rows cross a multiple of
+        `EXACT_KEY_PAD` attends in two calls, split there. (In one call padded past the boundary, the
+        rows before it saw 64 more masked keys than alone, and on SmolLM2 in bfloat16 their bits
+        differed: `verified` parted from `ar` on 1 of 8 calibration prompts in two bench runs.)
+
+        `mask` is the step's (rows row0.. are these queries'), or None for a lone row.
         """
-        k_buf, v_buf = kv
         B, H, T, Dh = q.shape
+        split = round_up(start + 1, EXACT_KEY_PAD) - start  # queries whose one-row calls pad alike
+        if split < T:
+            return torch.cat(
+                [
+                    self._attend_exact(q[:, :, :split], kv, mask, start, row0),
+                    self._attend_exact(q[:, :, split:], kv, mask, start + split, row0 + split),
+                ],
+                dim=2,
+            )
+        k_buf, v_buf = kv
         S = start + T
         keys = round_up(S, EXACT_KEY_PAD)  # <= the cache's capacity (`cache.padded_capacity`)
         rows = round_up(T, EXACT_QUERY_PAD)
         if mask is None:  # a lone row's step: every key up to its own, the same mask in every layer
             mask = _causal_padded_mask(start, T, keys, rows, q.dtype, q.device)
         else:
-            mask = _padded_step_mask(mask, start, T, keys, rows, q.dtype)
+            mask = _padded_step_mask(mask, start, T, keys, rows, q.dtype, row0)
         q = torch.cat([q, q.new_zeros(B, H, rows - T, Dh)], dim=2)
         o = F.scaled_dot_product_attention(
             q, k_buf[:, :, :keys], v_buf[:, :, :keys], mask, enable_gqa=self.n_kv != self.n_heads
