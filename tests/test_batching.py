@@ -239,6 +239,23 @@ def test_the_prefill_budget_spreads_a_burst_of_joiners_over_steps(trained):
     assert len(batch.queued) == 1 and len(batch.running.rows) == 2
 
 
+def head_rows(model, monkeypatch) -> list[torch.Tensor]:
+    """The hidden rows the AR head reads, (rows, D) per call, appended as decoding runs: a screened
+    head's greedy rows (float32 and int4), or bfloat16's packed head's input."""
+    seen: list[torch.Tensor] = []
+    head = model.ar_head
+    if hasattr(head, "top1_entropy"):
+        top1 = head.top1_entropy
+        monkeypatch.setattr(
+            head,
+            "top1_entropy",
+            lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
+        )
+    else:
+        head.register_forward_pre_hook(lambda _, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
+    return seen
+
+
 @pytest.mark.parametrize("lengths", [(5, 9, 14), (5, 9, 14, 5, 6, 7, 8, 9, 10, 11, 12)])
 @pytest.mark.parametrize("precision", ["float32", "int4", "bfloat16"])
 def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monkeypatch):
@@ -262,17 +279,7 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monk
         model = int4_model(seed=1)
     else:
         model = row_stream_model(1, monkeypatch)
-    seen: list[torch.Tensor] = []
-    head = model.ar_head
-    if hasattr(head, "top1_entropy"):  # a screened head's greedy rows (float32 and int4)
-        top1 = head.top1_entropy
-        monkeypatch.setattr(
-            head,
-            "top1_entropy",
-            lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
-        )
-    else:  # bfloat16's packed head
-        head.register_forward_pre_hook(lambda _, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
+    seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in lengths]
     cfg = DecodeConfig(mode="ar", max_new_tokens=12, ignore_eos=True).resolved(model.config)
@@ -364,17 +371,7 @@ def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, m
     else:
         model = row_stream_model(1, monkeypatch)
     monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
-    seen: list[torch.Tensor] = []
-    head = model.ar_head
-    if hasattr(head, "top1_entropy"):  # a screened head's greedy rows (float32 and int4)
-        top1 = head.top1_entropy
-        monkeypatch.setattr(
-            head,
-            "top1_entropy",
-            lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
-        )
-    else:  # bfloat16's packed head
-        head.register_forward_pre_hook(lambda _, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
+    seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in (40, 40, 23, 9)]
     cfg = DecodeConfig(mode="ar", max_new_tokens=6, ignore_eos=True).resolved(model.config)
