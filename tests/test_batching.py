@@ -239,46 +239,41 @@ def test_the_prefill_budget_spreads_a_burst_of_joiners_over_steps(trained):
     assert len(batch.queued) == 1 and len(batch.running.rows) == 2
 
 
+def exact_batch_model(precision: str, monkeypatch):
+    """A random model of a precision whose batches are exact on the CPU (float32 or int4, row kernel)."""
+    from tests.test_int4 import int4_model
+    from tests.test_precision import row_stream_model
+
+    if precision == "float32":
+        return row_stream_model(1, monkeypatch)
+    if not kernels.choice().ok("rows-int4"):
+        pytest.skip(f"the row kernel's int4 does not run here: {kernels.describe()}")
+    return int4_model(seed=1)
+
+
 def head_rows(model, monkeypatch) -> list[torch.Tensor]:
-    """The hidden rows the AR head reads, (rows, D) per call, appended as decoding runs: a screened
-    head's greedy rows (float32 and int4), or bfloat16's packed head's input."""
+    """The hidden rows the screened AR head reads for its greedy choice, (rows, D) per call, appended
+    as decoding runs."""
     seen: list[torch.Tensor] = []
-    head = model.ar_head
-    if hasattr(head, "top1_entropy"):
-        top1 = head.top1_entropy
-        monkeypatch.setattr(
-            head,
-            "top1_entropy",
-            lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
-        )
-    else:
-        head.register_forward_pre_hook(lambda _, args: seen.append(args[0].reshape(-1, args[0].shape[-1])))
+    top1 = model.ar_head.top1_entropy
+    monkeypatch.setattr(
+        model.ar_head,
+        "top1_entropy",
+        lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
+    )
     return seen
 
 
 @pytest.mark.parametrize("lengths", [(5, 9, 14), (5, 9, 14, 5, 6, 7, 8, 9, 10, 11, 12)])
-@pytest.mark.parametrize("precision", ["float32", "int4", "bfloat16"])
+@pytest.mark.parametrize("precision", ["float32", "int4"])
 def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monkeypatch):
     """Prompts of several lengths decoded together: every hidden row the head reads alone is, bit for
     bit, one it reads in the batch (each prompt prefilled without padding, `DecodeBatch._buckets`; decode
     steps attending past the batch's holes as alone, `rows_attention`; a step of more rows than one
     row-kernel call takes, 11 here, in calls of at most 9, `YueForCausalLM._step_by_rows`). Tokens
     alone would not show it: float32's differences were ~1e-5, which the int4 precision's rounded
-    activations grew into other tokens on SmolLM2. bfloat16 (oneDNN-packed matmuls, padded attention in
-    float32) keeps them too on these random models; on SmolLM2 docs/serve.md says where it may not."""
-    from tests.test_int4 import int4_model
-    from tests.test_precision import BF16_PACKED, bf16_model, row_stream_model
-
-    if precision == "bfloat16":
-        if not BF16_PACKED or not kernels.choice().ok("rows-f32"):
-            pytest.skip(f"bfloat16's batches are exact on oneDNN and the row kernel: {kernels.describe()}")
-        model = bf16_model(seed=1)
-    elif precision == "int4":
-        if not kernels.choice().ok("rows-int4"):
-            pytest.skip(f"the row kernel's int4 does not run here: {kernels.describe()}")
-        model = int4_model(seed=1)
-    else:
-        model = row_stream_model(1, monkeypatch)
+    activations grew into other tokens on SmolLM2. (bfloat16's batches are not exact: docs/serve.md.)"""
+    model = exact_batch_model(precision, monkeypatch)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in lengths]
@@ -361,15 +356,7 @@ def test_a_request_cancelled_mid_prefill_leaves_at_the_next_chunk(trained, monke
 def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, monkeypatch):
     """Chunks are fixed by the prompt's length: a prompt fed in 3 chunks beside other prompts (and under
     another budget) reads, bit for bit, the hidden rows it reads alone."""
-    from tests.test_int4 import int4_model
-    from tests.test_precision import row_stream_model
-
-    if precision == "int4":
-        if not kernels.choice().ok("rows-int4"):
-            pytest.skip(f"the row kernel's int4 does not run here: {kernels.describe()}")
-        model = int4_model(seed=1)
-    else:
-        model = row_stream_model(1, monkeypatch)
+    model = exact_batch_model(precision, monkeypatch)
     monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)

@@ -49,6 +49,35 @@ LOW_MEMORY_HELP = (
 )
 
 
+def _sampling(
+    mode: str | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    repetition_penalty: float,
+    seed: int | None,
+    stop: list[str],
+    **more,
+):
+    """`generate`'s and `chat`'s decoding options as a DecodeConfig, checked before the model loads (a
+    bad value fails at once, not after a load); mode "hybrid" stands in until the model's default is
+    known."""
+    from yue.config import DecodeConfig
+
+    return DecodeConfig(
+        mode=mode or "hybrid",
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        stop=tuple(stop),
+        **more,
+    )
+
+
 @app.command()
 @user_errors
 def generate(
@@ -95,17 +124,16 @@ def generate(
     from dataclasses import asdict, replace
 
     import yue
-    from yue.config import DecodeConfig
 
-    cfg = DecodeConfig(
-        mode=mode or "hybrid",
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-        stop=tuple(stop),
+    cfg = _sampling(
+        mode,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        repetition_penalty,
+        seed,
+        stop,
         router_threshold=router_threshold,
         drafting=drafting,
         trace=trace or trace_json is not None,
@@ -176,18 +204,8 @@ def chat(
     from dataclasses import replace
 
     import yue
-    from yue.config import DecodeConfig
 
-    cfg = DecodeConfig(
-        mode=mode or "hybrid",
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-        stop=tuple(stop),
-    )
+    cfg = _sampling(mode, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop)
     engine = yue.load(
         model, device=device, dtype=dtype, nar_dtype=draft_dtype, adapter=adapter, low_memory=low_memory
     )
