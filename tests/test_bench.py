@@ -608,3 +608,24 @@ def test_llamacpp_missing_package_gives_the_install_command(tmp_path, monkeypatc
     )
     why = llamacpp.unavailable(str(gguf_file))
     assert why is not None and "\n" not in why and "pip install 'llama-cpp-python>=0.3.30'" in why
+
+
+def test_a_verified_entry_that_parts_from_ar_is_reported_as_a_bug():
+    """`verified` is exact by construction: a lone verified entry below 1.0 exact match gets a warning
+    line naming it and the count; ar's own, a batch entry's and an exact entry's get none."""
+    from yue.bench.harness import Entry, SetResult, _warn_if_verified_parts
+    from yue.bench.summary import Summary
+
+    todo = [Entry("ar", "ar"), Entry("verified", "verified"), Entry("verified@b4", "verified", batch=4)]
+    exact = {"ar": 1.0, "verified": 0.875, "verified@b4": 0.5}
+    result = SetResult(
+        "chat_calibration", "dev", "chat_calibration.jsonl", 8,
+        {name: Summary({"exact_match_vs_ar": x}) for name, x in exact.items()},
+    )  # fmt: skip
+    lines: list[str] = []
+    _warn_if_verified_parts(todo, result, lines.append)
+    assert len(lines) == 1 and "verified differs from ar on 1 of 8 prompts of chat_calibration" in lines[0]
+    result.summaries["verified"].values["exact_match_vs_ar"] = 1.0
+    lines.clear()
+    _warn_if_verified_parts(todo, result, lines.append)
+    assert lines == []
