@@ -55,6 +55,7 @@ from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.sampling import (
+    apply_logit_bias,
     apply_openai_penalties,
     apply_repetition_penalty,
     choose_rows,
@@ -255,10 +256,7 @@ def adjusted_ar_logits(st: LoopState, out: StepOutput, rows: int = 1) -> torch.T
         counts = st.counts[:, None, :] if later is None else st.counts[:, None, :] + later
         logits = apply_openai_penalties(logits, counts, cfg.presence_penalty, cfg.frequency_penalty)
     if cfg.logit_bias:
-        ids, values = zip(*cfg.logit_bias, strict=True)
-        bias = logits.new_zeros(logits.shape[-1])
-        bias[list(ids)] = logits.new_tensor(values)
-        logits = logits + bias
+        logits = apply_logit_bias(logits, cfg.logit_bias)
     return logits
 
 

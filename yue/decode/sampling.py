@@ -15,6 +15,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -48,6 +49,22 @@ def apply_openai_penalties(
     """
     counts = counts.to(logits.dtype)
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> torch.Tensor:
+    """`DecodeConfig.logit_bias`'s (token id, bias) pairs added to (..., V) logits."""
+    return logits + _bias_vector(bias, logits.shape[-1], logits.dtype, logits.device)
+
+
+@functools.lru_cache(maxsize=8)
+def _bias_vector(
+    bias: tuple[tuple[int, float], ...], vocab: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """(V,) each token's bias, 0 for most: built once per request's bias, not once a step."""
+    ids, values = zip(*bias, strict=True)
+    out = torch.zeros(vocab, dtype=dtype, device=device)
+    out[list(ids)] = torch.tensor(values, dtype=dtype, device=device)
+    return out
 
 
 def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
