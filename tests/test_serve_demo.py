@@ -24,8 +24,9 @@ def test_demo_page_streams_tokens_coloured_by_path_in_headless_chromium(trained_
         pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
     import yue
 
-    # The trained tiny model drafts code-like text; pacing makes the stream visibly incremental.
-    engine = Paced(yue.load(trained_model_dir), delay=0.05)
+    # The trained tiny model drafts code-like text; pacing makes the stream visibly incremental (0.05 s
+    # a step once let a busy 2-core machine's browser take the whole answer in one DOM update).
+    engine = Paced(yue.load(trained_model_dir), delay=0.25)
     with LiveServer(engine) as srv, sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
