@@ -535,7 +535,8 @@ def distill_cmd(
     prompts: str = typer.Option(
         "stdlib:8448",
         help="--nar-layers: chat prompts to self-distill on: a JSONL of {'messages'} / {'prompt'}, "
-        "'stdlib:N' (standard-library questions, train split) or 'model:N' (written by the model itself).",
+        "'stdlib:N' (standard-library questions, train split), 'model:N' (written by the model itself) or "
+        "'everyday:N' (everyday requests from templates).",
     ),
     draft_vocab: int = typer.Option(8192, help="--nar-layers: drafting vocabulary size (FR-Spec)."),
     held_out: int = typer.Option(256, help="--nar-layers: answers held out for tau and the router."),
@@ -610,18 +611,24 @@ def distill_cmd(
 
 
 def _chat_prompts(spec: str, base: str, seed: int) -> list[list[dict]]:
-    """`--prompts`: a JSONL file, 'stdlib:N' or 'model:N' (see `distill`)."""
+    """`--prompts`: a JSONL file, 'stdlib:N', 'model:N' or 'everyday:N' (see `distill`)."""
     kind, _, n = spec.partition(":")
-    if kind in ("stdlib", "model") and n.isdigit():
+    if kind in ("stdlib", "model", "everyday") and n.isdigit():
         if kind == "stdlib":
             from yue.train.prompts import stdlib_chat_prompts
 
             return stdlib_chat_prompts(int(n), seed=seed, split="train")
-        import yue
         from yue.bench.devset import CHAT_SETS
-        from yue.train.selfinstruct import model_written_prompts, shipped_set_hashes
+        from yue.train.selfinstruct import shipped_set_hashes
 
         exclude = shipped_set_hashes([str(p) for p in CHAT_SETS.values()])
+        if kind == "everyday":
+            from yue.train.everyday import everyday_prompts
+
+            return everyday_prompts(int(n), seed=seed, exclude=exclude)
+        import yue
+        from yue.train.selfinstruct import model_written_prompts
+
         return model_written_prompts(yue.load(base), int(n), seed=seed, exclude=exclude)
     from yue.train.topnar_run import read_chat_prompts
 
