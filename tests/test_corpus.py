@@ -53,6 +53,20 @@ def test_drafts_chain_through_the_longest_known_context():
     assert t.drafts([2], 1) in ([3], [5])  # the unigram context: either continuation, once each
 
 
+def test_extended_adds_only_the_contexts_the_table_lacks():
+    old = CorpusNgrams.build([([0, 1, 2, 3], 1), ([0, 1, 2, 3], 1)], vocab_size=10, min_count=2)
+    new = CorpusNgrams.build([([0, 1, 2, 4, 5], 1), ([0, 1, 2, 4, 5], 1)], vocab_size=10, min_count=2)
+    both = old.extended(new)
+    # Both know (1, 2) and (0, 1, 2), the old table with 3 after them, the new with 4: the old one's stays.
+    assert both.drafts([1, 2], 1) == [3] and both.drafts([0, 1, 2], 1) == [3]
+    assert both.drafts([2, 4], 1) == [5]  # only the new one knows (2, 4): added
+    assert len(both) == len(old) + 3  # new: (2, 4), (1, 2, 4) and (0, 1, 2, 4), each -> 5
+    for k in both.keys:
+        assert np.all(k[1:] > k[:-1])  # still sorted and distinct: binary search stays right
+    with pytest.raises(ValueError, match="differ"):
+        old.extended(CorpusNgrams.build([([0, 1, 2, 3], 1)], vocab_size=10, max_order=3, min_count=1))
+
+
 def test_build_refuses_contexts_that_do_not_fit_a_key():
     with pytest.raises(ValueError, match="fit at most 3"):
         CorpusNgrams.build([([1, 2, 3], 0)], vocab_size=2**20, max_order=4)
@@ -164,6 +178,17 @@ def test_build_ngrams_command_writes_the_table_from_sequences(tiny_model_dir, tm
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     # (1, 2) -> 3 three times; (2, 3) -> 1 once (twice had the repeated prompt counted): pruned.
     assert CorpusNgrams.load(folder / NGRAMS_FILE, vocab).drafts([0, 1, 2], 2) == [3]
+    more = ChatSequences([[7, 4, 4, 5], [8, 4, 4, 5]], [1, 1])
+    more.save(tmp_path / "more.json")
+    args = ["build-ngrams", str(folder), "--sequences", str(tmp_path / "more.json"), "--extend"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = CorpusNgrams.load(folder / NGRAMS_FILE, vocab)
+    assert table.drafts([0, 1, 2], 1) == [3] and table.drafts([4, 4], 1) == [5]  # old kept, new added
+    assert "extended with 2 answers" in table.source
+    (folder / NGRAMS_FILE).unlink()
+    nothing = CliRunner().invoke(app, args)
+    assert nothing.exit_code != 0 and "no ngrams.safetensors to extend" in nothing.output
     missing = CliRunner().invoke(app, ["build-ngrams", str(tmp_path / "nope"), "--sequences", "x.json"])
     assert missing.exit_code == 2 and "no config.json" in missing.output
 

@@ -266,11 +266,14 @@ def build_ngrams_cmd(
     min_count: int = typer.Option(2, help="Keep a continuation seen at least this many times."),
     min_share: float = typer.Option(0.3, help="... and in at least this share of its context's occurrences."),
     max_order: int = typer.Option(4, help="Longest context looked up (tokens)."),
+    extend: bool = typer.Option(
+        False, help="Keep the folder's table and add only the contexts it lacks (new answers, old ones gone)."
+    ),
 ) -> None:
     """Build the n-gram table of a model's own answers, from which `verified` drafts where the context
     has no copy (decode/corpus.py). The output stays `ar`'s; only speed changes."""
     from yue.config import YueConfig
-    from yue.decode.corpus import CorpusNgrams
+    from yue.decode.corpus import CorpusNgrams, load_ngrams
     from yue.model.hf import NGRAMS_FILE
     from yue.train.topnar import ChatSequences
 
@@ -284,8 +287,14 @@ def build_ngrams_cmd(
                 seen.add(prompt)
                 pairs.append((ids, p))
     table = CorpusNgrams.build(pairs, vocab, max_order=max_order, min_count=min_count, min_share=min_share)
-    names = ", ".join(str(f) for f in sequences)
-    table.save(model_dir / NGRAMS_FILE, source=f"{len(pairs)} answers from {names}")
+    source = f"{len(pairs)} answers from " + ", ".join(str(f) for f in sequences)
+    if extend:
+        old = load_ngrams(model_dir, vocab)
+        if old is None:
+            raise FileNotFoundError(f"--extend: {model_dir} has no {NGRAMS_FILE} to extend")
+        source = f"{old.source}; extended with {source}"
+        table = old.extended(table)
+    table.save(model_dir / NGRAMS_FILE, source=source)
     typer.echo(f"wrote {model_dir / NGRAMS_FILE}: {len(table):,} contexts from {len(pairs):,} answers")
 
 

@@ -43,14 +43,21 @@ class CorpusNgrams:
         bits: bits per token in a packed context (16 for a vocabulary of at most 65,536).
         min_order / max_order: the shortest and longest context looked up.
         vocab_size: the tokenizer's vocabulary the ids belong to.
+        source: where the answers came from (the file's metadata; "" when not said).
     """
 
     def __init__(
-        self, keys: list[np.ndarray], nexts: list[np.ndarray], bits: int, min_order: int, vocab_size: int
+        self,
+        keys: list[np.ndarray],
+        nexts: list[np.ndarray],
+        bits: int,
+        min_order: int,
+        vocab_size: int,
+        source: str = "",
     ) -> None:
         if len(keys) != len(nexts) or not keys:
             raise ValueError("keys and nexts: one array per order, at least one")
-        self.keys, self.nexts, self.bits = keys, nexts, bits
+        self.keys, self.nexts, self.bits, self.source = keys, nexts, bits, source
         self.min_order, self.max_order = min_order, min_order + len(keys) - 1
         self.vocab_size = vocab_size
 
@@ -109,6 +116,24 @@ class CorpusNgrams:
             keys.append(k), nexts.append(t.astype(np.uint16 if bits == 16 else np.uint32))
         return cls(keys, nexts, bits, min_order, vocab_size)
 
+    def extended(self, other: CorpusNgrams) -> CorpusNgrams:
+        """This table plus the contexts of `other` that it lacks (its own entries win where both have
+        one): a table grown with answers to new prompts, when the old answers are not at hand."""
+        if (other.bits, other.min_order, other.max_order, other.vocab_size) != (
+            self.bits,
+            self.min_order,
+            self.max_order,
+            self.vocab_size,
+        ):
+            raise ValueError("extended: the tables differ in orders, bits or vocabulary")
+        keys, nexts = [], []
+        for k, t, k2, t2 in zip(self.keys, self.nexts, other.keys, other.nexts, strict=True):
+            new = ~np.isin(k2, k, assume_unique=True)
+            both_k, both_t = np.concatenate([k, k2[new]]), np.concatenate([t, t2[new]])
+            order = np.argsort(both_k, kind="stable")
+            keys.append(both_k[order]), nexts.append(both_t[order])
+        return CorpusNgrams(keys, nexts, self.bits, self.min_order, self.vocab_size)
+
     def save(self, path: str | Path, **metadata: str) -> None:
         """Write the table (safetensors; `metadata`, e.g. where the corpus came from, goes along)."""
         tensors = {}
@@ -147,12 +172,14 @@ class CorpusNgrams:
         for k, t in zip(keys, nexts, strict=True):
             if k.dtype != np.uint64 or len(k) != len(t) or np.any(k[1:] <= k[:-1]) or np.any(t >= vocab_size):
                 raise CheckpointError(f"{path}: a corrupt n-gram table (unsorted keys or bad token ids)")
-        return cls(keys, nexts, bits, min_order, vocab_size)
+        return cls(keys, nexts, bits, min_order, vocab_size, meta.get("source", ""))
 
 
 def _most_frequent(ctx: np.ndarray, nxt: np.ndarray, min_count: int, min_share: float):
     """Per distinct context, the token that followed it most often, where that token followed it
     >= min_count times and in >= min_share of its occurrences -> (sorted contexts, their tokens)."""
+    if len(ctx) == 0:  # no answer long enough for this order
+        return ctx, nxt
     order = np.lexsort((nxt, ctx))
     ctx, nxt = ctx[order], nxt[order]
     # Runs of equal (context, next) pairs, then of equal contexts among those runs.
