@@ -280,6 +280,9 @@ def build_ngrams_cmd(
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"not a model folder (no config.json): {model_dir}")
     vocab = YueConfig.from_pretrained(str(model_dir)).vocab_size
+    old = load_ngrams(model_dir, vocab) if extend else None  # read (and checked) before the build
+    if extend and old is None:
+        raise FileNotFoundError(f"--extend: {model_dir} has no {NGRAMS_FILE} to extend")
     pairs, seen = [], set()
     for file in sequences:
         for ids, p in ChatSequences.load(file).pairs():
@@ -288,10 +291,7 @@ def build_ngrams_cmd(
                 pairs.append((ids, p))
     table = CorpusNgrams.build(pairs, vocab, max_order=max_order, min_count=min_count, min_share=min_share)
     source = f"{len(pairs)} answers from " + ", ".join(str(f) for f in sequences)
-    if extend:
-        old = load_ngrams(model_dir, vocab)
-        if old is None:
-            raise FileNotFoundError(f"--extend: {model_dir} has no {NGRAMS_FILE} to extend")
+    if old is not None:
         source = f"{old.source}; extended with {source}"
         table = old.extended(table)
     table.save(model_dir / NGRAMS_FILE, source=source)
