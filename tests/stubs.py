@@ -45,6 +45,7 @@ class MarkovStub:
             block_size=K,
             drafting_slots=None,
             verified_threshold=1.0,
+            free_draft_rates=None,
         )
         self.device = torch.device("cpu")
         self.router = AcceptAllRouter()

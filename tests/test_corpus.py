@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import yue
@@ -18,7 +19,9 @@ from yue.cli import app
 from yue.config import DecodeConfig
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts
+from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
+from yue.decode.policies import AcceptanceRecord, Advance, LoopState, VerifiedPolicy
 from yue.errors import CheckpointError
 from yue.model.hf import NGRAMS_FILE, weight_files
 from yue.registry import ASSETS
@@ -51,6 +54,8 @@ def test_drafts_chain_through_the_longest_known_context():
     assert t.drafts([1, 2], 5) == [3, 4]  # chained: (1, 2) -> 3, then (1, 2, 3) -> 4, then nothing
     assert t.drafts([8, 7, 2], 5) == [5]
     assert t.drafts([2], 1) in ([3], [5])  # the unigram context: either continuation, once each
+    assert t.match([1, 2], 5) == (2, [3, 4])  # the first draft came from a 2-token context
+    assert t.match([8, 7, 2], 5) == (2, [5]) and t.match([9, 9], 3) == (0, [])
 
 
 def test_extended_adds_only_the_contexts_the_table_lacks():
@@ -218,3 +223,26 @@ def test_batched_rows_draft_from_the_corpus_and_stay_exact(tiny_model_dir):
     assert [r.token_ids for r in without] == [r.token_ids for r in ar]
     forwards = lambda runs: sum(r.stats.forwards - r.stats.draft_passes for r in runs)  # noqa: E731
     assert forwards(with_corpus) < forwards(without)
+
+
+def test_free_drafts_come_from_the_source_whose_record_for_its_match_promises_more():
+    """The context repeats a 2-gram (copy [7, 1, 5]); the corpus knows the trailing 4-gram (draft
+    [9, 9, 9]). Each (source, match length) keeps its own record, and the better one is drafted."""
+    cfg = DecodeConfig(mode="verified", router_threshold=1.0, block_size=4)
+    corpus = CorpusNgrams.build([([0, 7, 1, 5, 6, 9, 9, 9, 9], 1)], 10, min_count=1, min_share=0.0)
+
+    def drafted(records: dict) -> tuple[list[int], AcceptanceRecord]:
+        st = LoopState(cfg, [None], torch.tensor([[6]]), costs=FLAT, corpus=corpus, free_records=records)
+        st.contexts, st.ar_stretch = [NgramIndex([5, 6, 7, 1, 5, 6])], 1  # no NAR pass competes
+        adv = Advance([1], [[6]], [["ar"]], torch.tensor([[6]]))
+        assert VerifiedPolicy().copy(None, st, adv)
+        assert set(records) == {("copy", 2), ("corpus", 4)}  # one record per source and match length
+        return adv.next_fed[0, 1:].tolist(), st.copied
+
+    failing = AcceptanceRecord()
+    for _ in range(20):
+        failing.observe(3, 0)
+    records = {("copy", 2): failing}
+    assert drafted(records) == ([9, 9, 9], records[("corpus", 4)])  # the copies keep failing here
+    records = {("corpus", 4): failing}
+    assert drafted(records) == ([7, 1, 5], records[("copy", 2)])  # the corpus drafts do

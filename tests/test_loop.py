@@ -249,6 +249,16 @@ def test_record_survival_estimates_follow_what_was_accepted():
     assert rec.reached[:2] == [9, 8] and rec.held[:2] == [8, 0]  # only draft 1 was judged
 
 
+def test_record_survival_starts_from_measured_rates_where_given():
+    """A record with a prior (`YueConfig.free_draft_rates`) starts from its rates, past them from the
+    last one, and the request's own steps pull it toward what they saw (the prior worth PRIOR steps)."""
+    rec = AcceptanceRecord(prior=(0.5, 0.8))
+    assert rec.survival(3) == pytest.approx([0.5, 0.4, 0.32])
+    for _ in range(8):
+        rec.observe(drafted=1, accepted=1)  # draft 1 held every time it was judged
+    assert rec.survival(1) == pytest.approx([(8 + 2 * 0.5) / 10])
+
+
 def test_record_survival_decays_past_the_positions_it_has_seen():
     """One step whose whole block failed at its first draft: the estimate of a long prefix falls
     geometrically (each later draft inherits draft 1's rate), so a costly block is not drafted again
@@ -328,6 +338,9 @@ def test_ngram_index_copies_what_followed_the_latest_longest_match():
     assert idx.drafts(3) == [5, 6, 7]  # (2, 3) last occurred before 5; the latest occurrence wins
     idx.extend([4])
     assert idx.drafts(2) == [9, 2]  # (2, 3, 4) beats the shorter (3, 4) and (4,) is too short
+    assert idx.match(2) == (3, [9, 2])  # ... and says how long a match it copies after
+    idx.extend([8])
+    assert idx.match(2) == (0, [])
 
 
 def test_copied_drafts_follow_a_repeating_answer_and_stay_exact():

@@ -82,6 +82,11 @@ class YueConfig(PreTrainedConfig):
     # Slot rows' head over this many of the most frequent output tokens (FR-Spec, Zhao et al. 2025),
     # their ids in the checkpoint's `draft_vocab`; None = the full LM head.
     draft_vocab_size: int | None = None
+    # `verified` / `hybrid`: how free drafts fared on the calibration split's answers, per source and
+    # match length ("copy:2" ... "corpus:4", `policies.FREE_SOURCES`): c_j, the chance that draft j
+    # held where drafts 1..j-1 did. The prior of each request's record of them (`AcceptanceRecord`);
+    # None, or a kind not listed: c_j = 1 (draft, and learn from the request).
+    free_draft_rates: dict | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -105,6 +110,11 @@ class YueConfig(PreTrainedConfig):
             raise ValueError(f"nar_layers must be in [0, num_hidden_layers], got {self.nar_layers}")
         if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in (0, vocab_size], got {self.draft_vocab_size}")
+        for kind, rates in (self.free_draft_rates or {}).items():
+            if not isinstance(rates, list) or not all(
+                isinstance(c, int | float) and 0 <= c <= 1 for c in rates
+            ):
+                raise ValueError(f"free_draft_rates[{kind!r}]: a list of rates in [0, 1], got {rates!r}")
 
     @property
     def nar_start(self) -> int:

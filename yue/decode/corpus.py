@@ -64,8 +64,9 @@ class CorpusNgrams:
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys)
 
-    def _next(self, context: Sequence[int]) -> int | None:
-        """The token that followed the longest of the context's trailing n-grams in the table."""
+    def _next(self, context: Sequence[int]) -> tuple[int, int | None]:
+        """(n, token): the token that followed the longest of the context's trailing n-grams in the
+        table, and that n; (0, None) when none is."""
         for n in range(min(self.max_order, len(context)), self.min_order - 1, -1):
             key = 0
             for t in context[-n:]:
@@ -73,17 +74,28 @@ class CorpusNgrams:
             table = self.keys[n - self.min_order]
             i = int(np.searchsorted(table, np.uint64(key)))
             if i < len(table) and int(table[i]) == key:
-                return int(self.nexts[n - self.min_order][i])
-        return None
+                return n, int(self.nexts[n - self.min_order][i])
+        return 0, None
 
     def drafts(self, context: Sequence[int], n: int) -> list[int]:
         """Up to n tokens chained from the table after `context` (its last `max_order` tokens
         matter); [] when none of its trailing n-grams is in the table."""
+        return self.match(context, n)[1]
+
+    def match(self, context: Sequence[int], n: int) -> tuple[int, list[int]]:
+        """(order, drafts): `drafts`' tokens and the context length that gave the first of them (a
+        longer context is a surer guess: on yue-smol's calibration answers a draft's first token held
+        0.33 of the time from a 2-token context, 0.59 from a 4-token one); (0, []) when none."""
         ctx, out = list(context[-self.max_order :]), []
-        while len(out) < n and (t := self._next(ctx)) is not None:
+        order = 0
+        while len(out) < n:
+            m, t = self._next(ctx)
+            if t is None:
+                break
+            order = order or m
             out.append(t)
             ctx = ctx[1:] + [t] if len(ctx) == self.max_order else ctx + [t]
-        return out
+        return order, out
 
     @classmethod
     def build(

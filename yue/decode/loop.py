@@ -278,7 +278,7 @@ class DecodeBatch:
         model, rows, B = self.model, p.rows, len(p.rows)
         st = LoopState(self.key, [r.generator for r in rows], p.prompt[:, p.done :], costs=self.costs)
         if self.key.mode in ("verified", "hybrid") and self.key.drafting == "separate":
-            st.corpus = self.corpus
+            st.corpus, st.free_rates = self.corpus, model.config.free_draft_rates or {}
             if self.key.prompt_lookup or st.corpus is not None:  # copies and corpus drafts read it
                 st.contexts = [NgramIndex(r.prompt) for r in rows]
         if self.key.repetition_penalty != 1.0:

@@ -30,10 +30,10 @@ forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU
 How many drafts to verify is a cost question (`best_length`): the k with the most expected tokens per
 unit of step cost (the cost curve measured for the model on the machine), by the request's own
 `AcceptanceRecord` (threshold 1) or the router's predictions scaled by it (below 1). `verified` also
-drafts tokens copied from the context where it has a match (`decode/lookup.py`), else from the model's
+drafts tokens copied from the context where it has a match (`decode/lookup.py`), or from the model's
 corpus of its own answers (`decode/corpus.py`): they cost no drafting pass, each source keeps a record
-of its own, and one is drafted when its record promises more tokens per unit of cost than the NAR
-set's (`VerifiedPolicy.copy`).
+per length of the context it matched, and the one whose record promises the most tokens per unit of
+cost is drafted where it promises more than the NAR set's (`VerifiedPolicy.copy`).
 
 In a batch each row accepts its own number of drafts (per-row acceptance: `Advance.keep` and
 `Advance.accepted` are per row; the loop's cache leaves holes where a row kept fewer columns than
@@ -100,10 +100,13 @@ class LoopState:
             (`decode/lookup.py`); None = no lookup.
         corpus: verified / hybrid: the model's n-gram table of its own answers, for corpus drafts where the
             context has no copy (`decode/corpus.py`); None = none.
-        copy_record / corpus_record: the acceptance records of copied and corpus drafts (they cost no
-            drafting pass, and each source fares otherwise than the NAR set's).
-        copied: the record of the free drafts in flight (copy_record or corpus_record); None when
-            they are the NAR set's (or none).
+        free_records: the acceptance records of copied and corpus drafts, one per source and match
+            length: (`"copy"` | `"corpus"`, n), n the length of the context whose continuation the
+            first draft is (they cost no drafting pass, and fare otherwise than the NAR set's and each
+            other's: see `FREE_SOURCES`).
+        free_rates: their records' priors, `YueConfig.free_draft_rates` ("copy:2" -> c_1, c_2, ...).
+        copied: the record of the free drafts in flight (one of free_records); None when they are the
+            NAR set's (or none).
         record: verified: the NAR drafts' acceptance record over this batch's verifying steps (a lone
             request's own; rows that join a running batch share the batch's, `rows.merge`).
     """
@@ -121,8 +124,8 @@ class LoopState:
     probe: bool = False
     contexts: list[NgramIndex] | None = None
     corpus: CorpusNgrams | None = None
-    copy_record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
-    corpus_record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
+    free_records: dict[tuple[str, int], AcceptanceRecord] = field(default_factory=dict)
+    free_rates: dict[str, list[float]] = field(default_factory=dict)
     copied: AcceptanceRecord | None = None
     record: AcceptanceRecord = field(default_factory=lambda: AcceptanceRecord())
 
@@ -159,13 +162,18 @@ class AcceptanceRecord:
     step whose 8 drafts all failed at the first, P(1..8) reads 0.67^8 = 0.04, not 0.67, which on a
     CPU whose verifying rows cost much (AVX2: 9 rows 2.3x one) would keep drafting whole blocks.
 
+    A record may start from measured rates instead (`prior`: the c_j the model's calibration answers
+    gave its kind of drafts, `YueConfig.free_draft_rates`): then c_j's prior mean is prior[j - 1].
+
     Attributes:
         reached / held: per draft position (index j - 1), steps that verified >= j drafts and accepted
             >= j - 1 (so judged draft j), and of those the steps that accepted >= j (batch mean).
         predicted / accepted: the router's expected accepted drafts and the accepted ones, summed.
         pending: the router's expectation for the drafts now in flight (None: not the router's).
+        prior: per draft position, the prior mean of c_j where measured (past its end, c_{j-1}).
     """
 
+    prior: tuple[float, ...] = ()
     reached: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     predicted: float = 0.0
@@ -183,7 +191,8 @@ class AcceptanceRecord:
         out, rate, last = [], 1.0, 1.0
         for j in range(n):
             reached, held = (self.reached[j], self.held[j]) if j < len(self.reached) else (0, 0)
-            rate = (held + self.PRIOR * rate) / (reached + self.PRIOR)
+            mean = self.prior[j] if j < len(self.prior) else rate
+            rate = (held + self.PRIOR * mean) / (reached + self.PRIOR)
             last *= rate
             out.append(last)
         return out
@@ -320,6 +329,12 @@ def probe_length(st: LoopState, n: int) -> int:
     limit = PROBE_COST * costs.verify(0)
     return max(1, max((k for k in range(1, n + 1) if costs.verify(k) <= limit), default=1))
 
+
+# The free draft sources (`VerifiedPolicy.copy`), each recorded per length of the context it matched:
+# on yue-smol's calibration answers, a draft's first token held 0.53 / 0.64 / 0.85 of the time after a
+# 2- / 3- / 4-token match in the context and 0.33 / 0.42 / 0.59 from the corpus table, so one record
+# per source mixed drafts worth a whole block with drafts barely worth one row.
+FREE_SOURCES = ("copy", "corpus")
 
 # A probe's step may cost this many plain AR steps (`probe_length`). Chosen on the calibration split
 # (8 prompts x 128 tokens, `verified` ÷ `ar`, two passes): int4 1.30x (whole-block probes 1.29x),
@@ -543,26 +558,34 @@ class VerifiedPolicy(Policy):
 
     def copy(self, model, st: LoopState, adv: Advance) -> bool:
         """Feed free drafts next where every row has some and their record says they pay: copied
-        from the context (`decode/lookup.py`), else from the model's corpus (`decode/corpus.py`).
-        Sets adv.next_* and returns True, else leaves adv as it is."""
+        from the context (`decode/lookup.py`) or drafted from the model's corpus (`decode/corpus.py`),
+        whichever source's record (for the length of context it matched, `LoopState.free_records`)
+        promises more tokens per unit of cost. Sets adv.next_* and returns True, else leaves adv as it is."""
         n = st.cfg.block_size - 1
         if n < 1:
             return False
-        sources = []
-        if st.cfg.prompt_lookup:
-            sources.append((st.copy_record, lambda ctx: ctx.drafts(n)))
-        if st.corpus is not None:
-            sources.append((st.corpus_record, lambda ctx: st.corpus.drafts(ctx.tokens, n)))
-        for record, propose in sources:
-            copies = [propose(ctx) for ctx in st.contexts]
-            m = min(len(c) for c in copies)
-            k, rate = best_draft(st, record.survival(m), draft_pass=False) if m else (0, 0.0)
-            if k:
-                break
-        else:
+        best = None  # (rate, k, record, each row's drafts)
+        for name in FREE_SOURCES:
+            if name == "copy" and not st.cfg.prompt_lookup or name == "corpus" and st.corpus is None:
+                continue
+            found = [
+                ctx.match(n) if name == "copy" else st.corpus.match(ctx.tokens, n) for ctx in st.contexts
+            ]
+            m = min(len(d) for _, d in found)
+            if not m:
+                continue
+            # A batch's rows may have matched different lengths: its record is the shortest match's.
+            order = min(o for o, _ in found)
+            if (name, order) not in st.free_records:
+                prior = tuple(st.free_rates.get(f"{name}:{order}", ()))
+                st.free_records[name, order] = AcceptanceRecord(prior)
+            record = st.free_records[name, order]
+            k, rate = best_draft(st, record.survival(m), draft_pass=False)
+            if k and (best is None or rate > best[0]):
+                best = rate, k, record, [d for _, d in found]
+        if best is None or best[0] < self.nar_rate(model, st, n):  # the NAR set's drafts promise more
             return False
-        if rate < self.nar_rate(model, st, n):  # the NAR set's drafts promise more here
-            return False
+        _, k, record, copies = best
         drafts = torch.tensor([c[:k] for c in copies], device=adv.next_fed.device)
         adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
         adv.next_drafts, st.copied = [k] * len(copies), record
