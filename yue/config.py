@@ -83,7 +83,7 @@ class YueConfig(PreTrainedConfig):
     # their ids in the checkpoint's `draft_vocab`; None = the full LM head.
     draft_vocab_size: int | None = None
     # `verified` / `hybrid`: how free drafts fared on the calibration split's answers, per source and
-    # match length ("copy:2" ... "corpus:4", `policies.FREE_SOURCES`): c_j, the chance that draft j
+    # match length ("copy:2" ... "corpus:4", `VerifiedPolicy.copy`): c_j, the chance that draft j
     # held where drafts 1..j-1 did. The prior of each request's record of them (`AcceptanceRecord`);
     # None, or a kind not listed: c_j = 1 (draft, and learn from the request).
     free_draft_rates: dict | None = None

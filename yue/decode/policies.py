@@ -98,12 +98,12 @@ class LoopState:
             (`probe_length`), whatever the record says (set when an AR stretch starts).
         contexts: verified / hybrid: each row's context, indexed for copied and corpus drafts
             (`decode/lookup.py`); None = no lookup.
-        corpus: verified / hybrid: the model's n-gram table of its own answers, for corpus drafts where the
-            context has no copy (`decode/corpus.py`); None = none.
+        corpus: verified / hybrid: the model's n-gram table of its own answers, for corpus drafts
+            (`decode/corpus.py`); None = none.
         free_records: the acceptance records of copied and corpus drafts, one per source and match
             length: (`"copy"` | `"corpus"`, n), n the length of the context whose continuation the
             first draft is (they cost no drafting pass, and fare otherwise than the NAR set's and each
-            other's: see `FREE_SOURCES`).
+            other's: see `VerifiedPolicy.copy`).
         free_rates: their records' priors, `YueConfig.free_draft_rates` ("copy:2" -> c_1, c_2, ...).
         copied: the record of the free drafts in flight (one of free_records); None when they are the
             NAR set's (or none).
@@ -330,12 +330,6 @@ def probe_length(st: LoopState, n: int) -> int:
     return max(1, max((k for k in range(1, n + 1) if costs.verify(k) <= limit), default=1))
 
 
-# The free draft sources (`VerifiedPolicy.copy`), each recorded per length of the context it matched:
-# on yue-smol's calibration answers, a draft's first token held 0.53 / 0.64 / 0.85 of the time after a
-# 2- / 3- / 4-token match in the context and 0.33 / 0.42 / 0.59 from the corpus table, so one record
-# per source mixed drafts worth a whole block with drafts barely worth one row.
-FREE_SOURCES = ("copy", "corpus")
-
 # A probe's step may cost this many plain AR steps (`probe_length`). Chosen on the calibration split
 # (8 prompts x 128 tokens, `verified` ÷ `ar`, two passes): int4 1.30x (whole-block probes 1.29x),
 # bfloat16 1.78x (1.72x); held-out figures in the README.
@@ -559,18 +553,25 @@ class VerifiedPolicy(Policy):
     def copy(self, model, st: LoopState, adv: Advance) -> bool:
         """Feed free drafts next where every row has some and their record says they pay: copied
         from the context (`decode/lookup.py`) or drafted from the model's corpus (`decode/corpus.py`),
-        whichever source's record (for the length of context it matched, `LoopState.free_records`)
-        promises more tokens per unit of cost. Sets adv.next_* and returns True, else leaves adv as it is."""
+        whichever source's record promises more tokens per unit of cost. Sets adv.next_* and returns
+        True, else leaves adv as it is.
+
+        Each source keeps a record per length of the context it matched (`LoopState.free_records`),
+        primed with the model's measured rates (`YueConfig.free_draft_rates`): on yue-smol's
+        calibration answers a draft's first token held 0.52 / 0.64 / 0.83 of the time after a 2- / 3- /
+        4-token match in the context and 0.33 / 0.42 / 0.58 from the corpus table, so one record per
+        source mixed drafts worth a whole block with drafts not worth one verifying row."""
         n = st.cfg.block_size - 1
         if n < 1:
             return False
+        sources = {}  # name -> a row's (match length, drafts)
+        if st.cfg.prompt_lookup:
+            sources["copy"] = lambda ctx: ctx.match(n)
+        if st.corpus is not None:
+            sources["corpus"] = lambda ctx: st.corpus.match(ctx.tokens, n)
         best = None  # (rate, k, record, each row's drafts)
-        for name in FREE_SOURCES:
-            if name == "copy" and not st.cfg.prompt_lookup or name == "corpus" and st.corpus is None:
-                continue
-            found = [
-                ctx.match(n) if name == "copy" else st.corpus.match(ctx.tokens, n) for ctx in st.contexts
-            ]
+        for name, propose in sources.items():
+            found = [propose(ctx) for ctx in st.contexts]
             m = min(len(d) for _, d in found)
             if not m:
                 continue

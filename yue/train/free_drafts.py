@@ -1,6 +1,6 @@
 """How a model's free drafts fare on its own answers: the measured priors `YueConfig.free_draft_rates`.
 
-At every position of greedy answers, each free source (`decode.policies.FREE_SOURCES`) proposes its
+At every position of greedy answers, each free source (`decode.policies.VerifiedPolicy.copy`) proposes its
 drafts as `verified` finds them there: tokens copied from the context so far (`decode/lookup.py`),
 tokens chained from the model's n-gram table (`decode/corpus.py`). Grouped by source and by the length
 of the context the first draft matched ("copy:2" ... "corpus:4"), c_j is the share of positions whose
