@@ -38,22 +38,22 @@ def _table(**kw) -> CorpusNgrams:
 
 def test_build_keeps_the_most_frequent_continuation_where_it_repeats():
     t = _table(min_count=2, min_share=0.5)
-    assert t.drafts([0, 5, 6], 1) == [7]  # 3 of 4
-    assert t.drafts([1, 2], 3) == []  # seen once: below min_count
-    assert _table(min_count=1, min_share=0.0).drafts([1, 2], 1) == [3]
-    assert _table(min_count=2, min_share=0.8).drafts([0, 5, 6], 1) == []  # 3/4 < 0.8
+    assert t.match([0, 5, 6], 1)[1] == [7]  # 3 of 4
+    assert t.match([1, 2], 3)[1] == []  # seen once: below min_count
+    assert _table(min_count=1, min_share=0.0).match([1, 2], 1)[1] == [3]
+    assert _table(min_count=2, min_share=0.8).match([0, 5, 6], 1)[1] == []  # 3/4 < 0.8
     # Only answer tokens are predicted (from contexts that may reach into the prompt).
     t = CorpusNgrams.build([([9, 9, 4, 5, 6], 4)], vocab_size=10, min_count=1, min_share=0.0)
-    assert t.drafts([9, 9], 1) == [] and t.drafts([4, 5], 1) == [6]
+    assert t.match([9, 9], 1)[1] == [] and t.match([4, 5], 1)[1] == [6]
 
 
 def test_drafts_chain_through_the_longest_known_context():
     # The answer 1 2 3 4 twice, and 7 2 5 twice: (2,) alone is ambiguous, (1, 2) and (7, 2) are not.
     seqs = [([0, 1, 2, 3, 4], 1), ([0, 1, 2, 3, 4], 1), ([0, 7, 2, 5], 1), ([0, 7, 2, 5], 1)]
     t = CorpusNgrams.build(seqs, vocab_size=10, min_order=1, max_order=3, min_count=2, min_share=0.0)
-    assert t.drafts([1, 2], 5) == [3, 4]  # chained: (1, 2) -> 3, then (1, 2, 3) -> 4, then nothing
-    assert t.drafts([8, 7, 2], 5) == [5]
-    assert t.drafts([2], 1) in ([3], [5])  # the unigram context: either continuation, once each
+    assert t.match([1, 2], 5)[1] == [3, 4]  # chained: (1, 2) -> 3, then (1, 2, 3) -> 4, then nothing
+    assert t.match([8, 7, 2], 5)[1] == [5]
+    assert t.match([2], 1)[1] in ([3], [5])  # the unigram context: either continuation, once each
     assert t.match([1, 2], 5) == (2, [3, 4])  # the first draft came from a 2-token context
     assert t.match([8, 7, 2], 5) == (2, [5]) and t.match([9, 9], 3) == (0, [])
 
@@ -63,8 +63,8 @@ def test_extended_adds_only_the_contexts_the_table_lacks():
     new = CorpusNgrams.build([([0, 1, 2, 4, 5], 1), ([0, 1, 2, 4, 5], 1)], vocab_size=10, min_count=2)
     both = old.extended(new)
     # Both know (1, 2) and (0, 1, 2), the old table with 3 after them, the new with 4: the old one's stays.
-    assert both.drafts([1, 2], 1) == [3] and both.drafts([0, 1, 2], 1) == [3]
-    assert both.drafts([2, 4], 1) == [5]  # only the new one knows (2, 4): added
+    assert both.match([1, 2], 1)[1] == [3] and both.match([0, 1, 2], 1)[1] == [3]
+    assert both.match([2, 4], 1)[1] == [5]  # only the new one knows (2, 4): added
     assert len(both) == len(old) + 3  # new: (2, 4), (1, 2, 4) and (0, 1, 2, 4), each -> 5
     for k in both.keys:
         assert np.all(k[1:] > k[:-1])  # still sorted and distinct: binary search stays right
@@ -82,7 +82,7 @@ def test_save_and_load_round_trip_with_checks(tmp_path):
     path = tmp_path / NGRAMS_FILE
     t.save(path, source="test")
     back = CorpusNgrams.load(path, vocab_size=10)
-    assert len(back) == len(t) and back.drafts([0, 5, 6], 3) == t.drafts([0, 5, 6], 3)
+    assert len(back) == len(t) and back.match([0, 5, 6], 3)[1] == t.match([0, 5, 6], 3)[1]
     with pytest.raises(CheckpointError, match="vocabulary of 10, not 11"):
         CorpusNgrams.load(path, vocab_size=11)
     path.write_bytes(path.read_bytes()[:-5])  # truncated
@@ -159,7 +159,7 @@ def test_a_model_folder_table_is_loaded_and_never_read_as_weights(tiny_model_dir
     CorpusNgrams.build([([0, 1, 2, 3, 1, 2, 3], 1)], vocab, min_count=1).save(folder / NGRAMS_FILE)
     assert NGRAMS_FILE not in [p.name for p in weight_files(folder)]
     engine = yue.load(folder)
-    assert engine.corpus is not None and engine.corpus.drafts([1, 2], 1) == [3]
+    assert engine.corpus is not None and engine.corpus.match([1, 2], 1)[1] == [3]
     with pytest.raises(CheckpointError, match="vocabulary"):
         load_ngrams(folder, vocab + 1)
     (folder / NGRAMS_FILE).write_bytes(b"junk")
@@ -182,14 +182,14 @@ def test_build_ngrams_command_writes_the_table_from_sequences(tiny_model_dir, tm
     assert "from 2 answers" in result.output  # the repeated prompt counts once
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     # (1, 2) -> 3 three times; (2, 3) -> 1 once (twice had the repeated prompt counted): pruned.
-    assert CorpusNgrams.load(folder / NGRAMS_FILE, vocab).drafts([0, 1, 2], 2) == [3]
+    assert CorpusNgrams.load(folder / NGRAMS_FILE, vocab).match([0, 1, 2], 2)[1] == [3]
     more = ChatSequences([[7, 4, 4, 5], [8, 4, 4, 5]], [1, 1])
     more.save(tmp_path / "more.json")
     args = ["build-ngrams", str(folder), "--sequences", str(tmp_path / "more.json"), "--extend"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     table = CorpusNgrams.load(folder / NGRAMS_FILE, vocab)
-    assert table.drafts([0, 1, 2], 1) == [3] and table.drafts([4, 4], 1) == [5]  # old kept, new added
+    assert table.match([0, 1, 2], 1)[1] == [3] and table.match([4, 4], 1)[1] == [5]  # old kept, new added
     assert "extended with 2 answers" in table.source
     (folder / NGRAMS_FILE).unlink()
     nothing = CliRunner().invoke(app, args)

@@ -333,11 +333,11 @@ def test_verified_sampling_with_copied_drafts_matches_ar_distribution():
 
 def test_ngram_index_copies_what_followed_the_latest_longest_match():
     idx = NgramIndex([1, 2, 3, 4, 9, 2, 3, 5, 6])
-    assert idx.drafts(3) == []  # the trailing (5, 6) never occurred before
+    assert idx.match(3)[1] == []  # the trailing (5, 6) never occurred before
     idx.extend([7, 2, 3])
-    assert idx.drafts(3) == [5, 6, 7]  # (2, 3) last occurred before 5; the latest occurrence wins
+    assert idx.match(3)[1] == [5, 6, 7]  # (2, 3) last occurred before 5; the latest occurrence wins
     idx.extend([4])
-    assert idx.drafts(2) == [9, 2]  # (2, 3, 4) beats the shorter (3, 4) and (4,) is too short
+    assert idx.match(2)[1] == [9, 2]  # (2, 3, 4) beats the shorter (3, 4) and (4,) is too short
     assert idx.match(2) == (3, [9, 2])  # ... and says how long a match it copies after
     idx.extend([8])
     assert idx.match(2) == (0, [])

@@ -77,15 +77,12 @@ class CorpusNgrams:
                 return n, int(self.nexts[n - self.min_order][i])
         return 0, None
 
-    def drafts(self, context: Sequence[int], n: int) -> list[int]:
-        """Up to n tokens chained from the table after `context` (its last `max_order` tokens
-        matter); [] when none of its trailing n-grams is in the table."""
-        return self.match(context, n)[1]
-
     def match(self, context: Sequence[int], n: int) -> tuple[int, list[int]]:
-        """(order, drafts): `drafts`' tokens and the context length that gave the first of them (a
-        longer context is a surer guess: on yue-smol's calibration answers a draft's first token held
-        0.33 of the time from a 2-token context, 0.59 from a 4-token one); (0, []) when none."""
+        """(order, drafts): up to n tokens chained from the table after `context` (its last
+        `max_order` tokens matter), and the context length that gave the first of them (a longer
+        context is a surer guess: on yue-smol's calibration answers a draft's first token held 0.33 of
+        the time from a 2-token context, 0.58 from a 4-token one); (0, []) when none of its trailing
+        n-grams is in the table."""
         ctx, out = list(context[-self.max_order :]), []
         order = 0
         while len(out) < n:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from yue.decode.corpus import CorpusNgrams
 from yue.decode.lookup import NgramIndex
+from yue.decode.policies import AcceptanceRecord
 from yue.train.topnar import ChatSequences
 
 # A rate judged fewer times than this is left out (the record then carries its predecessor's on).
@@ -29,29 +30,24 @@ def free_draft_rates(
         corpus: the model's n-gram table, or None (copies only).
         n: drafts proposed at most (the model's block size - 1, as `verified` drafts).
     """
-    reached: dict[str, list[int]] = {}
-    held: dict[str, list[int]] = {}
+    records: dict[str, AcceptanceRecord] = {}  # what a request's records count, over every position
     for ids, p in answers.pairs():
         context = NgramIndex(ids[:p])
         for c in range(p, len(ids)):
             found = [("copy", context.match(n))]
             if corpus is not None:
-                found.append(("corpus", corpus.match(ids[:c], n)))
+                found.append(("corpus", corpus.match(ids[max(c - corpus.max_order, 0) : c], n)))
             for name, (order, drafts) in found:
-                if not drafts:
-                    continue
-                kind = f"{name}:{order}"
-                r, h = reached.setdefault(kind, [0] * n), held.setdefault(kind, [0] * n)
-                for j, token in enumerate(drafts):
-                    r[j] += 1
-                    if c + j >= len(ids) or ids[c + j] != token:
-                        break
-                    h[j] += 1
+                if drafts:
+                    truth = ids[c : c + len(drafts)]  # shorter at the answer's end: a miss there
+                    pairs = zip(drafts, truth, strict=False)
+                    held = next((j for j, (d, t) in enumerate(pairs) if d != t), len(truth))
+                    records.setdefault(f"{name}:{order}", AcceptanceRecord()).observe(len(drafts), held)
             context.extend([ids[c]])
     rates = {}
-    for kind in sorted(reached):
-        judged = [(h, r) for h, r in zip(held[kind], reached[kind], strict=True)]
-        m = next((j for j, (_, r) in enumerate(judged) if r < min_judged), len(judged))
+    for kind in sorted(records):
+        r = records[kind]
+        m = next((j for j, judged in enumerate(r.reached) if judged < min_judged), len(r.reached))
         if m:
-            rates[kind] = [round(h / r, 3) for h, r in judged[:m]]
+            rates[kind] = [round(h / j, 3) for h, j in zip(r.held[:m], r.reached[:m], strict=True)]
     return rates
