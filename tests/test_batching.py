@@ -377,3 +377,79 @@ def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, m
     for p in prompts:
         for row in hidden([p], None):
             assert any(torch.equal(row, other) for other in together)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DecodeConfig(mode="verified", max_new_tokens=24),
+        DecodeConfig(mode="ar", max_new_tokens=24, temperature=0.9, seed=7),
+        DecodeConfig(mode="verified", max_new_tokens=24, temperature=0.9),  # continues, not re-made
+    ],
+    ids=["greedy-verified", "seeded-ar", "sampled-verified"],
+)
+def test_a_failing_row_fails_its_request_alone_and_the_others_finish_as_alone(trained, cfg, monkeypatch):
+    """A step that raises mid-batch (one row poisoned from its 5th step on) fails that row's request only;
+    the other rows are retried alone and their answers are complete and, where exact, equal to alone."""
+    real_step, calls, poison = DecodeBatch.step, {"n": 0}, []
+
+    def step(self):
+        calls["n"] += 1
+        rows = [*(self.running.rows if self.running else []), *self.queued]
+        rows += [r for p in self.prefilling for r in p.rows]
+        if calls["n"] > 4 and any(r.prompt[: len(poison)] == poison for r in rows):
+            raise RuntimeError("injected failure")
+        return real_step(self)
+
+    monkeypatch.setattr(DecodeBatch, "step", step)
+    prompts = ["# poisoned\n" + PROMPTS[0], *PROMPTS[1:]]
+    batcher = Batcher(trained, max_batch_size=8)
+    out = {i: [] for i in range(len(prompts))}
+    finish, errors = {}, {}
+    for i, p in enumerate(prompts):
+        def sink(event, i=i):
+            out[i].extend(event.token_ids)
+            if event.finish_reason is not None:
+                finish[i] = event.finish_reason
+
+        request = batcher.submit(p, cfg, sink, on_error=lambda e, i=i: errors.__setitem__(i, e))
+        poison[:] = poison or request.ids
+    for _ in range(500):
+        if len(finish) + len(errors) == len(prompts):
+            break
+        batcher.step()
+    assert list(errors) == [0] and isinstance(errors[0], RuntimeError)
+    assert set(finish) == set(range(1, len(prompts))) and not batcher.rows and not batcher.batches
+    monkeypatch.setattr(DecodeBatch, "step", real_step)
+    for i in range(1, len(prompts)):
+        assert finish[i] in ("length", "eos", "stop")
+        if cfg.greedy or cfg.mode == "ar":
+            assert out[i] == _alone(trained, prompts[i], config=cfg), i
+        else:  # sampled verified continues from the tokens it had: complete, in budget
+            assert 0 < len(out[i]) <= cfg.max_new_tokens
+
+
+def test_a_step_raising_in_a_lone_batch_fails_only_that_batch(trained, monkeypatch):
+    """Batches of other keys (here a sampled one beside greedy ones) keep running when one fails."""
+    real_step = DecodeBatch.step
+
+    def step(self):
+        if not self.key.greedy:
+            raise RuntimeError("injected failure")
+        return real_step(self)
+
+    monkeypatch.setattr(DecodeBatch, "step", step)
+    batcher = Batcher(trained, max_batch_size=8)
+    got, errors = {}, []
+    greedy = DecodeConfig(mode="ar", max_new_tokens=12)
+    batcher.submit(PROMPTS[1], DecodeConfig(mode="ar", max_new_tokens=12, temperature=1.0), lambda e: None,
+                   on_error=errors.append)
+    for i in (0, 2):
+        batcher.submit(PROMPTS[i], greedy, lambda e, i=i: got.setdefault(i, []).extend(e.token_ids))
+    for _ in range(100):
+        batcher.step()
+        if not batcher.rows and not batcher.waiting:
+            break
+    assert len(errors) == 1
+    monkeypatch.setattr(DecodeBatch, "step", real_step)
+    assert got == {i: _alone(trained, PROMPTS[i], config=greedy) for i in (0, 2)}

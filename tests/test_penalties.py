@@ -11,6 +11,7 @@ from tests.test_loop import FLAT
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.policies import LoopState, adjusted_ar_logits
 from yue.decode.sampling import apply_openai_penalties
+from yue.decode.sampling import warp as sample_warp
 from yue.model.mot import StepOutput
 
 PROMPTS = ["def alpha_1(x):\n", "class ", "    return gamma(x) + 4\n\ndef "]
@@ -47,6 +48,9 @@ def test_config_checks_ranges_types_and_the_vocabulary():
         ({"logit_bias": {1: 101}}, "logit_bias"),
         ({"logit_bias": {"1": 1.0}}, "logit_bias"),
         ({"logit_bias": 5}, "logit_bias"),
+        ({"temperature": 2.01}, "temperature"),
+        ({"repetition_penalty": 1e-38}, "repetition_penalty"),
+        ({"repetition_penalty": 101.0}, "repetition_penalty"),
     ]:
         with pytest.raises(ValueError, match=field):
             DecodeConfig(**kw)
@@ -136,3 +140,20 @@ def test_batched_rows_with_penalties_equal_lone_rows(trained):
     batch = trained.generate(PROMPTS, mode="verified", max_new_tokens=30, router_threshold=1.0, **kw)
     for prompt, r in zip(PROMPTS, batch, strict=True):
         assert r.token_ids == trained.generate(prompt, mode="ar", max_new_tokens=30, **kw).token_ids
+
+
+@pytest.mark.parametrize("penalty", [0.01, 100.0])
+def test_sampling_at_the_edges_of_every_accepted_range_draws_a_token(trained, penalty):
+    """The widest accepted penalties, bias and temperature never give sampling an inf or a NaN."""
+    cfg = dict(mode="ar", max_new_tokens=12, temperature=2.0, repetition_penalty=penalty,
+               presence_penalty=-2.0, frequency_penalty=-2.0, logit_bias={5: 100.0, 6: -100.0}, seed=1, ignore_eos=True)
+    out = trained.generate(PROMPTS[0], **cfg)
+    assert len(out.token_ids) == 12
+
+
+def test_warp_guards_overflowed_scores():
+    """Scores that overflowed upstream: NaN never wins, +inf is the largest finite score; a distribution."""
+    logits = torch.tensor([[float("inf"), 1.0, float("nan"), float("-inf")], [1e38, -1e38, 0.0, 2.0]])
+    logprobs = sample_warp(logits, DecodeConfig(temperature=1e-3))
+    assert torch.isfinite(logprobs.exp().sum(-1)).all() and torch.allclose(logprobs.exp().sum(-1), torch.ones(2))
+    assert logprobs[0].argmax() == 0 and logprobs[0, 2] == float("-inf")

@@ -12,17 +12,28 @@ Design decisions:
   instead of stalling the running rows for all of it.
 - Text stays the engine's: each request has an `engine.RowStream` (detokenizing, stop strings,
   stats), and a request that meets a stop string is removed from its batch at once.
+- One request never fails another. A step that raises takes down only its own batch (its cache may be
+  half-written); each of its requests is then retried alone, in a batch of its own. A retry of an
+  exact request (greedy `ar` / `verified`, or `ar` with its seed, which `submit` fixes for every sampled
+  request) re-makes the tokens already sent, checks them and sends only what follows; any other
+  request continues from the tokens it had (its prompt plus them: the same distribution). A batch of
+  one that raises fails its request alone, with the error, through `on_error`.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from yue.config import DecodeConfig
 from yue.decode.loop import DecodeBatch, StepEmission, batch_key
 from yue.decode.types import StreamEvent
+
+log = logging.getLogger("yue.batcher")
 
 
 @dataclass
@@ -33,16 +44,23 @@ class Request:
         ids: prompt token ids.
         config: the resolved decode config.
         sink: called with each StreamEvent (the last has finish_reason), on the stepping thread.
+        on_error: called with the exception when the request fails (alone: see the module's notes);
+            None = the batcher logs it and sends a last "error" event instead.
         row: (batch key, row id) once the request runs; None while it waits.
         done: set after the last event was delivered.
+        sent: token ids delivered so far (what a retry re-makes and checks).
+        skip: tokens a retry still has to re-make before it sends anything (0 unless retrying).
     """
 
     ids: list[int]
     config: DecodeConfig
     sink: Callable[[StreamEvent], None]
-    row: tuple[DecodeConfig, int] | None = None
+    on_error: Callable[[Exception], None] | None = None
+    row: tuple[object, int] | None = None
     done: bool = False
     stream: object | None = field(default=None, repr=False)  # engine.RowStream, once running
+    sent: list[int] = field(default_factory=list)
+    skip: int = 0
 
 
 @dataclass
@@ -69,23 +87,31 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Request] = deque()
-        self.batches: dict[DecodeConfig, DecodeBatch] = {}
-        self.rows: dict[tuple[DecodeConfig, int], Request] = {}
+        # Shared batches are keyed by `batch_key`; a request retried alone has ("alone", n).
+        self.batches: dict[object, DecodeBatch] = {}
+        self.rows: dict[tuple[object, int], Request] = {}
         self._turn = 0
+        self._alone = itertools.count()
 
     @property
     def running(self) -> int:
         return len(self.rows)
 
     def submit(
-        self, prompt: str | list[int], config: DecodeConfig, sink: Callable[[StreamEvent], None]
+        self,
+        prompt: str | list[int],
+        config: DecodeConfig,
+        sink: Callable[[StreamEvent], None],
+        on_error: Callable[[Exception], None] | None = None,
     ) -> Request:
         """Queue a request (text, or prompt token ids); raises ValueError for a bad config or a prompt
         that does not fit the context, before anything runs."""
         ids, cfg = self.engine.request(prompt, config, {})
         if not ids:
             raise ValueError("prompt: no tokens")
-        request = Request(ids, cfg, sink)
+        if not cfg.greedy and cfg.seed is None:  # fixed now, so a retry alone can re-make its samples
+            cfg = replace(cfg, seed=random.getrandbits(63))
+        request = Request(ids, cfg, sink, on_error)
         self.waiting.append(request)
         return request
 
@@ -99,7 +125,7 @@ class Batcher:
             self._leave(request)
         request.done = True
         stream = request.stream or self.engine.row_stream(request.config)
-        request.sink(stream.fold(_cancelled(), 0))
+        request.sink(stream.fold(_ended("cancelled"), 0))
 
     def step(self) -> BatchStep:
         """Admit waiting requests, then run one step of one batch (the next in turn)."""
@@ -111,10 +137,15 @@ class Batcher:
         self._turn += 1
         batch = self.batches[key]
         report = BatchStep(len(batch), 0)
-        for em in batch.step():
+        try:
+            emissions = batch.step()
+        except Exception as error:  # noqa: BLE001 - any failure of a step is isolated, then reported
+            self._isolate(key, error)
+            return report
+        for em in emissions:
             report.tokens += sum(len(t) for t in em.tokens)
             self._deliver(key, em)
-        if not len(batch):
+        if key in self.batches and not len(batch):
             del self.batches[key]
         return report
 
@@ -122,43 +153,118 @@ class Batcher:
         while self.waiting and self.running < self.max_batch_size:
             request = self.waiting.popleft()
             key = batch_key(request.config)
-            batch = self.batches.get(key)
-            if batch is None:
-                batch = self.batches[key] = self.engine.decode_batch(request.config, self.max_batch_tokens)
-            request.row = (key, batch.add(request.ids, request.config))
-            request.stream = self.engine.row_stream(request.config)
+            try:
+                batch = self.batches.get(key)
+                if batch is None:
+                    batch = self.batches[key] = self.engine.decode_batch(request.config, self.max_batch_tokens)
+                request.stream = self.engine.row_stream(request.config)
+                request.row = (key, batch.add(request.ids, request.config))
+            except Exception as error:  # noqa: BLE001 - this request cannot start: it alone fails
+                self._fail(request, error)
+                continue
             self.rows[request.row] = request
 
-    def _deliver(self, key: DecodeConfig, em: StepEmission) -> None:
+    def _deliver(self, key: object, em: StepEmission) -> None:
         stopped = []  # rows finished here (a stop string): still in their batch, which dropped the others
         for i, row in enumerate(em.rows):
-            request = self.rows[(key, row)]
-            event = request.stream.fold(em, i)
-            if event.finish_reason is not None:
-                del self.rows[request.row]
-                request.done = True
-                if em.finished[i] is None:
-                    stopped.append(row)
-            request.sink(event)
-        if stopped:
+            request = self.rows.get((key, row))
+            if request is None:  # failed earlier in this loop
+                continue
+            try:
+                one = self._unsent(request, em, i)
+                if one is None:
+                    continue
+                event = request.stream.fold(one, 0)
+                request.sent.extend(event.token_ids)
+                if event.finish_reason is not None:
+                    del self.rows[request.row]
+                    request.done = True
+                    if em.finished[i] is None:
+                        stopped.append(row)
+                request.sink(event)
+            except Exception as error:  # noqa: BLE001 - this row's text or sink failed: it alone fails
+                self._fail(request, error)
+        if stopped and key in self.batches:
             self.batches[key].remove(*stopped)
+
+    def _unsent(self, request: Request, em: StepEmission, i: int) -> StepEmission | None:
+        """Row i of `em` as a one-row emission of what `request` has not been sent yet; None when a retry
+        only re-made sent tokens. A retry whose tokens part from those sent continues from them instead."""
+        tokens = em.tokens[i]
+        n = min(request.skip, len(tokens))
+        if n:
+            start = len(request.sent) - request.skip
+            if tokens[:n] != request.sent[start : start + n]:
+                log.warning("a retried request parted from the tokens it had sent; it continues from them")
+                self._retry_alone(request, exact=False)
+                return None
+            request.skip -= n
+            if n == len(tokens) and em.finished[i] is None:
+                return None
+        lp = None if em.logprobs is None else [None if em.logprobs[i] is None else em.logprobs[i][n:]]
+        return replace(
+            em,
+            tokens=[tokens[n:]],
+            sources=[em.sources[i][n:]],
+            finished=[em.finished[i]],
+            drafted=[em.drafted[i]],
+            accepted=[em.accepted[i]],
+            rows=[em.rows[i]],
+            logprobs=lp,
+        )
 
     def _leave(self, request: Request) -> None:
         key, row = request.row
-        self.batches[key].remove(row)
+        batch = self.batches.get(key)
+        if batch is not None:
+            batch.remove(row)
+            if not len(batch) and isinstance(key, tuple):  # a retry's own batch
+                del self.batches[key]
         del self.rows[request.row]
 
-    def fail(self, error: Exception) -> list[Request]:
-        """After a step raised: every running request is dropped (their batches may be inconsistent);
-        returns them, for the caller to report the error to."""
-        failed = list(self.rows.values())
-        for request in failed:
-            request.done = True
-        self.rows.clear()
-        self.batches.clear()
-        return failed
+    def _isolate(self, key: object, error: Exception) -> None:
+        """A step of batch `key` raised. Its cache may be half-written, so the batch goes; a lone row is
+        the cause and fails, each row of a larger batch is retried alone."""
+        members = [r for r in self.rows.values() if r.row[0] == key]
+        del self.batches[key]
+        for request in members:
+            del self.rows[request.row]
+            request.row = None
+        if len(members) == 1:
+            self._fail(members[0], error)
+            return
+        log.warning("a decode step of %d requests raised %r; retrying each alone", len(members), error)
+        for request in members:
+            exact = request.config.greedy and request.config.mode in ("ar", "verified")
+            self._retry_alone(request, exact=exact or request.config.mode == "ar")
+
+    def _retry_alone(self, request: Request, exact: bool) -> None:
+        """Run `request` again in a batch of its own: from its prompt, re-making (and checking) the tokens
+        it has sent (`exact`), or from its prompt plus them."""
+        if request.row is not None:
+            self._leave(request)
+        ids, cfg, skip = request.ids, request.config, len(request.sent)
+        if not exact:
+            left = cfg.max_new_tokens - len(request.sent)
+            ids, cfg, skip = ids + request.sent, replace(cfg, max_new_tokens=max(left, 1)), 0
+        key = ("alone", next(self._alone))
+        batch = self.batches[key] = self.engine.decode_batch(cfg, self.max_batch_tokens)
+        request.row, request.skip = (key, batch.add(ids, cfg)), skip
+        self.rows[request.row] = request
+
+    def _fail(self, request: Request, error: Exception) -> None:
+        """This request, and no other, ends with `error`."""
+        if request.row is not None and request.row in self.rows:
+            self._leave(request)
+        request.done = True
+        if request.on_error is not None:
+            request.on_error(error)
+            return
+        log.error("a request failed: %r", error)
+        stream = request.stream or self.engine.row_stream(request.config)
+        request.sink(stream.fold(_ended("error"), 0))
 
 
-def _cancelled() -> StepEmission:
-    """The emission a cancelled row folds as its last: no tokens, no forward."""
-    return StepEmission([[]], [[]], ["cancelled"], None, [0], [0], "cancelled", 0)
+def _ended(reason: str) -> StepEmission:
+    """The emission a cancelled (or failed) row folds as its last: no tokens, no forward."""
+    return StepEmission([[]], [[]], [reason], None, [0], [0], "cancelled", 0)

@@ -149,6 +149,10 @@ _NUMBER_FIELDS = (
     "router_threshold",
 )
 MAX_PENALTY, MAX_LOGIT_BIAS = 2.0, 100.0  # OpenAI's ranges for the penalties and logit_bias
+MAX_TEMPERATURE = 2.0  # OpenAI's cap
+# repetition_penalty's range: logits divided or multiplied by at most 100 stay finite in float16 too, so
+# sampling never sees inf - inf = NaN (a penalty of 1e-38 once overflowed the scores to inf).
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 @dataclass(frozen=True)
@@ -159,10 +163,10 @@ class DecodeConfig:
         mode: decode policy by name (DESIGN §2): `ar` (reference), `verified` (lossless drafting),
             `hybrid` (drafts kept within a tolerance of the AR path's choice), `nar` (whole blocks, lowest fidelity).
         max_new_tokens: hard cap on generated tokens.
-        temperature: 0 means greedy (argmax), decided in one place (`decode.sampling`).
+        temperature: in [0, 2] (OpenAI's range); 0 means greedy (argmax), decided in one place (`decode.sampling`).
         top_k: keep the k most likely tokens (0 = off).
         top_p: nucleus mass in (0, 1]; 1 = off.
-        repetition_penalty: CTRL-style penalty on tokens already in the context; 1 = off.
+        repetition_penalty: CTRL-style penalty on tokens already in the context, in [0.01, 100]; 1 = off.
         presence_penalty / frequency_penalty: OpenAI's penalties, in [-2, 2]: a generated token's logit
             minus presence_penalty once it has been generated, and minus frequency_penalty times how
             often (the prompt's tokens do not count); 0 = off.
@@ -238,14 +242,15 @@ class DecodeConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        lo, hi = REPETITION_PENALTY_RANGE
+        if not math.isfinite(self.repetition_penalty) or not lo <= self.repetition_penalty <= hi:
+            raise ValueError(f"repetition_penalty must be in [{lo:g}, {hi:g}], got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")

@@ -73,8 +73,9 @@ def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     Only meaningful for sampling (cfg.temperature > 0). Filtered tokens get -inf.
     """
     # Shift by the max first, and floor the temperature, so a tiny (valid) temperature means "nearly
-    # greedy" instead of inf - inf = NaN.
-    logits = logits.float()
+    # greedy" instead of inf - inf = NaN. Scores that overflowed upstream (penalties, bias) are guarded
+    # here, where sampling would see them: NaN never wins, +inf becomes the largest finite score.
+    logits = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
     logits = (logits - logits.max(-1, keepdim=True).values) / max(cfg.temperature, 1e-5)
     if cfg.top_k:
         kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]

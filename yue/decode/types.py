@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 Source = Literal["ar", "nar"]
-FinishReason = Literal["stop", "length", "eos", "cancelled"]
+FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
 
 
 @dataclass

@@ -311,9 +311,10 @@ def _envelope(fmt, outcomes: list[Outcome]) -> dict:
 def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
     """OpenAI's `logit_bias` (token ids as JSON object keys, so strings) -> {token id: bias}; a key that
     is not a token id of this model is a 400 (the biases' range is `DecodeConfig`'s to check)."""
-    out = {}
+    out, width = {}, len(str(vocab))
     for key, value in bias.items():
-        if not (key.isascii() and key.isdigit()) or int(key) >= vocab:
+        # The length first: int() of a key over 4,300 digits raises (Python's conversion limit).
+        if not (key.isascii() and key.isdigit()) or len(key) > width or int(key) >= vocab:
             raise ApiError(
                 400,
                 f"logit_bias: {key!r} is not a token id of this model (integers in [0, {vocab}))",

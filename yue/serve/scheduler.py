@@ -12,7 +12,9 @@ Design decisions:
   a job that is still waiting removes it from the line at once, so its slot is free immediately.
 - Chunks cross from the scheduler thread to the loop with `call_soon_threadsafe` into an
   `asyncio.Queue`; a job whose loop has gone away is cancelled.
-- A step that raises fails the jobs it was running (each gets the exception), not the server.
+- A step that raises fails no one but its cause: the batcher retries the batch's rows alone and hands
+  the exception to the one request that still fails (`Job.deliver`). Only if the batcher's own step
+  raises (a bug) are all running jobs failed, and still not the server.
 """
 
 from __future__ import annotations
@@ -165,8 +167,8 @@ class Scheduler:
                 if self.on_step is not None and report.rows:
                     self.on_step(report, time.perf_counter() - t0)
             except Exception as e:  # handed to each running request, which answers 500 or an error chunk
-                log.exception("decode step failed")
-                failed = {id(r) for r in self.batcher.fail(e)}
+                log.exception("the batcher's step failed")
+                failed = {id(r) for r in self.batcher.fail_all()}
                 for job in list(self._running):
                     if id(job.request) in failed:
                         job.deliver(e)
@@ -185,7 +187,7 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         job.started = time.perf_counter()
         try:
-            job.request = self.batcher.submit(job.prompt, job.config, job.on_event)
+            job.request = self.batcher.submit(job.prompt, job.config, job.on_event, job.deliver)
         except Exception as e:  # the engine refused it (ValueError: 400)
             job.deliver(e)
             job.request = None

@@ -37,10 +37,10 @@ class _Sampling(_Body):
     """Fields shared by every generation endpoint; defaults of None mean "the server's default"."""
 
     max_tokens: int | None = Field(None, description="tokens to generate at most")
-    temperature: float | None = Field(None, description="0 = greedy")
+    temperature: float | None = Field(None, description="in [0, 2]; 0 = greedy")
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely tokens; 0 = off")
-    repetition_penalty: float | None = Field(None, description="> 0; 1 = off")
+    repetition_penalty: float | None = Field(None, description="in [0.01, 100]; 1 = off")
     presence_penalty: float | None = Field(None, description="OpenAI's, in [-2, 2]; 0 = off")
     frequency_penalty: float | None = Field(None, description="OpenAI's, in [-2, 2]; 0 = off")
     logit_bias: dict[str, float] | None = Field(
