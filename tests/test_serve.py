@@ -22,6 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+import yue
 from tests.serve_utils import FailsMidStream, LiveServer, parse_sse
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig
@@ -299,30 +300,51 @@ torch.set_num_threads(1)
 import yue
 from tests.serve_utils import Paced
 from yue.serve import ServeConfig, serve
-engine = Paced(yue.load(sys.argv[1]), delay=0.01)
-sys.exit(serve(engine, ServeConfig(port=int(sys.argv[2]), max_batch_size=1), log_level="warning"))
+delay, drain = float(sys.argv[3]), float(sys.argv[4])
+engine = Paced(yue.load(sys.argv[1]), delay=delay)
+config = ServeConfig(port=int(sys.argv[2]), max_batch_size=1, drain_timeout_s=drain)
+sys.exit(serve(engine, config, log_level="warning"))
 """
 
 
-@pytest.mark.slow
-def test_sigterm_drains_in_flight_requests_then_exits(tiny_model_dir):
+def _start_server(model_dir: str, delay: float = 0.01, drain: float = 30.0):
+    """`yue serve`'s `serve()` in a subprocess on a free port; returns (process, base url) once healthy."""
     port = _free_port()
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_SCRIPT, tiny_model_dir, str(port)], cwd=root, env=env
+        [sys.executable, "-c", SERVE_SCRIPT, model_dir, str(port), str(delay), str(drain)], cwd=root, env=env
     )
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError("server did not start")
+        time.sleep(0.1)
+
+
+def _wait_in_server(url: str, count: int) -> None:
+    """Until `count` requests are running or waiting in the server (a fixed sleep loses the race on a
+    loaded machine)."""
+    deadline = time.monotonic() + 30
+    while True:
+        text = httpx.get(url + "/metrics").text
+        if metric(text, "yue_num_requests_running") + metric(text, "yue_num_requests_waiting") == count:
+            return
+        assert time.monotonic() < deadline, f"the {count} requests never were in the server together"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests_then_exits(tiny_model_dir):
+    proc, url = _start_server(tiny_model_dir)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-            time.sleep(0.1)
         body = {"prompt": PROMPT, "max_tokens": 60, "mode": "ar", "stream": True}
         results: list[list] = []
 
@@ -333,15 +355,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(tiny_model_dir):
         threads = [threading.Thread(target=stream) for _ in range(2)]  # one runs, one waits
         for t in threads:
             t.start()
-        # SIGTERM once both are in the server (a fixed sleep lost the race on a loaded machine: the
-        # second request arrived after the signal and was refused as draining).
-        deadline = time.monotonic() + 30
-        while True:
-            text = httpx.get(url + "/metrics").text
-            if metric(text, "yue_num_requests_running") + metric(text, "yue_num_requests_waiting") == 2:
-                break
-            assert time.monotonic() < deadline, "the two requests never were in the server together"
-            time.sleep(0.01)
+        _wait_in_server(url, 2)  # SIGTERM once both are in (else the second is refused as draining)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.1)
         health = httpx.get(url + "/health")
@@ -361,6 +375,68 @@ def test_sigterm_drains_in_flight_requests_then_exits(tiny_model_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_requests_that_outlast_the_drain_end_in_the_error_shape_and_the_process_exits_0(tiny_model_dir):
+    """SIGTERM with a 1 s drain and requests that need ~40 s: the non-streamed one gets the JSON 503
+    (`draining`), the streamed one an error chunk and [DONE]; then the process exits 0."""
+    proc, url = _start_server(tiny_model_dir, delay=0.2, drain=1.0)
+    try:
+        eos = yue.load(tiny_model_dir).tokenizer.eos_id
+        body = {"prompt": PROMPT, "max_tokens": 200, "mode": "ar", "logit_bias": {str(eos): -100}}
+        got: dict = {}
+
+        def plain() -> None:
+            got["plain"] = httpx.post(url + "/generate", json=body | {"stream": False}, timeout=60)
+
+        def streamed() -> None:
+            with httpx.stream("POST", url + "/generate", json=body | {"stream": True}, timeout=60) as r:
+                got["stream"] = parse_sse(r.read().decode())
+
+        threads = [threading.Thread(target=f) for f in (plain, streamed)]
+        for t in threads:
+            t.start()
+        _wait_in_server(url, 2)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(30)
+        assert proc.wait(30) == 0
+        plain_r, events = got["plain"], got["stream"]
+        assert plain_r.status_code == 503 and plain_r.headers["content-type"] == "application/json"
+        assert plain_r.json()["error"]["code"] == "draining" and set(plain_r.json()["error"]) == {
+            "message", "type", "param", "code"
+        }  # fmt: skip
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "draining"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_500_keeps_the_keep_alive_connection_usable(tiny_engine):
+    """Two requests on one socket: the first fails inside the engine (500, the error shape), the
+    second, on the same connection, is answered."""
+    with LiveServer(FailsMidStream(tiny_engine, after=0)) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        body = b'{"prompt": "def f(x):", "max_tokens": 8}'
+        post = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            reader = sock.makefile("rb")
+            for expected in (500, 200):
+                request = post if expected == 500 else b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                sock.sendall(request)
+                status = int(reader.readline().split()[1])
+                headers = {}
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                payload = reader.read(int(headers["content-length"]))
+                assert status == expected, payload
+                assert headers.get("connection", "keep-alive").lower() != "close"
+            assert b'"status":"ok"' in payload
 
 
 @pytest.mark.parametrize("fields", [{"temperature": 1e-300}, {"temperature": 1.0, "top_p": 1e-300}])

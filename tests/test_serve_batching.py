@@ -193,12 +193,12 @@ def test_completion_logprobs_are_the_ar_paths(client, trained):
 
 def test_completion_top_logprobs_hold_the_sampled_token(client):
     # As OpenAI's legacy completions: the chosen token is always among its top_logprobs (n + 1 entries
-    # where a sampled token is not in the top n). Temperature 5 samples tokens outside the top 1 often.
+    # where a sampled token is not in the top n). Temperature 2 (the cap) samples tokens outside the top 1 often.
     body = {
         "prompt": PROMPTS[0],
         "logprobs": 1,
         "max_tokens": 24,
-        "temperature": 5.0,
+        "temperature": 2.0,
         "seed": 3,
         "mode": "ar",
     }

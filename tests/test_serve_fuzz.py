@@ -9,7 +9,7 @@ import pytest
 import schemathesis
 import torch
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -106,3 +106,91 @@ def test_server_is_alive_after_fuzzing(fuzz_app):
     assert client.get("/health").json() == {"status": "ok", "running": 0, "waiting": 0}
     r = client.post("/generate", json={"prompt": "def f(x):", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["tokens"] >= 1
+
+
+# Typed values for every numeric and mapping field: in range, at the edges and far outside, so a value
+# the checks let through reaches the decode loop (repetition_penalty 1e-38 with temperature > 0 once
+# overflowed the scores to inf and failed every running request).
+EDGES = [0, 1e-300, 1e-38, 1e-5, 0.01, 0.5, 1, 1.5, 2, 2.0000001, 100, 101, 1e38, 1e300, -1e-38, -2, -3]
+numbers = st.sampled_from(EDGES) | st.floats(-1e308, 1e308, allow_nan=False) | st.integers(-(2**70), 2**70)
+counts = st.sampled_from([0, 1, 2, 8, 16, 17, 20, 21, 64, 2**31, 2**63, 2**64]) | st.integers(-5, 70)
+bias_keys = st.sampled_from(["0", "5", "63", "64", "-1", "1e3", "٣", "9" * 4301, "1" * 5000]) | st.text(
+    "0123456789", min_size=1, max_size=40
+)
+TYPED = {
+    "temperature": numbers, "top_p": numbers, "router_threshold": numbers, "repetition_penalty": numbers,
+    "presence_penalty": numbers, "frequency_penalty": numbers, "top_k": counts, "max_tokens": counts,
+    "seed": counts, "n": counts, "logprobs": counts | st.booleans(), "top_logprobs": counts,
+    "logit_bias": st.dictionaries(bias_keys, numbers, max_size=3),
+    "mode": st.sampled_from(["ar", "verified", "hybrid", "nar", "fast"]), "stream": st.booleans(),
+    "stop": st.none() | st.text(max_size=4) | st.lists(st.text(max_size=3), max_size=6),
+    "echo": st.booleans(),
+}  # fmt: skip
+typed_bodies = st.fixed_dictionaries({}, optional=TYPED)
+
+
+class Victims:
+    """Another client's greedy chat requests, sent in a loop while the fuzzing runs: each answer must
+    be complete and equal to the reference."""
+
+    BODY = {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 6, "temperature": 0}
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        import httpx
+
+        self.url, self.answers, self.bad, self.stop = url, 0, [], threading.Event()
+        self.reference = httpx.post(url + "/v1/chat/completions", json=self.BODY, timeout=30).json()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                r = client.post(self.url + "/v1/chat/completions", json=self.BODY)
+                ok = r.status_code == 200 and r.json()["choices"] == self.reference["choices"]
+                self.answers += 1
+                if not ok:
+                    self.bad.append(r.text)
+
+
+@pytest.mark.slow
+def test_typed_field_fuzzing_never_5xx_and_never_harms_another_request(fuzz_app):
+    """Random values of every field through the three generation endpoints, beside another client's
+    requests: no 5xx, errors in the one shape, a stream never breaks, the other client unharmed."""
+    import httpx
+
+    from tests.serve_utils import LiveServer, parse_sse
+
+    with LiveServer(_engine["tiny"], ServeConfig(max_queue=64)) as server, httpx.Client(timeout=60) as client:
+        victims = Victims(server.url)
+        victims.thread.start()
+        statuses = []
+
+        @given(path=st.sampled_from(ENDPOINTS), body=typed_bodies, prompt=st.text(max_size=20))
+        @example("/v1/chat/completions", {"repetition_penalty": 1e-300, "max_tokens": 8, "temperature": 1.0}, "hi")
+        @example("/v1/completions", {"logit_bias": {"9" * 4301: 1.0}}, "hi")
+        @example("/generate", {"temperature": 1e300}, "hi")
+        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+        def drive(path, body, prompt):
+            key = "messages" if path.endswith("chat/completions") else "prompt"
+            payload = body | {key: [{"role": "user", "content": prompt}] if key == "messages" else prompt}
+            r = client.post(server.url + path, json=payload)
+            statuses.append(r.status_code)
+            assert_error_shape(r.status_code, r.content)
+            if r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"):
+                events = parse_sse(r.text)
+                assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1] if isinstance(e, dict))
+
+        try:
+            drive()
+        finally:
+            victims.stop.set()
+            victims.thread.join(60)
+    assert victims.answers > 0 and not victims.bad, victims.bad[:2]
+    assert 200 in statuses and 400 in statuses  # the run reached the decode loop and the checks
+
+
+FUZZ_EXAMPLES = int(__import__("os").environ.get("YUE_FUZZ_EXAMPLES", "300"))

@@ -872,10 +872,18 @@ def serve_cmd(
         "prompt stalls the running requests a chunk at a time; 0 = no bound.",
     ),
     max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
-    max_prompt_tokens: int | None = typer.Option(
-        None, help="Longest prompt accepted (default: the context)."
+    max_prompt_tokens: int = typer.Option(
+        8192, help="Longest prompt accepted, in tokens (at most the context); 0 = the context."
+    ),
+    default_max_tokens: int = typer.Option(
+        2048, help="What a chat request without max_tokens may generate at most."
     ),
     max_body_bytes: int = typer.Option(1 << 20, help="Largest request body, chunked bodies included."),
+    drain_timeout: float = typer.Option(
+        30.0,
+        help="Seconds in-flight requests may run after SIGTERM; then they end with a 503 (streams: an "
+        "error chunk and [DONE]) and the server exits 0.",
+    ),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
@@ -895,8 +903,10 @@ def serve_cmd(
         max_batch_size=max_batch_size,
         max_batch_tokens=max_batch_tokens or None,
         max_queue=max_queue,
-        max_prompt_tokens=max_prompt_tokens,
+        max_prompt_tokens=max_prompt_tokens or None,
+        default_max_tokens=default_max_tokens,
         max_body_bytes=max_body_bytes,
+        drain_timeout_s=drain_timeout,
     )
     resolve_dtype(dtype)  # a bad name fails here, before the server starts
     folder = resolve(model)  # an unknown name or a missing package fails here, before the server starts

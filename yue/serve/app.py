@@ -35,7 +35,7 @@ from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
 from yue.serve import schemas as s
 from yue.serve.config import ServeConfig, check_choices, check_limits
-from yue.serve.errors import ApiError, install_error_handlers, openapi_without_422
+from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
 from yue.serve.gate import Gate
 from yue.serve.metrics import Metrics
 from yue.serve.scheduler import Overloaded, Scheduler
@@ -139,20 +139,25 @@ class ServerState:
     def ready(self):
         """The engine, or a 503 while loading/draining."""
         status = self.status
+        if status == "draining":
+            raise draining_error(self, "the server is shutting down")
         if status != "ok":
-            message = {"draining": "the server is shutting down", "failed": "the model failed to load"}
+            message = "the model failed to load" if status == "failed" else "the model is loading"
             raise ApiError(
-                503,
-                message.get(status, "the model is loading"),
-                type="service_unavailable_error",
-                code=status,
-                headers=self.retry_after,
+                503, message, type="service_unavailable_error", code=status, headers=self.retry_after
             )
         return self.engine
 
     @property
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.config.retry_after_s)}
+
+
+def draining_error(state: ServerState, message: str) -> ApiError:
+    """The 503 of a server that is shutting down: for new requests, and for those the drain cut off."""
+    return ApiError(
+        503, message, type="service_unavailable_error", code="draining", headers=state.retry_after
+    )
 
 
 def create_app(engine, config: ServeConfig | None = None, *, chat_template: str | None = None) -> FastAPI:
@@ -224,10 +229,12 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         _check_unsupported(body)
         prompts = _completion_prompts(body.prompt, engine)  # no tokenizing yet
         check_choices(state.config, len(prompts), body.n)
-        prepared = [
-            _prepare(state, body, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
-            for p in prompts
-        ]
+        prepared = await asyncio.to_thread(  # tokenizing a long prompt must not hold the event loop
+            lambda: [
+                _prepare(state, body, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
+                for p in prompts
+            ]
+        )
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         tokenizer = engine.tokenizer if body.logprobs is not None else None
         fmt = CompletionFormat(
@@ -258,18 +265,28 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         check_choices(state.config, 1, body.n)
         # OpenAI's "developer" messages are the system prompt under a newer name (chat templates know "system").
         messages = [{"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in body.messages]
-        try:
-            prompt = engine.chat_prompt(messages, state.template)
-        except Exception as e:  # a model's template may reject a conversation (raise_exception)
-            raise ApiError(400, f"chat template: {e}", param="messages", code="invalid_value") from e
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(
                 400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value"
             )
-        prepared = _prepare(
-            state, body, prompt, "messages", default_max_tokens=1 << 30, temperature=1.0, logprobs=logprobs
-        )
+
+        def prepare() -> Prepared:  # off the event loop: templating and tokenizing a long chat
+            try:
+                prompt = engine.chat_prompt(messages, state.template)
+            except Exception as e:  # a model's template may reject a conversation (raise_exception)
+                raise ApiError(400, f"chat template: {e}", param="messages", code="invalid_value") from e
+            return _prepare(
+                state,
+                body,
+                prompt,
+                "messages",
+                default_max_tokens=state.config.default_max_tokens,
+                temperature=1.0,
+                logprobs=logprobs,
+            )
+
+        prepared = await asyncio.to_thread(prepare)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         tokenizer = engine.tokenizer if logprobs is not None else None
         fmt = ChatFormat(
@@ -293,7 +310,9 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/generate", response_model=s.GenerateResponse, responses=_ERRORS | _STREAM)
     async def generate(body: s.GenerateRequest, request: Request):
         engine = state.ready()
-        prepared = _prepare(state, body, body.prompt, "prompt", default_max_tokens=128, temperature=None)
+        prepared = await asyncio.to_thread(
+            _prepare, state, body, body.prompt, "prompt", default_max_tokens=128, temperature=None
+        )
         fmt = GenerateFormat(engine.tokenizer)
         return await _respond(state, request, [prepared], fmt, body.stream, lambda o: generate_body(o[0]))
 
@@ -485,14 +504,22 @@ async def _respond(
             if await request.is_disconnected():
                 cancel_all()  # the engine drops them before its next step; the answer goes nowhere
         outcomes = task.result()
+    except ApiError as e:  # the drain ran out (503 draining)
+        for c in choices:
+            c.tracker.fail(e.code)
+        e.counted = True
+        raise
     except ValueError as e:  # the engine refused the request itself
         for c in choices:
             c.tracker.fail("invalid_request")
         raise ApiError(400, str(e), code="invalid_value") from e
-    except Exception:
+    except Exception as e:  # logged with its traceback; the client gets the 500 shape, and the connection lives
+        log.error("generation failed", exc_info=e)
         for c in choices:
             c.tracker.fail("engine_error")
-        raise
+        error = internal_error()
+        error.counted = True
+        raise error from e
     finally:
         cancel_all()
     return build(outcomes)

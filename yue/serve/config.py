@@ -51,10 +51,16 @@ class ServeConfig:
             prefill at once (a 2,000-token prompt on SmolLM2, one CPU thread: the longest step 3.0 s
             against 9.2 s whole); None = no bound.
         max_queue: admitted requests waiting to join the batch; beyond running + waiting, 503.
-        max_prompt_tokens: longest prompt accepted; None = the model's context length.
+        max_prompt_tokens: longest prompt accepted (default 8,192 tokens: a longer prompt is rarely
+            meant, and its prefill holds a CPU for minutes); None = the model's context length.
+        default_max_tokens: what a chat request without `max_tokens` may generate at most (OpenAI lets
+            it run to the context's end, which on a CPU can outlast a drain); completions keep OpenAI's
+            16 and /generate its 128.
         max_body_bytes: largest request body, counted as it arrives (chunked bodies included).
         retry_after_s: the Retry-After a 503 suggests.
-        drain_timeout_s: after SIGTERM, how long in-flight requests may run before the server exits.
+        drain_timeout_s: after SIGTERM, how long in-flight requests may run; those still running then
+            end with a 503 (`draining`), streamed ones with an error chunk and `[DONE]`, and the
+            server exits 0.
     """
 
     host: str = "127.0.0.1"
@@ -63,7 +69,8 @@ class ServeConfig:
     max_batch_size: int = 16
     max_batch_tokens: int | None = 512
     max_queue: int = 32
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = 8192
+    default_max_tokens: int = 2048
     max_body_bytes: int = 1 << 20
     retry_after_s: int = 1
     drain_timeout_s: float = 30.0
@@ -81,6 +88,8 @@ class ServeConfig:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.retry_after_s < 1:

@@ -3,7 +3,10 @@
 Design decisions:
 - Everything a client can get wrong raises `ApiError`, rendered by one handler; FastAPI's 422 becomes a
   400 naming the offending field (`messages[0].role`), in the responses and in the OpenAPI document.
-- A 500 says "internal server error" and nothing else; the traceback goes to the log.
+- A 500 says "internal server error" and nothing else; the traceback goes to the log. It is rendered by
+  a pure ASGI middleware (`InternalErrors`) that does not re-raise: Starlette's own last-resort handler
+  re-raises after answering, and uvicorn then drops the keep-alive connection, so the client's next
+  request on it failed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class ApiError(Exception):
         param: the request field at fault, if any.
         code: machine-readable code ("context_length_exceeded", ...).
         headers: extra response headers (e.g. Retry-After).
+        counted: the failure metric already booked it (per choice), so the handler does not again.
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.counted = False
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -63,7 +68,8 @@ def install_error_handlers(app: FastAPI, book: Callable[[str, str], None]) -> No
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        book(request.url.path, exc.code or "invalid_request")
+        if not exc.counted:
+            book(request.url.path, exc.code or "invalid_request")
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -78,13 +84,38 @@ def install_error_handlers(app: FastAPI, book: Callable[[str, str], None]) -> No
         error = ApiError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {}))
         return error_response(error)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error on %s", request.url.path, exc_info=exc)
-        book(request.url.path, "internal")
-        return error_response(
-            ApiError(500, "internal server error", type="server_error", code="internal_error")
-        )
+    app.add_middleware(InternalErrors, book=book)
+
+
+def internal_error() -> ApiError:
+    return ApiError(500, "internal server error", type="server_error", code="internal_error")
+
+
+class InternalErrors:
+    """Pure ASGI middleware: an unhandled exception becomes OpenAI's 500 (no traceback), and the
+    connection stays usable. A response already started (a stream) cannot change its status: its own
+    code ends it with an error chunk."""
+
+    def __init__(self, app, book: Callable[[str, str], None]) -> None:
+        self.app, self.book = app, book
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - the last resort: logged with its traceback
+            log.error("unhandled error on %s", scope["path"], exc_info=exc)
+            self.book(scope["path"], "internal")
+            if not started:
+                await error_response(internal_error())(scope, receive, send)
 
 
 _NESTED = {"role", "content", "type", "text", "include_usage"}

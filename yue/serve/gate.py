@@ -17,7 +17,8 @@ from collections.abc import Callable
 from yue.serve.config import ServeConfig
 from yue.serve.errors import ApiError, error_response
 
-PROTECTED = ("/v1/", "/generate")
+# What the API key guards: the API, and its schema and docs (which describe it).
+PROTECTED = ("/v1/", "/generate", "/openapi.json", "/docs")
 
 
 class Gate:

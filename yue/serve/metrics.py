@@ -114,10 +114,13 @@ class RequestTracker:
             self.metrics.queue.observe(seconds)
 
     def on_event(self, event: StreamEvent) -> None:
-        """Time a streamed chunk; call it as each chunk arrives from the worker."""
+        """Time a chunk and count its tokens; call it as each chunk arrives from the worker. Tokens are
+        counted here, as they arrive, so a cancelled request counts what it generated whether it was
+        streamed or not."""
         n = len(event.token_ids)
         if not n:
             return
+        self.metrics.generation_tokens.inc(n)
         now = time.perf_counter()
         if self.first_token is None:  # the first chunk has a TTFT, not an inter-token latency
             self.first_token = now
@@ -156,7 +159,6 @@ class RequestTracker:
 
     def _book_stats(self, stats: GenerationStats) -> None:
         m = self.metrics
-        m.generation_tokens.inc(stats.new_tokens)
         m.num_drafts.inc(len(stats.accept_lengths))
         m.draft_tokens.inc(stats.drafted)
         m.accepted_tokens.inc(stats.accepted)

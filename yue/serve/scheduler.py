@@ -140,6 +140,19 @@ class Scheduler:
                 self._waiting.remove(job)
             self._cv.notify()
 
+    def abort(self, error: Exception) -> int:
+        """End every running and waiting job now with `error` (the drain ran out); returns how many.
+        Each reader gets the error after the chunks already on their way; the scheduler thread then
+        takes the rows out of their batches at its next step."""
+        with self._cv:
+            jobs = [*self._waiting, *self._running]
+            self._waiting.clear()
+            for job in jobs:
+                job.deliver(error)
+                job.cancelled.set()
+            self._cv.notify()
+        return len(jobs)
+
     def close(self, timeout: float = 5.0) -> None:
         """Cancel everything and stop the scheduler thread (waits up to `timeout` for its step to end)."""
         with self._cv:

@@ -3,8 +3,10 @@
 Design decisions:
 - The first SIGTERM does not stop the listener: the server marks itself draining (`/health` answers
   503, new generations get 503 + Retry-After, so a load balancer moves traffic away) and waits for
-  running and queued requests to finish, at most `drain_timeout_s`; then uvicorn's own graceful
-  shutdown closes connections and the lifespan stops the workers. Exit status 0.
+  running and queued requests to finish, at most `drain_timeout_s`. Requests still running then end
+  with a 503 `draining` error (non-streamed: the JSON error; streamed: an error chunk and `[DONE]`),
+  never a cut connection; then uvicorn's own graceful shutdown closes connections and the lifespan
+  stops the workers. Exit status 0.
 - SIGINT (Ctrl+C) and a second SIGTERM keep uvicorn's behaviour (graceful, then forced).
 - A model that fails to load in the background stops the server with exit status 1.
 """
@@ -19,7 +21,7 @@ from types import FrameType
 
 import uvicorn
 
-from yue.serve.app import ServerState, create_app
+from yue.serve.app import ServerState, create_app, draining_error
 from yue.serve.config import ServeConfig
 
 log = logging.getLogger("yue.serve")
@@ -44,6 +46,9 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:
             scheduler = self.state.scheduler
+            if scheduler is not None and not scheduler.idle and time.monotonic() > self.drain_deadline:
+                ended = scheduler.abort(draining_error(self.state, "the drain time ran out"))
+                log.warning("drain time ran out: %d request(s) ended with a 503", ended)
             if scheduler is None or scheduler.idle or time.monotonic() > self.drain_deadline:
                 log.info("drained; shutting down")
                 self.should_exit = True

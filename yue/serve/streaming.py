@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from yue.decode.types import GenerationStats, StreamEvent, TokenLogprob
+from yue.serve.errors import ApiError
 from yue.serve.metrics import RequestTracker
 from yue.serve.scheduler import Job
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
@@ -365,6 +366,10 @@ async def sse_events(choices: list[Choice], fmt: Format) -> AsyncIterator[bytes]
                 yield sse(chunk)
         for chunk in fmt.usage(outcomes):
             yield sse(chunk)
+    except ApiError as e:  # the drain ran out: its error chunk, then [DONE]
+        for c in choices:
+            c.tracker.fail(e.code)
+        yield sse(e.body())
     except Exception:  # the engine failed mid-stream: an error chunk, then [DONE]
         log.exception("generation failed mid-stream")
         for c in choices:
