@@ -23,9 +23,16 @@ from yue.model.adapters import (
     apply_adapter,
     ar_target_regex,
     base_identity,
-    merge_to_folder,
 )
-from yue.train.finetune import FinetuneConfig, finetune, masked_loss, save_adapter, train_lora, wrap_lora
+from yue.train.finetune import (
+    FinetuneConfig,
+    finetune,
+    masked_loss,
+    merge_to_folder,
+    save_adapter,
+    train_lora,
+    wrap_lora,
+)
 from yue.train.finetune_data import TokenStream, read_finetune_data
 
 DOMAIN = "".join(f"def zeta_{k}(x):\n    return omega(x) * {k}{k}\n\n" for k in range(10)) * 3

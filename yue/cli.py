@@ -779,8 +779,8 @@ def _merged_for_bench(model: str | None, adapter: Path) -> Path:
     import shutil
     import tempfile
 
-    from yue.model.adapters import merge_to_folder
     from yue.registry import model_name
+    from yue.train.finetune import merge_to_folder
 
     tmp = Path(tempfile.mkdtemp(prefix="yue-bench-merged-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
@@ -848,7 +848,7 @@ def merge_cmd(
     out: Path = typer.Option(..., help="Output: a standalone model folder with the adapter folded in."),
 ) -> None:
     """Fold an adapter (LoRA and refreshed drafts) into a standalone model folder."""
-    from yue.model.adapters import merge_to_folder
+    from yue.train.finetune import merge_to_folder
 
     typer.echo(f"wrote {merge_to_folder(model, adapter, out)}")
 
@@ -867,9 +867,9 @@ def serve_cmd(
         16, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
     ),
     max_batch_tokens: int = typer.Option(
-        512,
-        help="Prompt tokens prefilled per decode step, in chunks of 512 (at least one chunk), so a long "
-        "prompt stalls the running requests a chunk at a time; 0 = no bound.",
+        256,
+        help="Prefill work per decode step, in prompt tokens at a prompt's start (later ones weigh more), "
+        "at least one chunk, so a long prompt stalls the running requests a chunk at a time; 0 = no bound.",
     ),
     max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
     max_prompt_tokens: int = typer.Option(

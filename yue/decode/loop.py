@@ -19,14 +19,16 @@ Design decisions:
 - Rows of one batch share what shapes a step (their `batch_key`: mode, K, drafting, threshold, and the
   sampling warp); each keeps its own seed (a `torch.Generator` per row, so its samples do not depend on
   its batch-mates), budget, EOS rule and, in the engine, stop strings.
-- Joining: queued rows are prefilled in buckets of one prompt length (no padding), in chunks of
-  `PREFILL_CHUNK` prompt tokens, at most `max_prefill_tokens` prompt tokens a step (at least one chunk),
-  between the running rows' steps; a bucket's last chunk is its first decode step, after which its rows
+- Joining: queued rows are prefilled in buckets of one prompt length (no padding), in chunks
+  (`chunk_end`), at most `max_prefill_tokens` of prefill work a step (at least one chunk), between the
+  running rows' steps; a bucket's last chunk is its first decode step, after which its rows
   are appended to the running batch: their cache rows left-aligned, the columns up to the shared
   pointer holes (`KVCache.join`). So a long prompt stalls the running rows a chunk at a time, not for
-  its whole prefill, and a request cancelled mid-prefill leaves at the next chunk. The chunks are fixed
-  by the prompt's length alone (positions [0, 512), [512, 1024), ...), never by what else is queued or
-  by the budget, so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
+  its whole prefill, and a request cancelled mid-prefill leaves at the next chunk. A chunk's attention
+  costs its length times the keys before it, so chunks shrink along the prompt: each holds about the
+  same work, and a long prompt stalls the running rows no longer at its end than at its start.
+  The chunks are fixed by the prompt's positions alone, never by what else is queued or by the budget,
+  so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
 """
 
 from __future__ import annotations
@@ -79,10 +81,25 @@ class StepEmission:
     logprobs: list[list[TokenLogprob] | None] | None = None
 
 
-# Prompt tokens one prefill forward takes at most; a longer prompt is fed in chunks of this many. On
-# SmolLM2 (float32, one thread, AMD EPYC) a 2,000-token prompt took 10.5 s in chunks of 512 against
-# 10.2 s whole: bounded stalls for the running rows at ~3% of prefill speed.
-PREFILL_CHUNK = 512
+# Prompt tokens one prefill forward takes at most (a prompt's first chunk). A chunk starting at
+# position p takes about PREFILL_CHUNK * PREFILL_KEYS / (p + PREFILL_KEYS) tokens (a multiple of 16):
+# a prompt token's weight matmuls cost about what attending to PREFILL_KEYS keys costs (the ratio
+# measured on SmolLM2 on a CPU: docs/serve.md), so every chunk holds about the same work.
+PREFILL_CHUNK = 256
+PREFILL_KEYS = 1280
+
+
+def chunk_end(done: int, length: int) -> int:
+    """Where the prefill chunk starting at prompt position `done` ends (a function of positions alone)."""
+    quantum = min(16, PREFILL_CHUNK)
+    n = PREFILL_CHUNK * PREFILL_KEYS // (done + PREFILL_KEYS) // quantum * quantum
+    return min(done + max(quantum, min(PREFILL_CHUNK, n)), length)
+
+
+def chunk_work(done: int, n: int) -> int:
+    """A chunk's prefill work in tokens at a prompt's start: n tokens after `done` weigh
+    (done + PREFILL_KEYS) / PREFILL_KEYS each (their attention grows with the keys before them)."""
+    return -(-n * (done + PREFILL_KEYS) // PREFILL_KEYS)
 
 
 @dataclass
@@ -100,12 +117,12 @@ class Prefill:
     done: int = 0
 
     def next_end(self) -> int:
-        """Where the next chunk ends: the next multiple of PREFILL_CHUNK, or the prompt's end."""
-        return min(self.done + PREFILL_CHUNK - self.done % PREFILL_CHUNK, self.prompt.shape[1])
+        """Where the next chunk ends (`chunk_end`)."""
+        return chunk_end(self.done, self.prompt.shape[1])
 
-    def next_tokens(self) -> int:
-        """Prompt tokens its next chunk feeds, every row's counted."""
-        return len(self.rows) * (self.next_end() - self.done)
+    def next_work(self) -> int:
+        """Its next chunk's prefill work (`chunk_work`), every row's counted."""
+        return len(self.rows) * chunk_work(self.done, self.next_end() - self.done)
 
 
 def slot_capacity(cfg: DecodeConfig) -> int:
@@ -127,8 +144,9 @@ class DecodeBatch:
         model: the MoT model (eval mode).
         cfg: a config already `resolved()`; its `batch_key` is what every row must share.
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
-        max_prefill_tokens: prompt tokens prefilled per step (in chunks of `PREFILL_CHUNK`), at least
-            one chunk; None = every queued prompt, whole, at the next step.
+        max_prefill_tokens: prefill work per step, in prompt tokens at a prompt's start (`chunk_work`:
+            later tokens weigh more), at least one chunk; None = every queued prompt, whole, at the
+            next step.
         corpus: the model's n-gram table of its own answers, for `verified`'s and `hybrid`'s corpus
             drafts (`decode/corpus.py`); None = none.
     """
@@ -207,7 +225,7 @@ class DecodeBatch:
                 if not self.prefilling:
                     break
             p = self.prefilling[0]
-            n = p.next_tokens()
+            n = p.next_work()
             if fed and budget is not None and fed + n > budget:
                 break
             fed += n
@@ -234,7 +252,7 @@ class DecodeBatch:
         fit the budget beside the `fed` tokens already fed this step (at least one chunk a step)."""
         taken, tokens = [], fed
         while self.queued:
-            n = min(len(self.queued[0].prompt), PREFILL_CHUNK)
+            n = chunk_end(0, len(self.queued[0].prompt))
             if tokens and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
                 break
             taken.append(self.queued.pop(0))

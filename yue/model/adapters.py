@@ -213,29 +213,3 @@ def apply_adapter(model: YueForCausalLM, adapter_dir: str | Path | None) -> YueF
     if (folder / DRAFTS_FILE).is_file():
         apply_drafts(model, folder / DRAFTS_FILE)
     return model.eval()
-
-
-def merge_to_folder(model: str | Path | None, adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """`yue merge`: the base model (a name, folder or GGUF) with the adapter folded in, as a
-    standalone model folder. Non-weight files of the base (chat template, generation config, model
-    card) are copied."""
-    import shutil
-
-    from yue.engine import load_unprepared
-    from yue.train.selfdistill import save_model_folder
-
-    base, tokenizer, files = load_unprepared(model)
-    src = files.yue_dir or files.tokenizer_dir
-    out_dir = Path(out_dir)
-    if out_dir.resolve() == Path(src).resolve():
-        raise ValueError(f"out must differ from the base model folder ({src})")
-    merged = apply_adapter(base, adapter_dir)
-    save_model_folder(merged, tokenizer.tokenizer, out_dir, src_dir=src)
-    for folder in {Path(src), Path(files.tokenizer_dir)}:
-        for file in ("chat_template.jinja", "tokenizer_config.json", "generation_config.json"):
-            if (folder / file).is_file() and not (out_dir / file).exists():
-                shutil.copy(folder / file, out_dir / file)
-    (out_dir / "merged_from.json").write_text(
-        json.dumps({"base": str(model), "adapter": str(adapter_dir)}, indent=2)
-    )
-    return out_dir

@@ -46,10 +46,11 @@ class ServeConfig:
         api_key: when set, /v1/* and /generate require `Authorization: Bearer <key>`.
         max_batch_size: generations running at once, stepped together by one scheduler thread
             (continuous batching); 1 = one request at a time.
-        max_batch_tokens: prompt tokens prefilled per decode step, in chunks of 512 (at least one chunk),
-            so neither a burst of arrivals nor a long prompt stalls the running requests for all its
-            prefill at once (a 2,000-token prompt on SmolLM2, one CPU thread: the longest step 3.0 s
-            against 9.2 s whole); None = no bound.
+        max_batch_tokens: prefill work per decode step, in prompt tokens at a prompt's start (later
+            tokens weigh more: they attend to more keys), at least one chunk (chunks of at most 256
+            tokens, shorter along a long prompt: `decode.loop.chunk_end`), so neither a burst of
+            arrivals nor a long prompt stalls the running requests for all its prefill at once;
+            None = no bound.
         max_queue: admitted requests waiting to join the batch; beyond running + waiting, 503.
         max_prompt_tokens: longest prompt accepted (default 8,192 tokens: a longer prompt is rarely
             meant, and its prefill holds a CPU for minutes); None = the model's context length.
@@ -67,7 +68,7 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None
     max_batch_size: int = 16
-    max_batch_tokens: int | None = 512
+    max_batch_tokens: int | None = 256
     max_queue: int = 32
     max_prompt_tokens: int | None = 8192
     default_max_tokens: int = 2048

@@ -1,4 +1,5 @@
-"""`TrainConfig`: every knob of a training run, typed, validated once, saved as JSON beside the run.
+"""`TrainConfig` (a training run) and `FinetuneConfig` (a LoRA fine-tune): every knob typed, validated
+once, saved as JSON beside the run.
 
 Bad values raise `ValueError` naming the field (the CLI turns that into a one-line error, exit 2).
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from yue.config import YueConfig
+from yue.model.adapters import AR_PROJECTIONS, ar_target_regex
 from yue.train.losses import LossWeights
 
 TrainSet = Literal["all", "nar"]
@@ -147,3 +149,51 @@ class TrainConfig:
         data = json.loads(Path(path).read_text())
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """One `yue finetune` run. Defaults: a few minutes on one CPU core for yue-code-mini."""
+
+    steps: int = 150  # LoRA optimizer steps
+    lr: float = 2e-3  # peak; LoRA's B starts at 0, so the adapted model starts as the base
+    batch_size: int = 8
+    seq_len: int = 256  # window length (shorter data: the whole stream)
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    target_modules: tuple[str, ...] = AR_PROJECTIONS  # Llama names; only the AR set's are targeted
+    refresh_steps: int = 100  # NAR self-distillation steps after the adapter; 0 = no refresh
+    refresh_sequences: int = 48  # AR-greedy sequences the refresh trains on
+    prompt_len: int = 32  # prompt tokens of those sequences and of the measuring prompts
+    new_tokens: int = 96  # greedy tokens per refresh sequence
+    router_epochs: int = 10  # router fine-tuning epochs on the refreshed drafts' labels
+    measure_prompts: int = 8  # prompts for the accepted-drafts figures
+    measure_tokens: int = 64  # tokens generated per measuring prompt
+    save_every: int = 50  # checkpoint every N LoRA steps
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        ar_target_regex(self.target_modules)  # unknown names: ValueError naming them
+        for name in ("steps", "batch_size", "seq_len", "lora_r", "refresh_sequences", "prompt_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("new_tokens", "measure_prompts", "measure_tokens", "save_every", "router_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "refresh_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads!r}")

@@ -35,9 +35,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from yue.model.adapters import (
-    AR_PROJECTIONS,
     DRAFTS_FILE,
     IDENTITY_FILE,
+    apply_adapter,
     ar_target_regex,
     base_identity,
     draft_state,
@@ -45,6 +45,7 @@ from yue.model.adapters import (
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import YueTokenizer
 from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from yue.train.config import FinetuneConfig
 from yue.train.finetune_data import TokenStream, read_finetune_data
 from yue.train.finetune_drafts import accepted_drafts, measuring_prompts, refresh_drafts
 from yue.train.loop import lr_at
@@ -52,54 +53,6 @@ from yue.train.loop import lr_at
 log = logging.getLogger(__name__)
 
 RESUME_FREE_FIELDS = frozenset({"threads", "save_every", "measure_prompts", "measure_tokens"})
-
-
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """One `yue finetune` run. Defaults: a few minutes on one CPU core for yue-code-mini."""
-
-    steps: int = 150  # LoRA optimizer steps
-    lr: float = 2e-3  # peak; LoRA's B starts at 0, so the adapted model starts as the base
-    batch_size: int = 8
-    seq_len: int = 256  # window length (shorter data: the whole stream)
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    target_modules: tuple[str, ...] = AR_PROJECTIONS  # Llama names; only the AR set's are targeted
-    refresh_steps: int = 100  # NAR self-distillation steps after the adapter; 0 = no refresh
-    refresh_sequences: int = 48  # AR-greedy sequences the refresh trains on
-    prompt_len: int = 32  # prompt tokens of those sequences and of the measuring prompts
-    new_tokens: int = 96  # greedy tokens per refresh sequence
-    router_epochs: int = 10  # router fine-tuning epochs on the refreshed drafts' labels
-    measure_prompts: int = 8  # prompts for the accepted-drafts figures
-    measure_tokens: int = 64  # tokens generated per measuring prompt
-    save_every: int = 50  # checkpoint every N LoRA steps
-    seed: int = 0
-    threads: int | None = None  # torch intra-op threads; None = leave torch's default
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "target_modules", tuple(self.target_modules))
-        ar_target_regex(self.target_modules)  # unknown names: ValueError naming them
-        for name in ("steps", "batch_size", "seq_len", "lora_r", "refresh_sequences", "prompt_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("new_tokens", "measure_prompts", "measure_tokens", "save_every", "router_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("warmup_steps", "refresh_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not 0 < self.lr < 1:
-            raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
-        if not self.lora_alpha > 0:
-            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,3 +296,27 @@ def finetune(
     }
     (out_dir / "finetune_report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def merge_to_folder(model: str | Path | None, adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """`yue merge`: the base model (a name, folder or GGUF) with the adapter folded in, as a
+    standalone model folder. Non-weight files of the base (chat template, generation config, model
+    card) are copied."""
+    from yue.engine import load_unprepared  # the engine layer's loader: merging is a user command
+    from yue.train.selfdistill import save_model_folder
+
+    base, tokenizer, files = load_unprepared(model)
+    src = files.yue_dir or files.tokenizer_dir
+    out_dir = Path(out_dir)
+    if out_dir.resolve() == Path(src).resolve():
+        raise ValueError(f"out must differ from the base model folder ({src})")
+    merged = apply_adapter(base, adapter_dir)
+    save_model_folder(merged, tokenizer.tokenizer, out_dir, src_dir=src)
+    for folder in {Path(src), Path(files.tokenizer_dir)}:
+        for file in ("chat_template.jinja", "tokenizer_config.json", "generation_config.json"):
+            if (folder / file).is_file() and not (out_dir / file).exists():
+                shutil.copy(folder / file, out_dir / file)
+    (out_dir / "merged_from.json").write_text(
+        json.dumps({"base": str(model), "adapter": str(adapter_dir)}, indent=2)
+    )
+    return out_dir

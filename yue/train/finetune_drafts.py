@@ -14,7 +14,6 @@ Design decisions:
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,10 +21,8 @@ from yue.config import DecodeConfig
 from yue.decode.loop import decode
 from yue.model.inference import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
+from yue.train.config import FinetuneConfig
 from yue.train.finetune_data import TokenStream
-
-if TYPE_CHECKING:  # finetune imports this module
-    from yue.train.finetune import FinetuneConfig
 
 # `verified`'s router gate for the "router" figure: a mid value (the model's `router_threshold` is
 # `hybrid`'s acceptance tolerance, another dial).

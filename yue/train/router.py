@@ -38,7 +38,7 @@ from yue.model.inference import dtype_name, resolve_drafting_dtype
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import Router, revealed_slot1
-from yue.train.router_eval import evaluate_router
+from yue.train.router_eval import RouterExamples, evaluate_router
 
 log = logging.getLogger(__name__)
 
@@ -61,39 +61,6 @@ def acceptance_labels(slot_tokens: torch.Tensor, targets: torch.Tensor, must_ar:
     if must_ar is not None:
         ok = ok & ~must_ar
     return ok.long().cumprod(-1).float()
-
-
-@dataclass
-class RouterExamples:
-    """One row per block. features (N, D+1+3K); labels, confidence (N, K); group (N,): source sequence id."""
-
-    features: torch.Tensor
-    labels: torch.Tensor
-    confidence: torch.Tensor
-    group: torch.Tensor
-
-    def __len__(self) -> int:
-        return self.features.shape[0]
-
-    @staticmethod
-    def cat(parts: Sequence[RouterExamples]) -> RouterExamples:
-        return RouterExamples(
-            *(
-                torch.cat([getattr(p, f) for p in parts])
-                for f in ("features", "labels", "confidence", "group")
-            )
-        )
-
-    def select(self, rows: torch.Tensor) -> RouterExamples:
-        return RouterExamples(self.features[rows], self.labels[rows], self.confidence[rows], self.group[rows])
-
-    def split_by_group(self, held_out: float, seed: int = 0) -> tuple[RouterExamples, RouterExamples]:
-        """(train, held-out), splitting whole source sequences so no text is on both sides."""
-        groups = torch.unique(self.group)
-        perm = groups[torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed))]
-        n_out = max(1, round(len(groups) * held_out)) if len(groups) > 1 and held_out > 0 else 0
-        out = torch.isin(self.group, perm[:n_out])
-        return self.select(torch.nonzero(~out).squeeze(1)), self.select(torch.nonzero(out).squeeze(1))
 
 
 @torch.no_grad()

@@ -13,16 +13,47 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from yue.model.router import Router
 
-if TYPE_CHECKING:
-    from yue.train.router import RouterExamples
+
+@dataclass
+class RouterExamples:
+    """One row per block. features (N, D+1+3K); labels, confidence (N, K); group (N,): source sequence id."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    confidence: torch.Tensor
+    group: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    @staticmethod
+    def cat(parts: Sequence[RouterExamples]) -> RouterExamples:
+        return RouterExamples(
+            *(
+                torch.cat([getattr(p, f) for p in parts])
+                for f in ("features", "labels", "confidence", "group")
+            )
+        )
+
+    def select(self, rows: torch.Tensor) -> RouterExamples:
+        return RouterExamples(self.features[rows], self.labels[rows], self.confidence[rows], self.group[rows])
+
+    def split_by_group(self, held_out: float, seed: int = 0) -> tuple[RouterExamples, RouterExamples]:
+        """(train, held-out), splitting whole source sequences so no text is on both sides."""
+        groups = torch.unique(self.group)
+        perm = groups[torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed))]
+        n_out = max(1, round(len(groups) * held_out)) if len(groups) > 1 and held_out > 0 else 0
+        out = torch.isin(self.group, perm[:n_out])
+        return self.select(torch.nonzero(~out).squeeze(1)), self.select(torch.nonzero(out).squeeze(1))
+
 
 # --------------------------------------------------------------------------------------------------
 # Metrics
