@@ -1,4 +1,4 @@
-"""The byte-level BPE tokenizer round-trips any Unicode text exactly (DESIGN §1)."""
+"""The byte-level BPE tokenizer round-trips any Unicode text exactly (docs/design.md §1)."""
 
 from __future__ import annotations
 

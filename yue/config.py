@@ -48,7 +48,7 @@ class YueConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = 0
     mask_token_id: int = 3
-    # K: slots per NAR block; DESIGN §7 found slots beyond ~4 add little, 8 keeps headroom.
+    # K: slots per NAR block; docs/design.md §7 found slots beyond ~4 add little, 8 keeps headroom.
     block_size: int = 8
     # `verified` / `hybrid`, separate drafting: slots a drafting pass computes by default (slot 1
     # revealed, so drafting_slots - 1 drafts; copied drafts may still run to K - 1), chosen by speed on
@@ -73,11 +73,11 @@ class YueConfig(PreTrainedConfig):
     # verified / hybrid with a router gate below 1: after a futile router probe, AR steps before it is
     # asked again (doubling after each futile probe, up to 8x).
     reeval_every: int = 5
-    # Loss weights the checkpoint was trained with (alpha, beta, gamma of DESIGN §3), for the record.
+    # Loss weights the checkpoint was trained with (alpha, beta, gamma of docs/design.md §3), for the record.
     loss_weights: dict | None = None
     # Layers holding a NAR set: None = every layer (slots enter at the embedding); N = the top N only,
     # slots entering there from the anchor's hidden state (`mot.SlotEntry`), so a large pretrained AR
-    # set needs a NAR set of N layers, not L (DESIGN §8); 0 = no NAR set (an AR-only model: mode "ar").
+    # set needs a NAR set of N layers, not L (docs/design.md §8); 0 = no NAR set (an AR-only model: mode "ar").
     nar_layers: int | None = None
     # Slot rows' head over this many of the most frequent output tokens (FR-Spec, Zhao et al. 2025),
     # their ids in the checkpoint's `draft_vocab`; None = the full LM head.
@@ -160,7 +160,7 @@ class DecodeConfig:
     """How to decode one request. Validated once; bad values raise `ValueError` naming the field.
 
     Attributes:
-        mode: decode policy by name (DESIGN §2): `ar` (reference), `verified` (lossless drafting),
+        mode: decode policy by name (docs/design.md §2): `ar` (reference), `verified` (lossless drafting),
             `hybrid` (drafts kept within a tolerance of the AR path's choice), `nar` (whole blocks, lowest fidelity).
         max_new_tokens: hard cap on generated tokens.
         temperature: in [0, 2] (OpenAI's range); 0 means greedy (argmax), decided in one place (`decode.sampling`).
@@ -187,7 +187,7 @@ class DecodeConfig:
             before it is asked again (doubling, capped); None = model default.
         trace: record a per-step `Step` trace (cheap; off by default for the leanest loop).
         ignore_eos: keep writing past <|eos|> (fixed-length runs: self-distillation corpora).
-        drafting: where a step's draft block is computed (DESIGN §2). "separate" (default): after the
+        drafting: where a step's draft block is computed (docs/design.md §2). "separate" (default): after the
             step's forward, in a NAR-only pass anchored at the last kept token, with slot 1 revealed
             (its token, the AR path's, is known by then), so slots 2.. are drafted knowing it: two
             forwards per drafting step, K slot rows. "fused": in the step's own forward, one block at

@@ -1,6 +1,6 @@
 """`yue bench`: our decode modes side by side with the tools users would pick, on the same weights.
 
-Design decisions (DESIGN §6, STYLE habit 12):
+Design decisions (docs/design.md §6, docs/style.md habit 12):
 - Peers: Hugging Face `generate` (greedy, and prompt lookup) on our AR set exported to
   `LlamaForCausalLM` (same float32 weights, same torch thread count), and llama.cpp
   (llama-cpp-python, `llamacpp.py`) on the GGUF file the AR set comes from, at the same thread count.

@@ -1,7 +1,7 @@
 """The llama.cpp peer: llama-cpp-python on the same GGUF file, greedy, fed the same prompt ids.
 
 Design decisions:
-- `llamacpp-greedy` is the tool a CPU user would otherwise pick (DESIGN §6). It runs the GGUF the
+- `llamacpp-greedy` is the tool a CPU user would otherwise pick (docs/design.md §6). It runs the GGUF the
   model's AR set comes from, with llama.cpp's own kernels at the file's precision (Q4_1 for yue-smol),
   not float32: its exact match and NLL against our `ar` are reported like any entry's, and the
   settings say what it computed with.

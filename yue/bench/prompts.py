@@ -8,7 +8,7 @@ Design decisions:
   (`Prompt.ids = Engine.encode(text)`), so all entries decode from the same tokens.
 - Raw prompts stay raw, even for an instruct model (as completions do).
 - A run reports one or more sets: the held-out set first, then a development set labelled as such
-  (the split defaults such as the router threshold were chosen on; DESIGN §6). Defaults: a chat model
+  (the split defaults such as the router threshold were chosen on; docs/design.md §6). Defaults: a chat model
   gets the shipped held-out chat prompts plus the calibration split; any other model (yue-code-mini)
   the held-out code prompts (cut from third-party packages) plus its development set (Lib/test).
 """

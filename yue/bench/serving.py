@@ -11,7 +11,7 @@ Design decisions:
   single-request output of the same prompt (`Engine.generate`), and the count of identical ones is
   reported beside the speed. Use an exact mode (`verified`, `ar`) for that check to mean anything:
   `hybrid`'s unverified commits depend on the batch.
-- A table on stderr, then one JSON document as the last line (DESIGN §6).
+- A table on stderr, then one JSON document as the last line (docs/design.md §6).
 """
 
 from __future__ import annotations

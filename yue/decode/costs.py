@@ -7,7 +7,7 @@ Design decisions:
   verifying forward of n - 1 drafts plus the bonus row; AR logits for their argmax, as greedy steps
   ask), n = 1..9, and the drafting pass over 2..K slots (NAR set only, slot 1 revealed, as
   `decode/loop.py` runs it; `DecodeConfig.drafting_slots`). On a CPU a step's cost grows with its
-  rows (DESIGN §8: 5 rows ~2.2x one row in float32 on AVX2); this curve is what the router's draft
+  rows (docs/design.md §8: 5 rows ~2.2x one row in float32 on AVX2); this curve is what the router's draft
   length should follow, measured on the machine and model at hand.
 - Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
   context, as mid-answer), and never advances it: every timed call writes the same scratch positions.
@@ -181,7 +181,7 @@ class StepCosts:
     @functools.lru_cache(maxsize=256)  # noqa: B019
     def for_batch(self, rows: int, block_size: int) -> StepCosts:
         """The costs of a step of `rows` batch rows, in the same unit: a step's cost follows its fed
-        positions (DESIGN §7), so a batch step feeding k drafts costs what one row feeding rows * (k + 1)
+        positions (docs/design.md §7), so a batch step feeding k drafts costs what one row feeding rows * (k + 1)
         positions would (the curve, extrapolated past its rows), and the drafting pass grows by the same
         ratio as a step of its rows * n positions (n: its slots). rows 1: these costs."""
         if rows == 1:
@@ -194,7 +194,7 @@ class StepCosts:
     @classmethod
     @functools.cache
     def default(cls, block_size: int) -> StepCosts:
-        """yue-code-mini's costs on the 2-core CPU (DESIGN §7), for when nothing was measured: an AR step
+        """yue-code-mini's costs on the 2-core CPU (docs/design.md §7), for when nothing was measured: an AR step
         ~2.4 ms, verifying ~0.7 ms more plus ~0.09 ms a draft, a drafting pass ~1.9 ms + 0.05 ms a slot."""
         step = (24.0,) + tuple(31.0 + 0.9 * k for k in range(1, block_size + 1))
         return cls(step, tuple(19.0 + 0.5 * n for n in range(2, max(block_size, 2) + 1)))

@@ -1,4 +1,4 @@
-"""The four decode policies, chosen by name: `ar`, `verified`, `hybrid`, `nar` (DESIGN §2).
+"""The four decode policies, chosen by name: `ar`, `verified`, `hybrid`, `nar` (docs/design.md §2).
 
 Every step of the loop is one forward over `fed` (committed tokens whose K/V are not cached yet), and,
 when the step drafts, a block of K slots anchored at the last kept token. Slot i sits i positions after
@@ -504,7 +504,7 @@ class VerifiedPolicy(Policy):
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
 
         Draft j survives with A_j = a_{j+1} / a_1 (slot 1 is the position of the AR token already
-        chosen). Among the leading drafts with p_ar(i) <= gate (DESIGN's one rule;
+        chosen). Among the leading drafts with p_ar(i) <= gate (docs/design.md's one rule;
         `DecodeConfig.draft_gate`), we take the k with the most expected tokens per unit of cost
         (`best_length`), each A_j scaled by how the router's predictions have held on this request
         (`AcceptanceRecord.ratio`). In a batch, k is one number for every row: A_j is the rows' mean

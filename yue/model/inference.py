@@ -782,7 +782,7 @@ class DraftVocabHead(nn.Module):
     (B, n, V) with `DRAFT_FILL` elsewhere (`expand_draft_logits`; on yue's row kernel where `row_kernel`,
     float32 on the CPU: one pass, `rowkernel.spread`), so the policies and the router see the shapes they
     always do. On SmolLM2 the head over the 8,192 most frequent output tokens is a sixth of the full one
-    (DESIGN §8).
+    (docs/design.md §8).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Which CPU kernel each decode-path matmul uses, decided once per process by probing this machine.
 
 Design decisions:
-- One seam (STYLE habit 13). `inference.py` asks `packed_rows(dtype)` and `int8_engine()`; nothing
+- One seam (docs/style.md habit 13). `inference.py` asks `packed_rows(dtype)` and `int8_engine()`; nothing
   else in yue tests CPU features. Each kernel is chosen by torch's own feature checks
   (`torch.backends.mkldnn`, `torch.ops.mkldnn._is_mkldnn_bf16_supported`,
   `torch.backends.quantized.supported_engines`) and then *tried*: a tiny call with the real dtype,
@@ -100,7 +100,7 @@ class KernelChoice:
         cpu: torch's CPU capability ("AVX512", "AVX2", "DEFAULT", ...), for the log.
         probes: one `Probe` per name in `KERNELS`, in order.
         native_bf16: the CPU has bfloat16 dot products (AVX512-BF16 or AMX); without them oneDNN
-            emulates bfloat16, and `--dtype bfloat16` may be slower than float32 (DESIGN §8: 5.5x slower
+            emulates bfloat16, and `--dtype bfloat16` may be slower than float32 (docs/design.md §8: 5.5x slower
             prefill on an AVX2 CPU). Reported, not acted on: the precision is the user's choice.
     """
 

@@ -1,4 +1,4 @@
-"""The committed/slot attention masks, in one place (DESIGN §1).
+"""The committed/slot attention masks, in one place (docs/design.md §1).
 
 A forward sees committed positions (AR set) and NAR blocks of mask slots (NAR set). Who may attend to
 whom, for a sequence c0..c5 with one block of K=3 slots anchored at c3 (so s1..s3 sit at positions

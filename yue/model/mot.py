@@ -38,7 +38,7 @@ class SlotEntry(nn.Module):
     A slot of the block anchored at committed position t enters layer `nar_start` as the anchor's hidden
     state there, plus a learned function of the slot's own input token (`<|mask|>`, or slot 1's revealed
     token) and its index in the block: h_s(i) = h_t + W [norm(h_t); e(x_i)] + p_i. W and p start at zero,
-    so an untrained slot reads as a copy of its anchor (DESIGN §8; EAGLE and PARD feed drafts the
+    so an untrained slot reads as a copy of its anchor (docs/design.md §8; EAGLE and PARD feed drafts the
     target's features likewise).
     """
 

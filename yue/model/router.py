@@ -1,4 +1,4 @@
-"""The router: from one step's features to per-slot acceptance probabilities (DESIGN §1).
+"""The router: from one step's features to per-slot acceptance probabilities (docs/design.md §1).
 
 Design decisions:
 - Inputs are what a decode step already has in hand: the last committed position's hidden state, the

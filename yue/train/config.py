@@ -38,7 +38,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     betas: tuple[float, float] = (0.9, 0.95)
-    # Joint loss (DESIGN §3).
+    # Joint loss (docs/design.md §3).
     block_size: int = 8  # K
     anchors: int = 8  # M blocks per sequence
     alpha: float = 1.0

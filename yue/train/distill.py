@@ -1,4 +1,4 @@
-"""`yue distill`: put a NAR set and a router onto an existing Llama-family checkpoint (DESIGN §3).
+"""`yue distill`: put a NAR set and a router onto an existing Llama-family checkpoint (docs/design.md §3).
 
 Design decisions:
 - The base is read from a local folder, safetensors only (`check_checkpoint` refuses pickle), and

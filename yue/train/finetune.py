@@ -1,4 +1,4 @@
-"""`yue finetune`: LoRA on the AR set (peft), then drafts refreshed for the adapted model (DESIGN §3).
+"""`yue finetune`: LoRA on the AR set (peft), then drafts refreshed for the adapted model (docs/design.md §3).
 
 Stages, each measured on the user's own data:
   1. Base: masked AR loss, and mean accepted drafts per verifying step on prompts cut from the data.

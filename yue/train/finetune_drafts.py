@@ -6,7 +6,7 @@ Design decisions:
   lengths by the request's acceptance record) and router-gated at ROUTER_GATE (the router decides how
   many are drafted).
   Greedy `verified` output equals `ar` output, so these are speed figures only.
-- The refresh is stages 2 and 3 of DESIGN §3 on the adapted model: AR-greedy continuations of prompts
+- The refresh is stages 2 and 3 of docs/design.md §3 on the adapted model: AR-greedy continuations of prompts
   cut from the user's data, NAR self-distillation on them (`selfdistill.finetune_nar`, AR frozen), and
   the router fine-tuned (not re-initialised: the data is small) on the new acceptance labels.
 """

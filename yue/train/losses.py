@@ -1,4 +1,4 @@
-"""The joint AR + NAR objective of DESIGN §3, in one forward pass.
+"""The joint AR + NAR objective of docs/design.md §3, in one forward pass.
 
     L = α · CE_AR + β · CE_NAR + γ · KL( sg(p_AR) ‖ p_NAR )
 
@@ -36,7 +36,7 @@ TrainableSet = Literal["all", "nar"]
 
 @dataclass(frozen=True)
 class LossWeights:
-    """α, β, γ of the joint loss. Defaults from DESIGN §3."""
+    """α, β, γ of the joint loss. Defaults from docs/design.md §3."""
 
     ar: float = 1.0
     nar: float = 0.8

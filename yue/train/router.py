@@ -1,4 +1,4 @@
-"""Router training (stage 3 of DESIGN §3): acceptance labels from the frozen towers, BCE, calibration.
+"""Router training (stage 3 of docs/design.md §3): acceptance labels from the frozen towers, BCE, calibration.
 
 Design decisions:
 - Labels are the towers' own acceptance on AR-greedy sequences x (AR set frozen, so x is exactly what
@@ -15,7 +15,7 @@ Design decisions:
   log(1 - a) (float64), so neither a ~ 0 nor a ~ 1 produces inf or NaN.
 - Reported on held-out sequences: per-slot AUC (rank-based Mann-Whitney, ties averaged) and expected
   calibration error (15 equal-width bins), for the router and for the raw-confidence baseline (the
-  slot's max probability), which DESIGN §7 found badly calibrated.
+  slot's max probability), which docs/design.md §7 found badly calibrated.
 - User labels: JSONL {"text", "ar_spans": [[start, end], ...]} marks character spans that must be
   written by the AR path. A must-AR token at t+i zeroes the label of slot i and all later slots of the
   block anchored at t; elsewhere labels are the towers' acceptance of the text itself.

@@ -4,7 +4,7 @@ Design decisions:
 - AUC is the rank (Mann-Whitney) statistic with tied scores given average ranks, so no sklearn is
   needed; ECE uses 15 equal-width bins. Both take any array-like of scores and 0/1 labels.
 - The raw-confidence baselines (a slot's own max probability, and the product over slots 1..i) are
-  evaluated beside the router, since DESIGN §7 found raw confidence badly calibrated.
+  evaluated beside the router, since docs/design.md §7 found raw confidence badly calibrated.
 - The threshold table decodes through the public engine (`yue.load(...).generate`), so it measures
   exactly what users get: tokens per forward and fidelity to `ar` per (mode, threshold).
 """

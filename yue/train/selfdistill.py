@@ -1,4 +1,4 @@
-"""Self-distillation (stage 2 of DESIGN §3): the NAR set learns to predict what the AR path writes.
+"""Self-distillation (stage 2 of docs/design.md §3): the NAR set learns to predict what the AR path writes.
 
 Design decisions:
 - The corpus is the AR path's own greedy continuations of prompts cut from the training split (random

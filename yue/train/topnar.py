@@ -1,4 +1,4 @@
-"""A NAR set on the top layers of a large pretrained AR set, by self-distillation (DESIGN §8).
+"""A NAR set on the top layers of a large pretrained AR set, by self-distillation (docs/design.md §8).
 
 Why this shape: a NAR set in every layer of SmolLM2-135M is 106M parameters, which two CPU cores cannot
 train. Here only the top N layers hold one; a slot of the block anchored at committed position t enters

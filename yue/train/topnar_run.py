@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class TopNARRecipe:
     """What `distill_top_nar` builds and how long it trains. Defaults: the shipped yue-smol."""
 
-    nar_layers: int = 4  # top layers with a NAR set (DESIGN §8: 2-4)
+    nar_layers: int = 4  # top layers with a NAR set (docs/design.md §8: 2-4)
     block_size: int = 8  # K
     draft_vocab_size: int = 8192  # FR-Spec drafting vocabulary
     max_new_tokens: int = 256  # greedy answer length cap
