@@ -189,6 +189,8 @@ def test_typed_field_fuzzing_never_5xx_and_never_harms_another_request(fuzz_app)
         finally:
             victims.stop.set()
             victims.thread.join(60)
+    counts = {str(code): statuses.count(code) for code in sorted(set(statuses))}
+    print(json.dumps({"requests": len(statuses), "statuses": counts, "victim_answers": victims.answers}))
     assert victims.answers > 0 and not victims.bad, victims.bad[:2]
     assert 200 in statuses and 400 in statuses  # the run reached the decode loop and the checks
 

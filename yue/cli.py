@@ -867,7 +867,7 @@ def serve_cmd(
         16, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
     ),
     max_batch_tokens: int = typer.Option(
-        256,
+        128,
         help="Prefill work per decode step, in prompt tokens at a prompt's start (later ones weigh more), "
         "at least one chunk, so a long prompt stalls the running requests a chunk at a time; 0 = no bound.",
     ),

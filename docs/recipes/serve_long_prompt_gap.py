@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=7900)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--streams", type=int, default=4)
-    ap.add_argument("--max-batch-tokens", type=int, default=256)
+    ap.add_argument("--max-batch-tokens", type=int, default=128)
     ap.add_argument("--answer-tokens", type=int, default=400)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -85,7 +85,7 @@ class StepEmission:
 # position p takes about PREFILL_CHUNK * PREFILL_KEYS / (p + PREFILL_KEYS) tokens (a multiple of 16):
 # a prompt token's weight matmuls cost about what attending to PREFILL_KEYS keys costs (the ratio
 # measured on SmolLM2 on a CPU: docs/serve.md), so every chunk holds about the same work.
-PREFILL_CHUNK = 256
+PREFILL_CHUNK = 128
 PREFILL_KEYS = 1280
 
 

@@ -47,7 +47,7 @@ class ServeConfig:
         max_batch_size: generations running at once, stepped together by one scheduler thread
             (continuous batching); 1 = one request at a time.
         max_batch_tokens: prefill work per decode step, in prompt tokens at a prompt's start (later
-            tokens weigh more: they attend to more keys), at least one chunk (chunks of at most 256
+            tokens weigh more: they attend to more keys), at least one chunk (chunks of at most 128
             tokens, shorter along a long prompt: `decode.loop.chunk_end`), so neither a burst of
             arrivals nor a long prompt stalls the running requests for all its prefill at once;
             None = no bound.
@@ -68,7 +68,7 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None
     max_batch_size: int = 16
-    max_batch_tokens: int | None = 256
+    max_batch_tokens: int | None = 128
     max_queue: int = 32
     max_prompt_tokens: int | None = 8192
     default_max_tokens: int = 2048
