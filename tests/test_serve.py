@@ -230,8 +230,8 @@ def test_each_app_has_its_own_metrics_registry_with_the_documented_names(tiny_en
         _wait_ready(ca), _wait_ready(cb)
         r = ca.post("/generate", json={"prompt": PROMPT, "max_tokens": 8, "mode": "nar"}).json()
         text_a, text_b = ca.get("/metrics").text, cb.get("/metrics").text
-    assert metric(text_a, "yue_request_success_total", finish_reason=r["finish_reason"]) == 1
-    assert metric(text_b, "yue_request_success_total", finish_reason=r["finish_reason"]) == 0
+    assert metric(text_a, "yue_request_success_total", finished_reason=r["finish_reason"]) == 1
+    assert metric(text_b, "yue_request_success_total", finished_reason=r["finish_reason"]) == 0
     assert metric(text_a, "yue_generation_tokens_total") == r["tokens"]
     assert metric(text_a, "yue_spec_decode_num_draft_tokens_total") == r["drafted"]
     assert metric(text_a, "yue_router_decisions_total", mode="nar") > 0
@@ -247,7 +247,11 @@ def test_each_app_has_its_own_metrics_registry_with_the_documented_names(tiny_en
         "yue_spec_decode_num_accepted_tokens_total",
     ]:
         assert f"\n{name}" in text_a, name
-    assert 'yue_spec_decode_num_accepted_tokens_per_pos_total{position="1"}' in text_a
+    assert metric(text_a, "yue_spec_decode_num_accepted_tokens_per_pos_total", position="1") >= 0
+    assert 'position="1"' in text_a
+    # vLLM's labels: every sample names the served model
+    samples = [s for f in text_string_to_metric_families(text_a) for s in f.samples]
+    assert samples and all(s.labels.get("model_name") == tiny_engine.name for s in samples)
 
 
 def test_chat_template_comes_from_the_model_folder(tmp_path, tiny_engine):

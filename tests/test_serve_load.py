@@ -173,7 +173,7 @@ def test_load_32_concurrent_clients_no_failures_bounded_memory_and_exact_metrics
     assert len(results) == 256 and all(r.get("completion_tokens") for r in everything)
     assert growth < 50, f"RSS grew {growth:.1f} MiB"
     successes = sum(
-        metric(text, "yue_request_success_total", finish_reason=f) for f in ("stop", "length", "eos")
+        metric(text, "yue_request_success_total", finished_reason=f) for f in ("stop", "length", "eos")
     )
     assert successes == len(everything)
     assert (

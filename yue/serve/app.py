@@ -117,6 +117,7 @@ class ServerState:
             self.scheduler = Scheduler(
                 self.engine, c.max_batch_size, c.max_queue, c.max_batch_tokens, on_step=self.metrics.step
             )
+            self.metrics.model_name = self.engine.name
             log.info("model %s ready", self.engine.name)
         except Exception as e:
             log.exception("model failed to load")

@@ -8,6 +8,9 @@ Design decisions:
   per forward, and that is the speed-up the histogram should show).
 - Drafting counters come from the engine's `GenerationStats` once a request ends (cancelled ones
   included: their forwards were spent).
+- Labels follow vLLM's, so its dashboards' queries read ours: every sample carries `model_name` (the
+  served model's name, added when the exposition is written: one place, every metric), and finished
+  requests are counted by `finished_reason`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from yue.batcher import BatchStep
 from yue.decode.types import GenerationStats, StreamEvent
@@ -30,6 +34,7 @@ class Metrics:
 
     def __init__(self, running: Callable[[], int], waiting: Callable[[], int]) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self.model_name = ""  # set once the model has loaded (`ServerState.start`)
         self.ttft = Histogram(
             "yue_time_to_first_token_seconds", "Arrival to first token.", registry=r, buckets=_LATENCY_BUCKETS
         )
@@ -48,7 +53,7 @@ class Metrics:
         self.prompt_tokens = Counter("yue_prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generation_tokens = Counter("yue_generation_tokens", "Tokens generated.", registry=r)
         self.success = Counter(
-            "yue_request_success", "Finished requests by finish reason.", ["finish_reason"], registry=r
+            "yue_request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r
         )
         self.failure = Counter("yue_request_failure", "Failed requests by reason.", ["reason"], registry=r)
         self.running = Gauge("yue_num_requests_running", "Requests generating now.", registry=r)
@@ -90,7 +95,7 @@ class Metrics:
         self.step_time.observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithModelName(self.registry, self.model_name))
 
     def track(self, arrival: float) -> RequestTracker:
         return RequestTracker(self, arrival)
@@ -145,7 +150,7 @@ class RequestTracker:
         if finish_reason == "cancelled":
             m.failure.labels(reason="cancelled").inc()
         else:
-            m.success.labels(finish_reason=finish_reason).inc()
+            m.success.labels(finished_reason=finish_reason).inc()
             m.e2e.observe(latency)
         m.prompt_tokens.inc(prompt_tokens)
         if stats is not None:
@@ -166,3 +171,18 @@ class RequestTracker:
             m.accepted_per_pos.labels(position=str(pos)).inc(count)
         for mode, count in stats.router_decisions.items():
             m.router.labels(mode=mode).inc(count)
+
+
+class _WithModelName:
+    """A registry's metrics with `model_name` added to every sample, as vLLM labels its own."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self.registry, self.model_name = registry, model_name
+
+    def collect(self):
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [
+                s._replace(labels={**s.labels, "model_name": self.model_name}) for s in family.samples
+            ]
+            yield out
