@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 import yue
@@ -267,3 +268,35 @@ def test_bench_serve_measures_every_level_and_checks_outputs(trained):
     assert all(lv.identical == lv.requests == 8 and lv.tokens_per_s > 0 for lv in result.levels)
     text = report(result, 1, 4)
     assert '"b4/b1"' in text.splitlines()[-1] and "| 4 | 4 | 8 |" in text
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_yue_eval_does(client, trained, trained_model_dir):
+    """lm-evaluation-harness's request: echo + logprobs + max_tokens 0 returns the prompt tokens'
+    log-probs (the first null), whose mean is the AR loss `yue eval` computes for the same tokens."""
+    from yue.engine import load_unprepared
+    from yue.train.evaluate import ar_loss
+
+    text = PROMPTS[3] + PROMPTS[0]
+    body = {"prompt": text, "echo": True, "logprobs": 2, "max_tokens": 0}
+    r = client.post("/v1/completions", json=body).json()
+    choice = r["choices"][0]
+    lp = choice["logprobs"]
+    ids = trained.encode(text)
+    assert choice["text"] == text and r["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0,
+                                                      "total_tokens": len(ids)}  # fmt: skip
+    assert len(lp["token_logprobs"]) == len(ids) and lp["token_logprobs"][0] is None
+    assert all(len(top) in (2, 3) for top in lp["top_logprobs"][1:])  # the chosen token among them
+    model, _, _ = load_unprepared(trained_model_dir)
+
+    class One:  # `ar_loss` reads packed sequences: the prompt as the only one
+        data = torch.tensor([ids])
+
+    expected = ar_loss(model, One, 1, 1)
+    assert -sum(lp["token_logprobs"][1:]) / (len(ids) - 1) == pytest.approx(expected, abs=1e-4)
+    # streamed, and after a generation: the same prompt entries lead
+    events = parse_sse(client.post("/v1/completions", json=body | {"stream": True}).text)
+    assert events[-1] == "[DONE]" and events[0]["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
+    both = client.post("/v1/completions", json=body | {"max_tokens": 5, "temperature": 0}).json()["choices"][0]
+    assert both["logprobs"]["token_logprobs"][0] is None
+    assert both["logprobs"]["token_logprobs"][1 : len(ids)] == pytest.approx(lp["token_logprobs"][1:])
+    assert len(ids) < len(both["logprobs"]["tokens"]) <= len(ids) + 5 and both["text"].startswith(text)

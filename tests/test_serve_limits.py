@@ -168,13 +168,13 @@ CASES = [
         "unsupported",
     ),
     (
-        "echo-with-logprobs",
+        "max-tokens-0-without-echo",
         "/v1/completions",
-        OK | {"echo": True, "logprobs": 1},
+        OK | {"max_tokens": 0},
         KEY,
         400,
-        "echo",
-        "unsupported",
+        "max_tokens",
+        "invalid_value",
     ),
     (
         "role-tool",

@@ -29,13 +29,16 @@ from yue.config import DecodeConfig, YueConfig
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
-from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent
+from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
 from yue.model.inference import int4_unavailable, resolve_drafting_dtype, resolve_dtype
 from yue.model.mot import YueForCausalLM
 from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
+
+# Rows of a scored prompt whose (n, V) log-probs are made at once (`Engine.score`).
+SCORE_ROWS = 256
 
 logger = logging.getLogger("yue")
 
@@ -160,6 +163,31 @@ class Engine:
 
     def count_tokens(self, text: str) -> int:
         return len(self.encode(text))
+
+    @torch.inference_mode()
+    def score(self, ids: list[int], top: int = 0) -> list[TokenLogprob]:
+        """The AR path's log-probability of each token of `ids` given the tokens before it, with its
+        `top` most likely alternatives: what `echo` with `logprobs` reports for a prompt (OpenAI's legacy
+        scoring, vLLM's prompt log-probs). The first token has none (logprob None). One plain AR forward
+        (`YueForCausalLM.forward`, the one `yue eval`'s loss takes), the head and its log-softmax run
+        SCORE_ROWS rows at a time so a long prompt's (T, V) float32 log-probs never sit in memory whole.
+        """
+        model = self.model
+        x = torch.tensor([ids], device=model.device)  # (1, T)
+        T = x.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None, None]
+        hidden = model.model(x, torch.arange(T, device=x.device), T, causal)[0]  # (T, D)
+        head = model.ar_head or model.lm_head
+        out = [TokenLogprob(ids[0], None)]
+        for start in range(0, T - 1, SCORE_ROWS):
+            logp = head(hidden[None, start : min(start + SCORE_ROWS, T - 1)])[0].float().log_softmax(-1)  # (n, V)
+            targets = ids[start + 1 : start + 1 + logp.shape[0]]
+            chosen = logp[torch.arange(len(targets)), torch.tensor(targets, device=x.device)].tolist()
+            alts = torch.topk(logp, top) if top else None
+            for j, (token, lp) in enumerate(zip(targets, chosen, strict=True)):
+                best = {} if alts is None else dict(zip(alts.indices[j].tolist(), alts.values[j].tolist(), strict=True))
+                out.append(TokenLogprob(token, lp, best))
+        return out
 
     def encode(self, text: str) -> list[int]:
         """Prompt ids: the tokenizer's prompt prefix (yue-code-mini: an <|eos|> separator, marking a

@@ -33,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from yue import __version__
 from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
+from yue.decode.types import GenerationStats
 from yue.serve import schemas as s
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
@@ -49,6 +50,7 @@ from yue.serve.streaming import (
     collect,
     generate_body,
     openai_finish_reason,
+    scored_events,
     sse_events,
     total_usage,
 )
@@ -230,9 +232,12 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         _check_unsupported(body)
         prompts = _completion_prompts(body.prompt, engine)  # no tokenizing yet
         check_choices(state.config, len(prompts), body.n)
+        # max_tokens 0 with echo: score the prompt, generate nothing (the config is checked as for 1).
+        only_score = body.max_tokens == 0
+        checked = body.model_copy(update={"max_tokens": 1}) if only_score else body
         prepared = await asyncio.to_thread(  # tokenizing a long prompt must not hold the event loop
             lambda: [
-                _prepare(state, body, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
+                _prepare(state, checked, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
                 for p in prompts
             ]
         )
@@ -244,6 +249,9 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         if body.echo:  # each choice's prompt as text (token ids decoded as they stand)
             texts = [p if isinstance(p, str) else engine.tokenizer.decode(p) for p in prompts]
             fmt.echo = [texts[i] for i in range(len(prompts)) for _ in range(body.n)]
+        if body.echo and body.logprobs is not None:  # the prompt's own log-probs lead each choice's
+            scored = [await _score(state, p.prompt, body.logprobs) for p in prepared]
+            fmt.prompt_logprobs = [scored[i] for i in range(len(prompts)) for _ in range(body.n)]
 
         def build(outcomes: list[Outcome]) -> s.CompletionResponse:
             choices = [
@@ -251,13 +259,19 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
                     index=i,
                     text=fmt.text(i, o.text),
                     finish_reason=openai_finish_reason(o.finish_reason),
-                    logprobs=fmt.logprobs(i, o.logprobs),
+                    logprobs=fmt.logprobs(i, fmt.with_prompt(i, o.logprobs)),
                 )
                 for i, o in enumerate(outcomes)
             ]
             return s.CompletionResponse(choices=choices, **_envelope(fmt, outcomes))
 
-        return await _respond(state, request, _choices(prepared, body.n), fmt, body.stream, build)
+        choices = _choices(prepared, body.n)
+        if only_score:
+            outcomes = [_scored_outcome(p, body.logprobs) for p in choices]
+            if body.stream:
+                return EventStream(scored_events(fmt, outcomes), on_close=lambda: None)
+            return build(outcomes)
+        return await _respond(state, request, choices, fmt, body.stream, build)
 
     @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
@@ -345,15 +359,32 @@ def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
     return out
 
 
+async def _score(state: ServerState, ids: list[int], top: int) -> list:
+    """`Engine.score` on the scheduler thread (between decode steps: the engine has one user)."""
+    try:
+        future = state.scheduler.call(lambda: state.engine.score(ids, top))
+    except Overloaded:
+        raise draining_error(state, "the server is shutting down") from None
+    return await asyncio.wrap_future(future)
+
+
+def _scored_outcome(p: Prepared, logprobs: int | None) -> Outcome:
+    """A choice that generated nothing (max_tokens 0: the prompt scored, with echo)."""
+    return Outcome("", "length", GenerationStats(), p.prompt_tokens, 0.0, 0.0, [], p.prompt_index)
+
+
 def _check_unsupported(body: s.CompletionRequest) -> None:
     """A 400 for OpenAI completion fields yue cannot honour, rather than an answer that ignores them."""
     if body.suffix:
         raise ApiError(400, "suffix is not supported (no insertion)", param="suffix", code="unsupported")
     if body.best_of not in (None, 1):
         raise ApiError(400, "best_of is not supported: use n", param="best_of", code="unsupported")
-    if body.echo and body.logprobs is not None:
+    if body.max_tokens == 0 and not body.echo:
         raise ApiError(
-            400, "echo with logprobs is not supported (no prompt log-probs)", param="echo", code="unsupported"
+            400,
+            "max_tokens 0 generates nothing: only with echo (to score the prompt, with logprobs)",
+            param="max_tokens",
+            code="invalid_value",
         )
 
 

@@ -12,6 +12,8 @@ Design decisions:
   a job that is still waiting removes it from the line at once, so its slot is free immediately.
 - Chunks cross from the scheduler thread to the loop with `call_soon_threadsafe` into an
   `asyncio.Queue`; a job whose loop has gone away is cancelled.
+- Other work on the model (scoring a prompt: `call`) runs on the same thread, between steps: the
+  engine is never used by two threads at once.
 - A step that raises fails no one but its cause: the batcher retries the batch's rows alone and hands
   the exception to the one request that still fails (`Job.deliver`). Only if the batcher's own step
   raises (a bug) are all running jobs failed, and still not the server.
@@ -24,7 +26,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 
 from yue.batcher import Batcher, Request
 from yue.config import DecodeConfig
@@ -103,6 +106,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()
+        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="yue-scheduler", daemon=True)
         self._thread.start()
@@ -132,6 +136,17 @@ class Scheduler:
             self._cv.notify()
         return jobs
 
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the scheduler thread before its next step (work on the engine outside the
+        batches, e.g. `Engine.score`); its result or exception comes back in the Future."""
+        future: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise Overloaded
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return future
+
     def cancel(self, job: Job) -> None:
         """Stop a job: dropped from the line if waiting, out of its batch before the next step if running."""
         job.cancelled.set()
@@ -160,17 +175,27 @@ class Scheduler:
             for job in [*self._waiting, *self._running]:
                 job.cancelled.set()
             self._waiting.clear()
+            for _, future in self._calls:
+                future.cancel()
+            self._calls.clear()
             self._cv.notify_all()
         self._thread.join(timeout)
 
     def _work(self) -> None:
         while True:
             with self._cv:
-                while not self._waiting and not self._running and not self._closed:
+                while not (self._waiting or self._running or self._calls or self._closed):
                     self._cv.wait()
                 if self._closed:
                     break
-                admitted = self._take()
+                admitted, calls = self._take(), list(self._calls)
+                self._calls.clear()
+            for fn, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except Exception as e:  # noqa: BLE001 - handed to the caller
+                        future.set_exception(e)
             for job in admitted:
                 self._start(job)
             self._reap()

@@ -7,8 +7,9 @@ Design decisions:
   and a non-empty `messages`.
 - Unknown fields are ignored (as OpenAI-compatible servers commonly do), so clients that send
   `user`, `service_tier`, ... keep working. OpenAI fields that would change the answer are either
-  honoured (penalties, `logit_bias`, `echo`) or refused with a 400 when set (`suffix`, `best_of` > 1,
-  `echo` with `logprobs`, chat's `tools` / `functions` and a non-text `response_format`). `n` choices per prompt, a list of prompts and token-id
+  honoured (penalties, `logit_bias`, `echo`, with `logprobs` the prompt's log-probs too) or refused
+  with a 400 when set (`suffix`, `best_of` > 1, chat's `tools` / `functions` and a non-text
+  `response_format`). `n` choices per prompt, a list of prompts and token-id
   prompts (`/v1/completions`) each become one generation of the running batch; log-probs come from
   the AR path (`DecodeConfig.logprobs`: a token committed unverified reports null).
 - `mode` and `router_threshold` extend every generation endpoint: the speed/fidelity dial.
@@ -71,7 +72,11 @@ class CompletionRequest(_OpenAI):
     logprobs: int | None = Field(
         None, description="the AR path's log-prob of each token plus this many top alternatives (0-20)"
     )
-    echo: bool = Field(False, description="prepend the prompt's text to each choice's (not with logprobs)")
+    echo: bool = Field(
+        False,
+        description="prepend the prompt's text to each choice's; with logprobs, the prompt tokens' log-probs "
+        "too (the first null); with max_tokens 0, only that: the prompt scored",
+    )
     suffix: str | None = Field(None, description="not supported: only null or empty")
     best_of: int | None = Field(None, description="not supported: only null or 1")
 

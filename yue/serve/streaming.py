@@ -111,6 +111,8 @@ class Format:
         self.tokenizer = tokenizer  # set when the request asked for log-probs
         self._offsets: dict[int, int] = {}  # per choice: characters of token text reported so far
         self.echo: list[str] | None = None  # completions' `echo`: per choice, its prompt's text
+        # `echo` with `logprobs`: per choice, its prompt tokens' entries (`Engine.score`)
+        self.prompt_logprobs: list[list[TokenLogprob]] | None = None
 
     def start(self, indices: list[int]) -> list[dict]:
         return []
@@ -171,10 +173,21 @@ class CompletionFormat(Format):
         }
 
     def start(self, indices: list[int]) -> list[dict]:
-        """With `echo`, each choice's stream opens with its prompt's text."""
+        """With `echo`, each choice's stream opens with its prompt's text (and, with `logprobs`, the
+        prompt tokens' log-probs)."""
         if self.echo is None:
             return []
-        return [self._chunk(self._choice(i, self.echo[i], None)) for i in indices if self.echo[i]]
+        return [
+            self._chunk(self._choice(i, self.echo[i], None, self.with_prompt(i, None)))
+            for i in indices
+            if self.echo[i]
+        ]
+
+    def with_prompt(self, index: int, entries: list[TokenLogprob] | None) -> list[TokenLogprob] | None:
+        """A choice's log-prob entries behind its prompt's own (`echo` with `logprobs`)."""
+        if self.prompt_logprobs is None:
+            return entries
+        return self.prompt_logprobs[index] + (entries or [])
 
     def text(self, index: int, generated: str) -> str:
         """A choice's whole text: its prompt's first with `echo`."""
@@ -345,6 +358,19 @@ async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, StreamEv
     finally:
         for t in tasks:
             t.cancel()
+
+
+async def scored_events(fmt: Format, outcomes: list[Outcome]) -> AsyncIterator[bytes]:
+    """The streamed path of a request that generates nothing (max_tokens 0 with echo): each choice's
+    prompt chunk, its final chunk, the usage chunk, then `[DONE]`."""
+    for chunk in fmt.start(list(range(len(outcomes)))):
+        yield sse(chunk)
+    for i, outcome in enumerate(outcomes):
+        for chunk in fmt.finish(i, outcome):
+            yield sse(chunk)
+    for chunk in fmt.usage(outcomes):
+        yield sse(chunk)
+    yield DONE
 
 
 async def sse_events(choices: list[Choice], fmt: Format) -> AsyncIterator[bytes]:
