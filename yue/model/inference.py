@@ -617,6 +617,8 @@ def prepare_for_decoding(
         raise ValueError("the model is already prepared for decoding")
     if int4:
         why = int4_unavailable(model.device) or ("a float32 model" if model.dtype != torch.float32 else "")
+        if not why and not model.config.layer_features.plain:
+            why = f"Llama's layers (yue's row kernel runs no other); this is a {model.config.family}"
         if why:
             raise ValueError(f"the int4 precision needs {why}")
     if model.device.type == "cpu":
@@ -650,7 +652,17 @@ def prepare_for_decoding(
         )
     input_major(model)
     release_freed_memory()
-    for layer in model.model.layers:
+    model.model.prepared = True
+    plain = model.config.layer_features.plain
+    if not plain:
+        # The fused path (`DecodeSet`, the row kernel's layers) is Llama's layer; a family's other
+        # differences (`config.Features`) run on the layers' own torch path, head and drafting as above.
+        logger.warning(
+            "%s layers decode on torch's path (fused matmuls and yue's row kernel cover Llama's layers "
+            "only): slower, the same values",
+            model.config.family,
+        )
+    for layer in model.model.layers if plain else ():
         sets = []
         for nar in (False, True)[: 1 + layer.has_nar]:
             _, proj, _, mlp = layer._sets(nar)
@@ -685,7 +697,7 @@ def prepare_for_decoding(
     entry = model.model.slot_entry
     if entry is not None and drafting_dtype is not None:
         entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), row_ops)
-    if row_ops:
+    if row_ops and not model.model.norm.offset:
         norm = model.model.norm
         model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
         model.router.softmax_stats = rowkernel.softmax_stats
@@ -720,6 +732,8 @@ def kernel_stacks(layers) -> dict:
     Why: with each layer one call, a step's remaining Python was ~70 us a layer (module calls, views,
     ctypes): ~2 ms of SmolLM2's ~17 ms one-row step (AMD EPYC, AVX2, one thread)."""
     stacks = {}
+    if any(layer.decode_sets is None for layer in layers):
+        return stacks
     for nar in (False, True):
         held = [layer for layer in layers if not nar or layer.has_nar]
         ones = [layer.decode_sets[nar].one_layer for layer in held]
