@@ -7,8 +7,11 @@ Face folder (safetensors + config.json), the form a user's download has.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import gguf
+import numpy as np
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -20,7 +23,7 @@ from transformers import (
 )
 
 SHAPE = dict(
-    vocab_size=128,
+    vocab_size=320,  # gguf_utils.tiny_tokenizer's
     hidden_size=64,
     intermediate_size=96,
     num_hidden_layers=3,
@@ -72,11 +75,14 @@ FAMILY_CONFIGS = {
 FAMILY_NAMES = tuple(FAMILY_CONFIGS)
 
 
-def tiny_family(name: str, seed: int = 0):
-    """transformers' model of family `name`, float32, eval, random weights: matrices N(0, 0.25), vectors
-    (norm weights, biases) their init plus N(0, 0.1)."""
+def tiny_family(name: str, seed: int = 0, **overrides):
+    """transformers' model of family `name` (config fields `overrides` changed), float32, eval, random
+    weights: matrices N(0, 0.25), vectors (norm weights, biases) their init plus N(0, 0.1)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(FAMILY_CONFIGS[name](), dtype=torch.float32).eval()
+    config = FAMILY_CONFIGS[name]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -90,4 +96,110 @@ def save_family(name: str, folder: str | Path, seed: int = 0):
     """Write `tiny_family(name)` to `folder` as a Hugging Face folder; returns the model."""
     model = tiny_family(name, seed)
     model.save_pretrained(str(folder))
+    return model
+
+
+# The families as llama.cpp writes them: its architecture name, and the config fields its Gemma 3 fixes
+# (every 6th layer global, local RoPE base 10k, queries scaled by 1/sqrt(head_dim)).
+GGUF_ARCHS = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
+GGUF_OVERRIDES = {
+    "gemma3": dict(
+        num_hidden_layers=6,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        query_pre_attn_scalar=SHAPE["head_dim"],
+    )
+}
+_GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GEMMA_GGUF_NAMES = _GGUF_LAYER_NAMES | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def gguf_name(hf_name: str, arch: str) -> str:
+    """llama.cpp's tensor name for a transformers one (`blk.N.attn_q.weight`, ...)."""
+    glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if hf_name in glob or hf_name == "lm_head.weight":
+        return glob.get(hf_name, "output.weight")
+    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.N.self_attn.q_proj.weight
+    module, kind = rest.rsplit(".", 1)
+    names = _GEMMA_GGUF_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
+    return f"blk.{layer}.{names[module]}.{kind}"
+
+
+def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int = 0):
+    """Write a tiny random model of family `name` (`GGUF_ARCHS`) as llama.cpp's converter would (Gemma's
+    norm weights as 1 + w; matmul weights of 2+ dims in `quant`, "F32", "F16", "Q8_0" or "Q4_0"...; a
+    gpt2 byte-level tokenizer).
+
+    Returns:
+        (the transformers model holding exactly the values a faithful reader recovers, its config).
+    """
+    from tests.gguf_utils import CHATML_TEMPLATE, CONTROL_TOKENS, tiny_tokenizer
+
+    arch = GGUF_ARCHS[name]
+    model = tiny_family(name, seed, **GGUF_OVERRIDES.get(name, {}))
+    cfg = model.config
+    tok = tiny_tokenizer()
+    vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    rope = cfg.rope_parameters
+    w.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if arch == "gemma3":
+        w.add_sliding_window(cfg.sliding_window)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab)
+    w.add_token_types([3 if t in CONTROL_TOKENS else 1 for t in vocab])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg.bos_token_id)
+    w.add_eos_token_id(cfg.eos_token_id)
+    w.add_pad_token_id(cfg.pad_token_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    qtype = gguf.GGMLQuantizationType[quant]
+    recovered = {}
+    for hf, value in model.state_dict().items():
+        if hf == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        values = value.numpy().astype(np.float32)
+        gemma_norm = arch == "gemma3" and hf.endswith("norm.weight")
+        if gemma_norm:
+            values = values + np.float32(1)
+        stored_type = qtype if values.ndim == 2 else gguf.GGMLQuantizationType.F32
+        data = values if stored_type == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(values, stored_type)
+        back = gguf.quants.dequantize(data, stored_type).reshape(values.shape).astype(np.float32)
+        recovered[hf] = torch.from_numpy(back - np.float32(1) if gemma_norm else back)
+        w.add_tensor(gguf_name(hf, arch), data, raw_dtype=None if stored_type == gguf.GGMLQuantizationType.F32 else stored_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with torch.no_grad():
+        model.load_state_dict(recovered, strict=False)
+        if cfg.tie_word_embeddings:
+            model.tie_weights()
     return model
