@@ -69,7 +69,12 @@ FAMILY_CONFIGS = {
         },
     ),
     "mistral": lambda: MistralConfig(
-        **SHAPE, sliding_window=WINDOW, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0
+        **SHAPE,
+        sliding_window=WINDOW,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     ),
 }
 FAMILY_NAMES = tuple(FAMILY_CONFIGS)
@@ -190,10 +195,18 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
         if gemma_norm:
             values = values + np.float32(1)
         stored_type = qtype if values.ndim == 2 else gguf.GGMLQuantizationType.F32
-        data = values if stored_type == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(values, stored_type)
+        data = (
+            values
+            if stored_type == gguf.GGMLQuantizationType.F32
+            else gguf.quants.quantize(values, stored_type)
+        )
         back = gguf.quants.dequantize(data, stored_type).reshape(values.shape).astype(np.float32)
         recovered[hf] = torch.from_numpy(back - np.float32(1) if gemma_norm else back)
-        w.add_tensor(gguf_name(hf, arch), data, raw_dtype=None if stored_type == gguf.GGMLQuantizationType.F32 else stored_type)
+        w.add_tensor(
+            gguf_name(hf, arch),
+            data,
+            raw_dtype=None if stored_type == gguf.GGMLQuantizationType.F32 else stored_type,
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

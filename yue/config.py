@@ -58,7 +58,9 @@ class Features:
 
     def __post_init__(self) -> None:
         if self.activation not in get_args(Activation):
-            raise ValueError(f"features.activation must be one of {get_args(Activation)}, got {self.activation!r}")
+            raise ValueError(
+                f"features.activation must be one of {get_args(Activation)}, got {self.activation!r}"
+            )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"features.sliding_window must be >= 1, got {self.sliding_window}")
 

@@ -39,7 +39,12 @@ def _rope(cfg, source, params: dict | None = None) -> tuple[float, tuple | None]
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         _refuse(source, "partial_rotary_factor", params["partial_rotary_factor"])
     original = params.get("original_max_position_embeddings") or cfg.max_position_embeddings
-    scaling = (float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"]), int(original))
+    scaling = (
+        float(params["factor"]),
+        float(params["low_freq_factor"]),
+        float(params["high_freq_factor"]),
+        int(original),
+    )
     return theta, scaling
 
 

@@ -191,7 +191,10 @@ def _convert(gguf_path: Path, out: Path) -> None:
     config = config_from_gguf(metadata, {t.name for t in header.tensors}, gguf_path)
     types = sorted({GGMLQuantizationType(t.ggml_type).name for t in header.tensors})
     logger.warning(
-        "%s: a %s, its %s tensors dequantized once to float32", gguf_path.name, config.model_type, "/".join(types)
+        "%s: a %s, its %s tensors dequantized once to float32",
+        gguf_path.name,
+        config.model_type,
+        "/".join(types),
     )
     save_file(
         _state_dict(header, config, gguf_path), str(out / "model.safetensors"), metadata={"format": "pt"}

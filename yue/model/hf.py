@@ -322,7 +322,9 @@ def llama_config_from(config: YueConfig) -> LlamaConfig:
         ValueError: an AR set of another family, or with Llama 3's RoPE scaling (not a Llama 2 layer).
     """
     if config.family != "llama" or config.features:
-        raise ValueError(f"the AR set is a {config.family} with {config.features}: it exports only as a Llama 2")
+        raise ValueError(
+            f"the AR set is a {config.family} with {config.features}: it exports only as a Llama 2"
+        )
     return LlamaConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yue.config import Features, YueConfig
+from yue.config import YueConfig
 from yue.model import rowkernel
 
 # Row-exact attention (`MoTLayer._attend_exact`): queries padded to a multiple of EXACT_QUERY_PAD rows and
@@ -435,7 +435,12 @@ class MoTLayer(nn.Module):
         else:
             m = None if mask is None else mask[..., row0 : row0 + h.shape[1], :S]
             o = F.scaled_dot_product_attention(
-                q, k_buf[:, :, :S], v_buf[:, :, :S], m, scale=self.attn_scale, enable_gqa=self.n_kv != self.n_heads
+                q,
+                k_buf[:, :, :S],
+                v_buf[:, :, :S],
+                m,
+                scale=self.attn_scale,
+                enable_gqa=self.n_kv != self.n_heads,
             )
         if cast:
             o = o.to(h.dtype)
@@ -566,7 +571,9 @@ class MoTLayer(nn.Module):
         q_c, k_c, v_c = self._qkv(h_c, False, cos_c, sin_c) if ar is None else ar.qkv_rope(h_c, cos_c, sin_c)
         finish_c = (lambda h, o: self._finish(h, o, False)) if ar is None else ar.finish
         if not Ts:
-            o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, scale=self.attn_scale, enable_gqa=gqa)
+            o_c = F.scaled_dot_product_attention(
+                q_c, k_c, v_c, attn_mask=mask, scale=self.attn_scale, enable_gqa=gqa
+            )
             return finish_c(h_c, o_c), h_s
         q_s, k_s, v_s = self._qkv(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :])
         q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))

@@ -1,0 +1,119 @@
+"""Model families (Llama 3, Qwen2, Qwen3, Gemma 3, Mistral) load from a Hugging Face folder and from a
+GGUF file as an AR set whose float32 logits are transformers' bit for bit; decoding keeps `ar` equal to
+transformers' greedy output and `verified` equal to `ar`; what the layer cannot run is refused by name
+(model/family.py, config.Features, model/layers.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.family_utils import FAMILY_NAMES, GGUF_ARCHS, WINDOW, save_family, tiny_family, write_family_gguf
+from yue.config import DecodeConfig, Features
+from yue.decode.loop import decode
+from yue.errors import CheckpointError
+from yue.model.hf import from_llama, load_model
+
+pytestmark = pytest.mark.usefixtures("gguf_cache")
+# Longer than the sliding window, so that windowed layers see fewer keys than the others.
+PROMPT = [1, 5, 17, 40, 2, 100, 12, 50, 9, 33, 7, 8, 60, 61]
+assert len(PROMPT) > WINDOW
+IDS = torch.tensor([PROMPT])
+FAMILY = {"llama3": "llama", "gemma3": "gemma3_text"}  # test name -> model_type, where they differ
+
+
+def greedy(model, mode: str, n: int = 20) -> list[int]:
+    cfg = DecodeConfig(mode=mode, max_new_tokens=n, ignore_eos=True).resolved(model.config)
+    return [t for em in decode(model, [PROMPT], cfg) for t in em.tokens[0]]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_a_family_folder_loads_with_transformers_logits_bit_for_bit(tmp_path, name):
+    reference = save_family(name, tmp_path)
+    model = load_model(tmp_path)
+    assert model.config.family == FAMILY.get(name, name) and model.config.nar_layers == 0
+    assert model.config.layer_features != Features()  # each test family differs from Llama 2
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, reference(IDS).logits)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_a_family_decodes_as_transformers_greedy_and_verified_equals_ar(name):
+    reference = tiny_family(name)
+    expected = reference.generate(IDS, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    # A NAR set over the family's AR set (untrained: a copy of it), decoded as stored and as prepared.
+    model = from_llama(reference, block_size=4).eval()
+    prepared = copy.deepcopy(model).prepare_for_decoding(torch.qint8)
+    ar = greedy(model, "ar")
+    assert ar == expected[0, len(PROMPT) :].tolist()
+    assert greedy(model, "verified") == ar
+    assert greedy(prepared, "ar") == ar and greedy(prepared, "verified") == ar
+
+
+def test_the_window_and_the_local_rope_change_what_gemma_computes(tmp_path):
+    """The features are not inert: without its sliding window (or its local RoPE base) the same weights
+    give other logits, so the equality above tests them."""
+    save_family("gemma3", tmp_path)
+    model = load_model(tmp_path)
+    features = model.config.layer_features
+    with torch.no_grad():
+        logits = model(IDS).logits
+        for change in (dict(sliding_window=None), dict(local_rope_theta=None)):
+            config = copy.deepcopy(model.config)
+            config.features = Features(**(vars(features) | change)).to_dict()
+            other = type(model)(config).eval()
+            other.load_state_dict(model.state_dict())
+            assert not torch.allclose(other(IDS).logits, logits, atol=1e-3), change
+
+
+@pytest.mark.parametrize("name", GGUF_ARCHS)
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+def test_a_family_gguf_loads_with_transformers_logits_bit_for_bit(tmp_path, name, quant):
+    reference = write_family_gguf(tmp_path / f"{name}.gguf", name, quant)
+    model = load_model(tmp_path / f"{name}.gguf")
+    assert model.config.family == FAMILY.get(name, name)
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, reference(IDS).logits)
+
+
+def test_a_qwen2_gguf_matches_transformers_own_gguf_loader(tmp_path):
+    """transformers' GGUF loader reads the same values (its Qwen3 and Gemma 3 readers ignore the file's
+    head_dim and query scale, so only Qwen2's shapes can be compared this way)."""
+    write_family_gguf(tmp_path / "q.gguf", "qwen2", "Q8_0")
+    theirs = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file="q.gguf", dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        assert torch.equal(load_model(tmp_path / "q.gguf")(IDS).logits, theirs(IDS).logits)
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "named"),
+    [
+        ("gemma3", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+        ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+        ("qwen2", dict(use_sliding_window=True), "use_sliding_window"),
+        ("qwen3", dict(attention_bias=True), "attention_bias"),
+        ("llama3", dict(mlp_bias=True), "mlp_bias"),
+        ("llama3", dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}), "linear"),
+        ("mistral", dict(hidden_act="gelu"), "hidden_act"),
+    ],
+)
+def test_an_unsupported_feature_is_refused_by_name(tmp_path, name, change, named):
+    model = tiny_family(name)
+    for key, value in change.items():
+        setattr(model.config, key, value)
+    model.save_pretrained(str(tmp_path))
+    with pytest.raises(CheckpointError, match=named):
+        load_model(tmp_path)
+
+
+def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)).save_pretrained(str(tmp_path))
+    with pytest.raises(CheckpointError, match="'gpt2' is not supported.*qwen3"):
+        load_model(tmp_path)
