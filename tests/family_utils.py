@@ -145,18 +145,22 @@ def gguf_name(hf_name: str, arch: str) -> str:
     return f"blk.{layer}.{names[module]}.{kind}"
 
 
-def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int = 0):
-    """Write a tiny random model of family `name` (`GGUF_ARCHS`) as llama.cpp's converter would (Gemma's
-    norm weights as 1 + w; matmul weights of 2+ dims in `quant`, "F32", "F16", "Q8_0" or "Q4_0"...; a
-    gpt2 byte-level tokenizer).
+def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int = 0, **overrides):
+    """Write a tiny random model of family `name` (`GGUF_ARCHS`; config fields `overrides` changed) as
+    llama.cpp's converter would: Gemma's norm weights as 1 + w, a gpt2 byte-level tokenizer, and every
+    2-d tensor in `quant` (a `gguf.GGMLQuantizationType` name: quantized by `gguf.quants` where it can,
+    random valid blocks for the K-quants, whose inputs must then be a multiple of 256).
 
     Returns:
-        (the transformers model holding exactly the values a faithful reader recovers, its config).
+        transformers' model of the family holding exactly the values a faithful reader recovers (by
+        `quant_reference.dequantize`, not the converter's dequantizer).
     """
+    from tests import quant_reference
     from tests.gguf_utils import CHATML_TEMPLATE, CONTROL_TOKENS, tiny_tokenizer
 
+    rng = np.random.default_rng(seed)
     arch = GGUF_ARCHS[name]
-    model = tiny_family(name, seed, **GGUF_OVERRIDES.get(name, {}))
+    model = tiny_family(name, seed, **(GGUF_OVERRIDES.get(name, {}) | overrides))
     cfg = model.config
     tok = tiny_tokenizer()
     vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
@@ -186,6 +190,12 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML_TEMPLATE)
     qtype = gguf.GGMLQuantizationType[quant]
+    F32, F16 = gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16
+    K_QUANTS = (
+        gguf.GGMLQuantizationType.Q4_K,
+        gguf.GGMLQuantizationType.Q5_K,
+        gguf.GGMLQuantizationType.Q6_K,
+    )
     recovered = {}
     for hf, value in model.state_dict().items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -194,19 +204,16 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
         gemma_norm = arch == "gemma3" and hf.endswith("norm.weight")
         if gemma_norm:
             values = values + np.float32(1)
-        stored_type = qtype if values.ndim == 2 else gguf.GGMLQuantizationType.F32
-        data = (
-            values
-            if stored_type == gguf.GGMLQuantizationType.F32
-            else gguf.quants.quantize(values, stored_type)
-        )
-        back = gguf.quants.dequantize(data, stored_type).reshape(values.shape).astype(np.float32)
+        stored_type = qtype if values.ndim == 2 else F32
+        if stored_type == F32:
+            data = values
+        elif stored_type in K_QUANTS:  # `gguf.quants` cannot quantize these: random valid blocks
+            data = quant_reference.random_blocks(values.shape, stored_type, rng)
+        else:
+            data = gguf.quants.quantize(values, stored_type)
+        back = quant_reference.dequantize(data, stored_type, values.shape)  # not the converter's code
         recovered[hf] = torch.from_numpy(back - np.float32(1) if gemma_norm else back)
-        w.add_tensor(
-            gguf_name(hf, arch),
-            data,
-            raw_dtype=None if stored_type == gguf.GGMLQuantizationType.F32 else stored_type,
-        )
+        w.add_tensor(gguf_name(hf, arch), data, raw_dtype=None if stored_type in (F32, F16) else stored_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -906,12 +906,28 @@ static float half_round(float f) {
     return v.f;
 }
 
+/* A group's codes c (Q4_GROUP) for the form (d, m): round((w - m) / d), each in 0..15 and giving its
+ * value back exactly as fmaf(c, d, m) with d a float16 value (so that c * d is exact, 4 bits by 11, and
+ * the kernel's rebuilt weight is w however it adds m). 0 where every value is such, else 1. */
+static int q4_group_codes(const float *wg, float d, float m, int *c) {
+    if (half_round(d) != d) return 1; /* NaN fails too */
+    const float inv = d != 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < Q4_GROUP; i++) {
+        const float t = (wg[i] - m) * inv;
+        if (!(t > -0.5f && t < 15.5f)) return 1; /* NaN fails too */
+        c[i] = (int)(t + 0.5f);
+        if (fmaf((float)c[i], d, m) != wg[i]) return 1;
+    }
+    return 0;
+}
+
 /* W (out, in) float32 at strides (so, si) (output-major, or a tied head's input-major storage), in a
  * multiple of Q4_GROUP, into rows_matmul_q4's layout at dst (ceil(out / BLK) x in / Q4_GROUP records of
- * Q4_GROUP_BYTES, zeroed by the caller), a BLK x Q4_GROUP tile at a time. Each group of an output: m
- * its minimum, d (max - m) / 15 rounded to float16, codes round((w - m) / d). Returns 0, or 1 as soon
- * as a value is not fmaf(code, d, m) with a code in 0..15 (the kernel's rebuilt weight: code * d is
- * exact, 4 bits by 11), so a weight either gives its exact bits back or is refused. */
+ * Q4_GROUP_BYTES, zeroed by the caller), a BLK x Q4_GROUP tile at a time. Each group of an output takes
+ * the first form (d, m) whose codes give back its every value (q4_group_codes): a GGUF's Q4_1 weights
+ * dequantized (m the minimum, d (max - m) / 15 rounded to float16), or its Q4_0 ones ((code - 8) d:
+ * m = -8 d, the group's value of largest magnitude at code 0). Returns 0, or 1 as soon as a group has
+ * no such form, so a weight either gives its exact bits back or is refused. */
 int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
     const long groups = in / Q4_GROUP;
     float tile[BLK][Q4_GROUP];
@@ -929,18 +945,17 @@ int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned c
                 const float *wg = tile[j];
                 float lo = wg[0], hi = wg[0];
                 for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
-                const float d = half_round((hi - lo) / 15.f), inv = d > 0.f ? 1.f / d : 0.f;
-                ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = lo;
+                /* The group's (d, m): Q4_1's (its minimum code 0, its maximum 15), else Q4_0's, whose
+                 * value of largest magnitude v0 is code 0: (code - 8) d = fmaf(code, d, v0), d = -v0 / 8. */
+                const float forms[3][2] = {{half_round((hi - lo) / 15.f), lo}, {-lo / 8.f, lo}, {-hi / 8.f, hi}};
+                int c[Q4_GROUP], f = 0;
+                while (f < 3 && q4_group_codes(wg, forms[f][0], forms[f][1], c)) f++;
+                if (f == 3) return 1;
+                ((float *)rec)[j] = forms[f][0], ((float *)rec)[BLK + j] = forms[f][1];
                 /* the output's byte and nibble in each input's BLK / 2 bytes */
                 const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
                 unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
-                for (int i = 0; i < Q4_GROUP; i++) {
-                    const float t = (wg[i] - lo) * inv;
-                    if (!(t > -0.5f && t < 15.5f)) return 1; /* NaN fails too */
-                    const int c = (int)(t + 0.5f);
-                    if (fmaf((float)c, d, lo) != wg[i]) return 1;
-                    codes[i * (BLK / 2)] |= (unsigned char)(c << shift);
-                }
+                for (int i = 0; i < Q4_GROUP; i++) codes[i * (BLK / 2)] |= (unsigned char)(c[i] << shift);
             }
         }
     }
