@@ -106,7 +106,7 @@ def save_family(name: str, folder: str | Path, seed: int = 0):
 
 # The families as llama.cpp writes them: its architecture name, and the config fields its Gemma 3 fixes
 # (every 6th layer global, local RoPE base 10k, queries scaled by 1/sqrt(head_dim)).
-GGUF_ARCHS = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
+GGUF_ARCHS = {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
 GGUF_OVERRIDES = {
     "gemma3": dict(
         num_hidden_layers=6,
@@ -156,7 +156,7 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
         `quant_reference.dequantize`, not the converter's dequantizer).
     """
     from tests import quant_reference
-    from tests.gguf_utils import CHATML_TEMPLATE, CONTROL_TOKENS, tiny_tokenizer
+    from tests.gguf_utils import CHATML_TEMPLATE, CONTROL_TOKENS, _permute, _permute_back, tiny_tokenizer
 
     rng = np.random.default_rng(seed)
     arch = GGUF_ARCHS[name]
@@ -179,6 +179,10 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if arch == "gemma3":
         w.add_sliding_window(cfg.sliding_window)
+    if rope.get("rope_type") == "llama3":  # llama.cpp keeps Llama 3's scaling as a factor per frequency
+        from yue.model.gguf import llama3_factors
+
+        w.add_tensor("rope_freqs.weight", llama3_factors(rope["rope_theta"], cfg.head_dim, rope))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(vocab)
@@ -204,6 +208,11 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
         gemma_norm = arch == "gemma3" and hf.endswith("norm.weight")
         if gemma_norm:
             values = values + np.float32(1)
+        # llama.cpp's Llama: Q and K rows permuted to GGML's rotary layout (a row order, undone on reading)
+        heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}.get(hf.split(".")[-2])
+        heads = heads if arch == "llama" else None
+        if heads:
+            values = _permute(values, heads)
         stored_type = qtype if values.ndim == 2 else F32
         if stored_type == F32:
             data = values
@@ -212,6 +221,7 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
         else:
             data = gguf.quants.quantize(values, stored_type)
         back = quant_reference.dequantize(data, stored_type, values.shape)  # not the converter's code
+        back = _permute_back(back, heads) if heads else back
         recovered[hf] = torch.from_numpy(back - np.float32(1) if gemma_norm else back)
         w.add_tensor(gguf_name(hf, arch), data, raw_dtype=None if stored_type in (F32, F16) else stored_type)
     w.write_header_to_file()

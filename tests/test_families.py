@@ -117,3 +117,24 @@ def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
     GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)).save_pretrained(str(tmp_path))
     with pytest.raises(CheckpointError, match="'gpt2' is not supported.*qwen3"):
         load_model(tmp_path)
+
+
+def test_llama3_rope_parameters_come_back_from_llama_cpp_factors_or_the_file_is_refused(tmp_path):
+    """A GGUF keeps Llama 3's RoPE scaling as llama.cpp's per-frequency factors (`rope_freqs`): Llama
+    3.1's parameters are read back from them exactly; factors no parameters give are refused by name."""
+    from yue.model.gguf import llama3_factors, llama3_rope_parameters
+
+    llama31 = dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
+    factors = llama3_factors(500000.0, 128, llama31)
+    assert 1.0 < factors[31] < 8.0  # some frequencies lie between the bands
+    assert llama3_rope_parameters(factors, 500000.0, 128, {}, tmp_path) == llama31
+    factors[31] *= 1.001
+    with pytest.raises(CheckpointError, match="rope_freqs"):
+        llama3_rope_parameters(factors, 500000.0, 128, {}, tmp_path)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -77,6 +78,7 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3":
 # llama.cpp's Gemma 3: every 6th layer global, the rest sliding-window with RoPE base 10k (its
 # `set_swa_pattern(6)` and `rope_freq_base_train_swa`; the GGUF states neither).
 GEMMA3_GLOBAL_EVERY, GEMMA3_LOCAL_THETA = 6, 10000.0
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's Llama 3 RoPE scaling (`llama3_rope_parameters`)
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -180,15 +182,21 @@ def _write_manifest(folder: Path, gguf_path: Path, sha: str) -> None:
 
 def _convert(gguf_path: Path, out: Path) -> None:
     """Write the Hugging Face folder for `gguf_path` into `out` (config, weights, tokenizer)."""
-    from gguf import GGMLQuantizationType
-    from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
+    from gguf import GGMLQuantizationType, quants
+    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict, read_gguf_metadata
 
     try:
         metadata, _ = read_gguf_metadata(str(gguf_path))
         header = GgufHeader.from_file(str(gguf_path))
     except (ValueError, OSError, KeyError) as e:
         raise CheckpointError(f"cannot read {gguf_path} as a GGUF file: {e}") from e
-    config = config_from_gguf(metadata, {t.name for t in header.tensors}, gguf_path)
+    names = {t.name for t in header.tensors}
+    rope_freqs = None
+    if ROPE_FREQS in names:  # llama.cpp's form of Llama 3's RoPE scaling: a factor per frequency
+        info = next(t for t in header.tensors if t.name == ROPE_FREQS)
+        data = np.asarray(load_gguf_state_dict(header)[ROPE_FREQS].data)  # the file's bytes
+        rope_freqs = quants.dequantize(data, GGMLQuantizationType(info.ggml_type)).reshape(-1)
+    config = config_from_gguf(metadata, names, gguf_path, rope_freqs)
     types = sorted({GGMLQuantizationType(t.ggml_type).name for t in header.tensors})
     logger.warning(
         "%s: a %s, its %s tensors dequantized once to float32",
@@ -206,19 +214,21 @@ def _convert(gguf_path: Path, out: Path) -> None:
     _save_tokenizer(gguf_path, out)
 
 
-def config_from_gguf(metadata: dict, tensor_names: set[str], source: Path) -> PreTrainedConfig:
-    """The transformers config (of the family, `ARCHITECTURES`) a GGUF's metadata describes, or a
-    CheckpointError naming what is unsupported."""
+def config_from_gguf(
+    metadata: dict, tensor_names: set[str], source: Path, rope_freqs: np.ndarray | None = None
+) -> PreTrainedConfig:
+    """The transformers config (of the family, `ARCHITECTURES`) a GGUF's metadata describes (and, for a
+    Llama 3, its `rope_freqs` tensor's values), or a CheckpointError naming what is unsupported."""
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise CheckpointError(
             f"{source}: GGUF architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})"
         )
     scaling = metadata.get(f"{arch}.rope.scaling.type")
-    if (scaling not in (None, "none")) or "rope_freqs.weight" in tensor_names:
+    if scaling not in (None, "none") or (ROPE_FREQS in tensor_names and arch != "llama"):
         raise CheckpointError(
-            f"{source}: RoPE scaling ({scaling or 'rope_freqs'}) in a GGUF is not supported (default "
-            "only; a Hugging Face folder's Llama 3 scaling is)"
+            f"{source}: RoPE scaling ({scaling or ROPE_FREQS}) in a GGUF is not supported (default, "
+            "and a Llama 3's rope_freqs)"
         )
     qkv_bias = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias") if arch == "qwen2" else ()
     biases = sorted(n for n in tensor_names if n.endswith(".bias") and not n.endswith(qkv_bias))
@@ -251,6 +261,10 @@ def config_from_gguf(metadata: dict, tensor_names: set[str], source: Path) -> Pr
         eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
     )
+    if rope_freqs is not None:
+        fields["rope_parameters"] = llama3_rope_parameters(
+            rope_freqs, theta, fields["head_dim"], metadata, source
+        )
     if arch == "gemma3":
         fields |= dict(
             # llama.cpp scales queries by 1/sqrt(head_dim) for every Gemma 3 but the 27B
@@ -266,6 +280,62 @@ def config_from_gguf(metadata: dict, tensor_names: set[str], source: Path) -> Pr
             },
         )
     return AutoConfig.for_model(ARCHITECTURES[arch], **fields)
+
+
+def llama3_factors(theta: float, head_dim: int, rope: dict) -> np.ndarray:
+    """The `rope_freqs` values llama.cpp's converter writes for Llama 3's RoPE scaling `rope` (its
+    `LlamaModel.generate_extra_tensors`: a divisor per frequency, computed as it computes them, on
+    float32 torch scalars)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for freq in inv:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def llama3_rope_parameters(
+    rope_freqs: np.ndarray, theta: float, head_dim: int, metadata: dict, source: Path
+) -> dict:
+    """Llama 3's RoPE scaling parameters whose `llama3_factors` are exactly the file's `rope_freqs`.
+
+    The GGUF keeps only the factors; Llama 3's parameters (low and high frequency factors 1 and 4, the
+    largest factor the scaling factor) give them back with the original context length, read from the
+    metadata where stated, else solved from a frequency between the bands (or Llama 3's 8192). A file
+    whose factors no such parameters give is refused, never approximated."""
+    if rope_freqs.shape != (head_dim // 2,):
+        raise CheckpointError(f"{source}: {ROPE_FREQS} has shape {rope_freqs.shape}, not ({head_dim // 2},)")
+    factor = float(rope_freqs.max())
+    low, high = 1.0, 4.0
+    lengths = [metadata.get("llama.rope.scaling.original_context_length"), 8192]
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(np.float64)
+    for f, freq in zip(rope_freqs.astype(np.float64), inv, strict=True):
+        # Between the bands: 1 / f = (1 - s) / factor + s, where s = (L / wavelength - low) / (high - low).
+        if 1.0 < f < factor:
+            s = (1 / f - 1 / factor) / (1 - 1 / factor)
+            lengths.append(round(2 * math.pi / freq * (low + s * (high - low))))
+    for length in (n for n in lengths if n):
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=theta,
+            factor=factor,
+            low_freq_factor=low,
+            high_freq_factor=high,
+            original_max_position_embeddings=int(length),
+        )
+        if np.array_equal(llama3_factors(theta, head_dim, rope), rope_freqs):
+            return rope
+    raise CheckpointError(
+        f"{source}: its {ROPE_FREQS} are not Llama 3's RoPE scaling (no parameters give them)"
+    )
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -293,12 +363,13 @@ def _state_dict(header, config: PreTrainedConfig, source: Path) -> dict[str, tor
     from transformers.integrations.gguf.reader import load_gguf_state_dict
 
     arch = config.model_type
-    unknown = sorted(t.name for t in header.tensors if hf_name(t.name, arch) is None)
+    tensors = [t for t in header.tensors if t.name != ROPE_FREQS]  # read into the config
+    unknown = sorted(t.name for t in tensors if hf_name(t.name, arch) is None)
     if unknown:
         raise CheckpointError(f"{source}: tensors a {arch} does not have: {', '.join(unknown[:5])}")
     raw = load_gguf_state_dict(header)
     out = {}
-    for info in tqdm(header.tensors, desc=f"converting {source.name}", unit="tensor"):
+    for info in tqdm(tensors, desc=f"converting {source.name}", unit="tensor"):
         data = np.asarray(raw[info.name].data)  # the file's bytes (a memory map)
         values = quants.dequantize(data, GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
         name = hf_name(info.name, arch)
