@@ -12,9 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.family_utils import FAMILY_NAMES, GGUF_ARCHS, WINDOW, save_family, tiny_family, write_family_gguf
+from tests.test_rowkernel import needs_row_kernel
 from yue.config import DecodeConfig, Features
 from yue.decode.loop import decode
 from yue.errors import CheckpointError
+from yue.model import inference
 from yue.model.hf import from_llama, load_model
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
@@ -51,6 +53,26 @@ def test_a_family_decodes_as_transformers_greedy_and_verified_equals_ar(name):
     assert ar == expected[0, len(PROMPT) :].tolist()
     assert greedy(model, "verified") == ar
     assert greedy(prepared, "ar") == ar and greedy(prepared, "verified") == ar
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_equal_to_ar(
+    name, monkeypatch
+):
+    """Prepared on yue's row kernel (row-exact matmuls and attention, the family's features in torch
+    around them), a family's `ar` is transformers' greedy and `verified` equals it; in the int4 precision
+    (another precision: its own tokens) `verified` equals `ar` too."""
+    needs_row_kernel()
+    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
+    reference = tiny_family(name)
+    expected = reference.generate(IDS, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    model = from_llama(reference, block_size=4, nar_layers=1).eval()
+    fast = copy.deepcopy(model).prepare_for_decoding(torch.qint8)
+    assert all(layer.exact_rows for layer in fast.model.layers)
+    assert greedy(fast, "ar") == expected[0, len(PROMPT) :].tolist()
+    assert greedy(fast, "verified") == greedy(fast, "ar")
+    int4 = copy.deepcopy(model).prepare_for_decoding(torch.qint8, int4=True)
+    assert greedy(int4, "verified") == greedy(int4, "ar")
 
 
 def test_the_window_and_the_local_rope_change_what_gemma_computes(tmp_path):

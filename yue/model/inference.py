@@ -617,8 +617,6 @@ def prepare_for_decoding(
         raise ValueError("the model is already prepared for decoding")
     if int4:
         why = int4_unavailable(model.device) or ("a float32 model" if model.dtype != torch.float32 else "")
-        if not why and not model.config.layer_features.plain:
-            why = f"Llama's layers (yue's row kernel runs no other); this is a {model.config.family}"
         if why:
             raise ValueError(f"the int4 precision needs {why}")
     if model.device.type == "cpu":
@@ -653,19 +651,16 @@ def prepare_for_decoding(
     input_major(model)
     release_freed_memory()
     model.model.prepared = True
-    plain = model.config.layer_features.plain
-    if not plain:
-        # The fused path (`DecodeSet`, the row kernel's layers) is Llama's layer; a family's other
-        # differences (`config.Features`) run on the layers' own torch path, head and drafting as above.
-        logger.warning(
-            "%s layers decode on torch's path (fused matmuls and yue's row kernel cover Llama's layers "
-            "only): slower, the same values",
-            model.config.family,
-        )
-    for layer in model.model.layers if plain else ():
+    if not model.config.layer_features.plain:
+        # A family's differences from Llama's layer (`config.Features`) run in torch around the fused
+        # matmuls (`DecodeSet`); the row kernel's one-call layer is Llama's only.
+        logger.info("%s layers: fused matmuls, each layer in several calls", model.config.family)
+    for layer in model.model.layers:
         sets = []
         for nar in (False, True)[: 1 + layer.has_nar]:
             _, proj, _, mlp = layer._sets(nar)
+            biases = [proj.q_proj.bias, proj.k_proj.bias, proj.v_proj.bias]
+            qkv_bias = None if biases[0] is None else torch.cat(biases).detach()  # (H + 2 Hkv) Dh
             qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
             gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
             if nar and drafting_dtype is not None:
@@ -675,7 +670,8 @@ def prepare_for_decoding(
                 # The separate NAR modules are lowered too: no float copy of the NAR set stays alive.
                 for module in (proj, mlp):
                     for name, child in list(module.named_children()):
-                        setattr(module, name, lower(child))
+                        if isinstance(child, nn.Linear) and child.bias is None:  # biased ones stay float
+                            setattr(module, name, lower(child))
             matmuls = [
                 int4_matmul(m) if int4 and not nar else row_adaptive(m, one_copy and not streamed, rows)
                 for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
@@ -688,7 +684,17 @@ def prepare_for_decoding(
                 # process, 8 calibration prompts x 96 tokens, Xeon); bfloat16's nearly free verifying
                 # rows (AMX) verify many, where one padded call pays (`verified` 1.085x, `ar` 0.973x).
                 attention = "per-row"
-            sets.append(DecodeSet(layer, nar, *matmuls, exact=exact, attention=attention, row_norm=row_ops))
+            sets.append(
+                DecodeSet(
+                    layer,
+                    nar,
+                    *matmuls,
+                    exact=exact,
+                    attention=attention,
+                    row_norm=row_ops,
+                    qkv_bias=qkv_bias,
+                )
+            )
         layer.decode_sets = nn.ModuleList(sets)
         if layer.exact_rows:
             release_unpacked(layer)

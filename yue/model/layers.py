@@ -188,6 +188,7 @@ class DecodeSet(nn.Module):
         exact: bool = False,
         attention: str = "padded",
         row_norm: bool = False,
+        qkv_bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
@@ -209,9 +210,25 @@ class DecodeSet(nn.Module):
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
         kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()
         one_kind = len(kinds) == 1 and kinds <= rowkernel.LAYER_KINDS.keys()
-        whole = (exact or nar) and row_norm and attention == "kernel" and one_kind
+        whole = (exact or nar) and row_norm and attention == "kernel" and one_kind and layer.plain
         self.blocked = tuple(blocked) if whole else None
-        norm, _, post_norm, _ = layer._sets(nar)
+        norm, proj, post_norm, mlp = layer._sets(nar)
+        # The family's differences from Llama's layer (`config.Features`), in torch around the fused
+        # matmuls (the row kernel's one-call layer is Llama's): Q/K/V biases (`qkv_bias`, (H + 2 Hkv) Dh,
+        # added after the bias-free fused matmul), per-head Q/K norms, Gemma's norms and GeGLU. Tuples:
+        # the layer's own modules and tensors, not registered twice.
+        self.qkv_bias = None if qkv_bias is None else (qkv_bias,)
+        self.qk_norms = (proj.q_norm, proj.k_norm) if hasattr(proj, "q_norm") else None
+        prefix = "nar_" if nar else ""
+        self.ffn_norms = (
+            (
+                getattr(layer, prefix + "pre_feedforward_layernorm"),
+                getattr(layer, prefix + "post_feedforward_layernorm"),
+            )
+            if layer.sandwich
+            else None
+        )
+        self.act = mlp.act
         # The call's unchanging arguments (`rowkernel.LayerWeights`); int8 codes bring their scales per
         # output, the four matmuls' concatenated.
         scales = torch.cat([m.scale[0] for m in matmuls]) if whole and kinds == {"i8dot"} else None
@@ -224,14 +241,25 @@ class DecodeSet(nn.Module):
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
 
+    def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """A layer norm over 2-d rows: `rms_norm` (the row kernel's, where set), or Gemma's (1 + w)
+        module."""
+        return norm(x) if norm.offset else self.rms_norm(x, norm.weight, norm.eps)
+
     def qkv_rope(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """As `MoTLayer._qkv`, with one matmul and one rotation: (q, k, v) from h (B, T, D)."""
         norm = self.shared[0]
         H, Hkv, Dh = self.heads
         B, T, D = h.shape
         # The matmuls take 2-d rows (B * T, D): one `mm` for a one-row step (`RowAdaptiveLinear`).
-        x = self.rms_norm(h.reshape(B * T, D), norm.weight, norm.eps)
-        qkv = self.qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        x = self._norm(h.reshape(B * T, D), norm)
+        qkv = self.qkv(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias[0]
+        qkv = qkv.view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        if self.qk_norms is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
+            q, k = self.qk_norms[0](qkv[:, :H]), self.qk_norms[1](qkv[:, H : H + Hkv])
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), qkv[:, H + Hkv :]
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
         return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
 
@@ -247,9 +275,16 @@ class DecodeSet(nn.Module):
         _, o_proj, post_norm, down_proj = self.shared
         B, H, T, Dh = o.shape
         rows = h.reshape(B * T, -1)
-        rows = rows + o_proj(o.transpose(1, 2).reshape(B * T, H * Dh))
-        gate, up = self.gate_up(self.rms_norm(rows, post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
-        return (rows + down_proj(F.silu(gate) * up)).view(h.shape)
+        out = o_proj(o.transpose(1, 2).reshape(B * T, H * Dh))
+        if self.ffn_norms is None:
+            rows = rows + out
+            gate, up = self.gate_up(self._norm(rows, post_norm)).chunk(2, dim=-1)
+            return (rows + down_proj(self.act(gate) * up)).view(h.shape)
+        # Gemma: the attention output normed before its residual add, the MLP between two norms.
+        pre, post = self.ffn_norms
+        rows = rows + post_norm(out)
+        gate, up = self.gate_up(pre(rows)).chunk(2, dim=-1)
+        return (rows + post(down_proj(self.act(gate) * up))).view(h.shape)
 
 
 def _padded_additive(visible: torch.Tensor, keys: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
@@ -335,7 +370,7 @@ class MoTLayer(nn.Module):
         # The family's attention differences (`Features`): softmax scale (None: SDPA's 1/sqrt(Dh)),
         # and whether this layer attends through a sliding window (`MoTModel` passes it that mask).
         self.attn_scale, self.sliding = feats.attn_scale, feats.sliding(layer)
-        self.sandwich = feats.sandwich_norms
+        self.sandwich, self.plain = feats.sandwich_norms, feats.plain
         d, eps, offset = config.hidden_size, config.rms_norm_eps, feats.norm_offset
         # AR set: Hugging Face names (Llama's; Gemma's two more norms), so `export-ar` is a rename-free copy.
         self.input_layernorm = RMSNorm(d, eps, offset)
@@ -486,7 +521,12 @@ class MoTLayer(nn.Module):
             mask = _padded_step_mask(mask, start, T, keys, rows, q.dtype, row0)
         q = torch.cat([q, q.new_zeros(B, H, rows - T, Dh)], dim=2)
         o = F.scaled_dot_product_attention(
-            q, k_buf[:, :, :keys], v_buf[:, :, :keys], mask, enable_gqa=self.n_kv != self.n_heads
+            q,
+            k_buf[:, :, :keys],
+            v_buf[:, :, :keys],
+            mask,
+            scale=self.attn_scale,
+            enable_gqa=self.n_kv != self.n_heads,
         )
         return o[:, :, :T]
 
@@ -507,7 +547,12 @@ class MoTLayer(nn.Module):
             m = None if mask is None else mask[..., t : t + 1, :S]
             rows.append(
                 F.scaled_dot_product_attention(
-                    q[:, :, t : t + 1], k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=gqa
+                    q[:, :, t : t + 1],
+                    k_buf[:, :, :S],
+                    v_buf[:, :, :S],
+                    m,
+                    scale=self.attn_scale,
+                    enable_gqa=gqa,
                 )
             )
         return torch.cat(rows, dim=2)
@@ -522,7 +567,7 @@ class MoTLayer(nn.Module):
 
         `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """
-        return rowkernel.attention(q, *kv, kernel_mask(mask, start, q.shape[2]), start)
+        return rowkernel.attention(q, *kv, kernel_mask(mask, start, q.shape[2]), start, self.attn_scale)
 
     def forward(
         self,

@@ -478,18 +478,25 @@ def _mask(visible: torch.Tensor | None) -> tuple:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, start: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    start: int,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of T float32 queries q (B, H, T, Dh) at cache indices [start, start + T) over the cache
     buffers k, v (B, Hkv, capacity, Dh), each query on its own (`rows_attention`): `visible` (1|B, T,
-    start + T) uint8, 1 = may attend, or None (query t sees keys up to its own, start + t). Returns
-    (B, H, T, Dh), a view of (B, T, H, Dh) storage (what the output projection reads)."""
+    start + T) uint8, 1 = may attend, or None (query t sees keys up to its own, start + t); softmax scale
+    `scale` (None: Dh ** -0.5). Returns (B, H, T, Dh), a view of (B, T, H, Dh) storage (what the output
+    projection reads)."""
     B, H, T, Dh = q.shape
     assert q.dtype == k.dtype == v.dtype == torch.float32 and attention_fits(Dh)
     assert q.stride(-1) == 1 and k.stride() == v.stride() and k.stride(-1) == 1 and k.stride(-2) == Dh
     o = torch.empty(B, T, H, Dh, dtype=torch.float32)
     args = [q, *q.stride()[:3], k, v, *k.stride()[:2], *_mask(visible), o, B, H, k.shape[1], T, Dh, start]
-    library().rows_attention(*_pointers(*args, Dh**-0.5, torch.get_num_threads()))
+    scale = Dh**-0.5 if scale is None else scale
+    library().rows_attention(*_pointers(*args, scale, torch.get_num_threads()))
     return o.transpose(1, 2)
 
 
