@@ -215,7 +215,7 @@ def check_llama(config, folder: Path) -> None:
 def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_dir: Path) -> None:
     """A yue folder's config must describe the AR set its ar_source provides, field by field (floats to
     float32 precision: a GGUF stores rms_norm_eps 1e-5 as 9.99999975e-06)."""
-    for field in AR_SHAPE_FIELDS:
+    for field in (*AR_SHAPE_FIELDS, "family", "layer_features"):  # the layer's family and its features too
         ours, theirs = getattr(config, field), getattr(llama, field)
         if ours != theirs and not (isinstance(ours, float) and math.isclose(ours, theirs, rel_tol=1e-6)):
             raise CheckpointError(
@@ -235,8 +235,6 @@ AR_SHAPE_FIELDS = (
     "rms_norm_eps",
     "rope_theta",
     "tie_word_embeddings",
-    "family",
-    "layer_features",
 )
 
 
