@@ -160,3 +160,25 @@ def test_llama3_rope_parameters_come_back_from_llama_cpp_factors_or_the_file_is_
     factors[31] *= 1.001
     with pytest.raises(CheckpointError, match="rope_freqs"):
         llama3_rope_parameters(factors, 500000.0, 128, {}, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_a_family_gguf_runs_in_the_engine_with_its_chat_template(tmp_path, name):
+    """`yue.load` on a family's GGUF: the file's tokenizer and chat template, and `ar` is transformers'
+    greedy on the same weights."""
+    import json
+
+    import yue
+    from yue.model.gguf import convert_gguf
+
+    reference = write_family_gguf(tmp_path / f"{name}.gguf", name, "Q8_0")
+    engine = yue.load(tmp_path / f"{name}.gguf")
+    prompt = "Hello, world! How are"
+    ids = engine.encode(prompt)
+    ours = engine.generate(prompt, mode="ar", max_new_tokens=12, ignore_eos=True).token_ids
+    expected = reference.generate(
+        torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    assert ours == expected[0, len(ids) :].tolist()
+    folder = convert_gguf(tmp_path / f"{name}.gguf")
+    assert "<|im_start|>" in json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
