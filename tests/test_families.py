@@ -182,3 +182,18 @@ def test_a_family_gguf_runs_in_the_engine_with_its_chat_template(tmp_path, name)
     assert ours == expected[0, len(ids) :].tolist()
     folder = convert_gguf(tmp_path / f"{name}.gguf")
     assert "<|im_start|>" in json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_a_llama3_ar_set_exports_as_transformers_llama_and_other_families_are_refused(tmp_path):
+    from yue.model.hf import export_ar
+
+    for name in ("llama3", "qwen3"):
+        save_family(name, tmp_path / name)
+    model = load_model(tmp_path / "llama3")
+    folder = export_ar(model, tmp_path / "exported")
+    exported = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    assert exported.config.rope_parameters["rope_type"] == "llama3"
+    with torch.no_grad():
+        assert torch.equal(exported(IDS).logits, model(IDS).logits)
+    with pytest.raises(ValueError, match="qwen3, not a Llama"):
+        export_ar(load_model(tmp_path / "qwen3"), tmp_path / "nope")

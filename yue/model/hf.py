@@ -314,14 +314,25 @@ def _fill_unused(model: YueForCausalLM, dtype: torch.dtype) -> None:
 
 
 def llama_config_from(config: YueConfig) -> LlamaConfig:
-    """The `LlamaConfig` whose model has exactly our AR set's shapes.
+    """The `LlamaConfig` whose model has exactly our AR set's shapes (and Llama 3's RoPE scaling).
 
     Raises:
-        ValueError: an AR set of another family, or with Llama 3's RoPE scaling (not a Llama 2 layer).
+        ValueError: an AR set of another family (`config.family`): not a Llama's layer.
     """
-    if config.family != "llama" or config.features:
+    features = config.layer_features
+    if config.family != "llama" or features.to_dict().keys() - {"llama3_rope"}:
         raise ValueError(
-            f"the AR set is a {config.family} with {config.features}: it exports only as a Llama 2"
+            f"the AR set is a {config.family}, not a Llama: it does not export as LlamaForCausalLM"
+        )
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if features.llama3_rope is not None:
+        factor, low, high, original = features.llama3_rope
+        rope |= dict(
+            rope_type="llama3",
+            factor=factor,
+            low_freq_factor=low,
+            high_freq_factor=high,
+            original_max_position_embeddings=original,
         )
     return LlamaConfig(
         vocab_size=config.vocab_size,
@@ -333,7 +344,7 @@ def llama_config_from(config: YueConfig) -> LlamaConfig:
         head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters=rope,
         tie_word_embeddings=config.tie_word_embeddings,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
