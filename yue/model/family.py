@@ -20,10 +20,9 @@ from pathlib import Path
 from yue.config import Features
 from yue.errors import CheckpointError
 
-# Where an unsupported feature is refused, the message names the source and the feature.
-
 
 def _refuse(source, feature: str, value) -> None:
+    """The error for a feature the yue layer lacks: it names the source and the feature."""
     raise CheckpointError(f"{source}: {feature} = {value!r} is not supported by the yue layer")
 
 
@@ -46,6 +45,14 @@ def _rope(cfg, source, params: dict | None = None) -> tuple[float, tuple | None]
         int(original),
     )
     return theta, scaling
+
+
+def _plain_rope(cfg, source, params: dict | None = None) -> float:
+    """rope_theta of a family whose RoPE is unscaled (`_rope`, Llama 3's refused too)."""
+    theta, llama3 = _rope(cfg, source, params)
+    if llama3 is not None:
+        _refuse(source, "rope_type", "llama3")
+    return theta
 
 
 def _silu_only(cfg, source, key: str = "hidden_act") -> None:
@@ -73,19 +80,13 @@ def _llama(cfg, source) -> tuple[float, Features]:
 
 def _mistral(cfg, source) -> tuple[float, Features]:
     _silu_only(cfg, source)
-    theta, llama3 = _rope(cfg, source)
-    if llama3 is not None:
-        _refuse(source, "rope_type", "llama3")
-    return theta, Features(sliding_window=getattr(cfg, "sliding_window", None))
+    return _plain_rope(cfg, source), Features(sliding_window=getattr(cfg, "sliding_window", None))
 
 
 def _qwen2(cfg, source) -> tuple[float, Features]:
     _silu_only(cfg, source)
     _no_sliding(cfg, source)
-    theta, llama3 = _rope(cfg, source)
-    if llama3 is not None:
-        _refuse(source, "rope_type", "llama3")
-    return theta, Features(qkv_bias=True)
+    return _plain_rope(cfg, source), Features(qkv_bias=True)
 
 
 def _qwen3(cfg, source) -> tuple[float, Features]:
@@ -93,10 +94,7 @@ def _qwen3(cfg, source) -> tuple[float, Features]:
         _refuse(source, "attention_bias", True)
     _silu_only(cfg, source)
     _no_sliding(cfg, source)
-    theta, llama3 = _rope(cfg, source)
-    if llama3 is not None:
-        _refuse(source, "rope_type", "llama3")
-    return theta, Features(qk_norm=True)
+    return _plain_rope(cfg, source), Features(qk_norm=True)
 
 
 def _gemma3(cfg, source) -> tuple[float, Features]:
@@ -111,11 +109,8 @@ def _gemma3(cfg, source) -> tuple[float, Features]:
     types = list(cfg.layer_types)
     if set(types) - {"sliding_attention", "full_attention"}:
         _refuse(source, "layer_types", sorted(set(types)))
-    rope = cfg.rope_parameters
-    theta, scaling = _rope(cfg, source, rope["full_attention"])
-    local_theta, local_scaling = _rope(cfg, source, rope["sliding_attention"])
-    if scaling is not None or local_scaling is not None:
-        _refuse(source, "rope_type", "llama3")
+    theta = _plain_rope(cfg, source, cfg.rope_parameters["full_attention"])
+    local_theta = _plain_rope(cfg, source, cfg.rope_parameters["sliding_attention"])
     return theta, Features(
         qk_norm=True,
         norm_offset=1.0,
