@@ -78,6 +78,9 @@ def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kin
     nudged = w.clone()
     nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))  # one value off by one ulp
     assert rowkernel.q4_block(nudged) is None
+    # The int4 precision takes the same codes, scales and minimums: its weights are the file's.
+    codes, d, m = rowkernel.q4_groups(w, float16_scale=True)
+    assert torch.equal((codes * d + m).reshape(out, inp), w) and 0 <= codes.min() <= codes.max() <= 15
 
 
 @pytest.mark.parametrize("kind", ["Q5_K", "Q6_K"])
