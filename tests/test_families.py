@@ -197,3 +197,15 @@ def test_a_llama3_ar_set_exports_as_transformers_llama_and_other_families_are_re
         assert torch.equal(exported(IDS).logits, model(IDS).logits)
     with pytest.raises(ValueError, match="qwen3, not a Llama"):
         export_ar(load_model(tmp_path / "qwen3"), tmp_path / "nope")
+
+
+def test_a_gguf_with_a_logit_softcap_is_refused_by_name(tmp_path):
+    from yue.model.gguf import config_from_gguf
+
+    metadata = {
+        "general.architecture": "gemma3",
+        "gemma3.final_logit_softcapping": 30.0,
+        "tokenizer.ggml.tokens": 320,
+    }
+    with pytest.raises(CheckpointError, match="final_logit_softcapping"):
+        config_from_gguf(metadata, {"token_embd.weight"}, tmp_path / "g.gguf")

@@ -230,6 +230,11 @@ def config_from_gguf(
             f"{source}: RoPE scaling ({scaling or ROPE_FREQS}) in a GGUF is not supported (default, "
             "and a Llama 3's rope_freqs)"
         )
+    for cap in ("final_logit_softcapping", "attn_logit_softcapping"):  # Gemma 2's; none in a Gemma 3
+        if metadata.get(f"{arch}.{cap}") is not None:
+            raise CheckpointError(
+                f"{source}: {cap} = {metadata[f'{arch}.{cap}']} is not supported by the yue layer"
+            )
     qkv_bias = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias") if arch == "qwen2" else ()
     biases = sorted(n for n in tensor_names if n.endswith(".bias") and not n.endswith(qkv_bias))
     if biases:
