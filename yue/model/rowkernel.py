@@ -257,13 +257,13 @@ def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     (`rows_q4_pack`).
 
     A weight qualifies where each group of 32 inputs of an output is code * d + m (one float32
-    rounding), codes 0..15, d a float16 value, in one of two forms: codes spanning the group (0 at its
-    minimum, 15 at its maximum), a GGUF's Q4_1 weights dequantized to float32 (`gguf.py`, as llama.cpp's
-    reference dequantizer computes them); or (code - 8) * d with the group's value of largest magnitude
-    at code 0 (m = -8 d), a GGUF's Q4_0 weights; or, d and m of up to 17 significant bits and codes that
-    need not reach either end, a GGUF's Q4_K weights (`q4k_group` in the C file finds them: ~25 ms a
-    million weights, one thread). Every value is checked, so a weight that is not such (a trained one,
-    another quantization) is refused, never approximated; most are refused at their first group.
+    rounding), codes 0..15, in one of three forms: codes spanning the group (0 at its minimum, 15 at its
+    maximum), d a float16 value: a GGUF's Q4_1 weights dequantized to float32 (`gguf.py`, as llama.cpp's
+    reference dequantizer computes them); (code - 8) * d with the group's value of largest magnitude at
+    code 0 (m = -8 d): a GGUF's Q4_0 weights; or d and m of up to 17 significant bits and codes that
+    need not reach either end: a GGUF's Q4_K weights (`q4k_group` in the C file finds them; the README
+    gives the cost). Every value is checked, so a weight that is not such (a trained one, another
+    quantization) is refused, never approximated; most are refused at their first group.
     """
     lib = library()
     return _codes(w, lib.rows_q4_pack, lib.rows_q4_bytes())
