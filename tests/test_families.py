@@ -209,3 +209,23 @@ def test_a_gguf_with_a_logit_softcap_is_refused_by_name(tmp_path):
     }
     with pytest.raises(CheckpointError, match="final_logit_softcapping"):
         config_from_gguf(metadata, {"token_embd.weight"}, tmp_path / "g.gguf")
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_sliding_windows_in_a_batch_decode_each_row_as_alone(name):
+    """Rows of other lengths in one batch, `verified` leaving holes in the cache where rows keep fewer
+    drafts: each row's window is over its own positions (`KVCache.key_positions`), so every row's
+    tokens are those it gets decoded alone."""
+    prompts = [PROMPT, [3, 9, 27, 81, 43, 129, 87, 261, 13, 39, 117, 31, 93, 279], PROMPT[:10]]
+    model = from_llama(tiny_family(name), block_size=4).eval().prepare_for_decoding(torch.qint8)
+
+    def rows(batch: list[list[int]], mode: str) -> list[list[int]]:
+        cfg = DecodeConfig(mode=mode, max_new_tokens=20, ignore_eos=True).resolved(model.config)
+        out = [[] for _ in batch]
+        for em in decode(model, batch, cfg):
+            for b, tokens in enumerate(em.tokens):
+                out[b] += tokens
+        return out
+
+    alone = [rows([p], "ar")[0] for p in prompts]
+    assert rows(prompts, "ar") == alone and rows(prompts, "verified") == alone

@@ -130,20 +130,22 @@ class MoTModel(nn.Module):
             return h
         return h * torch.tensor(self.embed_scale, dtype=torch.float32).to(h.dtype)
 
-    def _local(self, positions, dtype, mask, start) -> tuple | None:
+    def _local(self, positions, dtype, mask, start, cache: KVCache | None = None) -> tuple | None:
         """For sliding-window layers (None where the stack has none): (cos, sin, mask), RoPE rows from
         their own table (else the global one's) and the step's mask with each query's window applied.
 
         The window is over positions: a query at position p sees keys at positions > p - W (transformers'
-        `sliding_window_overlay`). Keys [0, start) in the cache are committed ones, at their own index;
-        this step's keys are at `positions`. mask None (every key) becomes the window alone.
+        `sliding_window_overlay`). Keys [0, start) in the cache are committed ones, at each row's
+        position for the column (`KVCache.key_positions`: holes and padding counted out); this step's
+        keys are at `positions`. mask None (every key) becomes the window alone.
         positions: (T,) or (B, T); mask: (1|B, 1, T, S) bool or None."""
         if self.window is None:
             return None
         cos, sin = (self.local_rope or self.rope).lookup(positions, dtype)
         q = positions if positions.dim() == 2 else positions[None]  # (1|B, T)
-        cached = torch.arange(start, device=q.device).expand(q.shape[0], start)
-        keys = torch.cat([cached, q], dim=1)  # (1|B, S)
+        cached = torch.arange(start, device=q.device)[None] if cache is None else cache.key_positions(start)
+        B = max(q.shape[0], cached.shape[0])
+        keys = torch.cat([cached.expand(B, start), q.expand(B, q.shape[1])], dim=1)  # (1|B, S)
         band = (keys[:, None, :] > q[:, :, None] - self.window)[:, None]  # (1|B, 1, T, S)
         if mask is not None:
             band = band & mask
@@ -189,7 +191,7 @@ class MoTModel(nn.Module):
                 (the slots' anchors of a later drafting pass), or None when slots enter at the embedding.
         """
         cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
-        local = self._local(positions, self.embed_tokens.weight.dtype, mask, start)
+        local = self._local(positions, self.embed_tokens.weight.dtype, mask, start, cache)
         if self.slot_entry is None:
             h = self.embed(tokens)
             h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
