@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal, get_args
 
 from transformers import PreTrainedConfig
@@ -20,6 +20,76 @@ Mode = Literal["ar", "verified", "hybrid", "nar"]
 MODES: tuple[str, ...] = get_args(Mode)
 Drafting = Literal["separate", "fused"]
 DRAFTINGS: tuple[str, ...] = get_args(Drafting)
+
+
+Activation = Literal["silu", "gelu_tanh"]
+
+
+@dataclass(frozen=True)
+class Features:
+    """How a model family's layers differ from Llama's (DESIGN §9): each field one named difference that
+    the shared layer code applies (`model/layers.py`, `model/mot.py`), so a family is data, not a fork.
+    Read from a Hugging Face config or GGUF metadata by `model/family.py`; the defaults are Llama's."""
+
+    # Biases on the Q, K and V projections (Qwen2 / Qwen2.5).
+    qkv_bias: bool = False
+    # An RMSNorm over each head of Q and of K, before RoPE (Qwen3, Gemma 3).
+    qk_norm: bool = False
+    # Norm weights applied as (offset + w): 1.0 for Gemma's (1 + w) RMSNorm, 0.0 for Llama's.
+    norm_offset: float = 0.0
+    # Gemma's four norms a layer: attention output and MLP output normed before their residual adds,
+    # the MLP input by its own norm (`pre_feedforward_layernorm`).
+    sandwich_norms: bool = False
+    # The gated MLP's activation: SwiGLU's silu, or GeGLU's tanh-approximated GELU (Gemma).
+    activation: Activation = "silu"
+    # Embeddings multiplied by sqrt(hidden_size) (Gemma).
+    embed_scale: bool = False
+    # Attention's softmax scale (Gemma: query_pre_attn_scalar ** -0.5); None = head_dim ** -0.5.
+    attn_scale: float | None = None
+    # Keys a sliding-window layer's query sees, its own included (Mistral, Gemma 3); None = every key.
+    sliding_window: int | None = None
+    # Per layer, whether it is a sliding-window one (Gemma 3's local layers between global ones); empty =
+    # every layer is, where `sliding_window` is set (Mistral).
+    sliding_layers: tuple[bool, ...] = ()
+    # RoPE base of the sliding-window layers where it differs from `rope_theta` (Gemma 3's 10k local).
+    local_rope_theta: float | None = None
+    # Llama 3's RoPE scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).
+    llama3_rope: tuple[float, float, float, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.activation not in get_args(Activation):
+            raise ValueError(
+                f"features.activation must be one of {get_args(Activation)}, got {self.activation!r}"
+            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"features.sliding_window must be >= 1, got {self.sliding_window}")
+
+    @property
+    def plain(self) -> bool:
+        """Whether these are Llama's layers with RoPE as Llama 2's (what yue's fused decode path runs)."""
+        return self == Features(llama3_rope=self.llama3_rope)
+
+    def sliding(self, layer: int) -> bool:
+        """Whether layer `layer` attends through a sliding window."""
+        if self.sliding_window is None:
+            return False
+        return self.sliding_layers[layer] if self.sliding_layers else True
+
+    def to_dict(self) -> dict:
+        """JSON-ready, only the fields that differ from Llama's (a Llama config stays as it was)."""
+        plain = Features()
+        return {k: v for k, v in vars(self).items() if v != getattr(plain, k)}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Features:
+        d = dict(d or {})
+        for name in ("sliding_layers", "llama3_rope"):
+            if d.get(name) is not None:
+                d[name] = tuple(d[name])
+        unknown = sorted(d.keys() - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"features: unknown field(s) {', '.join(unknown)}")
+        return cls(**d)
 
 
 class YueConfig(PreTrainedConfig):
@@ -87,6 +157,10 @@ class YueConfig(PreTrainedConfig):
     # held where drafts 1..j-1 did. The prior of each request's record of them (`AcceptanceRecord`);
     # None, or a kind not listed: c_j = 1 (draft, and learn from the request).
     free_draft_rates: dict | None = None
+    # The AR set's model family ("llama", "qwen2", "qwen3", "gemma3_text", "mistral") and how its layers
+    # differ from Llama's (`Features.to_dict`; None = Llama's), read by `model/family.py`.
+    family: str = "llama"
+    features: dict | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -115,6 +189,14 @@ class YueConfig(PreTrainedConfig):
                 isinstance(c, int | float) and 0 <= c <= 1 for c in rates
             ):
                 raise ValueError(f"free_draft_rates[{kind!r}]: a list of rates in [0, 1], got {rates!r}")
+        layer_features = self.layer_features
+        if layer_features.sliding_layers and len(layer_features.sliding_layers) != self.num_hidden_layers:
+            raise ValueError("features.sliding_layers must name every layer")
+
+    @property
+    def layer_features(self) -> Features:
+        """The family's differences from Llama's layers (`Features`)."""
+        return Features.from_dict(self.features)
 
     @property
     def nar_start(self) -> int:

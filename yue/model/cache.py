@@ -83,6 +83,14 @@ class KVCache:
         self.key_valid = idx[None, :] >= pads[:, None]
         self.seq_lens -= pads.to(self.seq_lens.device)
 
+    def key_positions(self, n: int) -> torch.Tensor:
+        """RoPE positions of cache columns [0, n), (1|B, n): each row's valid columns counted from 0
+        (a sliding window is over positions, `mot.MoTModel._local`); a hole or padding column, which
+        every mask blocks, gets its predecessor's (or -1)."""
+        if self.key_valid is None:
+            return torch.arange(n, device=self.k.device)[None]
+        return self.key_valid[:, :n].long().cumsum(-1) - 1
+
     def positions(self, offsets: torch.Tensor, padded: bool = False) -> torch.Tensor:
         """RoPE positions of a step's new tokens: seq_lens[b] + offsets, (B, T). offsets: (T,) long,
         each token's place after the row's last token (a slot block: its anchor's place + 1, ...).

@@ -31,6 +31,7 @@ from transformers.utils import logging as hf_logging
 
 from yue.config import YueConfig
 from yue.errors import CheckpointError
+from yue.model.family import FAMILIES, yue_fields
 from yue.model.gguf import convert_gguf, source_sha256
 from yue.model.mot import YueForCausalLM
 from yue.registry import ar_source
@@ -110,11 +111,12 @@ def model_files(path: str | Path) -> ModelFiles:
         return ModelFiles(None, ar, ar)
     path = check_checkpoint(path)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    if model_type == "llama":
+    if model_type in FAMILIES:
         return ModelFiles(None, path, path)
     if model_type != "yue":
         raise CheckpointError(
-            f"{path / 'config.json'}: model_type {model_type!r} is not supported ('yue' or 'llama')"
+            f"{path / 'config.json'}: model_type {model_type!r} is not supported ('yue' or one of "
+            f"{', '.join(FAMILIES)})"
         )
     source = ar_source(path)
     if source is None:
@@ -205,22 +207,15 @@ def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausa
 
 
 def check_llama(config, folder: Path) -> None:
-    """Refuse what the yue layer cannot run, naming it."""
-    if config.model_type != "llama":
-        raise CheckpointError(f"{folder}: model_type {config.model_type!r} is not supported (only 'llama')")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise CheckpointError(f"{folder}: attention/MLP biases are not supported by the yue layer")
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise CheckpointError(
-            f"{folder}: RoPE scaling {rope.get('rope_type')!r} is not supported (default only)"
-        )
+    """Refuse what the yue layer cannot run, naming it: a family outside `family.FAMILIES`, or a feature
+    of one that the layer lacks (`family.yue_fields`)."""
+    yue_fields(config, folder)
 
 
 def _check_same_ar_shape(config: YueConfig, llama: YueConfig, yue_dir: Path, ar_dir: Path) -> None:
     """A yue folder's config must describe the AR set its ar_source provides, field by field (floats to
     float32 precision: a GGUF stores rms_norm_eps 1e-5 as 9.99999975e-06)."""
-    for field in AR_SHAPE_FIELDS:
+    for field in (*AR_SHAPE_FIELDS, "family", "layer_features"):  # the layer's family and its features too
         ours, theirs = getattr(config, field), getattr(llama, field)
         if ours != theirs and not (isinstance(ours, float) and math.isclose(ours, theirs, rel_tol=1e-6)):
             raise CheckpointError(
@@ -319,7 +314,26 @@ def _fill_unused(model: YueForCausalLM, dtype: torch.dtype) -> None:
 
 
 def llama_config_from(config: YueConfig) -> LlamaConfig:
-    """The `LlamaConfig` whose model has exactly our AR set's shapes."""
+    """The `LlamaConfig` whose model has exactly our AR set's shapes (and Llama 3's RoPE scaling).
+
+    Raises:
+        ValueError: an AR set of another family (`config.family`): not a Llama's layer.
+    """
+    features = config.layer_features
+    if config.family != "llama" or features.to_dict().keys() - {"llama3_rope"}:
+        raise ValueError(
+            f"the AR set is a {config.family}, not a Llama: it does not export as LlamaForCausalLM"
+        )
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if features.llama3_rope is not None:
+        factor, low, high, original = features.llama3_rope
+        rope |= dict(
+            rope_type="llama3",
+            factor=factor,
+            low_freq_factor=low,
+            high_freq_factor=high,
+            original_max_position_embeddings=original,
+        )
     return LlamaConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
@@ -330,7 +344,7 @@ def llama_config_from(config: YueConfig) -> LlamaConfig:
         head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters=rope,
         tie_word_embeddings=config.tie_word_embeddings,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -397,30 +411,13 @@ def from_llama(llama: LlamaForCausalLM, block_size: int = 8, mask_token_id: int 
 
 
 def yue_config_from_llama(lc, **overrides) -> YueConfig:
-    """The YueConfig whose AR set has exactly a `LlamaConfig`'s shapes and token ids.
+    """The YueConfig whose AR set has exactly a Llama-family config's shapes, token ids and family
+    features (`family.yue_fields`: Llama, Qwen2, Qwen3, Gemma 3, Mistral).
 
     Args:
-        lc: a LlamaConfig.
+        lc: a transformers config of one of `family.FAMILIES`.
         overrides: further YueConfig fields (block_size, mask_token_id, nar_layers, ...). The mask id
             defaults to the pad id, else the EOS id: an AR-only model never feeds it, and a NAR set
             learns the embedding it gives slots.
     """
-    eos = lc.eos_token_id[0] if isinstance(lc.eos_token_id, list) else lc.eos_token_id
-    fields = dict(
-        vocab_size=lc.vocab_size,
-        hidden_size=lc.hidden_size,
-        intermediate_size=lc.intermediate_size,
-        num_hidden_layers=lc.num_hidden_layers,
-        num_attention_heads=lc.num_attention_heads,
-        num_key_value_heads=lc.num_key_value_heads,
-        head_dim=getattr(lc, "head_dim", None) or lc.hidden_size // lc.num_attention_heads,
-        max_position_embeddings=lc.max_position_embeddings,
-        rms_norm_eps=lc.rms_norm_eps,
-        rope_theta=(getattr(lc, "rope_parameters", None) or {}).get("rope_theta", 10000.0),
-        tie_word_embeddings=lc.tie_word_embeddings,
-        bos_token_id=lc.bos_token_id,
-        eos_token_id=lc.eos_token_id,
-        pad_token_id=lc.pad_token_id,
-        mask_token_id=lc.pad_token_id if lc.pad_token_id is not None else eos,
-    )
-    return YueConfig(**(fields | overrides))
+    return YueConfig(**(yue_fields(lc) | overrides))

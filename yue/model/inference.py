@@ -650,10 +650,17 @@ def prepare_for_decoding(
         )
     input_major(model)
     release_freed_memory()
+    model.model.prepared = True
+    if not model.config.layer_features.plain:
+        # A family's differences from Llama's layer (`config.Features`) run in torch around the fused
+        # matmuls (`DecodeSet`); the row kernel's one-call layer is Llama's only.
+        logger.info("%s layers: fused matmuls, each layer in several calls", model.config.family)
     for layer in model.model.layers:
         sets = []
         for nar in (False, True)[: 1 + layer.has_nar]:
             _, proj, _, mlp = layer._sets(nar)
+            biases = [proj.q_proj.bias, proj.k_proj.bias, proj.v_proj.bias]
+            qkv_bias = None if biases[0] is None else torch.cat(biases).detach()  # (H + 2 Hkv) Dh
             qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
             gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
             if nar and drafting_dtype is not None:
@@ -663,7 +670,8 @@ def prepare_for_decoding(
                 # The separate NAR modules are lowered too: no float copy of the NAR set stays alive.
                 for module in (proj, mlp):
                     for name, child in list(module.named_children()):
-                        setattr(module, name, lower(child))
+                        if isinstance(child, nn.Linear) and child.bias is None:  # biased ones stay float
+                            setattr(module, name, lower(child))
             matmuls = [
                 int4_matmul(m) if int4 and not nar else row_adaptive(m, one_copy and not streamed, rows)
                 for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
@@ -676,7 +684,17 @@ def prepare_for_decoding(
                 # process, 8 calibration prompts x 96 tokens, Xeon); bfloat16's nearly free verifying
                 # rows (AMX) verify many, where one padded call pays (`verified` 1.085x, `ar` 0.973x).
                 attention = "per-row"
-            sets.append(DecodeSet(layer, nar, *matmuls, exact=exact, attention=attention, row_norm=row_ops))
+            sets.append(
+                DecodeSet(
+                    layer,
+                    nar,
+                    *matmuls,
+                    exact=exact,
+                    attention=attention,
+                    row_norm=row_ops,
+                    qkv_bias=qkv_bias,
+                )
+            )
         layer.decode_sets = nn.ModuleList(sets)
         if layer.exact_rows:
             release_unpacked(layer)
@@ -685,7 +703,7 @@ def prepare_for_decoding(
     entry = model.model.slot_entry
     if entry is not None and drafting_dtype is not None:
         entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), row_ops)
-    if row_ops:
+    if row_ops and not model.model.norm.offset:
         norm = model.model.norm
         model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
         model.router.softmax_stats = rowkernel.softmax_stats
@@ -720,6 +738,8 @@ def kernel_stacks(layers) -> dict:
     Why: with each layer one call, a step's remaining Python was ~70 us a layer (module calls, views,
     ctypes): ~2 ms of SmolLM2's ~17 ms one-row step (AMD EPYC, AVX2, one thread)."""
     stacks = {}
+    if any(layer.decode_sets is None for layer in layers):
+        return stacks
     for nar in (False, True):
         held = [layer for layer in layers if not nar or layer.has_nar]
         ones = [layer.decode_sets[nar].one_layer for layer in held]

@@ -13,11 +13,16 @@ Design decisions:
   matmuls with no gather/scatter.
 - RoPE tables are computed on first use per device (not registered buffers), so loading a checkpoint
   onto the meta device never leaves stale tables behind.
+- Model families (Qwen, Gemma, Mistral, Llama 3) are the same layer with the named differences of
+  `config.Features` applied here (biases, Q/K norms, Gemma's norms and GeGLU, sliding windows, the
+  attention scale), each where transformers' implementation of the family applies it, in its order,
+  so the float32 logits are transformers' bit for bit.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -45,22 +50,46 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019), `rms_norm` with a learned weight."""
+    """Root-mean-square norm (Zhang & Sennrich 2019), `rms_norm` with a learned weight; with `offset` 1 the
+    weight applies as (1 + w), Gemma's form (`Features.norm_offset`), computed in float32 as Gemma does."""
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))  # an identity norm either way
+        self.eps, self.offset = eps, offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            scale = self.offset + self.weight.float()
+            return F.rms_norm(x.float(), scale.shape, scale, self.eps).to(x.dtype)
         return rms_norm(x, self.weight, self.eps)
+
+
+def inv_frequencies(head_dim: int, theta: float, llama3: tuple | None = None) -> torch.Tensor:
+    """RoPE's inverse frequencies (Dh/2,) float32; with `llama3` = (factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings), Llama 3's scaling, written as transformers'
+    `_compute_llama3_parameters` writes it (same ops in the same order: the same bits)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if llama3 is None:
+        return inv_freq
+    factor, low_freq_factor, high_freq_factor, old_context_len = llama3
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths divided by the factor, short ones kept, the band between interpolated.
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
 
 
 class RotaryTable:
     """cos/sin tables for rotary position embeddings (Su et al. 2021), in Llama's half-split layout."""
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+    def __init__(self, head_dim: int, theta: float, max_positions: int, llama3: tuple | None = None) -> None:
         self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
+        self.llama3 = llama3  # Llama 3's RoPE scaling (`inv_frequencies`), or None
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,9 +102,7 @@ class RotaryTable:
         """
         key = (positions.device, dtype)
         if key not in self._tables:
-            inv_freq = 1.0 / (
-                self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-            )
+            inv_freq = inv_frequencies(self.head_dim, self.theta, self.llama3)
             t = torch.arange(self.max_positions, dtype=torch.float32)
             freqs = torch.outer(t, inv_freq)  # (P, Dh/2)
             emb = torch.cat([freqs, freqs], dim=-1)  # (P, Dh)
@@ -97,8 +124,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation: transformers' `gelu_pytorch_tanh` (Gemma's GeGLU)."""
+    return F.gelu(x, approximate="tanh")
+
+
+# `Features.activation` -> the gated MLP's activation.
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": gelu_tanh}
+
+
 class MLP(nn.Module):
-    """SwiGLU feed-forward (Shazeer 2020), Llama's names."""
+    """Gated feed-forward, Llama's names: SwiGLU (Shazeer 2020), or GeGLU where the family says
+    (`Features.activation`)."""
 
     def __init__(self, config: YueConfig) -> None:
         super().__init__()
@@ -106,21 +143,28 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
+        self.act = ACTIVATIONS[config.layer_features.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class AttentionProjections(nn.Module):
-    """Q/K/V/O projections of one parameter set (AR or NAR). Grouped-query: fewer K/V heads than Q."""
+    """Q/K/V/O projections of one parameter set (AR or NAR). Grouped-query: fewer K/V heads than Q.
+    With the family's features: biases on Q/K/V (`qkv_bias`), an RMSNorm over each Q and K head
+    (`qk_norm`: `q_norm`, `k_norm`, transformers' names)."""
 
     def __init__(self, config: YueConfig) -> None:
         super().__init__()
         d, hd = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(d, config.num_attention_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, config.num_key_value_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, config.num_key_value_heads * hd, bias=False)
+        feats = config.layer_features
+        self.q_proj = nn.Linear(d, config.num_attention_heads * hd, bias=feats.qkv_bias)
+        self.k_proj = nn.Linear(d, config.num_key_value_heads * hd, bias=feats.qkv_bias)
+        self.v_proj = nn.Linear(d, config.num_key_value_heads * hd, bias=feats.qkv_bias)
         self.o_proj = nn.Linear(config.num_attention_heads * hd, d, bias=False)
+        if feats.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps, feats.norm_offset)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps, feats.norm_offset)
 
 
 class DecodeSet(nn.Module):
@@ -144,6 +188,7 @@ class DecodeSet(nn.Module):
         exact: bool = False,
         attention: str = "padded",
         row_norm: bool = False,
+        qkv_bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
@@ -165,9 +210,25 @@ class DecodeSet(nn.Module):
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
         kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()
         one_kind = len(kinds) == 1 and kinds <= rowkernel.LAYER_KINDS.keys()
-        whole = (exact or nar) and row_norm and attention == "kernel" and one_kind
+        whole = (exact or nar) and row_norm and attention == "kernel" and one_kind and layer.plain
         self.blocked = tuple(blocked) if whole else None
-        norm, _, post_norm, _ = layer._sets(nar)
+        norm, proj, post_norm, mlp = layer._sets(nar)
+        # The family's differences from Llama's layer (`config.Features`), in torch around the fused
+        # matmuls (the row kernel's one-call layer is Llama's): Q/K/V biases (`qkv_bias`, (H + 2 Hkv) Dh,
+        # added after the bias-free fused matmul), per-head Q/K norms, Gemma's norms and GeGLU. Tuples:
+        # the layer's own modules and tensors, not registered twice.
+        self.qkv_bias = None if qkv_bias is None else (qkv_bias,)
+        self.qk_norms = (proj.q_norm, proj.k_norm) if hasattr(proj, "q_norm") else None
+        prefix = "nar_" if nar else ""
+        self.ffn_norms = (
+            (
+                getattr(layer, prefix + "pre_feedforward_layernorm"),
+                getattr(layer, prefix + "post_feedforward_layernorm"),
+            )
+            if layer.sandwich
+            else None
+        )
+        self.act = mlp.act
         # The call's unchanging arguments (`rowkernel.LayerWeights`); int8 codes bring their scales per
         # output, the four matmuls' concatenated.
         scales = torch.cat([m.scale[0] for m in matmuls]) if whole and kinds == {"i8dot"} else None
@@ -180,14 +241,25 @@ class DecodeSet(nn.Module):
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
 
+    def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """A layer norm over 2-d rows: `rms_norm` (the row kernel's, where set), or Gemma's (1 + w)
+        module."""
+        return norm(x) if norm.offset else self.rms_norm(x, norm.weight, norm.eps)
+
     def qkv_rope(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """As `MoTLayer._qkv`, with one matmul and one rotation: (q, k, v) from h (B, T, D)."""
         norm = self.shared[0]
         H, Hkv, Dh = self.heads
         B, T, D = h.shape
         # The matmuls take 2-d rows (B * T, D): one `mm` for a one-row step (`RowAdaptiveLinear`).
-        x = self.rms_norm(h.reshape(B * T, D), norm.weight, norm.eps)
-        qkv = self.qkv(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        x = self._norm(h.reshape(B * T, D), norm)
+        qkv = self.qkv(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias[0]
+        qkv = qkv.view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)
+        if self.qk_norms is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
+            q, k = self.qk_norms[0](qkv[:, :H]), self.qk_norms[1](qkv[:, H : H + Hkv])
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), qkv[:, H + Hkv :]
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # Q and K heads rotate alike: one pass
         return qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
 
@@ -203,9 +275,16 @@ class DecodeSet(nn.Module):
         _, o_proj, post_norm, down_proj = self.shared
         B, H, T, Dh = o.shape
         rows = h.reshape(B * T, -1)
-        rows = rows + o_proj(o.transpose(1, 2).reshape(B * T, H * Dh))
-        gate, up = self.gate_up(self.rms_norm(rows, post_norm.weight, post_norm.eps)).chunk(2, dim=-1)
-        return (rows + down_proj(F.silu(gate) * up)).view(h.shape)
+        out = o_proj(o.transpose(1, 2).reshape(B * T, H * Dh))
+        if self.ffn_norms is None:
+            rows = rows + out
+            gate, up = self.gate_up(self._norm(rows, post_norm)).chunk(2, dim=-1)
+            return (rows + down_proj(self.act(gate) * up)).view(h.shape)
+        # Gemma: the attention output normed before its residual add, the MLP between two norms.
+        pre, post = self.ffn_norms
+        rows = rows + post_norm(out)
+        gate, up = self.gate_up(pre(rows)).chunk(2, dim=-1)
+        return (rows + post(down_proj(self.act(gate) * up))).view(h.shape)
 
 
 def _padded_additive(visible: torch.Tensor, keys: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
@@ -280,26 +359,38 @@ EXACT_ATTENTION = {"padded": "_attend_exact", "per-row": "_attend_per_row", "ker
 class MoTLayer(nn.Module):
     """One transformer layer with an AR and a NAR parameter set sharing one attention."""
 
-    def __init__(self, config: YueConfig, has_nar: bool = True) -> None:
+    def __init__(self, config: YueConfig, has_nar: bool = True, layer: int = 0) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = (
             config.num_attention_heads,
             config.num_key_value_heads,
             config.head_dim,
         )
-        # AR set: Hugging Face Llama names, so `export-ar` is a rename-free copy.
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        feats = config.layer_features
+        # The family's attention differences (`Features`): softmax scale (None: SDPA's 1/sqrt(Dh)),
+        # and whether this layer attends through a sliding window (`MoTModel` passes it that mask).
+        self.attn_scale, self.sliding = feats.attn_scale, feats.sliding(layer)
+        self.sandwich, self.plain = feats.sandwich_norms, feats.plain
+        d, eps, offset = config.hidden_size, config.rms_norm_eps, feats.norm_offset
+        # AR set: Hugging Face names (Llama's; Gemma's two more norms), so `export-ar` is a rename-free copy.
+        self.input_layernorm = RMSNorm(d, eps, offset)
         self.self_attn = AttentionProjections(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(d, eps, offset)
         self.mlp = MLP(config)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(d, eps, offset)
+            self.post_feedforward_layernorm = RMSNorm(d, eps, offset)
         # NAR set: same shapes, parallel names. Below `config.nar_start` a layer has none (slots enter
         # the stack above it), and only committed positions pass through it.
         self.has_nar = has_nar
         if has_nar:
-            self.nar_input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.nar_input_layernorm = RMSNorm(d, eps, offset)
             self.nar_self_attn = AttentionProjections(config)
-            self.nar_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.nar_post_attention_layernorm = RMSNorm(d, eps, offset)
             self.nar_mlp = MLP(config)
+            if self.sandwich:
+                self.nar_pre_feedforward_layernorm = RMSNorm(d, eps, offset)
+                self.nar_post_feedforward_layernorm = RMSNorm(d, eps, offset)
         # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
         self.decode_sets: nn.ModuleList | None = None
 
@@ -334,14 +425,23 @@ class MoTLayer(nn.Module):
         q = proj.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
         k = proj.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
         v = proj.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+        if hasattr(proj, "q_norm"):  # Qwen3, Gemma 3: each head normed before RoPE
+            q, k = proj.q_norm(q), proj.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _finish(self, h: torch.Tensor, o: torch.Tensor, nar: bool) -> torch.Tensor:
         """Output projection of the attention result o (B, H, T, Dh), residual, norm, MLP, residual."""
         _, proj, norm, mlp = self._sets(nar)
         B, _, T, _ = o.shape
-        h = h + proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-        return h + mlp(norm(h))
+        o = proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        if not self.sandwich:
+            h = h + o
+            return h + mlp(norm(h))
+        # Gemma: the attention output normed before its residual add, the MLP between two norms of its own.
+        prefix = "nar_" if nar else ""
+        h = h + norm(o)
+        x = getattr(self, prefix + "pre_feedforward_layernorm")(h)
+        return h + getattr(self, prefix + "post_feedforward_layernorm")(mlp(x))
 
     def _decode(self, h, nar, cos, sin, mask, kv, start, row0) -> torch.Tensor:
         """One parameter set's positions in a cached forward: their K/V land at cache indices
@@ -370,7 +470,12 @@ class MoTLayer(nn.Module):
         else:
             m = None if mask is None else mask[..., row0 : row0 + h.shape[1], :S]
             o = F.scaled_dot_product_attention(
-                q, k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=self.n_kv != self.n_heads
+                q,
+                k_buf[:, :, :S],
+                v_buf[:, :, :S],
+                m,
+                scale=self.attn_scale,
+                enable_gqa=self.n_kv != self.n_heads,
             )
         if cast:
             o = o.to(h.dtype)
@@ -416,7 +521,12 @@ class MoTLayer(nn.Module):
             mask = _padded_step_mask(mask, start, T, keys, rows, q.dtype, row0)
         q = torch.cat([q, q.new_zeros(B, H, rows - T, Dh)], dim=2)
         o = F.scaled_dot_product_attention(
-            q, k_buf[:, :, :keys], v_buf[:, :, :keys], mask, enable_gqa=self.n_kv != self.n_heads
+            q,
+            k_buf[:, :, :keys],
+            v_buf[:, :, :keys],
+            mask,
+            scale=self.attn_scale,
+            enable_gqa=self.n_kv != self.n_heads,
         )
         return o[:, :, :T]
 
@@ -437,7 +547,12 @@ class MoTLayer(nn.Module):
             m = None if mask is None else mask[..., t : t + 1, :S]
             rows.append(
                 F.scaled_dot_product_attention(
-                    q[:, :, t : t + 1], k_buf[:, :, :S], v_buf[:, :, :S], m, enable_gqa=gqa
+                    q[:, :, t : t + 1],
+                    k_buf[:, :, :S],
+                    v_buf[:, :, :S],
+                    m,
+                    scale=self.attn_scale,
+                    enable_gqa=gqa,
                 )
             )
         return torch.cat(rows, dim=2)
@@ -452,7 +567,7 @@ class MoTLayer(nn.Module):
 
         `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """
-        return rowkernel.attention(q, *kv, kernel_mask(mask, start, q.shape[2]), start)
+        return rowkernel.attention(q, *kv, kernel_mask(mask, start, q.shape[2]), start, self.attn_scale)
 
     def forward(
         self,
@@ -501,9 +616,12 @@ class MoTLayer(nn.Module):
         q_c, k_c, v_c = self._qkv(h_c, False, cos_c, sin_c) if ar is None else ar.qkv_rope(h_c, cos_c, sin_c)
         finish_c = (lambda h, o: self._finish(h, o, False)) if ar is None else ar.finish
         if not Ts:
-            o_c = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=gqa)
+            o_c = F.scaled_dot_product_attention(
+                q_c, k_c, v_c, attn_mask=mask, scale=self.attn_scale, enable_gqa=gqa
+            )
             return finish_c(h_c, o_c), h_s
         q_s, k_s, v_s = self._qkv(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :])
         q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))
-        o_c, o_s = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa).split([Tc, Ts], 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.attn_scale, enable_gqa=gqa)
+        o_c, o_s = o.split([Tc, Ts], 2)
         return finish_c(h_c, o_c), self._finish(h_s, o_s, True)

@@ -15,6 +15,7 @@ Design decisions:
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -94,23 +95,61 @@ class MoTModel(nn.Module):
 
     def __init__(self, config: YueConfig) -> None:
         super().__init__()
+        feats = config.layer_features
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Gemma scales embeddings by sqrt(hidden) (a float32 scalar, as transformers' embedding holds it).
+        self.embed_scale = math.sqrt(config.hidden_size) if feats.embed_scale else None
         self.nar_start = config.nar_start if config.has_nar else config.num_hidden_layers
         self.layers = nn.ModuleList(
-            MoTLayer(config, has_nar=i >= self.nar_start) for i in range(config.num_hidden_layers)
+            MoTLayer(config, has_nar=i >= self.nar_start, layer=i) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, feats.norm_offset)
         top = config.has_nar and config.nar_start > 0
         self.slot_entry = SlotEntry(config) if top else None
         # Slots and drafts may sit up to 2K + 2 positions past the context's last committed token.
         rope_len = config.max_position_embeddings + 2 * config.block_size + 2
-        self.rope = RotaryTable(config.head_dim, config.rope_theta, rope_len)
+        self.rope = RotaryTable(config.head_dim, config.rope_theta, rope_len, feats.llama3_rope)
+        # Sliding-window layers (`Features.sliding_window`): their window, and their own RoPE base if any.
+        self.window = feats.sliding_window if any(layer.sliding for layer in self.layers) else None
+        local_theta = feats.local_rope_theta
+        self.local_rope = None if local_theta is None else RotaryTable(config.head_dim, local_theta, rope_len)
         # Per parameter set (False: AR, True: NAR), its layers as one row-kernel call where each is one
         # (`inference.kernel_stacks`, set when prepared for decoding); not a buffer or a parameter.
         self.kernel_stacks: dict[bool, rowkernel.StackWeights] = {}
         # A drafting pass's final norm on yue's row kernel (set when prepared, on a CPU in float32): torch's
         # costs ~0.1 ms a call there with the caches cold. Committed rows keep torch's, whose bits `ar` has.
         self.slot_norm = None
+        # Whether `inference.prepare_for_decoding` has run (a layer whose family's features the fused decode
+        # path lacks keeps `decode_sets` None).
+        self.prepared = False
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (B, T) -> (B, T, D), scaled where the family scales them (Gemma)."""
+        h = self.embed_tokens(tokens)
+        if self.embed_scale is None:
+            return h
+        return h * torch.tensor(self.embed_scale, dtype=torch.float32).to(h.dtype)
+
+    def _local(self, positions, dtype, mask, start, cache: KVCache | None = None) -> tuple | None:
+        """For sliding-window layers (None where the stack has none): (cos, sin, mask), RoPE rows from
+        their own table (else the global one's) and the step's mask with each query's window applied.
+
+        The window is over positions: a query at position p sees keys at positions > p - W (transformers'
+        `sliding_window_overlay`). Keys [0, start) in the cache are committed ones, at each row's
+        position for the column (`KVCache.key_positions`: holes and padding counted out); this step's
+        keys are at `positions`. mask None (every key) becomes the window alone.
+        positions: (T,) or (B, T); mask: (1|B, 1, T, S) bool or None."""
+        if self.window is None:
+            return None
+        cos, sin = (self.local_rope or self.rope).lookup(positions, dtype)
+        q = positions if positions.dim() == 2 else positions[None]  # (1|B, T)
+        cached = torch.arange(start, device=q.device)[None] if cache is None else cache.key_positions(start)
+        B = max(q.shape[0], cached.shape[0])
+        keys = torch.cat([cached.expand(B, start), q.expand(B, q.shape[1])], dim=1)  # (1|B, S)
+        band = (keys[:, None, :] > q[:, :, None] - self.window)[:, None]  # (1|B, 1, T, S)
+        if mask is not None:
+            band = band & mask
+        return cos, sin, band
 
     def forward(
         self,
@@ -152,20 +191,21 @@ class MoTModel(nn.Module):
                 (the slots' anchors of a later drafting pass), or None when slots enter at the embedding.
         """
         cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
+        local = self._local(positions, self.embed_tokens.weight.dtype, mask, start, cache)
         if self.slot_entry is None:
-            h = self.embed_tokens(tokens)
+            h = self.embed(tokens)
             h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
-            h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, 0)
+            h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, 0, local=local)
             return self._final(h_c, h_s), None
         # Top-layer NAR set: committed positions run from the embedding; slots join at nar_start.
-        h_c = self.embed_tokens(tokens[:, :n_committed])
+        h_c = self.embed(tokens[:, :n_committed])
         h_s = h_c[:, :0]
         first = 0 if n_committed else self.nar_start  # a drafting pass has no committed rows below
-        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, first, self.nar_start)
+        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, first, self.nar_start, local)
         entry = h_c
         if tokens.shape[1] > n_committed:
-            h_s = self.slot_entry(anchor_entry, self.embed_tokens(tokens[:, n_committed:]))
-        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, self.nar_start)
+            h_s = self.slot_entry(anchor_entry, self.embed(tokens[:, n_committed:]))
+        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, self.nar_start, local=local)
         return self._final(h_c, h_s), entry
 
     def run_to_entry(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -175,8 +215,9 @@ class MoTModel(nn.Module):
         positions = torch.arange(T, device=tokens.device)
         cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
         mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()[None, None]
-        h = self.embed_tokens(tokens)
-        return self._layers(h, h[:, :0], cos, sin, mask, None, 0, 0, self.nar_start)[0]
+        local = self._local(positions, self.embed_tokens.weight.dtype, mask, 0)
+        h = self.embed(tokens)
+        return self._layers(h, h[:, :0], cos, sin, mask, None, 0, 0, self.nar_start, local)[0]
 
     def run_from_entry(
         self,
@@ -198,18 +239,21 @@ class MoTModel(nn.Module):
             (B, T + n, D) hidden states after the final norm, committed rows then slots.
         """
         cos, sin = self.rope.lookup(positions, entry.dtype)
-        h_s = self.slot_entry(slot_anchor, self.embed_tokens(slot_tokens))
-        return self._final(*self._layers(entry, h_s, cos, sin, mask, None, 0, self.nar_start))
+        local = self._local(positions, entry.dtype, mask, 0)
+        h_s = self.slot_entry(slot_anchor, self.embed(slot_tokens))
+        return self._final(*self._layers(entry, h_s, cos, sin, mask, None, 0, self.nar_start, local=local))
 
-    def _layers(self, h_c, h_s, cos, sin, mask, cache, start, first, last=None):
-        """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D)."""
+    def _layers(self, h_c, h_s, cos, sin, mask, cache, start, first, last=None, local=None):
+        """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D); sliding-window
+        layers take `local`'s (cos, sin, mask) (`_local`)."""
         last = len(self.layers) if last is None else last
         stacked = self._stacked(h_c, h_s, cos, sin, mask, cache, start, first, last)
         if stacked is not None:
             return stacked
         for i in range(first, last):
             kv = cache.layer(i) if cache is not None else None
-            h_c, h_s = self.layers[i](h_c, h_s, cos, sin, mask, kv, start)
+            rows = local if self.layers[i].sliding else (cos, sin, mask)
+            h_c, h_s = self.layers[i](h_c, h_s, *rows, kv, start)
         return h_c, h_s
 
     def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
@@ -316,7 +360,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     @property
     def prepared_for_decoding(self) -> bool:
         """Whether `prepare_for_decoding` has run (the layers then hold their `DecodeSet`s)."""
-        return self.model.layers[0].decode_sets is not None
+        return self.model.prepared
 
     def save_pretrained(self, *args, **kwargs):
         if self.prepared_for_decoding:

@@ -906,12 +906,72 @@ static float half_round(float f) {
     return v.f;
 }
 
+/* Significant bits of a Q4_K scale or minimum: a float16 (11) times a 6-bit sub-scale. */
+#define K_BITS 17
+
+/* f rounded to `bits` significant bits (2..23), to nearest even (half_round's rule, any width). */
+static float bits_round(float f, int bits) {
+    union {
+        float f;
+        unsigned u;
+    } v = {f};
+    const int drop = 24 - bits;
+    v.u = (v.u + ((1u << (drop - 1)) - 1u) + ((v.u >> drop) & 1u)) & ~((1u << drop) - 1u);
+    return v.f;
+}
+
+/* A group's codes c (Q4_GROUP) for the form (d, m): round((w - m) / d), each in 0..15 and giving its
+ * value back exactly as fmaf(c, d, m) with d of at most K_BITS significant bits (so that c * d is
+ * exact, 4 bits by 17, and the kernel's rebuilt weight is w however it adds m). 0 where every value is
+ * such, else 1. */
+static int q4_group_codes(const float *wg, float d, float m, int *c) {
+    if (bits_round(d, K_BITS) != d) return 1; /* NaN fails too */
+    const float inv = d != 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < Q4_GROUP; i++) {
+        const float t = (wg[i] - m) * inv;
+        if (!(t > -0.5f && t < 15.5f)) return 1; /* NaN fails too */
+        c[i] = (int)(t + 0.5f);
+        if (fmaf((float)c[i], d, m) != wg[i]) return 1;
+    }
+    return 0;
+}
+
+/* A group's (d, m) and codes c in Q4_K's form, d = d16 * sc and m = -(dmin16 * mn) per group of 32, each
+ * of K_BITS bits, codes 0..15 that need not reach either end: d is the smallest gap between the group's
+ * values (one code apart, or two where no neighbouring codes occur), rounded to K_BITS bits (each value's
+ * rounding is far below that grid), m then the smallest value lo less its code's q * d, rounded alike, q
+ * tried from 0 to 15. 0 where a form gives every value back (q4_group_codes), else 1. */
+static int q4k_group(const float *wg, float lo, float hi, float *d, float *m, int *c) {
+    *d = bits_round((hi - lo) / 15.f, K_BITS), *m = lo; /* first, codes 0..15 both used: no search */
+    if (!q4_group_codes(wg, *d, *m, c)) return 0;
+    float sorted[Q4_GROUP], gap = INFINITY;
+    for (int i = 0; i < Q4_GROUP; i++) { /* insertion sort: neighbours then hold the gaps */
+        int j = i;
+        for (; j > 0 && sorted[j - 1] > wg[i]; j--) sorted[j] = sorted[j - 1];
+        sorted[j] = wg[i];
+    }
+    for (int i = 1; i < Q4_GROUP; i++) {
+        const float g = sorted[i] - sorted[i - 1];
+        gap = g > 0.f && g < gap ? g : gap;
+    }
+    if (!(gap < INFINITY)) return 1; /* one value (the Q4_1 form's), or NaN */
+    for (int k = 1; k <= 2; k++) {
+        *d = bits_round(gap / (float)k, K_BITS);
+        for (int q = 0; q < 16; q++) {
+            *m = bits_round(lo - (float)q * *d, K_BITS);
+            if (!q4_group_codes(wg, *d, *m, c)) return 0;
+        }
+    }
+    return 1;
+}
+
 /* W (out, in) float32 at strides (so, si) (output-major, or a tied head's input-major storage), in a
  * multiple of Q4_GROUP, into rows_matmul_q4's layout at dst (ceil(out / BLK) x in / Q4_GROUP records of
- * Q4_GROUP_BYTES, zeroed by the caller), a BLK x Q4_GROUP tile at a time. Each group of an output: m
- * its minimum, d (max - m) / 15 rounded to float16, codes round((w - m) / d). Returns 0, or 1 as soon
- * as a value is not fmaf(code, d, m) with a code in 0..15 (the kernel's rebuilt weight: code * d is
- * exact, 4 bits by 11), so a weight either gives its exact bits back or is refused. */
+ * Q4_GROUP_BYTES, zeroed by the caller), a BLK x Q4_GROUP tile at a time. Each group of an output takes
+ * the first form (d, m) whose codes give back its every value (q4_group_codes): a GGUF's Q4_1 weights
+ * dequantized (m the minimum, d (max - m) / 15 rounded to float16), its Q4_0 ones ((code - 8) d:
+ * m = -8 d, the group's value of largest magnitude at code 0), or its Q4_K ones (q4k_group). Returns 0,
+ * or 1 as soon as a group has no such form, so a weight either gives its exact bits back or is refused. */
 int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
     const long groups = in / Q4_GROUP;
     float tile[BLK][Q4_GROUP];
@@ -929,18 +989,21 @@ int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned c
                 const float *wg = tile[j];
                 float lo = wg[0], hi = wg[0];
                 for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
-                const float d = half_round((hi - lo) / 15.f), inv = d > 0.f ? 1.f / d : 0.f;
-                ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = lo;
+                /* The group's (d, m): Q4_1's (its minimum code 0, its maximum 15), else Q4_0's, whose
+                 * value of largest magnitude v0 is code 0: (code - 8) d = fmaf(code, d, v0), d = -v0 / 8. */
+                const float forms[3][2] = {{half_round((hi - lo) / 15.f), lo}, {-lo / 8.f, lo}, {-hi / 8.f, hi}};
+                int c[Q4_GROUP], f = 0;
+                while (f < 3 && q4_group_codes(wg, forms[f][0], forms[f][1], c)) f++;
+                float d = 0.f, m = 0.f;
+                if (f < 3)
+                    d = forms[f][0], m = forms[f][1];
+                else if (q4k_group(wg, lo, hi, &d, &m, c)) /* Q4_K's, last: the dearest to find */
+                    return 1;
+                ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = m;
                 /* the output's byte and nibble in each input's BLK / 2 bytes */
                 const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
                 unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
-                for (int i = 0; i < Q4_GROUP; i++) {
-                    const float t = (wg[i] - lo) * inv;
-                    if (!(t > -0.5f && t < 15.5f)) return 1; /* NaN fails too */
-                    const int c = (int)(t + 0.5f);
-                    if (fmaf((float)c, d, lo) != wg[i]) return 1;
-                    codes[i * (BLK / 2)] |= (unsigned char)(c << shift);
-                }
+                for (int i = 0; i < Q4_GROUP; i++) codes[i * (BLK / 2)] |= (unsigned char)(c[i] << shift);
             }
         }
     }

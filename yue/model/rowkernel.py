@@ -257,9 +257,12 @@ def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     (`rows_q4_pack`).
 
     A weight qualifies where each group of 32 inputs of an output is code * d + m (one float32
-    rounding), codes 0..15 spanning the group (0 at its minimum, 15 at its maximum), d a float16 value:
-    a GGUF's Q4_1 weights dequantized to float32 (`gguf.py`, as llama.cpp's reference dequantizer
-    computes them). Every value is checked, so a weight that is not such (a trained one, another
+    rounding), codes 0..15, in one of three forms: codes spanning the group (0 at its minimum, 15 at its
+    maximum), d a float16 value: a GGUF's Q4_1 weights dequantized to float32 (`gguf.py`, as llama.cpp's
+    reference dequantizer computes them); (code - 8) * d with the group's value of largest magnitude at
+    code 0 (m = -8 d): a GGUF's Q4_0 weights; or d and m of up to 17 significant bits and codes that
+    need not reach either end: a GGUF's Q4_K weights (`q4k_group` in the C file finds them; the README
+    gives the cost). Every value is checked, so a weight that is not such (a trained one, another
     quantization) is refused, never approximated; most are refused at their first group.
     """
     lib = library()
@@ -275,21 +278,45 @@ def q8_block(w: torch.Tensor) -> torch.Tensor | None:
     return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes())
 
 
+def file_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The 4-bit codes (out, in / 32, 32) float, scales d and minimums m (out, in / 32, 1) that give an
+    (out, in) float32 weight's every value back as code * d + m: a GGUF's Q4_1, Q4_0 or Q4_K weights, in
+    the forms `q4_block` finds, unpacked from its record. None where it finds none."""
+    packed = q4_block(w)
+    if packed is None:
+        return None
+    lib = library()
+    blk, lanes = lib.rows_block(), lib.rows_lanes()
+    out, inp = w.shape
+    B, G, _ = packed.shape
+    scales = packed[..., : 2 * blk * 4].contiguous().view(torch.float32).view(B, G, 2, blk)
+    d, m = (scales[:, :, k].permute(0, 2, 1).reshape(B * blk, G, 1)[:out] for k in (0, 1))
+    # Output j's code of an input: in byte (j // 2 lanes) lanes + j % lanes of the input's blk / 2,
+    # the high nibble for the second vector of a pair (`rows_q4_pack`).
+    j = torch.arange(blk)
+    byte, shift = (j // (2 * lanes)) * lanes + j % lanes, (j % (2 * lanes)) // lanes * 4
+    nibbles = packed[..., 2 * blk * 4 :].view(B, G, Q4_INPUTS, blk // 2)[..., byte] >> shift & 15
+    codes = nibbles.permute(0, 3, 1, 2).reshape(B * blk, G, Q4_INPUTS)[:out].float()
+    return codes, d, m
+
+
+Q4_INPUTS = 32  # inputs per group of 4-bit codes (the GGUF's blocks; `rows_code_group`)
+
+
 def q4_groups(w: torch.Tensor, float16_scale: bool = False) -> tuple[torch.Tensor, ...]:
     """(out, in) float weight (in a multiple of 32) -> 4-bit codes per group of 32 inputs, asymmetric
     round-to-nearest: codes (out, in / 32, 32) float in 0..15, scale d and minimum m (out, in / 32, 1),
-    each value ~ code * d + m, m the group's minimum and d (max - m) / 15. With `float16_scale`, d is
-    rounded to float16 where that gives every value back exactly (a GGUF's Q4_1 weights dequantized:
-    the file's own codes, d and m), else kept in float32."""
+    each value ~ code * d + m, m the group's minimum and d (max - m) / 15. With `float16_scale`, a
+    weight whose every value 4-bit codes give back (a GGUF's Q4_1, Q4_0 or Q4_K weights dequantized:
+    `file_codes`) gets the file's own codes, d and m."""
+    if float16_scale and w.dtype == torch.float32 and w.device.type == "cpu":
+        found = file_codes(w)
+        if found is not None:
+            return found
     out, inp = w.shape
     groups = w.detach().float().reshape(out, inp // 32, 32)
     lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     d = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-    if float16_scale:
-        d16 = d.half().float()  # a Q4_1 file's d is a float16 value
-        codes = ((groups - lo) / d16).round().clamp(0, 15)
-        if torch.equal(codes * d16 + lo, groups):
-            return codes, d16, lo
     return ((groups - lo) / d).round().clamp(0, 15), d, lo
 
 
@@ -300,9 +327,9 @@ def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     byte 4 j + k: output j's code of input 8 c + k low, of 8 c + 4 + k high), zero-padded.
 
     Each group of an output is code * d + m, codes 0..15 (asymmetric round-to-nearest: m the group's
-    minimum, d (max - m) / 15). A GGUF's Q4_1 weights dequantized (a float16 d, codes spanning 0..15)
-    give back the file's codes, d and m exactly, so the int4 precision's weights are the file's; any
-    other float weight is quantized (the precision's loss, with the activations' rounding)."""
+    minimum, d (max - m) / 15). A GGUF's Q4_1, Q4_0 or Q4_K weights dequantized give back the file's
+    codes, d and m exactly (`file_codes`), so the int4 precision's weights are the file's; any other
+    float weight is quantized (the precision's loss, with the activations' rounding)."""
     lib = library()
     out, inp = w.shape
     assert w.dtype == torch.float32 and inp % 32 == 0, (w.dtype, inp)
@@ -476,18 +503,25 @@ def _mask(visible: torch.Tensor | None) -> tuple:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, start: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    start: int,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of T float32 queries q (B, H, T, Dh) at cache indices [start, start + T) over the cache
     buffers k, v (B, Hkv, capacity, Dh), each query on its own (`rows_attention`): `visible` (1|B, T,
-    start + T) uint8, 1 = may attend, or None (query t sees keys up to its own, start + t). Returns
-    (B, H, T, Dh), a view of (B, T, H, Dh) storage (what the output projection reads)."""
+    start + T) uint8, 1 = may attend, or None (query t sees keys up to its own, start + t); softmax scale
+    `scale` (None: Dh ** -0.5). Returns (B, H, T, Dh), a view of (B, T, H, Dh) storage (what the output
+    projection reads)."""
     B, H, T, Dh = q.shape
     assert q.dtype == k.dtype == v.dtype == torch.float32 and attention_fits(Dh)
     assert q.stride(-1) == 1 and k.stride() == v.stride() and k.stride(-1) == 1 and k.stride(-2) == Dh
     o = torch.empty(B, T, H, Dh, dtype=torch.float32)
     args = [q, *q.stride()[:3], k, v, *k.stride()[:2], *_mask(visible), o, B, H, k.shape[1], T, Dh, start]
-    library().rows_attention(*_pointers(*args, Dh**-0.5, torch.get_num_threads()))
+    scale = Dh**-0.5 if scale is None else scale
+    library().rows_attention(*_pointers(*args, scale, torch.get_num_threads()))
     return o.transpose(1, 2)
 
 
