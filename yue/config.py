@@ -27,7 +27,7 @@ Activation = Literal["silu", "gelu_tanh"]
 
 @dataclass(frozen=True)
 class Features:
-    """How a model family's layers differ from Llama's (DESIGN §9): each field one named difference that
+    """How a model family's layers differ from Llama's (docs/design.md §9): each field one named difference that
     the shared layer code applies (`model/layers.py`, `model/mot.py`), so a family is data, not a fork.
     Read from a Hugging Face config or GGUF metadata by `model/family.py`; the defaults are Llama's."""
 
