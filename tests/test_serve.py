@@ -463,3 +463,16 @@ def test_cli_serve_rejects_a_missing_model_and_bad_limits_with_exit_2(tmp_path):
     assert missing.exit_code == 2 and "no model" in missing.output
     bad = CliRunner().invoke(app, ["serve", "--model", str(tmp_path), "--max-batch-size", "0"])
     assert bad.exit_code == 2 and "max_batch_size" in bad.output
+
+
+def test_chat_pieces_split_each_delta_by_the_path_that_wrote_it(client):
+    """yue's `pieces` extension on the chat stream: each delta's pieces concatenate to its content."""
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 24, "temperature": 0,
+            "mode": "hybrid", "router_threshold": 1.0, "stream": True, "pieces": True}  # fmt: skip
+    events = parse_sse(client.post("/v1/chat/completions", json=body).text)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    with_pieces = [d for d in deltas if "pieces" in d]
+    assert with_pieces and all("".join(t for t, _ in d["pieces"]) == d.get("content", "") for d in with_pieces)
+    assert {s for d in with_pieces for _, s in d["pieces"]} <= {"ar", "nar"}
+    plain = parse_sse(client.post("/v1/chat/completions", json=body | {"pieces": False}).text)
+    assert not any("pieces" in e["choices"][0]["delta"] for e in plain[:-1] if e["choices"])

@@ -1,5 +1,6 @@
-"""The demo page in headless Chromium (Debian's `chromium`, driven by Playwright for Python): type a
-prompt, press Generate, see streamed text coloured by AR/NAR, and save a screenshot."""
+"""The demo page in headless Chromium (Debian's `chromium`, driven by Playwright for Python): a chat
+through the OpenAI chat endpoint: type a message, press Send, see the answer stream coloured by AR/NAR,
+send a second turn with the first in the conversation, and save a screenshot."""
 
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ def test_demo_page_streams_tokens_coloured_by_path_in_headless_chromium(trained_
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1000, "height": 760})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(srv.url + "/")
             page.fill("#prompt", "def alpha_3(x):\n    return")
-            page.select_option("#mode", "verified")
-            page.uncheck("#use-model-threshold")  # threshold 1: draft every block, verification decides
+            assert page.input_value("#mode") == ""  # the model's default mode unless another is picked
+            page.select_option("#mode", "hybrid")
+            page.uncheck("#use-model-threshold")  # hybrid at tolerance 1 keeps every draft: NAR tokens certain
             page.eval_on_selector(
                 "#threshold", "e => { e.value = '1'; e.dispatchEvent(new Event('input')); }"
             )
@@ -43,12 +47,16 @@ def test_demo_page_streams_tokens_coloured_by_path_in_headless_chromium(trained_
             page.evaluate(
                 """() => { window.counts = []; new MutationObserver(() => window.counts.push(
                    document.querySelectorAll('#output span[data-source]').length)).observe(
-                   document.getElementById('output'), {childList: true}); }"""
+                   document.getElementById('output'), {childList: true, subtree: true}); }"""
             )
             page.click("#generate")
-            page.wait_for_function(
-                "document.getElementById('status').textContent.startsWith('done')", timeout=30000
-            )
+            try:
+                page.wait_for_function(
+                    "document.getElementById('status').textContent.startsWith('done')", timeout=30000
+                )
+            finally:
+                assert not errors, errors
+                print("status:", page.text_content("#status"))
 
             spans = page.eval_on_selector_all(
                 "#output span[data-source]", "els => els.map(e => [e.dataset.source, e.textContent])"
@@ -66,7 +74,23 @@ def test_demo_page_streams_tokens_coloured_by_path_in_headless_chromium(trained_
             assert n == len(spans) or n >= len(spans) > 0  # a span per token (fewer if a token ends mid-char)
             assert int(page.text_content("#ar-count")) + int(page.text_content("#nar-count")) == n
             assert float(page.text_content("#tps")) > 0
-            assert page.text_content("#output").startswith("def alpha_3(x):\n    return")
+            assert page.text_content(".msg.user .text") == "def alpha_3(x):\n    return"
+            answer = "".join(t for _, t in spans)
+            assert page.text_content(".msg.assistant .text") == answer and answer
+
+            # A second turn: the request carries the whole conversation, and the page shows both answers.
+            sent = []
+            page.on("request", lambda r: sent.append(r.post_data_json) if r.method == "POST" else None)
+            page.fill("#prompt", "def beta(y):")
+            page.click("#generate")
+            page.wait_for_function(
+                "document.querySelectorAll('.msg.assistant').length == 2 && "
+                "document.getElementById('status').textContent.startsWith('done')",
+                timeout=30000,
+            )
+            roles = [m["role"] for m in sent[-1]["messages"]]
+            assert roles == ["user", "assistant", "user"] and sent[-1]["messages"][1]["content"] == answer
+            assert "mode" in sent[-1] and sent[-1]["pieces"] is True
 
             shot = tmp_path / "demo.png"
             page.screenshot(path=str(shot), full_page=True)

@@ -305,7 +305,12 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         tokenizer = engine.tokenizer if logprobs is not None else None
         fmt = ChatFormat(
-            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), engine.name, include_usage, tokenizer
+            f"chatcmpl-{uuid.uuid4().hex}",
+            int(time.time()),
+            engine.name,
+            include_usage,
+            tokenizer,
+            pieces_tokenizer=engine.tokenizer if body.pieces else None,
         )
 
         def build(outcomes: list[Outcome]) -> s.ChatCompletionResponse:

@@ -108,6 +108,11 @@ class ChatCompletionRequest(_OpenAI):
     response_format: dict | None = Field(
         None, description='not supported but {"type": "text"} (no JSON mode)'
     )
+    pieces: bool = Field(
+        False,
+        description='yue: each streamed delta also carries "pieces", its text split by the path that wrote '
+        'it: [[text, "ar" | "nar"], ...]',
+    )
 
     @model_validator(mode="after")
     def _max_completion_tokens(self) -> ChatCompletionRequest:

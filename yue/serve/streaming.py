@@ -210,6 +210,26 @@ class CompletionFormat(Format):
 class ChatFormat(CompletionFormat):
     object = "chat.completion.chunk"
 
+    def __init__(self, *args, pieces_tokenizer: YueTokenizer | None = None, **kw) -> None:
+        super().__init__(*args, **kw)
+        # yue's `pieces` extension (a request's `"pieces": true`): per choice, a splitter tagging each
+        # delta's text by the path that wrote it; the demo page colours by it, OpenAI clients ignore
+        # the extra delta key.
+        self.pieces_tokenizer = pieces_tokenizer
+        self.splitters: dict[int, SourceSplitter] = {}
+
+    def delta(self, index: int, event: StreamEvent) -> dict | None:
+        if self.pieces_tokenizer is None:
+            return super().delta(index, event)
+        splitter = self.splitters.setdefault(index, SourceSplitter(self.pieces_tokenizer))
+        pieces = splitter.split(event)  # every event: the splitter follows the tokens held back too
+        chunk = super().delta(index, event)
+        if chunk is None and not pieces:
+            return None
+        chunk = chunk or self._chunk(self._choice(index, "", None))
+        chunk["choices"][0]["delta"]["pieces"] = pieces
+        return chunk
+
     def _content(self, text: str | dict) -> dict:
         """A chat chunk's delta: a role opening (a dict as given), content, or nothing."""
         return {"delta": text if isinstance(text, dict) else ({"content": text} if text else {})}
