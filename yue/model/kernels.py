@@ -126,16 +126,16 @@ class KernelChoice:
     @property
     def pad_float32_rows(self) -> bool:
         """Whether float32 packed matmuls over 2-3 rows are padded with zeros to 4
-        (`inference.packed_matmul`). Speed only (a float32 one-row step runs MKL, so no bits are kept
+        (`matmuls.packed_matmul`). Speed only (a float32 one-row step runs MKL, so no bits are kept
         equal by it), and it depends on the vector width: with AVX512 oneDNN's 4-row kernel beats its
-        2- and 3-row ones (figures at `inference.MIN_PACKED_ROWS`), with AVX2 it does not (SmolLM2's
+        2- and 3-row ones (figures at `matmuls.MIN_PACKED_ROWS`), with AVX2 it does not (SmolLM2's
         30 layers and head, one thread: 2 rows 56 ms unpadded against 73 padded, 3 rows 66 against
         73). bfloat16 and int4 pad on every CPU: there padding keeps rows exact."""
         return self.cpu.startswith("AVX512")
 
     @property
     def float32_one_copy(self) -> str:
-        """Kernel for a float32 matmul whose weight is held once, not twice (`inference.row_adaptive`:
+        """Kernel for a float32 matmul whose weight is held once, not twice (`matmuls.row_adaptive`:
         `yue.load(low_memory=True)`, or a large model, `inference.streamed_weights`): oneDNN's packed
         copy where its one row (padded to 4) costs at most `ONE_COPY_TOLERANCE` x MKL's GEMV, timed
         here on one thread (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
@@ -151,12 +151,12 @@ class KernelChoice:
 
     @property
     def bfloat16_rows(self) -> str:
-        """Kernel for bfloat16 matmuls, every row count (`inference.PackedLinear`)."""
+        """Kernel for bfloat16 matmuls, every row count (`matmuls.PackedLinear`)."""
         return "onednn-packed" if self.ok("onednn-bf16") else "F.linear"
 
     @property
     def int4_rows(self) -> str:
-        """Kernel for the int4 precision's AR layers (`inference.int4_matmul`): yue's row kernel on int8
+        """Kernel for the int4 precision's AR layers (`matmuls.int4_matmul`): yue's row kernel on int8
         activations, else torch's int4pack on bfloat16 ones; "" where neither runs."""
         if self.ok("rows-int4"):
             return "row kernel (int8 activations)"
@@ -243,7 +243,7 @@ TIMED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 @functools.cache
 def one_row_packed_ratio(rounds: int = 7) -> float:
-    """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `inference.packed_matmul`
+    """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `matmuls.packed_matmul`
     calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES`: the median over `rounds`
     rounds of each kernel's pass timed back to back, on one thread. One thread, because with more an
     OpenMP call waits for every core, and one busy core skewed the ratio (two threads, the other core

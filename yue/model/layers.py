@@ -192,7 +192,7 @@ class DecodeSet(nn.Module):
     ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
-        # Row-exact matmuls (`inference.PackedLinear`): a row's bits do not depend on the step's rows.
+        # Row-exact matmuls (`matmuls.PackedLinear`): a row's bits do not depend on the step's rows.
         self.exact = exact
         # With `exact`, how committed rows attend (`EXACT_ATTENTION`): one padded SDPA call, one query
         # per SDPA call, or yue's row kernel.
@@ -203,8 +203,8 @@ class DecodeSet(nn.Module):
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
         # The whole layer in one row-kernel call (`whole_layer`; a step's run of such layers, one call for
         # them all: `inference.kernel_stacks`) where every part is on the row kernel (the matmuls holding
-        # `blocked` weights of one kind: `inference.StreamedLinear`s, float32 or 4-bit codes, for an AR
-        # set whose rows are exact; a NAR set's may be int8 codes with scales, `inference.RowInt8Linear`):
+        # `blocked` weights of one kind: `matmuls.StreamedLinear`s, float32 or 4-bit codes, for an AR
+        # set whose rows are exact; a NAR set's may be int8 codes with scales, `matmuls.RowInt8Linear`):
         # a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]

@@ -1,6 +1,6 @@
 """yue's row kernels (`rowkernel.c`), compiled for this CPU on first use and cached: a float32 matmul over
 a few rows that streams the weight once, the kernel of a float32 model's 1-9-row steps, a one-row AR
-step and a verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits
+step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`), a whole float32
 decode layer in one call and a step's run of such layers in one call (`stack`).
@@ -50,7 +50,7 @@ with AVX512 and VNNI, min of 8, one process) 1 / 2 / 4 / 8 / 9 rows 3.6 / 4.8 / 
 against 6.7 / 9.3 / 12.7 / 20.0 / 22.1 from the same codes in float32 (an AVX2 build on that CPU,
 maddubs for dpbusd: 3.7 / 5.0 / 8.5 / 16.1 / 18.2), within ~0.5% of the float product; each layer is
 one row-kernel call and a step's layers one call, as float32's. torch's int4pack (bfloat16
-activations, `inference.Int4Linear`) stays where the row kernel does not build.
+activations, `matmuls.Int4Linear`) stays where the row kernel does not build.
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
 little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
@@ -363,7 +363,7 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 
 def layout(blocked: torch.Tensor) -> str:
     """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's),
-    "i8dot" (`dot_block`'s 4-d int8 codes: `inference.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
+    "i8dot" (`dot_block`'s 4-d int8 codes: `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
     (`q8_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last three uint8 records, told
     apart by their record's bytes (768, 1152, 192)."""
     if blocked.dtype != torch.uint8:
@@ -536,7 +536,7 @@ class LayerWeights:
     values once (a `layers.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
     order: the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all
     `block`, all `q4_block`, or all `dot_block` of int8 codes) and the int8 codes' scales (their outputs'
-    float32 scales concatenated in that order: `inference.RowInt8Linear`'s; else None); `shape`, what a
+    float32 scales concatenated in that order: `matmuls.RowInt8Linear`'s; else None); `shape`, what a
     stack's layers share: the norms' eps, the MLP's width, the weights' kind (`LAYER_KINDS`), the heads
     (H, Hkv, Dh). Building a call's ~30 arguments took ~35 us of Python, 30 calls a step. `tensors`
     keeps alive what `pointers` point into."""

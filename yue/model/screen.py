@@ -38,7 +38,7 @@ CHUNK = 4096  # head rows quantized at a time
 
 
 class ScreenedHead(nn.Module):
-    """A float32 row-kernel head (`inference.StreamedLinear`) with an int8 screen of its weight.
+    """A float32 row-kernel head (`matmuls.StreamedLinear`) with an int8 screen of its weight.
 
     Args:
         head: the full head, as the decode path runs it (1-9 rows through `rowkernel.matmul`).
