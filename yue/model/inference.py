@@ -1,37 +1,36 @@
 """Preparing a model for fast decoding (`YueForCausalLM.prepare_for_decoding`, done by `yue.load`).
 
-At the default model's size a decode step on a CPU is bound by streaming weights from memory (~7 GB/s
-on one core here: a 256x688 fp32 matmul costs ~0.1 ms whether it has 1 row or 8) and by per-call
-overhead. Four changes, all measured on the 2-core CPU with one thread, weights not in cache:
+At the default model's size a decode step on a CPU is memory-bound (a small matmul costs about the same
+over 1 row as over 8: the weight's streaming is the cost) and bound by per-call overhead. Four changes
+follow, each measured on the 2-core CPUs with one thread, weights not in cache (the figures:
+docs/results-log.md, "Figures that were in code comments"):
 
 - Input-major weights (`input_major`): same values, storage transposed, so `F.linear` hands MKL a
-  contiguous (in, out) matrix; a 256x688 matmul over 1 row 95 -> 56 us, the 256x4096 head 563 -> 212 us.
-  Embeddings stay row-major (a lookup gathers rows).
+  contiguous (in, out) matrix, which MKL's one-row GEMV streams faster. Embeddings stay row-major (a
+  lookup gathers rows).
 - Fused matmuls (`fuse_linears`, `layers.DecodeSet`): Q/K/V as one and gate/up as one per layer and
   parameter set. The separate modules' weights become views of the fused storage (no copy), so
   checkpoints, names and the training path are unchanged.
 - Lower-precision drafting (`lower_linear`): the NAR set's matmuls and a copy of the LM head for slot
   rows (`draft_head`) in int8 (CPU: dynamic quantization with per-output-channel weight scales, torch's
   fbgemm/x86 kernels) or bfloat16. int8 is a quarter of the bytes and fbgemm keeps small row counts
-  cheap: a 256x688 matmul over 8 rows ~46 us instead of ~170 us, the head over 8 slot rows ~150 us
-  instead of ~1 ms; `Int8Linear` calls the kernel without the stock module's per-call Python (~8 us
-  a call, 17 calls a drafting pass). Only drafts change: the AR set and the head computing AR logits
+  cheap, so a memory-bound drafting pass gets faster; `Int8Linear` calls the kernel without the stock
+  module's per-call Python (17 calls a drafting pass, where per-call overhead counts). Only drafts change: the AR set and the head computing AR logits
   keep their values, so `ar` and `verified` output is the same whatever the drafting precision;
   `hybrid`/`nar` commit drafts, so theirs may shift slightly (the bench measures it).
 - Kernels by row count: where yue's row kernel builds (`rowkernel`) and the float32 layers exceed a
   cache (`rows_kernel`), one copy of each weight laid out for it (`StreamedLinear`): 1-9 rows (a
   one-row AR step, a verifying step's k + 1) through it, the weight streamed once for all rows and
-  every row's bits the same whatever the row count (SmolLM2: 2-9 rows 1.03-1.72x a one-row step
-  against 1.51-1.78x on oneDNN; in one process `verified` 1.30x faster held-out, `ar` 1.04x). Else
-  (`RowAdaptiveLinear`) two or more rows through oneDNN on pre-packed weights and one row through MKL's
-  GEMV (the 8-row head ~800 -> ~350 us, `verified` 1.37x -> 1.68x `ar` in an interleaved A/B on 12
-  prompts). A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one
+  every row's bits the same whatever the row count (a verifying step's extra rows cost less than on
+  oneDNN's copy, so `verified` gains most). Else (`RowAdaptiveLinear`) two or more rows through oneDNN
+  on pre-packed weights and one row through MKL's GEMV (MKL re-packs the weight for every call of
+  several rows, oneDNN's one-row call is slower than MKL's GEMV). A model whose float32 layers exceed 1 GiB, or one loaded with `low_memory`, keeps one
   copy (`streamed_weights`; which one, `kernels`): there memory counts more than speed.
 
 The bfloat16 precision (`yue.load(dtype="bfloat16")`, a separate, named precision): every AR matmul
 and the head hold one oneDNN-packed bfloat16 copy (`PackedLinear`; MKL has no fast bfloat16 GEMV),
-half float32's bytes: SmolLM2's 30 layers and head over one row 20 ms against 37 ms in float32, 8 rows
-24 ms. Attention and the KV cache stay float32 (torch's CPU SDPA in bfloat16 is ~6x slower), and
+half float32's bytes, so a memory-bound step is faster than in float32. Attention and the KV cache stay
+float32 (torch's CPU SDPA in bfloat16 is several times slower), and
 `ar` == `verified` holds by construction, not by luck at near-ties (bfloat16's rounding turns any
 last-bit difference into different tokens within a few steps, measured): a packed matmul padded to 4
 rows gives each row the same bits whatever the row count (`packed_matmul`), and committed rows attend
@@ -42,7 +41,6 @@ Which of these kernels exist on the running CPU (oneDNN packing per dtype, the i
 decided by `kernels.py`, probed once per process; where one is missing the matmul stays a plain
 `F.linear` (or drafting stays float), same values, so `ar`/`verified` token ids do not change.
 
-Together a one-token AR step went 2.4-2.9 -> 1.8-2.3 ms and a K = 8 drafting pass ~2.7 -> ~2.0 ms.
 A prepared model is for inference: it cannot be saved (quantized modules do not serialize to
 safetensors); save, or train, a model before preparing it.
 """
@@ -96,11 +94,10 @@ def ar_layer_bytes(model) -> int:
 
 def rows_kernel(model) -> str:
     """The kernel of a float32 model's decode matmuls (`row_adaptive`): `kernels`' choice, except that
-    a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). SmolLM2
-    (425 MB of layers; one thread, Xeon): a verifying step's 2-9 rows 1.03-1.72x a one-row step with the
-    row kernel against 1.51-1.78x with oneDNN; in one process (8 prompts x 64 tokens,
-    `docs/recipes/row_kernel_ab.py`) `verified` 1.30x faster held-out and 1.67x on the calibration
-    split, `ar` 1.04x and 0.96x."""
+    a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). Why: layers
+    that stream from memory make a verifying step's extra rows cheaper on the row kernel than on oneDNN
+    (measured on SmolLM2 with `docs/recipes/row_kernel_ab.py`: docs/results-log.md, "Figures that were
+    in code comments")."""
     choice = kernels.choice()
     if (
         choice.float32_rows == "row-stream"
@@ -120,13 +117,11 @@ def streamed_weights(model) -> bool:
     smaller model holds one copy when loaded with `low_memory` (`prepare_for_decoding`).
 
     The second copy buys one-row speed: the packed kernel over one row (padded to 4) is slower than
-    MKL's GEMV in the model, though level out of it (SmolLM2's bare matmuls 37.4 vs 38.0 ms). Measured
-    on SmolLM2 (425 MB of layers, below the bound) with AVX512, one `yue bench` run each, held-out,
-    against transformers: one packed copy 1.30x its peak memory (1.2 GB), `ar` 1.38x and `verified`
-    1.62x its tokens/s; two copies 1.75x (1.6 GB), 1.48x and 1.76x. Its bfloat16 and int4 precisions hold one
-    copy already (0.72x, 1.19x memory). A small model keeps both copies for the same reason, more so:
-    its step is per-call overhead (yue-code-mini's 4 layers and head over one row, 0.55 ms through MKL
-    against 1.35 ms packed). Where the one copy is the packed one the head keeps both: its input-major
+    MKL's GEMV in the model, though level out of it; for a model below the bound the speed is worth
+    the memory (SmolLM2's `yue bench` figures, one and two copies: docs/results-log.md, "Figures that
+    were in code comments"). Its bfloat16 and int4 precisions hold one copy already. A small model
+    keeps both copies for the same reason, more so: its step is per-call overhead, where MKL's one-row
+    call is much cheaper than the packed one. Where the one copy is the packed one the head keeps both: its input-major
     copy is the embedding table too (`input_major`), so only the packed copy is extra.
     """
     return ar_layer_bytes(model) > ONE_COPY_BYTES
@@ -184,13 +179,13 @@ def input_major(model: nn.Module) -> nn.Module:
     the storage is the transpose, (in, out) row-major (other dtypes stay row-major: `decode_storage`).
 
     `F.linear(x, W)` multiplies by W.t(); with this layout W.t() is contiguous and MKL's small-row GEMM
-    streams it (one thread, weights not in cache: a 256x688 matmul over 1 row 95 -> 56 us, the 256x4096
-    head 563 -> 212 us). Embeddings stay row-major: a lookup gathers rows, which input-major storage
-    scatters over the whole table. Where a head is tied to a large embedding (over `SHARED_TABLE`
-    floats), the embedding becomes a view of the head's input-major copy instead of keeping a second
-    table: SmolLM2's 49,152 x 576 table is 113 MB, and its strided lookup costs ~30 us for a 9-token
-    step (~0.7 ms for a 200-token prompt) against a ~40 ms step. A small model keeps both (its
-    lookup's share of a ~2 ms step would be felt, the copy's bytes would not).
+    streams it faster (one thread, weights not in cache). Embeddings stay row-major: a lookup gathers
+    rows, which input-major storage scatters over the whole table. Where a head is tied to a large
+    embedding (over `SHARED_TABLE` floats), the embedding becomes a view of the head's input-major copy
+    instead of keeping a second table: SmolLM2's 49,152 x 576 table is 113 MB, and its strided lookup
+    is a negligible share of a step. A small model keeps both (its lookup's share of a short step
+    would be felt, the copy's bytes would not). Figures: docs/results-log.md, "Figures that were in
+    code comments".
     """
     seen: dict[int, nn.Parameter] = {}
     for module in model.modules():
@@ -260,6 +255,78 @@ def prepare_for_decoding(
     """
     if model.prepared_for_decoding:
         raise ValueError("the model is already prepared for decoding")
+    check_preparable(model, int4)
+    one_copy = low_memory or streamed_weights(model)
+    on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
+    rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
+    # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
+    # its input-major copy alone, the embedding table.
+    streamed = rows == "row-stream"
+    # The rest of a float32 step's row-wise work on yue's row kernel too, where it builds: the norms
+    # (`DecodeSet.rms_norm`) and the row-exact layers' attention (`MoTLayer._attend_kernel`, float32 and
+    # int4, whose caches hold float32). Both made `ar` faster with the outputs unchanged, measured in
+    # one process (docs/results-log.md, "Figures that were in code comments").
+    row_ops = on_cpu_float32 and kernels.choice().ok("rows-f32")
+    if one_copy and on_cpu_float32 and (streamed or kernels.packed_rows(torch.float32)):
+        log_one_copy(streamed)
+    input_major(model)
+    release_freed_memory()
+    model.model.prepared = True
+    if not model.config.layer_features.plain:
+        # A family's differences from Llama's layer (`config.Features`) run in torch around the fused
+        # matmuls (`DecodeSet`); the row kernel's one-call layer is Llama's only.
+        logger.info("%s layers: fused matmuls, each layer in several calls", model.config.family)
+    for layer in model.model.layers:
+        layer.decode_sets = nn.ModuleList(
+            decode_set(layer, nar, drafting_dtype, int4, one_copy and not streamed, rows, row_ops)
+            for nar in (False, True)[: 1 + layer.has_nar]
+        )
+        if layer.exact_rows:
+            release_unpacked(layer)
+        release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
+    model.model.kernel_stacks = kernel_stacks(model.model.layers)
+    prepare_slots(model, drafting_dtype, row_ops)
+    head = ar_head(model, int4, one_copy, streamed, rows, row_ops)
+    model.ar_head = head if head is not model.lm_head else None
+    if model.model.layers[0].exact_rows:
+        # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 is several times slower
+        # than in float32 at a decode step's shapes, 30 calls a step (docs/results-log.md).
+        model.cache_dtype = torch.float32
+    model.draft_head = draft_head(model, drafting_dtype, row_ops)
+    release_freed_memory()
+
+
+def log_one_copy(streamed: bool) -> None:
+    """Log which single copy a float32 model's weights keep (`streamed_weights`, `low_memory`)."""
+    logger.info(
+        "one copy of each float32 weight: %s",
+        "the row kernel's; the head the input-major embedding table"
+        if streamed
+        else f"{kernels.choice().float32_one_copy} (oneDNN's packed one row timed at "
+        f"{kernels.one_row_packed_ratio():.2f}x MKL's GEMV here)",
+    )
+
+
+def prepare_slots(model, drafting_dtype: torch.dtype | None, row_ops: bool) -> None:
+    """The drafting pass's own parts (`prepare_for_decoding`): the slot entry lowered to
+    `drafting_dtype` (if any), and the slot norm and the router's softmax statistics on yue's row kernel
+    where `row_ops` (and the model's final norm has no offset)."""
+    entry = model.model.slot_entry
+    if entry is not None and drafting_dtype is not None:
+        entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), row_ops)
+    if row_ops and not model.model.norm.offset:
+        norm = model.model.norm
+        model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
+        model.router.softmax_stats = rowkernel.softmax_stats
+
+
+def check_preparable(model, int4: bool) -> None:
+    """Raise where the int4 precision cannot run for `model`; on the CPU, log the kernels found and warn
+    where bfloat16 has no packed kernel (`prepare_for_decoding`).
+
+    Raises:
+        ValueError: `int4` where the model is not float32 on the CPU, or the kernel does not run here.
+    """
     if int4:
         why = int4_unavailable(model.device) or ("a float32 model" if model.dtype != torch.float32 else "")
         if why:
@@ -274,84 +341,53 @@ def prepare_for_decoding(
                 "where two tokens are near-tied; float32 or int4 run faster, and exactly",
                 next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
             )
-    one_copy = low_memory or streamed_weights(model)
-    on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
-    rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
-    # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
-    # its input-major copy alone, the embedding table.
-    streamed = rows == "row-stream"
-    # The rest of a float32 step's row-wise work on yue's row kernel too, where it builds: the norms
-    # (`DecodeSet.rms_norm`) and the row-exact layers' attention (`MoTLayer._attend_kernel`, float32 and
-    # int4, whose caches hold float32). In one process (8 held-out prompts x 64 tokens, float32, one
-    # thread, Xeon) the norms made `ar` and `verified` 1.04x as fast, the attention `ar` 1.11x more.
-    row_ops = on_cpu_float32 and kernels.choice().ok("rows-f32")
-    if one_copy and on_cpu_float32 and (streamed or kernels.packed_rows(torch.float32)):
-        logger.info(
-            "one copy of each float32 weight: %s",
-            "the row kernel's; the head the input-major embedding table"
-            if streamed
-            else f"{kernels.choice().float32_one_copy} (oneDNN's packed one row timed at "
-            f"{kernels.one_row_packed_ratio():.2f}x MKL's GEMV here)",
-        )
-    input_major(model)
-    release_freed_memory()
-    model.model.prepared = True
-    if not model.config.layer_features.plain:
-        # A family's differences from Llama's layer (`config.Features`) run in torch around the fused
-        # matmuls (`DecodeSet`); the row kernel's one-call layer is Llama's only.
-        logger.info("%s layers: fused matmuls, each layer in several calls", model.config.family)
-    for layer in model.model.layers:
-        sets = []
-        for nar in (False, True)[: 1 + layer.has_nar]:
-            _, proj, _, mlp = layer._sets(nar)
-            biases = [proj.q_proj.bias, proj.k_proj.bias, proj.v_proj.bias]
-            qkv_bias = None if biases[0] is None else torch.cat(biases).detach()  # (H + 2 Hkv) Dh
-            qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
-            gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
-            if nar and drafting_dtype is not None:
-                # int8 on the row kernel where its norms and attention run too: the layer is one call.
-                lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops)
-                qkv, gate_up = lower(qkv), lower(gate_up)
-                # The separate NAR modules are lowered too: no float copy of the NAR set stays alive.
-                for module in (proj, mlp):
-                    for name, child in list(module.named_children()):
-                        if isinstance(child, nn.Linear) and child.bias is None:  # biased ones stay float
-                            setattr(module, name, lower(child))
-            matmuls = [
-                int4_matmul(m) if int4 and not nar else row_adaptive(m, one_copy and not streamed, rows)
-                for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
-            ]
-            exact = not nar and all(row_exact(m) for m in matmuls)
-            attention = "kernel" if row_ops and rowkernel.attention_fits(layer.head_dim) else "padded"
-            if int4 and attention != "kernel":
-                # int4 attends one query per call: its one-row step is the cheapest, and a padded call's
-                # extra ~60 us a layer costs it 7% (`ar` 0.933x, `verified` 0.99x the per-row form; one
-                # process, 8 calibration prompts x 96 tokens, Xeon); bfloat16's nearly free verifying
-                # rows (AMX) verify many, where one padded call pays (`verified` 1.085x, `ar` 0.973x).
-                attention = "per-row"
-            sets.append(
-                DecodeSet(
-                    layer,
-                    nar,
-                    *matmuls,
-                    exact=exact,
-                    attention=attention,
-                    row_norm=row_ops,
-                    qkv_bias=qkv_bias,
-                )
-            )
-        layer.decode_sets = nn.ModuleList(sets)
-        if layer.exact_rows:
-            release_unpacked(layer)
-        release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
-    model.model.kernel_stacks = kernel_stacks(model.model.layers)
-    entry = model.model.slot_entry
-    if entry is not None and drafting_dtype is not None:
-        entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), row_ops)
-    if row_ops and not model.model.norm.offset:
-        norm = model.model.norm
-        model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
-        model.router.softmax_stats = rowkernel.softmax_stats
+
+
+def decode_set(
+    layer,
+    nar: bool,
+    drafting_dtype: torch.dtype | None,
+    int4: bool,
+    one_copy: bool,
+    rows: str | None,
+    row_ops: bool,
+) -> DecodeSet:
+    """A layer's parameter set (`nar`) for the decode path (`prepare_for_decoding`): Q/K/V and gate/up
+    fused, the NAR set lowered to `drafting_dtype` (if any), the AR set's matmuls in 4 bits with `int4`,
+    else on `row_adaptive`'s kernel (`one_copy`, `rows`); attention on the row kernel where `row_ops`."""
+    _, proj, _, mlp = layer._sets(nar)
+    biases = [proj.q_proj.bias, proj.k_proj.bias, proj.v_proj.bias]
+    qkv_bias = None if biases[0] is None else torch.cat(biases).detach()  # (H + 2 Hkv) Dh
+    qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
+    gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
+    if nar and drafting_dtype is not None:
+        # int8 on the row kernel where its norms and attention run too: the layer is one call.
+        lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops)
+        qkv, gate_up = lower(qkv), lower(gate_up)
+        # The separate NAR modules are lowered too: no float copy of the NAR set stays alive.
+        for module in (proj, mlp):
+            for name, child in list(module.named_children()):
+                if isinstance(child, nn.Linear) and child.bias is None:  # biased ones stay float
+                    setattr(module, name, lower(child))
+    matmuls = [
+        int4_matmul(m) if int4 and not nar else row_adaptive(m, one_copy, rows)
+        for m in (qkv, proj.o_proj, gate_up, mlp.down_proj)
+    ]
+    exact = not nar and all(row_exact(m) for m in matmuls)
+    attention = "kernel" if row_ops and rowkernel.attention_fits(layer.head_dim) else "padded"
+    if int4 and attention != "kernel":
+        # int4 attends one query per call: its one-row step is the cheapest, so a padded call's extra
+        # work costs `ar` more than it saves `verified`; bfloat16's nearly free verifying rows (AMX)
+        # verify many, where one padded call pays. Both chosen by a one-process A/B
+        # (docs/results-log.md, "Figures that were in code comments").
+        attention = "per-row"
+    return DecodeSet(
+        layer, nar, *matmuls, exact=exact, attention=attention, row_norm=row_ops, qkv_bias=qkv_bias
+    )
+
+
+def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None, row_ops: bool) -> nn.Module:
+    """The head for AR rows (`prepare_for_decoding`): `model.lm_head` itself or its decode-path form."""
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
     head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
@@ -366,13 +402,7 @@ def prepare_for_decoding(
     if isinstance(head, StreamedLinear) and row_ops:
         # Greedy steps choose at a quarter of the head's bytes, the same token (`screen.py`).
         head = ScreenedHead(head, model.lm_head.weight)
-    model.ar_head = head if head is not model.lm_head else None
-    if model.model.layers[0].exact_rows:
-        # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 costs ~185 us a call
-        # against ~28 in float32 (one query, 200 keys, SmolLM2's heads), 30 calls a step.
-        model.cache_dtype = torch.float32
-    model.draft_head = draft_head(model, drafting_dtype, row_ops)
-    release_freed_memory()
+    return head
 
 
 def kernel_stacks(layers) -> dict:
@@ -380,8 +410,8 @@ def kernel_stacks(layers) -> dict:
     (`rowkernel.StackWeights`, `MoTModel._stacked`) where every layer holding the set is one row-kernel
     call (`DecodeSet.one_layer`) and they share their sizes and kind; no entry elsewhere.
 
-    Why: with each layer one call, a step's remaining Python was ~70 us a layer (module calls, views,
-    ctypes): ~2 ms of SmolLM2's ~17 ms one-row step (AMD EPYC, AVX2, one thread)."""
+    Why: with each layer one call, per-call overhead dominated what was left of a step (module calls,
+    views, ctypes a layer; measured: docs/results-log.md)."""
     stacks = {}
     if any(layer.decode_sets is None for layer in layers):
         return stacks
@@ -412,7 +442,7 @@ def release_freed_memory() -> None:
 
     Preparing frees as much as it allocates (every float weight is replaced by its input-major copy),
     mostly in blocks below glibc's mmap threshold, which stay in the heap, counted as resident, until
-    trimmed: 176 MB on SmolLM2 (measured).
+    trimmed (measured on SmolLM2: docs/results-log.md).
     """
     trim = _malloc_trim()
     if trim is not None:
@@ -421,8 +451,8 @@ def release_freed_memory() -> None:
 
 @functools.cache
 def _malloc_trim():
-    """glibc's malloc_trim, looked up once (`find_library` runs `ldconfig`: ~2 ms, and preparing trims
-    once per layer); None without glibc, whose allocator returns memory its own way."""
+    """glibc's malloc_trim, looked up once (`find_library` runs `ldconfig`, a subprocess, and preparing
+    trims once per layer); None without glibc, whose allocator returns memory its own way."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
@@ -436,7 +466,7 @@ DRAFT_FILL = -1e9
 def expand_draft_logits(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits over a drafting vocabulary (..., Vd) -> over the whole vocabulary (..., V), DRAFT_FILL elsewhere."""
     full = sub.new_full((*sub.shape[:-1], vocab_size), DRAFT_FILL)
-    # scatter_, not index_copy_ along the last dimension: 8 rows of 8,192 into 49,152 ~0.1 ms against ~0.3-0.7.
+    # scatter_, not index_copy_ along the last dimension: faster at a drafting pass's shapes (measured).
     return full.scatter_(-1, ids.expand(*sub.shape[:-1], -1), sub)
 
 
@@ -465,9 +495,8 @@ class DraftVocabHead(nn.Module):
 
 def draft_head(model, drafting_dtype: torch.dtype | None, row_kernel: bool = False) -> nn.Module | None:
     """The head for slot rows: the LM head's rows over `model.draft_vocab` (if any), lowered to
-    `drafting_dtype` (if any; int8 on yue's row kernel where `row_kernel`, as the NAR layers: SmolLM2's
-    8,192-token head, one thread, AVX2, 2 / 4 rows 0.35 / 0.43 ms against torch's dynamic int8's 0.51 /
-    0.50); None where the LM head itself serves."""
+    `drafting_dtype` (if any; int8 on yue's row kernel where `row_kernel`, as the NAR layers: faster
+    than torch's dynamic int8 at a drafting pass's row counts, docs/results-log.md); None where the LM head itself serves."""
     vocab = None if model.draft_vocab is None else model.draft_vocab.long()
     lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_kernel)
     if vocab is None:
