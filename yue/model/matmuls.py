@@ -52,24 +52,22 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return out[:rows].view(*x.shape[:-1], out.shape[-1])
 
 
-# oneDNN's packed GEMM over 1-3 rows costs more than over 4 on SmolLM2's shapes (one thread, weights
-# streamed, AVX512: the MLP's gate/up 882 us for 2 rows, 639 for 3, 584 for 5; the head 11.0, 9.1,
-# 8.6 ms), so fewer rows are padded with zeros to this many; each row's values stay its own. With AVX2
+# oneDNN's packed GEMM over 1-3 rows costs more than over 4 on SmolLM2's shapes with AVX512 (measured:
+# docs/results-log.md, "Figures that were in code comments"), so fewer rows are padded with zeros to this many; each row's values stay its own. With AVX2
 # padding costs instead; float32, where it is only for speed, pads by `kernels.pad_float32_rows`.
 MIN_PACKED_ROWS = 4
 
 
 class RowAdaptiveLinear(nn.Module):
     """A float32 matmul that picks its CPU kernel by row count: one row through MKL on the input-major
-    weight (`input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
+    weight (`inference.input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
     blocked GEMM (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
     Where yue's row kernel builds, a model too large for a cache runs `StreamedLinear` instead
-    (`rows_kernel`).
+    (`inference.rows_kernel`).
 
     MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
-    prefill or a batch pays per matmul: one thread, 8 rows, weights not in cache, a 256x1376 matmul
-    ~175 -> ~85 us and the 256x4096 head ~800 -> ~350 us; for one row MKL's GEMV stays faster (SmolLM2's
-    30 layers and head: 36.8 against 40.3 ms packed), hence both copies. Same values, other kernels:
+    prefill or a batch pays per matmul, so several rows run faster on the pre-packed copy; for one row
+    MKL's GEMV stays faster, hence both copies (figures: docs/results-log.md). Same values, other kernels:
     a one-row step may differ from a verifying row in the last float bits (as any two GEMM kernels do).
 
     The tensors are held in a tuple, not registered, so the module adds nothing to a state dict and
@@ -105,19 +103,18 @@ class StreamedLinear(nn.Module):
     `MoTLayer.exact_rows`, float32 `ar` == `verified` by construction); more rows (a batch, a prefill)
     through torch's batched GEMM over its column blocks (`rowkernel.blocked_gemm`).
 
-    Why (SmolLM2's 30 layers and head, one thread, Xeon; ms, ranges over runs): one row 51-58 against
-    MKL's GEMV 54-66; 2 / 9 rows 50-56 / 83-92 against oneDNN's packed copy 90 / 106-113 and MKL's GEMM
-    137-148 (it re-packs the weight every call). 10 / 16 / 32 rows through the batched GEMM 106 / 128 /
-    173 against oneDNN's 105 / 121 / 171; 64 / 200 rows 304 / 855 against MKL's GEMM 250 / 1004. One copy,
+    Why: the weight is memory-bound, so streaming it once for all rows makes a verifying step's extra
+    rows cheap, where MKL's GEMM re-packs the weight every call; one row is about level with MKL's
+    GEMV, and past 9 rows the batched GEMM is level with oneDNN's (SmolLM2's figures:
+    docs/results-log.md, "Figures that were in code comments"). One copy,
     where `RowAdaptiveLinear` holds two: the layers' input-major weights are released
     (`release_unpacked`).
 
     A weight that 4-bit codes give back exactly (a GGUF's Q4_1 weights, dequantized: `rowkernel.q4_block`)
     is held as those codes, 0.75 bytes a weight against 4, and computed from them with the same bits
-    (`rows_matmul_q4`), for every row count, a prefill's too (passes of 6-9 rows). SmolLM2's 30 layers,
-    one thread, AMD EPYC with AVX2, ms (min of 10 calls): 1 / 2 / 4 / 9 rows 8.3 / 11.6 / 16.1 / 33.4
-    against 28-31 / 29-30 / 34-39 / 64-71 on the float32 copy: a step no longer waits on memory, so each
-    extra row (~3 ms, the FMA units' pace) is a larger share of it. A weight that 8-bit codes give back
+    (`rows_matmul_q4`), for every row count, a prefill's too (passes of 6-9 rows). A fraction of the
+    bytes makes a step faster than on the float32 copy; it no longer waits on memory, so each extra
+    row (compute-bound, the FMA units' pace) is a larger share of it (measured: docs/results-log.md). A weight that 8-bit codes give back
     exactly (a GGUF's Q8_0 table: SmolLM2's tied head, 113 MB as float32) is held as those
     (`rowkernel.q8_block`, 1.125 bytes a weight), the same way.
 
@@ -145,12 +142,10 @@ class RowInt8Linear(nn.Module):
     scale = max |w| / 127) in `rowkernel.dot_block`'s layout, each activation row quantized to int8 the
     same way and multiplied in integer arithmetic (`rows_matmul_i8dot`), then both scales. Its point is
     the whole NAR layer in one row-kernel call (`DecodeSet.whole_layer`): a drafting pass through
-    SmolLM2's 4 NAR layers ran ~25 torch calls a layer, and at 2-8 slots their Python and small ops cost
-    more than the matmuls (AMD EPYC, AVX2, one thread: pass 8.2 / 10.1 ms for 2 / 8 slots, of which the
-    int8 matmuls 2.7 / 4.9). On integer dot products rather than the codes widened to floats (the first
-    form) the 4 layers' matmuls cost 1.18 / 1.39 / 2.29 ms at 2 / 4 / 8 rows instead of 1.38 / 2.09 /
-    3.79, 4 rows at memory speed (`rowkernel.c`); the rows' rounding (~0.8% relative on Gaussian rows,
-    like torch's dynamic int8) touches drafts only.
+    SmolLM2's 4 NAR layers ran ~25 torch calls a layer, and at 2-8 slots per-call overhead (their Python
+    and small ops) cost more than the matmuls. Integer dot products are faster than the codes widened
+    to floats (the first form), reaching memory speed at a few rows (`rowkernel.c`); the rows' rounding
+    (like torch's dynamic int8) touches drafts only. Figures: docs/results-log.md.
 
     The tensors are held in tuples, not registered: nothing in a state dict, no `.to()`.
     """
@@ -175,8 +170,8 @@ class RowInt8Linear(nn.Module):
 class PackedLinear(nn.Module):
     """A bfloat16 matmul through oneDNN on a pre-packed copy of the weight, for every row count.
 
-    MKL has no fast bfloat16 GEMV: SmolLM2's 30 layers and head over one row cost 41 ms through
-    `F.linear` against 20 ms packed and padded to 4 rows (`packed_matmul`), so one copy serves every
+    MKL has no fast bfloat16 GEMV: one row through `F.linear` is slower than packed and padded to 4 rows
+    (`packed_matmul`; measured on SmolLM2, docs/results-log.md), so one copy serves every
     step, and a one-row step and a verifying row run the same kernel on the same padded shape (with
     `MoTLayer.exact_rows`, attention too): `ar` and `verified` read the same bits.
     """
@@ -194,8 +189,8 @@ class Int4Linear(nn.Module):
     and zero point per group of 32 inputs (`quantize_int4`), run by torch's CPU int4pack kernel on
     bfloat16 activations (float32 in and out, as the rest of the model).
 
-    A quarter of bfloat16's bytes: SmolLM2's 30 layers over one row 6.8 ms against 17.0 packed in
-    bfloat16 (2 / 4 / 8 rows: 8.2 / 11.5 / 21.5 ms; one thread, this project's AVX512 CPU). Each row's
+    A quarter of bfloat16's bytes, so a memory-bound step is faster than packed bfloat16 (measured on
+    SmolLM2: docs/results-log.md). Each row's
     result is the same bits whatever the call's row count (checked for 1-9 rows in the tests), so with
     `MoTLayer.exact_rows` a verifying row reads what a one-row AR step would: `ar` == `verified`.
     """
@@ -256,8 +251,8 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Asymmetric round-to-nearest: scale = (max - min) / 15 of the group, code = round((w - min) / scale).
     A weight dequantized from the GGUF's Q4_1 (SmolLM2's layers: scale d, minimum m, codes 0..15 whose
     extremes every block uses) gives back the file's codes, and its d and m up to bfloat16's rounding
-    of the scale and zero. Measured on SmolLM2's layers: the values within 0.5% of a quantization step
-    on average (4.6% at most), 0.2% of the weight's norm: the order of bfloat16's own rounding.
+    of the scale and zero: on SmolLM2's layers the error is of the order of bfloat16's own rounding
+    (measured: docs/results-log.md).
     """
     codes, scale, lo = (t.squeeze(-1) for t in rowkernel.q4_groups(w))  # groups of INT4_GROUP = 32
     scales_zeros = torch.stack([scale.t(), (lo + 8 * scale).t()], -1).to(torch.bfloat16).contiguous()
@@ -309,8 +304,8 @@ class Int8Linear(nn.Module):
     """torch's dynamic int8 Linear (`quantize_dynamic`) with its Python forward cut to the kernel call.
 
     The stock module's forward reads its packed params through two attribute lookups, checks their
-    dtype and casts the output to the input's dtype (float32 already) on every call: ~8 us around a
-    ~30 us kernel, 17 times in a drafting pass. Same kernel, same arguments (reduce_range as the stock
+    dtype and casts the output to the input's dtype (float32 already) on every call: per-call overhead
+    that is a large share of a small kernel's time, 17 times in a drafting pass (docs/results-log.md). Same kernel, same arguments (reduce_range as the stock
     module's version 4), same outputs.
     """
 
@@ -379,6 +374,6 @@ def decode_storage(w: torch.Tensor) -> torch.Tensor:
     """An (out, in) weight's decode-time copy: input-major storage for float32 (MKL's GEMV, above),
     row-major for other dtypes. Input-major storage does not pay below float32: where oneDNN's packed
     bfloat16 kernel is missing (a CPU without AVX512, `kernels`), F.linear over an input-major
-    bfloat16 weight takes a slow path (576x3072, one row, AVX2, one thread: 4.4 ms against 0.64 ms
-    row-major and 0.34 ms float32 input-major); where it is present the packed copy serves the matmul."""
+    bfloat16 weight takes a slow path, several times slower than row-major (measured on AVX2:
+    docs/results-log.md); where it is present the packed copy serves the matmul."""
     return w.t().contiguous().t() if w.dtype == torch.float32 else w.contiguous()
