@@ -151,16 +151,16 @@ def best_draft(st: LoopState, survival: list[float], draft_pass: bool = True) ->
 def probe_length(st: LoopState, n: int) -> int:
     """How many of a block's n drafts a probe verifies (the first block after an AR stretch, threshold
     1): the most whose step costs at most `PROBE_COST` plain AR steps, at least one. It refreshes the
-    record whatever the record says; where verifying rows cost little (float32 here: 6 rows 1.15x
-    one) that is the whole block, where they cost much (int4: 2 rows 1.22x) a short one."""
+    record whatever the record says; where verifying rows cost little (float32 on the row kernel) that
+    is the whole block, where they cost much (int4, whose one-row step is compute-bound) a short one."""
     costs = (st.costs or StepCosts.default(st.cfg.block_size)).for_batch(st.fed.shape[0], st.cfg.block_size)
     limit = PROBE_COST * costs.verify(0)
     return max(1, max((k for k in range(1, n + 1) if costs.verify(k) <= limit), default=1))
 
 
-# A probe's step may cost this many plain AR steps (`probe_length`). Chosen on the calibration split
-# (8 prompts x 128 tokens, `verified` ÷ `ar`, two passes): int4 1.30x (whole-block probes 1.29x),
-# bfloat16 1.78x (1.72x); held-out figures in the README.
+# A probe's step may cost this many plain AR steps (`probe_length`). Chosen by measurement on the
+# calibration split, int4 and bfloat16 against whole-block probes (docs/results-log.md, "Figures that
+# were in code comments"); held-out figures in the README.
 PROBE_COST = 1.25
 
 
@@ -230,8 +230,8 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
     A separate drafting pass reveals slot 1 (its token, next_fed[:, 0], is known; see loop.py). A
     revealed slot's own output is untrained, so the router is shown what is true of it instead:
     certain (`Router.features`' slot1_revealed). A greedy step's AR rows are screened whatever the
-    router threshold (`StepOutput.screened`: a step's whole head ~3.3 ms against its screen's ~2.1 on
-    SmolLM2, AMD EPYC, one thread); the router then reads the anchor row's entropy over its screened
+    router threshold (`StepOutput.screened`: the screen costs less than the whole head, measured on
+    SmolLM2: docs/results-log.md); the router then reads the anchor row's entropy over its screened
     logits (`StepOutput.ar_entropy`: the loop asks for it where the router is asked, `Policy.asks_router`).
     """
     revealed = st.cfg.drafting == "separate"
