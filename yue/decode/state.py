@@ -91,8 +91,8 @@ class AcceptanceRecord:
 
     Drafting pays only where enough drafts are accepted to cover the verifying rows and the drafting
     pass; how many are depends on the text. yue-smol's drafts, trained on model-written answers,
-    accept 1.01 per step on its calibration split but 0.29 on hand-written held-out chat, where
-    drafting every block made `verified` 0.95x `ar`. So each verifying step is recorded:
+    accept several times more per step on its calibration split than on hand-written held-out chat,
+    where drafting every block made `verified` slower than `ar` (docs/results-log.md). So each verifying step is recorded:
     - per draft position j, how often draft j held where it was judged (verified, with drafts
       1..j-1 held) (`survival`: this request's own estimate, used when the router is not asked,
       threshold 1);
@@ -106,7 +106,7 @@ class AcceptanceRecord:
     c_{j-1} (1 for draft 1); P(drafts 1..j) = c_1 ... c_j. A position no step has judged yet so
     inherits its predecessor's rate, and the estimate decays geometrically past the data: after one
     step whose 8 drafts all failed at the first, P(1..8) reads 0.67^8 = 0.04, not 0.67, which on a
-    CPU whose verifying rows cost much (AVX2: 9 rows 2.3x one) would keep drafting whole blocks.
+    CPU whose verifying rows cost much (AVX2's, docs/results-log.md) would keep drafting whole blocks.
 
     A record may start from measured rates instead (`prior`: the c_j the model's calibration answers
     gave its kind of drafts, `YueConfig.free_draft_rates`): then c_j's prior mean is prior[j - 1].
