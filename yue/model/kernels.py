@@ -241,11 +241,10 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
     """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `matmuls.packed_matmul`
     calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES`: the median over `rounds`
     rounds of each kernel's pass timed back to back, on one thread. One thread, because with more an
-    OpenMP call waits for every core, and one busy core skewed the ratio (two threads, the other core
-    running a test suite: 1.62-1.67 in most runs, 0.04 and 0.50 in others; one thread 1.46-1.48; idle,
-    SmolLM2's whole layers and head: 1.49 on one thread, 1.64 on two, the same verdict); the
-    median, because one slow pass then moves one round, not the verdict. Cached per process (~0.1 s
-    and 28 MB while it runs); call only where oneDNN float32 packing works."""
+    OpenMP call waits for every core, and one busy core skewed the ratio (with two threads and the other
+    core busy it swung widely, on one thread it held; measured: docs/results-log.md); the median,
+    because one slow pass then moves one round, not the verdict. Cached per process (a short timing,
+    28 MB while it runs); call only where oneDNN float32 packing works."""
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=g) for out, inp in TIMED_SHAPES]
     input_major = [w.t().contiguous().t() for w in weights]
