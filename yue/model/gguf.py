@@ -18,8 +18,8 @@ Design decisions:
   Which of the dequantized weights then run from codes on yue's row kernel is found there, by value
   (`rowkernel.q4_block`, `q8_block`); the conversion logs the file's types.
 - Metadata and tensor offsets are read with transformers' GGUF reader (`read_gguf_metadata`, a memory
-  map; it parses the 49k-entry vocabulary only where asked: ~0.04 s, where `gguf.GGUFReader` spends
-  ~4 s building a field per array element). The tokenizer is transformers' own GGUF conversion
+  map; it parses the 49k-entry vocabulary only where asked, where `gguf.GGUFReader` is about a hundred
+  times slower, building a field per array element; docs/results-log.md). The tokenizer is transformers' own GGUF conversion
   (`AutoTokenizer.from_pretrained(..., gguf_file=...)`) saved as tokenizer.json + tokenizer_config.json
   (chat template, add_bos_token, special tokens), so encoding equals transformers' by construction.
 """
