@@ -48,7 +48,7 @@ comments").
 Design decisions:
 - Built with the C compiler torch's own extensions would use (`$CC`, else `cc`), `-O3 -march=native`
   (and 512-bit vectors on x86-64, which GCC otherwise avoids), OpenMP where the compiler has it: one
-  small C file, ~1 s to build, no torch headers. The shared object is cached under
+  small C file, quick to build, no torch headers. The shared object is cached under
   `$YUE_CACHE_DIR/kernels`, keyed by the source, the compiler's version, the flags and this CPU's
   feature flags, so a machine with another CPU builds its own; a cached file that does not load is
   rebuilt, not trusted.
