@@ -197,8 +197,8 @@ def test_compaction_gathers_each_rows_valid_columns_in_order():
 def test_a_sampled_group_without_drafts_merges_with_one_drafting():
     """A group whose acceptance record stopped drafting carries no draft log-probs; merged with a
     group that drafts, its rows get unused (zero) entries, aligned to the tail like every row's."""
-    from yue.decode.policies import LoopState
     from yue.decode.rows import Group, Row, merge
+    from yue.decode.state import LoopState
 
     V, cfg = 7, DecodeConfig(mode="verified", temperature=1.0, block_size=4)
 

@@ -21,7 +21,8 @@ from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
-from yue.decode.policies import AcceptanceRecord, Advance, LoopState, VerifiedPolicy
+from yue.decode.policies import VerifiedPolicy
+from yue.decode.state import AcceptanceRecord, Advance, LoopState
 from yue.errors import CheckpointError
 from yue.model.hf import NGRAMS_FILE, weight_files
 from yue.registry import ASSETS

@@ -8,7 +8,8 @@ import torch
 import yue.decode.costs as costs_mod
 from yue.config import DecodeConfig
 from yue.decode.costs import CostCurve, StepCosts, measured_costs
-from yue.decode.policies import LoopState, VerifiedPolicy, probe_length
+from yue.decode.policies import VerifiedPolicy, probe_length
+from yue.decode.state import LoopState
 
 
 def test_verify_costs_extrapolate_past_the_measured_rows():

@@ -1,4 +1,4 @@
-"""The NAR set's int8 layers on yue's row kernel (`inference.RowInt8Linear`), each layer of a drafting
+"""The NAR set's int8 layers on yue's row kernel (`matmuls.RowInt8Linear`), each layer of a drafting
 pass one row-kernel call (`DecodeSet.whole_layer`), against the same layers through torch's calls."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
 from yue.model import kernels, rowkernel
-from yue.model.inference import DRAFT_FILL, DraftVocabHead, Int8Linear, RowInt8Linear, expand_draft_logits
+from yue.model.inference import DRAFT_FILL, DraftVocabHead, expand_draft_logits
 from yue.model.masks import decode_mask
+from yue.model.matmuls import Int8Linear, RowInt8Linear
 from yue.model.router import softmax_stats
 
 

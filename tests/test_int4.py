@@ -15,7 +15,7 @@ from tests.test_precision import assert_layers_hold_only, assert_verified_equals
 from tests.test_topnar import top_model
 from yue.decode.costs import cost_cache_key, decode_layout
 from yue.model import kernels, rowkernel
-from yue.model.inference import (
+from yue.model.matmuls import (
     Int4Linear,
     Lowered,
     PackedLinear,

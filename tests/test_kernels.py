@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import yue
-from yue.model import inference, kernels
-from yue.model.inference import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
+from yue.model import kernels, matmuls
 from yue.model.masks import decode_mask
+from yue.model.matmuls import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
 from yue.model.screen import ScreenedHead
 
 PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
@@ -67,7 +67,7 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
     # Row-exact layers: bfloat16's packed copy, or float32's row kernel (one kernel for 1-9 rows).
     assert model.model.layers[0].exact_rows == (kind in (PackedLinear, StreamedLinear))
     # Int8 drafting's head: on yue's row kernel where it runs (as the NAR layers), else torch's engine.
-    row_int8 = inference.RowInt8Linear if choice.ok("rows-f32") else Int8Linear
+    row_int8 = matmuls.RowInt8Linear if choice.ok("rows-f32") else Int8Linear
     int8 = row_int8 if model.dtype == torch.float32 else Lowered
     assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
 

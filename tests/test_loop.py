@@ -18,8 +18,8 @@ from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
-from yue.decode.policies import AcceptanceRecord
 from yue.decode.sampling import within_tolerance
+from yue.decode.state import AcceptanceRecord
 
 PROMPT_PIECES = [
     "def ",

@@ -13,17 +13,17 @@ import yue
 from tests.conftest import tiny_config
 from tests.test_precision import assert_layers_hold_only
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, kernels, load_model
-from yue.model.inference import (
+from yue.model.inference import input_major
+from yue.model.masks import decode_mask, training_mask
+from yue.model.matmuls import (
     Int8Linear,
     Lowered,
     PackedLinear,
     RowAdaptiveLinear,
     RowInt8Linear,
     StreamedLinear,
-    input_major,
     row_adaptive,
 )
-from yue.model.masks import decode_mask, training_mask
 
 
 @pytest.fixture(scope="module")

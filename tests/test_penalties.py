@@ -9,9 +9,10 @@ import torch
 import yue
 from tests.test_loop import FLAT
 from yue.config import DecodeConfig, YueConfig
-from yue.decode.policies import LoopState, adjusted_ar_logits
+from yue.decode.policies import adjusted_ar_logits
 from yue.decode.sampling import apply_openai_penalties
 from yue.decode.sampling import warp as sample_warp
+from yue.decode.state import LoopState
 from yue.model.mot import StepOutput
 
 PROMPTS = ["def alpha_1(x):\n", "class ", "    return gamma(x) + 4\n\ndef "]

@@ -17,11 +17,12 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key, decode_layout
 from yue.decode.loop import decode
-from yue.model import inference, kernels, rowkernel
+from yue.model import inference, kernels, matmuls, rowkernel
 from yue.model.cache import padded_capacity
-from yue.model.inference import PackedLinear, packed_matmul, resolve_dtype
+from yue.model.inference import resolve_dtype
 from yue.model.layers import EXACT_KEY_PAD, MoTLayer
 from yue.model.masks import decode_mask, slot_positions, training_mask
+from yue.model.matmuls import PackedLinear, packed_matmul
 
 BF16_PACKED = kernels.packed_rows(torch.bfloat16)
 needs_packed = pytest.mark.skipif(
@@ -101,7 +102,7 @@ def row_stream_model(seed: int, monkeypatch, q4: bool = False, q8_head: bool = F
         model.lm_head.weight.data.copy_(gguf_round_trip(model.lm_head.weight, "Q8_0"))
     with kernels.forced(*off):
         model = model.prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
-    assert isinstance(model.ar_head.head, inference.StreamedLinear)  # under its screen (`screen.py`)
+    assert isinstance(model.ar_head.head, matmuls.StreamedLinear)  # under its screen (`screen.py`)
     layouts = [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in model.model.layers]
     assert layouts == ["q4" if q4 and "rows-q4" not in off else "float32"] * len(layouts)
     head = rowkernel.layout(model.ar_head.head.blocked[0])
@@ -263,7 +264,7 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
 
     for shape in ((45, 64), (960, 576)):
         test_int4.test_the_row_kernels_int4_is_the_q4_1_codes_times_rows_quantized_per_group(*shape)
-    test_int4.test_int4_rows_do_not_depend_on_the_row_count(inference.RowInt4Linear)
+    test_int4.test_int4_rows_do_not_depend_on_the_row_count(matmuls.RowInt4Linear)
 
 
 @needs_packed

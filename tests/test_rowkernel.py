@@ -14,7 +14,7 @@ import torch
 import yue
 from yue.decode.costs import decode_layout
 from yue.model import inference, kernels, rowkernel
-from yue.model.inference import StreamedLinear
+from yue.model.matmuls import StreamedLinear
 
 
 def needs_row_kernel() -> None:

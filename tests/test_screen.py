@@ -14,8 +14,8 @@ from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import decode
 from yue.decode.policies import get_policy
 from yue.model import rowkernel
-from yue.model.inference import StreamedLinear
 from yue.model.masks import decode_mask
+from yue.model.matmuls import StreamedLinear
 from yue.model.router import softmax_stats
 from yue.model.screen import ScreenedHead
 

@@ -32,7 +32,8 @@ from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
-from yue.model.inference import int4_unavailable, resolve_drafting_dtype, resolve_dtype
+from yue.model.inference import resolve_drafting_dtype, resolve_dtype
+from yue.model.matmuls import int4_unavailable
 from yue.model.mot import YueForCausalLM
 from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
@@ -447,7 +448,7 @@ def load(
             (a Q4_1 GGUF's own codes) on activations quantized to int8 per group of 32 (yue's row
             kernel, as llama.cpp's Q4_1 x Q8_1), the head float32; where that kernel does not build,
             on bfloat16 activations (torch's int4pack), the head bfloat16; `ar` and `verified` exact
-            against each other too (`inference.int4_matmul`).
+            against each other too (`matmuls.int4_matmul`).
         nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
             `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
@@ -455,7 +456,7 @@ def load(
         adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
             drafts applied (`model/adapters.py`); it must have been trained on this model.
         low_memory: float32 on a CPU: hold each AR matmul's weight once. With yue's row kernel
-            (`inference.StreamedLinear`) the layers do anyway and the head keeps only its input-major
+            (`matmuls.StreamedLinear`) the layers do anyway and the head keeps only its input-major
             copy, the embedding table (yue-smol: ~0.1 GB less, verifying rows dearer); without it, not
             twice (an input-major copy for one-row steps and a packed one for verifying rows):
             yue-smol ~0.4 GB less, and one of the two step kinds gets slower (which, by CPU:

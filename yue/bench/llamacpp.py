@@ -18,7 +18,7 @@ Design decisions:
   (`extra_buffers_work`): llama-cpp-python 0.3.36 built on a Xeon with AMX segfaults on yue-smol's
   Q4_1 file for any batch of 2+ tokens (a prompt), taking the bench process with it. The probe runs
   one 2-token decode in a child process; where it dies, the peer loads with
-  `use_extra_bufts = False` (44 tok/s there, one thread) and the report's settings say so.
+  `use_extra_bufts = False` (slower, but it runs; docs/results-log.md) and the report's settings say so.
   `YUE_LLAMACPP_EXTRA_BUFFERS=0/1` skips the probe and forces either.
 """
 

@@ -6,10 +6,10 @@ Design decisions:
   other prompts is a good guess of what follows it now. Retrieval drafting (REST, He et al. 2023;
   llama.cpp's static n-gram cache) over the answers its NAR set was trained on: no forward, like
   copies from the context (`decode/lookup.py`), and verified like any draft, so `verified` stays
-  exactly `ar` (`hybrid` drafts from it too). It drafts where the context has no match: at the positions of yue-smol's `ar`
-  answers to its 40 held-out chat prompts, 74% have a free draft with it against 36% with context
-  copies alone, and a corpus draft there is accepted 0.90 tokens on average (the table's settings
-  were chosen on the calibration split; model card).
+  exactly `ar` (`hybrid` drafts from it too). It drafts where the context has no match, so many more
+  positions of yue-smol's held-out answers have a free draft than with context copies alone (the
+  figures: docs/results-log.md; the table's settings were chosen on the calibration split; model
+  card).
 - One table per context length n = `min_order`..`max_order`: the n tokens packed into one uint64
   (`bits` per token), sorted, beside the token that most often followed them (kept where it
   followed at least `min_count` times and in at least `min_share` of them). A draft chains: the

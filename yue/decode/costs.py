@@ -7,7 +7,7 @@ Design decisions:
   verifying forward of n - 1 drafts plus the bonus row; AR logits for their argmax, as greedy steps
   ask), n = 1..9, and the drafting pass over 2..K slots (NAR set only, slot 1 revealed, as
   `decode/loop.py` runs it; `DecodeConfig.drafting_slots`). On a CPU a step's cost grows with its
-  rows (docs/design.md §8: 5 rows ~2.2x one row in float32 on AVX2); this curve is what the router's draft
+  rows (docs/design.md §8; measured on AVX2 in float32: docs/results-log.md); this curve is what the router's draft
   length should follow, measured on the machine and model at hand.
 - Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
   context, as mid-answer), and never advances it: every timed call writes the same scratch positions.
@@ -194,8 +194,9 @@ class StepCosts:
     @classmethod
     @functools.cache
     def default(cls, block_size: int) -> StepCosts:
-        """yue-code-mini's costs on the 2-core CPU (docs/design.md §7), for when nothing was measured: an AR step
-        ~2.4 ms, verifying ~0.7 ms more plus ~0.09 ms a draft, a drafting pass ~1.9 ms + 0.05 ms a slot."""
+        """yue-code-mini's costs on the 2-core CPU (docs/design.md §7), for when nothing was measured: the
+        constants are that measurement, in units of 0.1 ms (an AR step; verifying, plus a term a draft; a
+        drafting pass, plus a term a slot; the figures: docs/results-log.md)."""
         step = (24.0,) + tuple(31.0 + 0.9 * k for k in range(1, block_size + 1))
         return cls(step, tuple(19.0 + 0.5 * n for n in range(2, max(block_size, 2) + 1)))
 

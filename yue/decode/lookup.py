@@ -9,7 +9,8 @@ Design decisions:
   lookup alone accepted 2.13 tokens per step on held-out code).
 - An index from each n-gram (n = MIN_NGRAM..MAX_NGRAM) to the position after its latest occurrence,
   updated as tokens are committed: a lookup costs MAX_NGRAM dict probes, not a scan of the context
-  (a Python scan of a few hundred tokens per step would be felt beside yue-code-mini's ~2 ms steps).
+  (a Python scan of a few hundred tokens per step would be felt beside yue-code-mini's short steps:
+  per-call overhead dominates them).
 - The longest n-gram that occurred before wins (the most specific context); the continuation starts
   after its latest occurrence, the one most like the present.
 """

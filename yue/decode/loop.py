@@ -43,8 +43,9 @@ from yue.config import DecodeConfig
 from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
-from yue.decode.policies import Advance, LoopState, get_policy, rows_at
+from yue.decode.policies import get_policy, rows_at
 from yue.decode.rows import Group, Row, merge, select, without_finished
+from yue.decode.state import Advance, LoopState
 from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
 from yue.model.masks import decode_mask

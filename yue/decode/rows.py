@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from yue.config import DecodeConfig
-from yue.decode.policies import LoopState
 from yue.decode.sampling import one_hot_logprobs
+from yue.decode.state import LoopState
 from yue.model.cache import KVCache
 
 

@@ -7,7 +7,7 @@ Design decisions:
 - A conversion is written into a temporary folder beside the cache and renamed into place at the end,
   with a manifest (the source's sha256 and size, each written file's size and sha256) written last:
   an interrupted conversion leaves no folder that looks complete. Every load re-hashes the files
-  (sha256 runs ~1.1 GB/s here, ~0.5 s for a 135M-parameter model); a folder that fails the check is
+  (sha256 is fast next to loading a model: docs/results-log.md); a folder that fails the check is
   rebuilt with a warning, never trusted.
 - Values are the GGUF's own: each tensor is dequantized by `gguf.quants` (llama.cpp's reference Python
   dequantizers) to float32, once, here (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, and any
@@ -18,8 +18,8 @@ Design decisions:
   Which of the dequantized weights then run from codes on yue's row kernel is found there, by value
   (`rowkernel.q4_block`, `q8_block`); the conversion logs the file's types.
 - Metadata and tensor offsets are read with transformers' GGUF reader (`read_gguf_metadata`, a memory
-  map; it parses the 49k-entry vocabulary only where asked: ~0.04 s, where `gguf.GGUFReader` spends
-  ~4 s building a field per array element). The tokenizer is transformers' own GGUF conversion
+  map; it parses the 49k-entry vocabulary only where asked, where `gguf.GGUFReader` is about a hundred
+  times slower, building a field per array element; docs/results-log.md). The tokenizer is transformers' own GGUF conversion
   (`AutoTokenizer.from_pretrained(..., gguf_file=...)`) saved as tokenizer.json + tokenizer_config.json
   (chat template, add_bos_token, special tokens), so encoding equals transformers' by construction.
 """

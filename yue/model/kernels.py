@@ -1,7 +1,7 @@
 """Which CPU kernel each decode-path matmul uses, decided once per process by probing this machine.
 
 Design decisions:
-- One seam (docs/style.md habit 13). `inference.py` asks `packed_rows(dtype)` and `int8_engine()`; nothing
+- One seam (docs/style.md habit 13). `inference.py` and `matmuls.py` ask `packed_rows(dtype)` and `int8_engine()`; nothing
   else in yue tests CPU features. Each kernel is chosen by torch's own feature checks
   (`torch.backends.mkldnn`, `torch.ops.mkldnn._is_mkldnn_bf16_supported`,
   `torch.backends.quantized.supported_engines`) and then *tried*: a tiny call with the real dtype,
@@ -13,14 +13,13 @@ Design decisions:
   model's, and would make the choice (and the tests) depend on the machine's load. The exception is
   the copy kept of a float32 weight held once (`float32_one_copy`), where the vector width proved a
   wrong proxy: it is timed on one layer of SmolLM2's shapes (`one_row_packed_ratio`), whose ratio
-  matched the whole model's where measured (Intel Xeon with AMX, one row unpadded: 1.41 for one
-  layer, 1.32 for thirty). Tests force either side through `ONE_COPY_TOLERANCE`.
+  matched the whole model's where measured (docs/results-log.md). Tests force either side through `ONE_COPY_TOLERANCE`.
 - Every fallback computes the same function: plain `F.linear` in the same dtype for float matmuls
   (results may differ in the last float bits, as any two GEMM kernels do); float drafting when no
   int8 engine works (only drafts change, so `ar`/`verified` token ids do not).
-- int8 engines: x86, then fbgemm. qnnpack and onednn are left out on purpose: on this machine kind's
-  one thread a 256x688 dynamic int8 matmul over 8 rows cost 225 us (qnnpack) and 117 us (onednn)
-  against 24 us (x86) and ~117 us for float32 `F.linear`, so drafting in them would be no faster.
+- int8 engines: x86, then fbgemm. qnnpack and onednn are left out on purpose: on this machine kind
+  their dynamic int8 matmul over a drafting pass's rows was no faster than float32 `F.linear`, so
+  drafting in them would be no faster (measured: docs/results-log.md).
 - The row kernels (`rows-f32`, `rowkernel`): yue's own C loops for float32 1-9-row matmuls, the
   norms and the row-exact attention, built with the system's C compiler on first use; the probe is the
   build plus a tried call of each, and no compiler (or a build that fails) turns them off with the
@@ -39,7 +38,7 @@ Design decisions:
   the int4 precision's AR layers where the row kernel does not build (another rounding of the
   activations, so int4's outputs differ from the row kernel's there), a user's choice like bfloat16.
   Where neither probe passes `yue.load(dtype="int4")` is an error naming why. With float32 activations
-  the same kernel is ~30x slower here (3.2 ms against 0.10 for a 576x3072 matmul), hence bfloat16.
+  the same kernel is much slower here (measured: docs/results-log.md), hence bfloat16.
 - Forcing a fallback, for tests and for users on odd CPUs: the environment variable
   `YUE_KERNELS` ("auto", "portable" = every fallback, or e.g. "no-onednn-bf16,no-int8"), or the
   context manager `forced(...)`, which wins over it. A model keeps the kernels it was prepared with.
@@ -78,8 +77,8 @@ KERNELS = (
 ENV = "YUE_KERNELS"
 PACKED_KERNEL = {torch.float32: "onednn-f32", torch.bfloat16: "onednn-bf16"}  # dtype -> its packing probe
 # A weight held once is kept packed where the packed kernel's one row costs at most this many times
-# MKL's GEMV (`KernelChoice.float32_one_copy`): 1.02 on an AMD EPYC with AVX512, 1.3-1.6 with AVX2 and
-# on an Intel Xeon with AMX.
+# MKL's GEMV (`KernelChoice.float32_one_copy`). Chosen by measurement to fall between the CPUs where the
+# packed copy is about level (it pays) and those where it is clearly slower (docs/results-log.md).
 ONE_COPY_TOLERANCE = 1.15
 
 
@@ -100,8 +99,8 @@ class KernelChoice:
         cpu: torch's CPU capability ("AVX512", "AVX2", "DEFAULT", ...), for the log.
         probes: one `Probe` per name in `KERNELS`, in order.
         native_bf16: the CPU has bfloat16 dot products (AVX512-BF16 or AMX); without them oneDNN
-            emulates bfloat16, and `--dtype bfloat16` may be slower than float32 (docs/design.md §8: 5.5x slower
-            prefill on an AVX2 CPU). Reported, not acted on: the precision is the user's choice.
+            emulates bfloat16, and `--dtype bfloat16` may be slower than float32 (measured on an AVX2 CPU:
+            docs/design.md §8). Reported, not acted on: the precision is the user's choice.
     """
 
     cpu: str
@@ -116,9 +115,9 @@ class KernelChoice:
         """Kernel for float32 matmuls over several rows: the row-streaming kernel (`rowkernel`, 1-9 rows,
         one row too) where it builds, else oneDNN's packed GEMM (2+ rows; one row takes MKL's GEMV),
         else F.linear. Tried, not timed: it wins where the weights stream from memory, which a timing
-        on the probe's cache-sized shapes would not see (its first form timed on one SmolLM2 layer,
-        14 MB, over 2 / 4 / 9 rows: 1.56x oneDNN's time, against 0.7-0.8x over the whole model's
-        weights); a model small enough to stay in cache keeps oneDNN (`inference.rows_kernel`)."""
+        on the probe's cache-sized shapes would not see (its first form, timed on one SmolLM2 layer
+        that fits a cache, was slower than oneDNN, over the whole model's weights faster:
+        docs/results-log.md); a model small enough to stay in cache keeps oneDNN (`inference.rows_kernel`)."""
         if self.ok("rows-f32"):
             return "row-stream"
         return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
@@ -126,37 +125,33 @@ class KernelChoice:
     @property
     def pad_float32_rows(self) -> bool:
         """Whether float32 packed matmuls over 2-3 rows are padded with zeros to 4
-        (`inference.packed_matmul`). Speed only (a float32 one-row step runs MKL, so no bits are kept
+        (`matmuls.packed_matmul`). Speed only (a float32 one-row step runs MKL, so no bits are kept
         equal by it), and it depends on the vector width: with AVX512 oneDNN's 4-row kernel beats its
-        2- and 3-row ones (figures at `inference.MIN_PACKED_ROWS`), with AVX2 it does not (SmolLM2's
-        30 layers and head, one thread: 2 rows 56 ms unpadded against 73 padded, 3 rows 66 against
-        73). bfloat16 and int4 pad on every CPU: there padding keeps rows exact."""
+        2- and 3-row ones, with AVX2 it does not (padding then costs; both measured on SmolLM2:
+        docs/results-log.md). bfloat16 and int4 pad on every CPU: there padding keeps rows exact."""
         return self.cpu.startswith("AVX512")
 
     @property
     def float32_one_copy(self) -> str:
-        """Kernel for a float32 matmul whose weight is held once, not twice (`inference.row_adaptive`:
+        """Kernel for a float32 matmul whose weight is held once, not twice (`matmuls.row_adaptive`:
         `yue.load(low_memory=True)`, or a large model, `inference.streamed_weights`): oneDNN's packed
         copy where its one row (padded to 4) costs at most `ONE_COPY_TOLERANCE` x MKL's GEMV, timed
         here on one thread (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
-        weight through F.linear (MKL's GEMV), whose one row every `ar` step pays. Measured (SmolLM2's
-        30 layers and head, one thread): AMD EPYC with AVX512 1.02 (38.0 against 37.4 ms), AVX2 1.44
-        (65.2 against 45.2), Intel Xeon with AVX512 and AMX 1.32-1.47 (the timing here: 1.5-1.6),
-        where in one process `ar` on the packed copy ran 0.68x two-copy `ar`, on the input-major one
-        1.00x, and `verified` 0.98x and 0.95x (README). The vector width, used before, had the Xeon
-        wrong."""
+        weight through F.linear (MKL's GEMV), whose one row every `ar` step pays. Timed, because the
+        ratio differs by CPU in a way the vector width, used before, got wrong (measured on three
+        CPUs: docs/results-log.md)."""
         if not self.ok("onednn-f32"):
             return "F.linear"
         return "onednn-packed" if one_row_packed_ratio() <= ONE_COPY_TOLERANCE else "F.linear"
 
     @property
     def bfloat16_rows(self) -> str:
-        """Kernel for bfloat16 matmuls, every row count (`inference.PackedLinear`)."""
+        """Kernel for bfloat16 matmuls, every row count (`matmuls.PackedLinear`)."""
         return "onednn-packed" if self.ok("onednn-bf16") else "F.linear"
 
     @property
     def int4_rows(self) -> str:
-        """Kernel for the int4 precision's AR layers (`inference.int4_matmul`): yue's row kernel on int8
+        """Kernel for the int4 precision's AR layers (`matmuls.int4_matmul`): yue's row kernel on int8
         activations, else torch's int4pack on bfloat16 ones; "" where neither runs."""
         if self.ok("rows-int4"):
             return "row kernel (int8 activations)"
@@ -243,14 +238,13 @@ TIMED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 @functools.cache
 def one_row_packed_ratio(rounds: int = 7) -> float:
-    """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `inference.packed_matmul`
+    """Time of one row through oneDNN's packed kernel (padded to 4 rows, as `matmuls.packed_matmul`
     calls it) over MKL's GEMV on the input-major weight, on `TIMED_SHAPES`: the median over `rounds`
     rounds of each kernel's pass timed back to back, on one thread. One thread, because with more an
-    OpenMP call waits for every core, and one busy core skewed the ratio (two threads, the other core
-    running a test suite: 1.62-1.67 in most runs, 0.04 and 0.50 in others; one thread 1.46-1.48; idle,
-    SmolLM2's whole layers and head: 1.49 on one thread, 1.64 on two, the same verdict); the
-    median, because one slow pass then moves one round, not the verdict. Cached per process (~0.1 s
-    and 28 MB while it runs); call only where oneDNN float32 packing works."""
+    OpenMP call waits for every core, and one busy core skewed the ratio (with two threads and the other
+    core busy it swung widely, on one thread it held; measured: docs/results-log.md); the median,
+    because one slow pass then moves one round, not the verdict. Cached per process (a short timing,
+    28 MB while it runs); call only where oneDNN float32 packing works."""
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=g) for out, inp in TIMED_SHAPES]
     input_major = [w.t().contiguous().t() for w in weights]

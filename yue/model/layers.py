@@ -192,19 +192,19 @@ class DecodeSet(nn.Module):
     ) -> None:
         super().__init__()
         self.qkv, self.gate_up = qkv, gate_up
-        # Row-exact matmuls (`inference.PackedLinear`): a row's bits do not depend on the step's rows.
+        # Row-exact matmuls (`matmuls.PackedLinear`): a row's bits do not depend on the step's rows.
         self.exact = exact
         # With `exact`, how committed rows attend (`EXACT_ATTENTION`): one padded SDPA call, one query
         # per SDPA call, or yue's row kernel.
         assert attention in EXACT_ATTENTION, attention
         self.attention = attention
-        # The norms on yue's row kernel (`rowkernel.rms_norm`, float32 rows): torch's costs 30-80 us a
-        # call, 60 calls a step.
+        # The norms on yue's row kernel (`rowkernel.rms_norm`, float32 rows): per-call overhead dominates
+        # torch's, 60 calls a step.
         self.rms_norm = rowkernel.rms_norm if row_norm else rms_norm
         # The whole layer in one row-kernel call (`whole_layer`; a step's run of such layers, one call for
         # them all: `inference.kernel_stacks`) where every part is on the row kernel (the matmuls holding
-        # `blocked` weights of one kind: `inference.StreamedLinear`s, float32 or 4-bit codes, for an AR
-        # set whose rows are exact; a NAR set's may be int8 codes with scales, `inference.RowInt8Linear`):
+        # `blocked` weights of one kind: `matmuls.StreamedLinear`s, float32 or 4-bit codes, for an AR
+        # set whose rows are exact; a NAR set's may be int8 codes with scales, `matmuls.RowInt8Linear`):
         # a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
@@ -290,8 +290,7 @@ class DecodeSet(nn.Module):
 def _padded_additive(visible: torch.Tensor, keys: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
     """`_attend_exact`'s mask from a bool one (1|B, 1, T, S), True = may attend: keys past S masked,
     padding rows repeating the last row (their outputs are dropped), as SDPA's additive mask (0, or -inf
-    where masked): what SDPA turns a bool mask into on every call (~25 us), done once (same result,
-    tested). (1|B, 1, rows, keys)."""
+    where masked): what SDPA turns a bool mask into on every call, done once (same result, tested). (1|B, 1, rows, keys)."""
     T, S = visible.shape[-2:]
     m = F.pad(visible, (0, keys - S), value=False)
     m = torch.cat([m, m[..., -1:, :].expand(*m.shape[:2], rows - T, keys)], dim=2)
@@ -303,7 +302,7 @@ def _causal_padded_mask(
     start: int, T: int, keys: int, rows: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """A lone committed row's step: query t (t < T) at cache index start + t sees keys up to its own.
-    Cached: a step's 30 layers ask for the same one (built once, ~40 us)."""
+    Cached: a step's 30 layers ask for the same one (built once)."""
     S = start + T
     visible = torch.arange(S, device=device)[None, :] <= torch.arange(start, S, device=device)[:, None]
     return _padded_additive(visible[None, None], keys, rows, dtype)
@@ -490,9 +489,9 @@ class MoTLayer(nn.Module):
         bfloat16, measured: 232 of 455 rows); with the queries padded to a multiple of
         `EXACT_QUERY_PAD` and the keys to a multiple of `EXACT_KEY_PAD` (masked) every row matched its
         padded one-row call (SmolLM2's heads, 1,170 rows at positions 1-530, 1-16 rows per call; with a
-        one-row call padded to 1 instead of 4, none did). One call for the step: 9 rows ~170 us against
-        ~560 for nine one-query calls, a one-row step 90-145 us against 59-73 unpadded (one thread, the
-        Xeon, measured in two sessions).
+        one-row call padded to 1 instead of 4, none did). One call for the step is much cheaper than one
+        call a query for a verifying step's rows, while a one-row step pays for the padding (measured:
+        docs/results-log.md).
 
         Each query's call pads the keys as its one-row call does: a step whose rows cross a multiple of
         `EXACT_KEY_PAD` attends in two calls, split there. (In one call padded past the boundary, the
@@ -533,7 +532,7 @@ class MoTLayer(nn.Module):
     def _attend_per_row(self, q, kv, mask, start) -> torch.Tensor:
         """`_attend_exact`'s other form: each of the T committed queries in a call of its own over the
         keys up to its own, unpadded, as a one-row AR step attends (so its bits are that step's). A
-        one-row step costs what plain SDPA does (59-73 us a layer, `_attend_exact`'s figures), a verifying
+        one-row step costs what plain SDPA does (unpadded, cheaper than `_attend_exact`'s), a verifying
         step T calls: the form for a precision whose one-row step is cheap and whose verifying rows are
         dear, so that its steps verify few rows (int4, `inference.prepare_for_decoding`).
 
@@ -560,10 +559,9 @@ class MoTLayer(nn.Module):
     def _attend_kernel(self, q, kv, mask, start) -> torch.Tensor:
         """`_attend_exact`'s third form, on yue's row kernel (`rowkernel.attention`, float32): each query
         on its own over the keys it may see, in a fixed order, so its bits are the one-row step's by
-        construction, unpadded. One query ~40 us a layer against ~120 for the padded SDPA call (one
-        thread, Xeon; bare calls, SmolLM2's heads, 300 keys), 9 queries ~320 against ~170; in the whole
-        model `ar` ran 1.11x as fast as on the padded call (both with the kernel's norms; 8 held-out
-        prompts x 64 tokens, one process), `verified` level (1.00x).
+        construction, unpadded. Cheaper than the padded SDPA call for one query, dearer for 9; in the
+        whole model `ar` ran faster than on the padded call and `verified` level (one-process A/B:
+        docs/results-log.md).
 
         `mask` is the step's (its first T rows are these queries'), or None for a lone row.
         """

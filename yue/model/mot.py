@@ -58,8 +58,8 @@ class SlotEntry(nn.Module):
     def lower(self, lower, row_norm: bool) -> None:
         """For drafting passes (`inference.prepare_for_decoding`): W's anchor and token halves as `lower`
         makes them (int8 drafting: `inference.RowInt8Linear`), the norm on yue's row kernel where
-        `row_norm`. Why: in float32 these two matmuls of a pass read 2.6 MB, ~0.5 ms of a 4-slot pass
-        (SmolLM2, AMD EPYC, one thread, cold caches as between decode steps), as int8 0.66 MB."""
+        `row_norm`. Why: in float32 these two matmuls are a sizeable, memory-bound share of a drafting
+        pass (caches cold between decode steps); int8 reads a quarter of the bytes (docs/results-log.md)."""
         d = self.norm.weight.shape[0]
         halves = []
         for half in (self.proj.weight[:, :d], self.proj.weight[:, d:]):
@@ -76,7 +76,7 @@ class SlotEntry(nn.Module):
         n, d = token_emb.shape[1:]
         index = torch.arange(n, device=token_emb.device) % self.block_size  # (n,) slot index in its block
         # W [norm(h_t); e(x_i)] as two matmuls, the anchor's half once per anchor row, not once per slot
-        # (a drafting pass's 8 slots share one: 0.59 -> ~0.2 ms on SmolLM2, one thread).
+        # (a drafting pass's 8 slots share one, so the pass does an eighth of that matmul's rows).
         if self.lowered is not None:
             from_anchor, from_token = self.lowered
             normed = (self.row_norm or self.norm)(anchor)
@@ -117,7 +117,7 @@ class MoTModel(nn.Module):
         # (`inference.kernel_stacks`, set when prepared for decoding); not a buffer or a parameter.
         self.kernel_stacks: dict[bool, rowkernel.StackWeights] = {}
         # A drafting pass's final norm on yue's row kernel (set when prepared, on a CPU in float32): torch's
-        # costs ~0.1 ms a call there with the caches cold. Committed rows keep torch's, whose bits `ar` has.
+        # per-call overhead dominates there. Committed rows keep torch's, whose bits `ar` has.
         self.slot_norm = None
         # Whether `inference.prepare_for_decoding` has run (a layer whose family's features the fused decode
         # path lacks keeps `decode_sets` None).
@@ -260,8 +260,8 @@ class MoTModel(nn.Module):
         """`_layers` in one row-kernel call (`rowkernel.stack`; a batch of more rows, one per group of
         whole batch rows) where a decode step's rows are all of one parameter set (committed rows, or a
         drafting pass's slots) and that set's layers are each one call (`DecodeSet.whole_layer`, the
-        condition `MoTLayer._decode` checks): the same calls in C, the same bits, without ~70 us of
-        Python a layer. None where it does not apply."""
+        condition `MoTLayer._decode` checks): the same calls in C, the same bits, without the per-call
+        overhead of Python a layer. None where it does not apply."""
         nar = h_s.shape[1] > 0
         h = h_s if nar else h_c
         weights = self.kernel_stacks.get(nar)
@@ -423,7 +423,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         head = self.ar_head or self.lm_head
         screened = top1 and isinstance(head, ScreenedHead)
         # Logits leave in float32 whatever the precision: the choice is the same, and torch's CPU argmax
-        # and softmax over bfloat16 are ~4x slower (a 49,152-token argmax: 177 vs 44 us a row).
+        # and softmax over bfloat16 are several times slower (measured: docs/results-log.md).
         if self.draft_head is None and self.draft_vocab is None and not screened:
             logits = head(hidden[:, first:]).float()  # (B, T - first, V): one matmul for all rows
             return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)

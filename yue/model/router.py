@@ -58,7 +58,8 @@ class Router(nn.Module):
         self.fc1 = nn.Linear(n_in, config.router_hidden_size)
         self.fc2 = nn.Linear(config.router_hidden_size, config.block_size)
         # `softmax_stats`, or where prepared on a CPU in float32 yue's row kernel's (`rowkernel.softmax_stats`:
-        # a drafting step's features ~3 ms through torch, caches cold, SmolLM2's 49,152 logits a row).
+        # through torch a drafting step's features over SmolLM2's 49,152 logits a row cost a sizeable share
+        # of the step with the caches cold; measured: docs/results-log.md).
         self.softmax_stats = softmax_stats
 
     def features(

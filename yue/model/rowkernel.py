@@ -1,72 +1,54 @@
 """yue's row kernels (`rowkernel.c`), compiled for this CPU on first use and cached: a float32 matmul over
 a few rows that streams the weight once, the kernel of a float32 model's 1-9-row steps, a one-row AR
-step and a verifying step's k + 1 alike (`inference.StreamedLinear`), so each row gets the same bits
+step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`), a whole float32
 decode layer in one call and a step's run of such layers in one call (`stack`).
 
-Why the layer in one call: once the matmuls streamed at memory speed, the rest of a float32 step (~25
-torch calls a layer and their Python) was a third of it (SmolLM2, one thread, Xeon: 45-54 ms of a
-76-79 ms `ar` step in the kernel). In one process (`docs/recipes/row_kernel_ab.py SPLIT 8 64
-torch-layer`: 8 prompts x 64 tokens, interleaved, outputs identical) the norms and attention on the
-kernel made `ar` 1.13x and `verified` 1.14x as fast, and the whole layer in one call 1.30-1.49x and
-1.23-1.26x held-out (two runs), 1.42x and 1.45x on the calibration split; held-out `yue bench`: a
-one-row step 57.5 ms, `ar` 1.89x transformers (from 1.41x), `verified` 2.18x (from 1.84x); with more
-column streams for 3-9 rows (`STREAMS` in the C file) `ar` 1.92x, `verified` 2.41x.
+Why the layer in one call: once the matmuls streamed at memory speed, per-call overhead (~25 torch
+calls a layer and their Python) was a large share of a float32 step; on the kernel, norms, attention
+and then the whole layer in one call made `ar` and `verified` faster, outputs identical.
 
 Why a step's layers in one call (`stack`, `rows_stack`: the same `rows_layer` calls in turn, in C): with
 each layer one call and the layers' weights 4-bit codes, what was left of a step outside the kernel was
-its Python, ~70 us a layer (module calls, views, ctypes): ~2 ms of SmolLM2's one-row step (bare
-`model.step`, 200-token context, AMD EPYC with AVX2, one thread, min of 25: 16.6 ms, of which the 30
-layer calls 11.7 and the head's screen 2.8; with the stack 13.8). In one process
-(`docs/recipes/row_kernel_ab.py chat_test 8 128 per-layer`: 8 held-out prompts x 128 tokens, interleaved)
-`ar` ran 1.12x and `verified` 1.15x as fast as with one call a layer, every output the same.
+its Python (module calls, views, ctypes a layer): per-call overhead dominated; the stack removed it,
+every output the same.
 
 Why the layers' Q4_1 weights as 4-bit codes (`q4_block`, `rows_matmul_q4`): SmolLM2's float32 values
 are the GGUF's Q4_1 weights dequantized, code * d + m per group of 32 inputs, so 0.75 bytes a weight
 say the same floats as 4; the kernel rebuilds each one exactly and runs the same fmaf chain, so the
-bits are the float32 kernel's and only the bytes change (425 MB of layers a step become 80 MB). In one
-process (`docs/recipes/row_kernel_ab.py chat_test 8 64 float-weights`, 8 held-out prompts x 64 tokens,
-every output identical) `ar` ran 1.91-2.05x as fast as on the float32 copies, `verified` 1.50-1.59x
-(three runs); held-out `yue bench` (AMD EPYC, AVX2, two runs): `ar` 4.47x / 4.95x and `verified` 4.41x /
-5.11x transformers, 1.04x / 1.05x and 1.02x / 1.08x llama.cpp on the same GGUF (README). The tied
-head's values are the GGUF's Q8_0 table, code * d per group of 32, held alike (`q8_block`,
-`rows_matmul_q8`): the float32 head's bits from 30 MiB instead of 113 MB (one row 2.56 ms against 8.28;
-sampled requests, which read every logit, ran `ar` 1.25x and `verified` 1.28x as fast in one process).
+bits are the float32 kernel's and only the bytes change (425 MB of layers a step become 80 MB): a
+memory-bound step reads a fraction of the bytes. The tied head's values are the GGUF's Q8_0 table,
+code * d per group of 32, held alike (`q8_block`, `rows_matmul_q8`): the float32 head's bits from 30 MiB
+instead of 113 MB.
 
 Why a NAR set's int8 layers too (`LayerWeights` of int8 codes with their scales): a drafting pass ran
-~25 torch calls a NAR layer, more than its matmuls cost; as one call each, a pass of 2 / 4 slots cost
-0.26-0.27 / 0.32-0.35x a one-row step instead of 0.40 / 0.41 (AMD EPYC, AVX2; README). Their matmuls
-then widened each code to a float (`rows_matmul_i8`, compute-bound); on integer dot products over rows
-quantized to int8 (`dot_block`, `rows_matmul_i8dot`), with the slot entry and the draft head on them
-too, a 4-slot pass costs 0.22-0.25x a one-row step (held-out `yue bench`, six runs; README).
+~25 torch calls a NAR layer, more than its matmuls cost (per-call overhead); as one call each, a pass
+got cheaper against a one-row step. Their matmuls then widened each code to a float (`rows_matmul_i8`,
+compute-bound); on integer dot products over rows quantized to int8 (`dot_block`, `rows_matmul_i8dot`),
+with the slot entry and the draft head on them too, a pass got cheaper again.
 
 Why the int4 precision on the row kernel (`q4dot_block`, `rows_matmul_q4dot`): float32 from 4-bit codes
 rebuilds each weight and spends a float FMA on it per row, so its one-row step is compute-bound and
 each verifying row costs the FMA units' pace. The int4 precision keeps the GGUF's codes, d and m
 exactly and rounds the activations instead, to int8 per group of 32 (llama.cpp's Q4_1 x Q8_1 scheme),
-multiplying in integer dot products: SmolLM2's 30 layers (random Q4_1 weights, one thread, AMD EPYC
-with AVX512 and VNNI, min of 8, one process) 1 / 2 / 4 / 8 / 9 rows 3.6 / 4.8 / 6.5 / 12.4 / 13.2 ms
-against 6.7 / 9.3 / 12.7 / 20.0 / 22.1 from the same codes in float32 (an AVX2 build on that CPU,
-maddubs for dpbusd: 3.7 / 5.0 / 8.5 / 16.1 / 18.2), within ~0.5% of the float product; each layer is
-one row-kernel call and a step's layers one call, as float32's. torch's int4pack (bfloat16
-activations, `inference.Int4Linear`) stays where the row kernel does not build.
+multiplying in integer dot products, which is faster at every row count and close to the float
+product; each layer is one row-kernel call and a step's layers one call, as float32's. torch's int4pack
+(bfloat16 activations, `matmuls.Int4Linear`) stays where the row kernel does not build.
 
 Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
-little, but neither of torch's CPU kernels does that for a few rows. SmolLM2's 30 layers and head, one
-thread, weights streamed from memory (Intel Xeon with AVX512 and AMX; ms, 1 / 2 / 4 / 9 rows, ranges
-over runs): MKL's GEMV 54-66 for one row; MKL's GEMM 137-147 / 137-148 / 145-170 / 145-170 for more (it
-re-packs the weight every call); oneDNN on pre-packed weights 84-92 / 90-95 / 93-97 / 106-113; this
-kernel 51-58 / 50-56 / 54-66 / 83-92 (one column block streamed at a time, the first form: 67-80 for
-every row count up to 9). In the model's whole step (attention and the rest included) 2-9 rows went
-from 1.51-1.78x a one-row step to 1.03-1.72x; in one process (`docs/recipes/row_kernel_ab.py`, 8
-prompts x 64 tokens) `verified` ran 1.30x (held-out) and 1.67x (calibration) as fast as on oneDNN's
-copy, `ar` 1.04x and 0.96x, outputs the same.
+little, but neither of torch's CPU kernels does that for a few rows: MKL's GEMM re-packs the weight
+every call, oneDNN's pre-packed GEMM still costs more per extra row, and MKL's GEMV takes one row. This
+kernel streams the weight once for 1-9 rows, so a verifying step's rows cost little more than one.
+
+Each of these choices was measured in one process (`docs/recipes/row_kernel_ab.py`) and with `yue
+bench`; the figures, with their machines, are in docs/results-log.md ("Figures that were in code
+comments").
 
 Design decisions:
 - Built with the C compiler torch's own extensions would use (`$CC`, else `cc`), `-O3 -march=native`
   (and 512-bit vectors on x86-64, which GCC otherwise avoids), OpenMP where the compiler has it: one
-  small C file, ~1 s to build, no torch headers. The shared object is cached under
+  small C file, quick to build, no torch headers. The shared object is cached under
   `$YUE_CACHE_DIR/kernels`, keyed by the source, the compiler's version, the flags and this CPU's
   feature flags, so a machine with another CPU builds its own; a cached file that does not load is
   rebuilt, not trusted.
@@ -100,8 +82,7 @@ from yue.model.gguf import cache_root
 
 SOURCE = Path(__file__).with_name("rowkernel.c")
 # Rows per pass (`MAX_R` in the source). A second pass costs more than torch's batched GEMM over the
-# column blocks (`blocked_gemm`; SmolLM2's layers and head, one thread: 10 rows 212 ms in two passes
-# against 106).
+# column blocks (`blocked_gemm`; measured on SmolLM2: docs/results-log.md).
 MAX_ROWS = 9
 # Flag sets tried in order until one builds: the fast one, then without OpenMP, then plain.
 _NATIVE = ["-march=native"] + (
@@ -363,7 +344,7 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 
 def layout(blocked: torch.Tensor) -> str:
     """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's),
-    "i8dot" (`dot_block`'s 4-d int8 codes: `inference.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
+    "i8dot" (`dot_block`'s 4-d int8 codes: `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
     (`q8_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last three uint8 records, told
     apart by their record's bytes (768, 1152, 192)."""
     if blocked.dtype != torch.uint8:
@@ -441,9 +422,8 @@ def screen(
 
 def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """`matmul` for more rows than one pass takes (a batch, a prefill): torch's batched GEMM over the
-    column blocks, (blocks, rows, BLK), laid back to (..., out). SmolLM2's layers and head, one thread:
-    10 / 16 / 32 rows 106 / 128 / 173 ms against oneDNN's packed GEMM 105 / 121 / 171 and MKL's GEMM
-    176 / 179 / 201; 64 / 200 rows 304 / 855 against MKL's 250 / 1004."""
+    column blocks, (blocks, rows, BLK), laid back to (..., out). Level with oneDNN's packed GEMM at these
+    row counts and faster than MKL's GEMM below ~64 rows (SmolLM2's figures: docs/results-log.md)."""
     flat = x.reshape(-1, x.shape[-1])
     y = torch.matmul(flat, blocked).permute(1, 0, 2).reshape(flat.shape[0], -1)[:, :out]
     return y.reshape(*x.shape[:-1], out)
@@ -536,9 +516,10 @@ class LayerWeights:
     values once (a `layers.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
     order: the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all
     `block`, all `q4_block`, or all `dot_block` of int8 codes) and the int8 codes' scales (their outputs'
-    float32 scales concatenated in that order: `inference.RowInt8Linear`'s; else None); `shape`, what a
+    float32 scales concatenated in that order: `matmuls.RowInt8Linear`'s; else None); `shape`, what a
     stack's layers share: the norms' eps, the MLP's width, the weights' kind (`LAYER_KINDS`), the heads
-    (H, Hkv, Dh). Building a call's ~30 arguments took ~35 us of Python, 30 calls a step. `tensors`
+    (H, Hkv, Dh). Built once, since building a call's ~30 arguments in Python every step was per-call
+    overhead worth removing (30 calls a step). `tensors`
     keeps alive what `pointers` point into."""
 
     tensors: tuple
@@ -606,9 +587,8 @@ def stack(
         # A batch's step of more rows than one call takes (10 `ar` rows, 3 verifying 3 drafts each): calls
         # of whole batch rows, each row computing its solo bits. torch's layer by layer path, taken
         # before, rounds otherwise: a batch of 6 in int4 gave 3 rows a `verified` answer other than
-        # alone (the rounded activations grow such bits into other tokens). One process, 16 prompts x
-        # 48-64 tokens as one batch, greedy `verified`, against that path: yue-smol 1.08x the tokens/s,
-        # yue-code-mini 0.98x (noise).
+        # alone (the rounded activations grow such bits into other tokens). As fast as that path within
+        # noise (one-process A/B: docs/results-log.md).
         assert T <= MAX_ROWS
         parts = []
         for i in range(0, B, MAX_ROWS // T):

@@ -3,8 +3,8 @@ only the tokens that may still be the largest get their float32 logit, computed 
 computes it, so the choice is bit for bit the full float32 head's argmax (first index on ties).
 
 Why: a greedy decode step needs only the argmax of its AR rows' logits, yet the head is a fifth of a
-float32 step (SmolLM2: 49,152 x 576 floats, 113 MB streamed every step, ~6.6 ms). The screen streams
-28 MB of int8 codes instead.
+float32 step (SmolLM2: 49,152 x 576 floats, 113 MB streamed every step; memory-bound). The screen
+streams 28 MB of int8 codes instead (timings: docs/results-log.md).
 
 The bound (per token j, for an input row x of D floats; u = 2^-24, g = D u / (1 - D u)):
 - the screen's logit A_j = s_j * c_j, c_j the float32 fmaf chain of x . q_j over the int8 codes q_j,
@@ -15,7 +15,7 @@ So |A_j - F_j| <= r_j = |x|_1 (e_j + g max|w_j| + 127 g s_j), widened by 0.1%. T
 is at least M = max_j (A_j - r_j), so every token with F_j >= M, the argmax and its ties among them,
 has A_j + r_j >= M: those candidates get their exact F_j (`rowkernel.screen`: the same fmaf chain over
 the token's row of the weight as the head's column), the rest -inf, all in one C call (torch's ops
-over the (rows, V) bounds cost 1-4 ms a step). A row of a SmolLM2 step keeps 1-6 candidates.
+over the (rows, V) bounds cost a sizeable share of a step). A row of a SmolLM2 step keeps 1-6 candidates.
 
 Used by the decode loop where the AR logits serve only their argmax (`policies.argmax_only`: greedy,
 no repetition penalty, no log-probs or trace); `forward` is the full head, for everything else. Where a
@@ -38,7 +38,7 @@ CHUNK = 4096  # head rows quantized at a time
 
 
 class ScreenedHead(nn.Module):
-    """A float32 row-kernel head (`inference.StreamedLinear`) with an int8 screen of its weight.
+    """A float32 row-kernel head (`matmuls.StreamedLinear`) with an int8 screen of its weight.
 
     Args:
         head: the full head, as the decode path runs it (1-9 rows through `rowkernel.matmul`).
@@ -80,8 +80,8 @@ class ScreenedHead(nn.Module):
     def top1_entropy(self, x: torch.Tensor, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`top1`'s logits and, with `entropy`, each row's softmax entropy (...) over its logits as
         screened: the kept ones exact, the rest their screened values (within the bound above of the
-        full head's). The router reads it of a drafting step's anchor row; the whole head would cost
-        ~3 ms a row more (SmolLM2, one thread)."""
+        full head's). The router reads it of a drafting step's anchor row; the whole head would stream
+        the float32 weight again for that row."""
         flat = x.reshape(-1, x.shape[-1]).float()
         ent = torch.empty(flat.shape[0], dtype=torch.float32) if entropy else None
         y = rowkernel.screen(flat, self.codes[0], self.scale[0], self.slack[0], self.weight[0], ent)
