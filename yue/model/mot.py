@@ -57,7 +57,7 @@ class SlotEntry(nn.Module):
 
     def lower(self, lower, row_norm: bool) -> None:
         """For drafting passes (`inference.prepare_for_decoding`): W's anchor and token halves as `lower`
-        makes them (int8 drafting: `inference.RowInt8Linear`), the norm on yue's row kernel where
+        makes them (int8 drafting: `matmuls.RowInt8Linear`), the norm on yue's row kernel where
         `row_norm`. Why: in float32 these two matmuls are a sizeable, memory-bound share of a drafting
         pass (caches cold between decode steps); int8 reads a quarter of the bytes (docs/results-log.md)."""
         d = self.norm.weight.shape[0]
@@ -348,7 +348,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
 
         The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts
         (and what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its
-        own: the AR layers in 4 bits (`inference.int4_matmul`). `low_memory`: a
+        own: the AR layers in 4 bits (`matmuls.int4_matmul`). `low_memory`: a
         float32 model's AR matmuls hold one copy of their weights, not two (slower verifying rows or
         one-row steps, by CPU; `inference.prepare_for_decoding`). See `inference.py` for why and the
         measured gains. Inference only: a prepared model cannot be saved; save it before
