@@ -277,7 +277,7 @@ def test_chat_template_comes_from_the_model_folder(tmp_path, tiny_engine):
 def test_demo_page_and_openapi_are_served(client):
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-    assert 'id="generate"' in page.text and "/generate" in page.text
+    assert 'id="generate"' in page.text and "/v1/chat/completions" in page.text
     spec = client.get("/openapi.json").json()
     assert "422" not in str(
         {p: {m: o["responses"] for m, o in ops.items()} for p, ops in spec["paths"].items()}
