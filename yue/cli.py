@@ -22,7 +22,8 @@ app = typer.Typer(
 )
 
 
-DISTRIBUTION = "yue-mot"  # the name on PyPI (`yue` there is another project's); import name and command stay yue
+# The name on PyPI (`yue` there is another project's); the import name and the command stay yue.
+DISTRIBUTION = "yue-mot"
 
 
 def _version() -> str:

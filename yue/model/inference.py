@@ -415,9 +415,7 @@ def warn_fallbacks(choice: kernels.KernelChoice) -> None:
     `KernelChoice.losses`: a fallback can make decoding several times slower, and the CLI shows
     warnings on stderr (Python's last-resort handler) where INFO stays hidden."""
     if lost := choice.losses():
-        logger.warning(
-            "kernel fallback, decoding runs slower: %s", "; ".join(lost)
-        )
+        logger.warning("kernel fallback, decoding runs slower: %s", "; ".join(lost))
 
 
 def rows_kernel(model) -> str:
