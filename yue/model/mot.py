@@ -489,6 +489,12 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         """transformers' DynamicCache does not fit the MoT layers: `forward` starts yue's KVCache itself."""
         return False
 
+    @staticmethod
+    def _reorder_cache(cache: KVCache, beam_idx: torch.Tensor) -> KVCache:
+        """transformers' beam search: each beam's row continues from the row `beam_idx` names."""
+        cache.select(beam_idx.tolist())
+        return cache
+
     def prepare_inputs_for_generation(
         self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs
     ):
