@@ -22,14 +22,12 @@ app = typer.Typer(
 )
 
 
-# The name on PyPI (`yue` there is another project's); the import name and the command stay yue.
-DISTRIBUTION = "yue-mot"
-
-
 def _version() -> str:
     """The installed distribution's version, read from its metadata without importing torch; a source
     tree run without installing falls back to the package's own `__version__`."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from yue.errors import DISTRIBUTION
 
     try:
         return version(DISTRIBUTION)
