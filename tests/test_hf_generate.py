@@ -166,3 +166,14 @@ def test_cached_forward_logits_match_the_uncached_forward(trained_model_dir):
     parts = torch.cat([first.logits, rest.logits], dim=1)
     real = mask.bool()
     torch.testing.assert_close(parts[real], whole[real], atol=1e-4, rtol=1e-4)
+
+
+def test_the_engine_behind_generate_is_held_weakly(trained_model_dir):
+    import gc
+    import weakref
+
+    engine = yue.load(trained_model_dir)
+    model, engine_ref = weakref.ref(engine.model), weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert engine_ref() is None and model() is None

@@ -103,7 +103,7 @@ class Engine:
         self.corpus = corpus
         # Step costs for the router's draft lengths: measured on first need (`_costs`), or set by hand.
         self.costs: StepCosts | None = None
-        _holders[self.model] = self  # `model.generate()` then drafts with this engine's corpus and costs
+        _holders[self.model] = weakref.ref(self)  # `model.generate()` drafts with its corpus and costs
 
     @property
     def instruct(self) -> bool:
@@ -404,14 +404,15 @@ def drafts(cfg: DecodeConfig) -> bool:
     return cfg.mode in ("verified", "hybrid") and (cfg.block_size or 1) >= 2
 
 
-# The Engine holding each model (weakly: a model outlives no engine on our account), for `generate()`.
-_holders: weakref.WeakKeyDictionary[YueForCausalLM, Engine] = weakref.WeakKeyDictionary()
+# The Engine holding each model, for `generate()`; weak both ways, so neither outlives its users here.
+_holders: weakref.WeakKeyDictionary[YueForCausalLM, weakref.ref[Engine]] = weakref.WeakKeyDictionary()
 
 
 def _model_generate(model: YueForCausalLM, inputs, generation_config, streamer, mode, kwargs):
     """`YueForCausalLM.generate` through the decode loop (`decode/hf_generate.py`), with the corpus
     and step costs of the Engine holding the model, if any (`yue.load`'s), else costs measured for it."""
-    engine = _holders.get(model)
+    holder = _holders.get(model)
+    engine = holder() if holder is not None else None
     if engine is not None:
         costs, corpus = engine._costs, engine.corpus
     else:
