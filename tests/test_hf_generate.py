@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationMixin
 
 import yue
 from yue.model import YueForCausalLM
@@ -117,10 +117,25 @@ def test_sampling_draws_its_seed_from_torch_so_manual_seed_repeats_it(engine):
     assert torch.equal(engine.model.generate(torch.tensor([ids]), mode="ar", **args), first)
 
 
+def test_a_tokenizers_output_as_keywords_goes_through_the_decode_loop(engine, monkeypatch):
+    ids = engine.encode(PROMPTS[1])
+    monkeypatch.setattr(
+        GenerationMixin, "generate", lambda *a, **kw: pytest.fail("transformers' generate ran")
+    )
+    encoded = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+    out = engine.model.generate(**encoded, max_new_tokens=12, mode="verified")
+    assert _new(out, len(ids)) == _ar(engine, PROMPTS[1], max_new_tokens=12)
+
+
 def test_what_only_transformers_does_goes_to_transformers(engine):
     ids = engine.encode(PROMPTS[0])
     beams = engine.model.generate(torch.tensor([ids]), max_new_tokens=6, num_beams=2, do_sample=False)
     assert beams.shape == (1, len(ids) + 6)
+    mask = torch.ones(1, len(ids), dtype=torch.long)  # kept whole for transformers' generate
+    padded = engine.model.generate(
+        input_ids=torch.tensor([ids]), attention_mask=mask, max_new_tokens=6, num_beams=2
+    )
+    assert torch.equal(padded, beams)
     with pytest.raises(ValueError, match="decode loop"):
         engine.model.generate(torch.tensor([ids]), max_new_tokens=6, num_beams=2, mode="verified")
 

@@ -63,7 +63,8 @@ def generate(
     transformers' generate does (see the module docstring).
 
     Args:
-        inputs: (B, T) prompt ids, left-padded where `kwargs["attention_mask"]` says.
+        inputs: (B, T) prompt ids (or `kwargs["input_ids"]`), left-padded where `kwargs["attention_mask"]`
+            says.
         costs: the step costs a config's drafting weighs (the engine's measurement).
         corpus: the model's n-gram table for corpus drafts, where an engine holds one.
     Returns:
@@ -72,6 +73,9 @@ def generate(
         ValueError: a streamer with several rows (as transformers' streamers), a mode the model cannot
             run, a bad setting (DecodeConfig names it), or no room for a new token.
     """
+    kwargs = dict(kwargs)  # the caller's stay whole for transformers' generate, should it run instead
+    if inputs is None:  # `model.generate(**tokenizer(text, return_tensors="pt"))`
+        inputs = kwargs.pop("input_ids", None)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or set(kwargs) - TAKEN:
         return NotImplemented
     mask = kwargs.pop("attention_mask", None)
