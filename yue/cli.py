@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -18,6 +20,41 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Fast text generation with an AR-NAR Mixture-of-Transformers.",
 )
+
+
+def _version() -> str:
+    """The installed distribution's version, read from its metadata without importing torch; a source
+    tree run without installing falls back to the package's own `__version__`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from yue.errors import DISTRIBUTION
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        import yue
+
+        return yue.__version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"yue {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Fast text generation with an AR-NAR Mixture-of-Transformers."""
+
+
+def _on_terminal(stream) -> bool:
+    """Whether a standard stream is a terminal (a seam for tests, whose runner swaps the streams)."""
+    return stream.isatty()
 
 
 def user_errors(fn):
@@ -81,8 +118,13 @@ def _sampling(
 @app.command()
 @user_errors
 def generate(
-    prompt: str = typer.Argument(..., help="Text to continue, or an instruct model's user message."),
+    prompt: str = typer.Argument(
+        ..., help="Text to continue, or an instruct model's user message; - reads it from standard input."
+    ),
     model: str | None = typer.Option(None, help=MODEL_HELP),
+    system: str | None = typer.Option(
+        None, help="A system message before PROMPT (an instruct model's chat template; not with --raw)."
+    ),
     adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
     mode: str | None = typer.Option(
         None,
@@ -115,16 +157,30 @@ def generate(
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
-    stream: bool = typer.Option(False, help="Print text as it is generated."),
+    stream: bool | None = typer.Option(
+        None,
+        "--stream/--no-stream",
+        help="Print text as it is generated (default: on when standard output is a terminal).",
+    ),
     trace: bool = typer.Option(False, help="Print the router's per-step trace to stderr."),
     trace_json: Path | None = typer.Option(None, help="Write the per-step trace as JSON to this file."),
 ) -> None:
-    """Continue PROMPT and print the completion (an instruct model answers it through its chat template)."""
+    """Continue PROMPT and print the completion (an instruct model answers it through its chat template).
+
+    `echo "Say hello" | yue generate -` reads the prompt from standard input."""
     import json
     from dataclasses import asdict, replace
 
     import yue
 
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        if not prompt.strip():
+            raise ValueError("the prompt read from standard input is empty")
+    if system is not None and raw:
+        raise ValueError("--system needs the chat template, which --raw leaves out")
+    if stream is None:
+        stream = _on_terminal(sys.stdout)
     cfg = _sampling(
         mode,
         max_new_tokens,
@@ -144,7 +200,10 @@ def generate(
     if mode is None:
         cfg = replace(cfg, mode=engine.default_mode)
     if engine.instruct and not raw:
-        prompt = engine.chat_prompt([{"role": "user", "content": prompt}])
+        system_message = [{"role": "system", "content": system}] if system is not None else []
+        prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])
+    elif system is not None:
+        raise ValueError(f"--system needs an instruct model's chat template, which {engine.name} has not")
     steps, stats = [], None
     if stream:
         for ev in engine.stream(prompt, cfg):
@@ -175,6 +234,41 @@ def generate(
         trace_json.write_text(
             json.dumps({"steps": [asdict(s) for s in steps], "stats": stats.to_dict()}, indent=1)
         )
+
+
+CHAT_HISTORY = "chat_history"  # file under the yue cache folder ($YUE_CACHE_DIR or ~/.cache/yue)
+CHAT_HISTORY_LINES = 1000
+
+
+@contextmanager
+def _line_editing() -> Iterator[Path | None]:
+    """Line editing and a kept history for `input()` on a terminal, within the block: stdlib readline
+    (absent on Windows' Python, where `input()` stays plain), its history read from CHAT_HISTORY on
+    entry and written back on exit. Yields the history file, or None (no readline or no terminal)."""
+    try:
+        import readline
+    except ImportError:
+        readline = None
+    if readline is None or not _on_terminal(sys.stdin):
+        yield None
+        return
+    from yue.model.gguf import cache_root
+
+    history = cache_root() / CHAT_HISTORY
+    readline.clear_history()
+    try:
+        readline.read_history_file(history)
+    except OSError:  # none yet (or unreadable): start a new one
+        pass
+    readline.set_history_length(CHAT_HISTORY_LINES)
+    try:
+        yield history
+    finally:
+        try:
+            history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history)
+        except OSError as e:  # a read-only cache loses the history, not the conversation
+            typer.echo(f"warning: chat history not saved to {history}: {e}", err=True)
 
 
 @app.command()
@@ -212,6 +306,12 @@ def chat(
     cfg = replace(cfg, mode=mode or engine.default_mode)
     messages = [{"role": "system", "content": system}] if system else []
     typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
+    with _line_editing():
+        _converse(engine, cfg, messages)
+
+
+def _converse(engine, cfg, messages: list[dict]) -> None:
+    """`chat`'s loop: read a line, stream the reply, keep both in `messages`, until /exit or EOF."""
     while True:
         try:
             line = input("> ")
@@ -237,6 +337,26 @@ def chat(
             typer.echo("\n[stopped]", err=True)
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+@app.command("models")
+def models_cmd(
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per model, one a line."),
+) -> None:
+    """The shipped models: each one's size on disk and whether its weights are present (and, where not,
+    the command that installs them). Any model folder or .gguf file also works as --model."""
+    import json
+    from dataclasses import asdict
+
+    from yue.registry import SHIPPED, model_status
+
+    for status in map(model_status, SHIPPED):
+        if as_json:
+            typer.echo(json.dumps(asdict(status)))
+            continue
+        weights = "present" if status.present else f"missing: {status.missing}"
+        default = " (default)" if status.default else ""
+        typer.echo(f"{status.name + default:<24} {status.size_bytes / 1e6:8.1f} MB  weights {weights}")
 
 
 @app.command("export-ar")

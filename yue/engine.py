@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, YueConfig
+from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
@@ -105,6 +107,7 @@ class Engine:
         self.corpus = corpus
         # Step costs for the router's draft lengths: measured on first need (`_costs`), or set by hand.
         self.costs: StepCosts | None = None
+        _holders[self.model] = weakref.ref(self)  # `model.generate()` drafts with its corpus and costs
 
     @property
     def instruct(self) -> bool:
@@ -278,7 +281,7 @@ class Engine:
     def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
         """The step costs draft lengths weigh, measured for this model on this machine the first time a
         drafting request needs them (seconds, then cached on disk)."""
-        if cfg.mode not in ("verified", "hybrid") or (cfg.block_size or 1) < 2:  # nothing to draft
+        if not drafts(cfg):
             return None
         if self.costs is None:
             self.costs = measured_costs(self.model)
@@ -423,6 +426,30 @@ def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig, gate: float) -
                     total,
                     gate,
                 )
+
+
+def drafts(cfg: DecodeConfig) -> bool:
+    """Whether a (resolved) config drafts, and so weighs step costs."""
+    return cfg.mode in ("verified", "hybrid") and (cfg.block_size or 1) >= 2
+
+
+# The Engine holding each model, for `generate()`; weak both ways, so neither outlives its users here.
+_holders: weakref.WeakKeyDictionary[YueForCausalLM, weakref.ref[Engine]] = weakref.WeakKeyDictionary()
+
+
+def _model_generate(model: YueForCausalLM, inputs, generation_config, streamer, mode, kwargs):
+    """`YueForCausalLM.generate` through the decode loop (`decode/hf_generate.py`), with the corpus
+    and step costs of the Engine holding the model, if any (`yue.load`'s), else costs measured for it."""
+    holder = _holders.get(model)
+    engine = holder() if holder is not None else None
+    if engine is not None:
+        costs, corpus = engine._costs, engine.corpus
+    else:
+        costs, corpus = (lambda cfg: measured_costs(model) if drafts(cfg) else None), None
+    return hf_generate.generate(model, inputs, generation_config, streamer, mode, kwargs, costs, corpus)
+
+
+YueForCausalLM.decode_generate = _model_generate
 
 
 def load(

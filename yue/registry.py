@@ -15,6 +15,7 @@ Design decisions:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -120,3 +121,41 @@ def ar_source(folder: str | Path) -> tuple[Path, str | None] | None:
     else:
         gguf = package_file(spec["gguf_package"], spec["gguf_file"], needed_by=folder.name)
     return gguf, spec.get("sha256")
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One shipped model as `yue models` lists it.
+
+    Attributes:
+        name: its name (`SHIPPED`).
+        default: it is `DEFAULT_MODEL`.
+        size_bytes: its weights on disk: the folder's safetensors files, plus the AR set's GGUF where it
+            comes from an installed package (counted only where present).
+        present: every weight file it loads is there.
+        missing: why not, with the command that fixes it ("" when present).
+    """
+
+    name: str
+    default: bool
+    size_bytes: int
+    present: bool
+    missing: str = ""
+
+
+def model_status(name: str) -> ModelStatus:
+    """Where a shipped model's weights stand, found without loading it (no torch)."""
+    folder = ASSETS / name
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    missing = "" if (folder / "config.json").is_file() else f"{folder / 'config.json'} is missing"
+    if not missing:
+        try:
+            source = ar_source(folder)
+        except CheckpointError as e:  # ModelNotInstalledError too: its message has the install command
+            missing = str(e)
+        else:
+            if source is not None:
+                size += source[0].stat().st_size
+            elif not (folder / "model.safetensors").is_file():
+                missing = f"{folder / 'model.safetensors'} is missing"
+    return ModelStatus(name, name == DEFAULT_MODEL, size, not missing, missing)

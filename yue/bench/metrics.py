@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from yue.errors import require
+
 REPEAT_N = 4  # n of the n-grams the repetition rate counts
 
 
@@ -51,11 +53,10 @@ def repetition_rate(outputs: Sequence[Sequence[int]], n: int = REPEAT_N) -> floa
 
 def chrf(hypotheses: Sequence[str], references: Sequence[str | None]) -> float | None:
     """Corpus chrF (0..100) over the prompts that have a reference; None when none has one."""
-    from sacrebleu.metrics import CHRF
-
     pairs = [(h, r) for h, r in zip(hypotheses, references, strict=True) if r is not None]
     if not pairs:
         return None
+    CHRF = require("sacrebleu.metrics", "bench", "chrF").CHRF
     hyps, refs = zip(*pairs, strict=True)
     return CHRF().corpus_score(list(hyps), [list(refs)]).score
 

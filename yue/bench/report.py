@@ -22,6 +22,7 @@ from rich.table import Table
 
 from yue.bench.harness import PEERS, BenchResult, SetResult
 from yue.bench.prompts import SPLIT_LABELS
+from yue.errors import require
 
 
 def _f(v: float | None, fmt: str) -> str:
@@ -136,8 +137,7 @@ def _in_sweep(e) -> bool:
 
 def plot(result: BenchResult, out: str | Path) -> Path:
     """Write the speed (x hf-greedy) vs fidelity (chrF ratio vs ar) plot as PNG."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "bench", "the bench plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

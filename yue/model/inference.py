@@ -92,6 +92,15 @@ def ar_layer_bytes(model) -> int:
     )
 
 
+@functools.cache
+def warn_fallbacks(choice: kernels.KernelChoice) -> None:
+    """One WARNING per process (per kernel choice: a forcing is another) naming each fallback taken,
+    `KernelChoice.losses`: a fallback can make decoding several times slower, and the CLI shows
+    warnings on stderr (Python's last-resort handler) where INFO stays hidden."""
+    if lost := choice.losses():
+        logger.warning("kernel fallback, decoding runs slower: %s", "; ".join(lost))
+
+
 def rows_kernel(model) -> str:
     """The kernel of a float32 model's decode matmuls (`row_adaptive`): `kernels`' choice, except that
     a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). Why: layers
@@ -333,6 +342,7 @@ def check_preparable(model, int4: bool) -> None:
             raise ValueError(f"the int4 precision needs {why}")
     if model.device.type == "cpu":
         logger.info("kernels: %s", kernels.describe())
+        warn_fallbacks(kernels.choice())
         if model.dtype == torch.bfloat16 and not kernels.packed_rows(torch.bfloat16):
             logger.warning(
                 "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here "

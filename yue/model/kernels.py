@@ -162,6 +162,29 @@ class KernelChoice:
         """The quantized engine int8 drafting packs its weights for; None: drafting stays float."""
         return next((e for e in INT8_ENGINES if self.ok(f"int8-{e}")), None)
 
+    def losses(self) -> list[str]:
+        """What this process runs slower than yue's best kernels, and why: one line per fallback that is
+        taken (a kernel off with no alternative kernel doing its job; `int8-fbgemm` off under a working
+        `int8-x86` loses nothing). Empty where nothing falls back. `inference.prepare_for_decoding`
+        warns with these, once per process, since the CLI shows warnings but not INFO logs."""
+        why = {p.name: p.why for p in self.probes if not p.ok}
+        lost = []
+        if "rows-f32" in why:
+            lost.append(
+                f"float32 steps run on {'oneDNN' if self.ok('onednn-f32') else 'plain F.linear'}, not "
+                f"yue's row kernel (rows-f32: {why['rows-f32']})"
+            )
+        elif "rows-q4" in why or "rows-q8" in why:
+            off = [n for n in ("rows-q4", "rows-q8") if n in why]
+            lost.append(
+                "a GGUF's 4/8-bit weights are held as float32, more memory read a step "
+                f"({'; '.join(f'{n}: {why[n]}' for n in off)})"
+            )
+        if self.int8_engine is None:
+            engines = "; ".join(f"{e}: {why[f'int8-{e}']}" for e in INT8_ENGINES)
+            lost.append(f"drafting stays float, not int8 ({engines})")
+        return lost
+
     def describe(self) -> str:
         """One line for logs and bench headers: the choices, then each kernel left out and why."""
         line = (

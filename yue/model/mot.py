@@ -6,8 +6,11 @@ Design decisions:
   they differ only in the mask (`masks.py`) and whether K/V are written to a cache.
 - `YueForCausalLM.step()` is what the decode loop calls: one forward returning AR logits for the new
   committed positions and NAR logits for the slots, as a dataclass.
-- `YueForCausalLM.forward(input_ids, attention_mask, labels)` is the plain AR path with Hugging
-  Face's calling convention (uncached), so `Trainer`-style code and `generate(use_cache=False)` work.
+- `YueForCausalLM.forward(input_ids, attention_mask, labels, cache)` is the plain AR path with Hugging
+  Face's calling convention, so `Trainer`-style code works; with `use_cache` or a `cache` it runs on
+  yue's own KVCache (returned as `cache`), so transformers' generate is not quadratic.
+- `YueForCausalLM.generate` is yue's decode loop where the engine layer installed it
+  (`decode_generate`, `decode/hf_generate.py`; this layer may not import the loop), else transformers'.
 - Embedding, final norm and LM head (tied to the embedding) are shared by both sets; slot inputs are
   ordinary token ids (`<|mask|>`, or a draft token during refinement), embedded by the same table.
 """
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +34,7 @@ from yue.model import rowkernel
 from yue.model.cache import KVCache
 from yue.model.inference import expand_draft_logits, prepare_for_decoding
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable, kernel_mask, one_call_rows
+from yue.model.masks import decode_mask
 from yue.model.router import Router
 from yue.model.screen import ScreenedHead
 
@@ -311,6 +317,10 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     """The AR-NAR MoT language model with its router."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # `generate()` through yue's decode loop, installed by the engine layer (`engine.py`): called as
+    # hook(model, inputs, generation_config, streamer, mode, kwargs); NotImplemented (or no hook) leaves
+    # transformers' generate. See `decode/hf_generate.py`.
+    decode_generate: ClassVar[Callable | None] = None
 
     def __init__(self, config: YueConfig) -> None:
         super().__init__(config)
@@ -461,15 +471,40 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Plain AR forward in Hugging Face's convention (no cache; every position committed).
+        """Plain AR forward in Hugging Face's convention (every position committed).
 
         Args:
-            input_ids: (B, T).
-            attention_mask: (B, T) 1 for real tokens, 0 for (left) padding.
+            input_ids: (B, T): the whole sequence, or with a `cache` the tokens after its `length`.
+            attention_mask: (B, T) or, with a cache, (B, cache.length + T): 1 for real tokens, 0 for
+                (left) padding, which only the first call (the prefill) may hold.
             labels: (B, T) next-token targets as in `LlamaForCausalLM` (shifted inside; -100 ignored).
+            cache: yue's KVCache from an earlier call's output; `use_cache` without one starts one.
+        Returns:
+            logits (B, T, V), the loss with labels, and the cache (advanced by T) when one is used.
         """
+        if cache is None and not use_cache:
+            return self._forward_uncached(input_ids, attention_mask, labels)
+        B, T = input_ids.shape
+        if cache is None:
+            cache = self.new_cache(B, T)
+            if attention_mask is not None:
+                cache.set_padding((attention_mask.shape[1] - attention_mask.long().sum(-1)).tolist())
+        cache.make_room(T)
+        start = cache.length
+        offsets = torch.arange(T, device=input_ids.device)
+        positions = cache.positions(offsets, padded=cache.key_valid is not None and start == 0)
+        mask = decode_mask(start, T, 0, cache.key_valid, input_ids.device)
+        hidden = self.model(input_ids, positions, T, mask, cache, start)
+        cache.advance(T)
+        logits = (self.ar_head or self.lm_head)(hidden)
+        return CausalLMOutputWithPast(loss=self._loss(logits, labels), logits=logits, cache=cache)
+
+    def _forward_uncached(self, input_ids, attention_mask, labels) -> CausalLMOutputWithPast:
+        """The whole sequence at once, no cache (training)."""
         B, T = input_ids.shape
         causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
         if attention_mask is None:
@@ -483,13 +518,51 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             mask = mask | torch.eye(T, dtype=torch.bool, device=input_ids.device)[None, None]
         hidden = self.model(input_ids, positions, T, mask)
         logits = (self.ar_head or self.lm_head)(hidden)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-            )
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=self._loss(logits, labels), logits=logits)
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        """`generate()` support for the plain AR path: recompute the whole prefix every step."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    @staticmethod
+    def _loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+        if labels is None:
+            return None
+        return F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+        )
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """transformers' DynamicCache does not fit the MoT layers: `forward` starts yue's KVCache itself."""
+        return False
+
+    @staticmethod
+    def _reorder_cache(cache: KVCache, beam_idx: torch.Tensor) -> KVCache:
+        """transformers' beam search: each beam's row continues from the row `beam_idx` names."""
+        cache.select(beam_idx.tolist())
+        return cache
+
+    def prepare_inputs_for_generation(
+        self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs
+    ):
+        """transformers' generate, step by step: the tokens the cache has not seen (all of them at first)."""
+        if cache is not None:
+            input_ids = input_ids[:, cache.length :]
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "cache": cache,
+            "use_cache": use_cache,
+        }
+
+    def generate(self, inputs=None, generation_config=None, streamer=None, mode: str | None = None, **kwargs):
+        """transformers' `generate`, run by yue's decode loop where the engine installed it (`import yue`
+        does): greedy or sampling, `max_new_tokens`, `eos_token_id`, streamers, and `mode` (default: the
+        model's `default_mode`); see `decode/hf_generate.py`. Otherwise transformers' own, mode "ar" only."""
+        hook = YueForCausalLM.decode_generate
+        if hook is not None:
+            out = hook(self, inputs, generation_config, streamer, mode, kwargs)
+            if out is not NotImplemented:
+                return out
+        if mode not in (None, "ar"):
+            raise ValueError(
+                f"mode {mode!r} needs yue's decode loop, which `import yue` installs; here only 'ar'"
+            )
+        return super().generate(inputs, generation_config, streamer=streamer, **kwargs)

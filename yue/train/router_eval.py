@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yue.errors import require
 from yue.model.router import Router
 
 
@@ -169,9 +170,9 @@ def threshold_table(
     `prefix` = mean share of `ar`'s tokens reproduced before the first difference; `chrf_vs_ar` =
     corpus chrF of the outputs against `ar`'s (100 = identical). `verified` must read exact = 1.
     """
-    from sacrebleu.metrics import CHRF
-
     import yue
+
+    CHRF = require("sacrebleu.metrics", "bench", "the threshold table's chrF").CHRF
 
     engine = yue.load(model_dir)
     chrf = CHRF()
