@@ -59,7 +59,9 @@ class ReplicaConfig:
         if self.autoscale is not None:
             low, high = self.autoscale
             if not 0 <= low <= high or high < 1:
-                raise ValueError(f"autoscale must be MIN:MAX with 0 <= MIN <= MAX, MAX >= 1, got {low}:{high}")
+                raise ValueError(
+                    f"autoscale must be MIN:MAX with 0 <= MIN <= MAX, MAX >= 1, got {low}:{high}"
+                )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
@@ -122,7 +124,9 @@ def deployment_options(config: ServeConfig, replicas: ReplicaConfig) -> dict:
     return options
 
 
-def start(load: Callable, config: ServeConfig, replicas: ReplicaConfig, chat_template: str | None = None) -> str:
+def start(
+    load: Callable, config: ServeConfig, replicas: ReplicaConfig, chat_template: str | None = None
+) -> str:
     """Start (or join) Ray, deploy the replicas and wait until they are ready; returns the base URL.
 
     Args:
