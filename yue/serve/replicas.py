@@ -96,6 +96,7 @@ class Replica:
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.engine, self.config, chat_template=self.chat_template)
+        app.add_middleware(ReplicaHeader, replica=serve.get_replica_context().replica_id.unique_id)
         self.state = app.state.yue
         return app
 
@@ -103,6 +104,22 @@ class Replica:
         """Ray's health probe: a replica whose server failed is replaced."""
         if self.state is not None and self.state.failed:
             raise RuntimeError(self.state.failed)
+
+
+class ReplicaHeader:
+    """ASGI middleware: every response names the replica that made it (`x-yue-replica`), so a client
+    or an operator can tell which replica answered (each has its own /metrics and /health)."""
+
+    def __init__(self, app, replica: str) -> None:
+        self.app, self.header = app, (b"x-yue-replica", replica.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def send_named(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 def deployment_options(config: ServeConfig, replicas: ReplicaConfig) -> dict:
