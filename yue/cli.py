@@ -948,7 +948,7 @@ def serve_cmd(
             f"--replicas, --autoscale and --address need Ray: pip install 'yue[ray]' ({e})"
         ) from e
     plan = ray_replicas.ReplicaConfig(
-        replicas=replicas or 1,
+        replicas=1 if replicas is None else replicas,
         autoscale=ray_replicas.parse_autoscale(autoscale) if autoscale else None,
         threads=threads,
         address=address,
