@@ -892,7 +892,7 @@ def serve_cmd(
         None, help="torch threads (per replica with --replicas; default: the cores divided among them)."
     ),
     replicas: int | None = typer.Option(
-        None, help="Run N replicas on Ray Serve, each its own model copy and batch (needs yue[ray])."
+        None, help="Run N replicas on Ray Serve, each its own model copy and batch (needs the ray extra)."
     ),
     autoscale: str | None = typer.Option(
         None, help="MIN:MAX replicas on Ray Serve, scaled on ongoing requests per replica."
