@@ -173,3 +173,26 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, t
             break
         time.sleep(0.5)
     assert len(now) == 2 and victim not in now, now
+
+
+def test_replica_settings_are_checked_and_divide_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert r.ReplicaConfig(replicas=2).threads_per_replica == 4
+    assert r.ReplicaConfig(autoscale=(1, 8)).threads_per_replica == 1
+    assert r.ReplicaConfig(replicas=16).threads_per_replica == 1
+    assert r.ReplicaConfig(replicas=2, threads=3).threads_per_replica == 3
+    for bad in ({"replicas": 0}, {"threads": 0}, {"autoscale": (3, 1)}, {"autoscale": (0, 0)}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            r.ReplicaConfig(**bad)
+    with pytest.raises(ValueError, match="MIN:MAX"):
+        r.parse_autoscale("2-4")
+    options = r.deployment_options(
+        ServeConfig(max_batch_size=4, max_queue=8), r.ReplicaConfig(autoscale=(1, 3))
+    )
+    assert options["max_ongoing_requests"] == 12
+    assert options["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "target_ongoing_requests": 4,
+    }
+    assert "num_replicas" not in options
