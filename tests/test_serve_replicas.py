@@ -196,3 +196,18 @@ def test_replica_settings_are_checked_and_divide_the_cores(monkeypatch):
         "target_ongoing_requests": 4,
     }
     assert "num_replicas" not in options
+
+
+def test_cli_serve_rejects_bad_threads_and_replicas_with_exit_2(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+
+    for flags, field in (
+        (["--threads", "0"], "threads"),  # the single-process server
+        (["--replicas", "0"], "replicas"),
+        (["--autoscale", "3:1"], "autoscale"),
+        (["--autoscale", "two"], "MIN:MAX"),
+    ):
+        result = CliRunner().invoke(app, ["serve", "--model", tiny_model_dir, *flags])
+        assert result.exit_code == 2 and field in result.output, (flags, result.output)
