@@ -1008,6 +1008,19 @@ def serve_cmd(
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    threads: int | None = typer.Option(
+        None, help="torch threads (per replica with --replicas; default: the cores divided among them)."
+    ),
+    replicas: int | None = typer.Option(
+        None, help="Run N replicas on Ray Serve, each its own model copy and batch (needs the ray extra)."
+    ),
+    autoscale: str | None = typer.Option(
+        None, help="MIN:MAX replicas on Ray Serve, scaled on ongoing requests per replica."
+    ),
+    address: str | None = typer.Option(
+        None,
+        help="Join this Ray cluster (e.g. auto) with --replicas/--autoscale; default: start a local one.",
+    ),
 ) -> None:
     """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
     import yue
@@ -1036,10 +1049,31 @@ def serve_cmd(
     if adapter is not None:
         check_adapter_folder(adapter)  # missing files fail here, not in the background load
 
-    def load():  # chat requests use the model's own template (`Engine.chat_prompt`)
-        return yue.load(model, device=device, dtype=dtype, adapter=adapter, low_memory=low_memory)
+    # Chat requests use the model's own template (`Engine.chat_prompt`). Picklable: Ray replicas run it.
+    load = functools.partial(
+        yue.load, model, device=device, dtype=dtype, adapter=adapter, low_memory=low_memory
+    )
+    if replicas is None and autoscale is None and address is None:
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            import torch
 
-    code = serve(load, config, log_level=log_level)
+            torch.set_num_threads(threads)
+        raise typer.Exit(code=serve(load, config, log_level=log_level))
+    try:
+        from yue.serve import replicas as ray_replicas
+    except ImportError as e:
+        raise ValueError(
+            f"--replicas, --autoscale and --address need Ray: pip install 'yue[ray]' ({e})"
+        ) from e
+    plan = ray_replicas.ReplicaConfig(
+        replicas=1 if replicas is None else replicas,
+        autoscale=ray_replicas.parse_autoscale(autoscale) if autoscale else None,
+        threads=threads,
+        address=address,
+    )
+    code = ray_replicas.serve_replicas(load, config, plan)
     raise typer.Exit(code=code)
 
 
