@@ -71,7 +71,10 @@ def test_rounds_make_distinct_unseen_data_log_tau_and_resume(base_and_init, tmp_
     evals = eval_sets(tmp_path)
     folder = tmp_path / "campaign"
     start = {k: v.float() for k, v in load_file(str(init / "model.safetensors")).items() if ".nar_" in k}
-    camp = Campaign(folder, base, init, evals, "calib", CFG)
+    other_set = tmp_path / "other.jsonl"
+    other_set.write_text(json.dumps({"messages": [{"role": "user", "content": "Never train on me."}]}) + "\n")
+    camp = Campaign(folder, base, init, evals, "calib", CFG, exclude=[other_set])
+    assert content_hash("Never train on me.") in camp.seen
     record = camp.run_round()
     chunk = camp.chunk(0)
     # Every one-turn request is new and none is an evaluation prompt (the held-out one the templates make).

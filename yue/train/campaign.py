@@ -36,6 +36,7 @@ import logging
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -133,9 +134,10 @@ class Campaign:
         cfg: CampaignConfig = CampaignConfig(),
         device: str = "cpu",
         progress: bool = False,
+        exclude: Sequence[str | Path] = (),
     ) -> None:
         """eval_sets: split name -> JSONL of chat prompts (never trained on); `calibration` names the one
-        that chooses `best/`."""
+        that chooses `best/`; `exclude`: further JSONL chat sets whose texts are never trained on."""
         if calibration not in eval_sets:
             raise ValueError(f"calibration split {calibration!r} is not among {sorted(eval_sets)}")
         self.dir, self.base, self.cfg, self.progress = Path(folder), Path(base_dir), cfg, progress
@@ -150,10 +152,10 @@ class Campaign:
         self.template = ChatTemplate(find_chat_template(self.base))
         seen_file = self.dir / "seen.txt"
         if not seen_file.is_file():  # the evaluation sets' texts first: never a training request
-            seen_file.write_text(
-                "".join(h + "\n" for h in sorted(shipped_set_hashes(list(eval_sets.values()))))
-            )
+            seen_file.write_text("")
         self.seen = set(seen_file.read_text().split())
+        refused = shipped_set_hashes([str(p) for p in [*eval_sets.values(), *exclude]])
+        self._remember(sorted(refused - self.seen))
         self._feats: dict[int, list[torch.Tensor]] = {}
 
     # ---------------------------------------------------------------------------------------------
@@ -495,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", required=True, help="the AR set: a .gguf file or a model whose AR set is one")
     ap.add_argument("--init", required=True, help="the top-layer NAR folder the campaign starts from")
     ap.add_argument("--eval", action="append", default=[], metavar="NAME=JSONL", help="evaluation splits")
+    ap.add_argument("--exclude", action="append", default=[], help="more JSONL chat sets never to train on")
     ap.add_argument("--calibration", required=True, help="the evaluation split that chooses best/")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
@@ -545,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(a.dir).mkdir(parents=True, exist_ok=True)
         shutil.copytree(a.adopt, Path(a.dir) / "last.tmp")
         _replace_dir(Path(a.dir) / "last.tmp", Path(a.dir) / "last")
-    camp = Campaign(a.dir, base, a.init, evals, a.calibration, cfg, a.device)
+    camp = Campaign(a.dir, base, a.init, evals, a.calibration, cfg, a.device, exclude=a.exclude)
     first_chunk = camp.state["chunks"]
     for path in a.imports:
         camp.import_sequences(path, a.import_per_chunk)
