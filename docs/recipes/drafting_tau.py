@@ -1,7 +1,7 @@
 """Teacher-forced drafting quality of yue-smol through the decode path, one drafting precision against
 another (a development script, not part of the package).
 
-    python docs/recipes/drafting_tau.py [split] [prompts] [dtypes]
+    python docs/recipes/drafting_tau.py [split] [prompts] [dtypes] [models]
 
 For each of the first `prompts` (default 16) chat prompts of `yue/assets/<split>.jsonl` (default
 `chat_test`, the held-out split), yue's own greedy `ar` answer (128 tokens); then, at every answer
@@ -9,7 +9,9 @@ position, one drafting pass of each engine exactly as `verified` runs it (K slot
 slot 1 revealed as the answer's next token) on a cache holding the prompt and the answer. Prints
 tau = 1 + the mean number of leading slots 2..K that match the answer, and P(slots 2..i all match).
 `dtypes`: comma-separated `nar_dtype`s (default `int8,float32`: the shipped int8 drafting against
-float32 drafting). The same answers feed every engine, so the figures compare the drafts alone.
+float32 drafting). `models`: comma-separated model names or folders (default `yue-smol`), each drafting
+in every dtype, e.g. the shipped NAR set against a candidate folder. The same answers (the first
+model's `ar`; the AR set is the same GGUF) feed every engine, so the figures compare the drafts alone.
 """
 
 from __future__ import annotations
@@ -24,11 +26,17 @@ import yue
 from yue.model.masks import decode_mask
 
 
-def main(split: str = "chat_test", n_prompts: int = 16, dtypes: str = "int8,float32") -> None:
+def main(
+    split: str = "chat_test", n_prompts: int = 16, dtypes: str = "int8,float32", models: str = "yue-smol"
+) -> None:
     torch.set_num_threads(1)
     path = Path(yue.__file__).parent / "assets" / f"{split}.jsonl"
     prompts = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:n_prompts]
-    engines = {name: yue.load(nar_dtype=name) for name in dtypes.split(",")}
+    engines = {
+        f"{model} {name}": yue.load(model, nar_dtype=name)
+        for model in models.split(",")
+        for name in dtypes.split(",")
+    }
     first = next(iter(engines.values()))
     K = first.model.config.block_size
     totals = {name: [0, 0, torch.zeros(K - 1)] for name in engines}  # accepted, blocks, P(2..i)
@@ -78,4 +86,4 @@ def drafts_along(model, seq: torch.Tensor, P: int, T: int, K: int) -> tuple[int,
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(args[0] if args else "chat_test", int(args[1]) if len(args) > 1 else 16, *args[2:3])
+    main(args[0] if args else "chat_test", int(args[1]) if len(args) > 1 else 16, *args[2:4])

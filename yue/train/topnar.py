@@ -124,15 +124,21 @@ def greedy_answers(
     max_new_tokens: int = 256,
     batch_size: int = 32,
     progress: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
 ) -> ChatSequences:
-    """The AR path's greedy answers to tokenized prompts (stopping at EOS), in lockstep batches.
+    """The AR path's answers to tokenized prompts (stopping at EOS), in lockstep batches: greedy, or
+    sampled at `temperature` > 0 with nucleus `top_p` (prompt i of the sorted order seeded `seed + i`:
+    the same call, the same answers).
 
-    Prompts are sorted by length so a batch pads little; the result keeps the input order.
+    Prompts are sorted by length so a batch pads little; the result keeps the input order. A finished
+    answer ends with EOS; one cut at `max_new_tokens` does not.
     """
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: dict[int, list[int]] = {}
     context = model.config.max_position_embeddings
-    bar = tqdm(total=len(prompts), desc="greedy answers", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(prompts), desc="answers", unit="prompt", disable=not progress)
     for s in range(0, len(order), batch_size):
         batch = order[s : s + batch_size]
         room = context - max(len(prompts[i]) for i in batch)
@@ -140,7 +146,13 @@ def greedy_answers(
             raise ValueError(
                 f"a prompt of {context - room} tokens leaves no room in a {context}-token context"
             )
-        cfg = DecodeConfig(mode="ar", max_new_tokens=min(max_new_tokens, room)).resolved(model.config)
+        cfg = DecodeConfig(
+            mode="ar",
+            max_new_tokens=min(max_new_tokens, room),
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed + s if temperature > 0 else None,
+        ).resolved(model.config)
         out: list[list[int]] = [[] for _ in batch]
         for em in decode(model, [list(prompts[i]) for i in batch], cfg):
             for row, toks in zip(out, em.tokens, strict=True):
