@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from tests import quant_reference
 from tests.family_utils import write_family_gguf
 from tests.test_precision import gguf_round_trip
-from tests.test_rowkernel import needs_row_kernel
+from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
@@ -81,6 +81,17 @@ def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kin
     # The int4 precision takes the same codes, scales and minimums: its weights are the file's.
     codes, d, m = rowkernel.q4_groups(w, float16_scale=True)
     assert torch.equal((codes * d + m).reshape(out, inp), w) and 0 <= codes.min() <= codes.max() <= 15
+
+
+@pytest.mark.parametrize("flags, lanes", [([], 8), (["-DYUE_LANES=16"], 16)])
+def test_q4_0_and_q4_k_codes_on_the_portable_builds(flags, lanes, fresh_build, monkeypatch):  # noqa: F811
+    """The Q4_0 and Q4_K forms with the fast flag sets forced off (no -march: the portable loops), with
+    AVX2's 8-float layout and AVX512's 16, whatever this CPU has: the same bits as the float kernel."""
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
+    needs_row_kernel()
+    assert rowkernel.library().rows_lanes() == lanes
+    for kind, out, inp in (("Q4_0", 40, 64), ("Q4_K", 7, 256)):
+        test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp)
 
 
 @pytest.mark.parametrize("kind", ["Q5_K", "Q6_K"])

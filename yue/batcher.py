@@ -235,8 +235,8 @@ class Batcher:
             return
         log.warning("a decode step of %d requests raised %r; retrying each alone", len(members), error)
         for request in members:
-            exact = request.config.greedy and request.config.mode in ("ar", "verified")
-            self._retry_alone(request, exact=exact or request.config.mode == "ar")
+            cfg = request.config
+            self._retry_alone(request, exact=cfg.mode == "ar" or (cfg.greedy and cfg.mode == "verified"))
 
     def _retry_alone(self, request: Request, exact: bool) -> None:
         """Run `request` again in a batch of its own: from its prompt, re-making (and checking) the tokens

@@ -267,7 +267,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
         choices = _choices(prepared, body.n)
         if only_score:
-            outcomes = [_scored_outcome(p, body.logprobs) for p in choices]
+            outcomes = [_scored_outcome(p) for p in choices]
             if body.stream:
                 return EventStream(scored_events(fmt, outcomes), on_close=lambda: None)
             return build(outcomes)
@@ -373,7 +373,7 @@ async def _score(state: ServerState, ids: list[int], top: int) -> list:
     return await asyncio.wrap_future(future)
 
 
-def _scored_outcome(p: Prepared, logprobs: int | None) -> Outcome:
+def _scored_outcome(p: Prepared) -> Outcome:
     """A choice that generated nothing (max_tokens 0: the prompt scored, with echo)."""
     return Outcome("", "length", GenerationStats(), p.prompt_tokens, 0.0, 0.0, [], p.prompt_index)
 
