@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import yue
 from yue import registry
 from yue.cli import app
+from yue.kernels import prepare_for_decoding
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,21 +133,22 @@ def test_chat_without_a_terminal_keeps_no_history(tmp_path, monkeypatch):
 
 
 def test_a_kernel_fallback_warns_once_naming_what_was_lost_and_why(tiny_model_dir, caplog):
-    from yue.model import inference, kernels, load_model
+    from yue.kernels import prepare, probe
+    from yue.model import load_model
 
-    inference.warn_fallbacks.cache_clear()
-    with kernels.forced("int8"), caplog.at_level(logging.WARNING, logger="yue"):
+    prepare.warn_fallbacks.cache_clear()
+    with probe.forced("int8"), caplog.at_level(logging.WARNING, logger="yue"):
         for _ in range(2):
-            load_model(tiny_model_dir).prepare_for_decoding()
+            prepare_for_decoding(load_model(tiny_model_dir))
     warnings = [r.getMessage() for r in caplog.records if "kernel fallback" in r.getMessage()]
     assert len(warnings) == 1
     assert "drafting stays float, not int8" in warnings[0] and "forced off" in warnings[0]
 
 
 def test_no_fallback_no_warning():
-    from yue.model import kernels
+    from yue.kernels import probe
 
-    choice = kernels.KernelChoice("AVX512", tuple(kernels.Probe(n, True) for n in kernels.KERNELS))
+    choice = probe.KernelChoice("AVX512", tuple(probe.Probe(n, True) for n in probe.KERNELS))
     assert choice.losses() == []
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import yue
 from yue.config import DecodeConfig
+from yue.kernels import prepare_for_decoding
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +207,6 @@ def test_cli_generate_takes_drafting_options_and_names_bad_ones(trained_model_di
 def test_a_model_is_prepared_for_decoding_once(trained_model_dir):
     from yue.model import load_model
 
-    model = load_model(trained_model_dir).prepare_for_decoding()
+    model = prepare_for_decoding(load_model(trained_model_dir))
     with pytest.raises(ValueError, match="already prepared"):
-        model.prepare_for_decoding()
+        prepare_for_decoding(model)

@@ -1024,8 +1024,8 @@ def serve_cmd(
 ) -> None:
     """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
     import yue
+    from yue.kernels.prepare import resolve_dtype
     from yue.model.adapters import check_adapter_folder
-    from yue.model.inference import resolve_dtype
     from yue.registry import ar_source, resolve
     from yue.serve import ServeConfig, serve
 
