@@ -98,12 +98,11 @@ def _sampling(
     **more,
 ):
     """`generate`'s and `chat`'s decoding options as a DecodeConfig, checked before the model loads (a
-    bad value fails at once, not after a load); mode "hybrid" stands in until the model's default is
-    known."""
+    bad value fails at once, not after a load); mode None is the model's default."""
     from yue.config import DecodeConfig
 
     return DecodeConfig(
-        mode=mode or "hybrid",
+        mode=mode,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_k=top_k,

@@ -124,8 +124,8 @@ class Engine:
 
     @property
     def default_mode(self) -> str:
-        """The mode a caller who names none gets: the model's `default_mode`, or "ar" without a NAR set."""
-        return self.model.config.default_mode if self.has_nar_set else "ar"
+        """The mode a caller who names none gets (`YueConfig.decode_mode`)."""
+        return self.model.config.decode_mode
 
     def chat_prompt(self, messages: list[dict[str, str]], template: ChatTemplate | None = None) -> str:
         """The prompt text for a conversation: the chat template rendered with the generation prompt,
@@ -205,16 +205,14 @@ class Engine:
         return prefix + ids if prefix or ids else [self.tokenizer.bos_id]
 
     def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
-        # No config: the model's own default mode (`default_mode`: yue-smol's `verified`, an AR-only
-        # model's `ar`), not DecodeConfig's field default, which would run `hybrid` (lossy) on yue-smol
-        # and refuse an AR-only model.
-        cfg = config or DecodeConfig(mode=self.default_mode)
+        # No mode named: the model's own default (`YueConfig.decode_mode`), filled by `resolved`.
+        cfg = config or DecodeConfig()
         if overrides:
             unknown = set(overrides) - set(DecodeConfig.__dataclass_fields__)
             if unknown:
                 raise ValueError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
             cfg = replace(cfg, **overrides)
-        if cfg.mode != "ar" and not self.has_nar_set:
+        if cfg.mode not in (None, "ar") and not self.has_nar_set:
             raise ValueError(
                 f"mode {cfg.mode!r} needs a NAR set, and {self.name} has none (an AR set only): use mode 'ar'"
             )
