@@ -4,6 +4,8 @@ byte bound, least recently used out first."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -184,3 +186,46 @@ def test_a_batcher_without_a_prefix_cache_queues_no_fills(trained):
     batcher = Batcher(trained, max_batch_size=2)
     _serve(trained, [[5] * 20], DecodeConfig(mode="ar", max_new_tokens=4), batcher)
     assert not batcher.filling
+
+
+def test_the_server_answers_a_chats_next_turn_from_the_cache_as_without_it_and_counts_it(
+    tiny_engine, monkeypatch
+):
+    """Two turns of a chat through `/v1/chat/completions`, on a server with the prefix cache (64 MiB) and
+    one without (0): the same answers; the cached server's metrics show turn 2's hit (at least turn 1's
+    prompt up to its last chunk), in tokens as vLLM counts them."""
+    from fastapi.testclient import TestClient
+
+    from tests.test_serve import _wait_ready, metric
+    from yue.serve import ServeConfig, create_app
+
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    first = [{"role": "user", "content": "def alpha(x):\n    return beta(x) + gamma(x) * 2\n" * 3}]
+
+    def chat(c, messages: list[dict]) -> dict:
+        body = {"messages": messages, "max_tokens": 16, "temperature": 0, "mode": "verified"}
+        return c.post("/v1/chat/completions", json=body).json()
+
+    def conversation(mb: int) -> tuple[list[str], str, int]:
+        app = create_app(tiny_engine, ServeConfig(prefix_cache_mb=mb))
+        with TestClient(app) as c:
+            _wait_ready(c)
+            one = chat(c, first)
+            answer = one["choices"][0]["message"]["content"]
+            scheduler = app.state.yue.scheduler
+            while scheduler.batcher.filling:  # the idle fill of turn 1's answer, between the turns
+                time.sleep(0.01)
+            second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "again"}]
+            two = chat(c, second)
+            answers = [answer, two["choices"][0]["message"]["content"]]
+            return answers, c.get("/metrics").text, [one["usage"], two["usage"]]
+
+    (cached, text, (usage1, usage)), (plain, plain_text, _) = conversation(64), conversation(0)
+    assert cached == plain
+    assert metric(text, "yue_prefix_cache_lookups_total", result="miss") == 1
+    assert metric(text, "yue_prefix_cache_lookups_total", result="hit") == 1
+    hit = metric(text, "yue_prefix_cache_hits_total")
+    assert usage1["prompt_tokens"] - 16 <= hit < usage["prompt_tokens"] and hit % 16 == 0
+    assert metric(text, "yue_prefix_cache_queries_total") > usage["prompt_tokens"]  # both turns' prompts
+    assert 0 < metric(text, "yue_prefix_cache_usage_bytes") <= 64 * 2**20
+    assert "yue_prefix_cache_hits" not in plain_text  # off: no prefix-cache metrics at all
