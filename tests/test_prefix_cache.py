@@ -166,7 +166,7 @@ def test_a_conversations_next_turn_resumes_after_its_earlier_turns_with_the_same
     turn1 = torch.randint(4, vocab - 4, (50,), generator=g).tolist()
     cfg = DecodeConfig(mode=mode, max_new_tokens=24, ignore_eos=True)
     cache = PrefixCache(1 << 26)
-    cached = Batcher(trained, max_batch_size=4, max_batch_tokens=32, prefix_cache=cache)
+    cached = Batcher(trained, max_batch_size=4, max_batch_tokens=32, prefix_cache=cache, fill_after_s=0)
     (answer,) = _serve(trained, [turn1], cfg, cached)
     assert cached.filling
     while cached.filling:
@@ -182,10 +182,24 @@ def test_a_conversations_next_turn_resumes_after_its_earlier_turns_with_the_same
     assert cache.stats.hit_tokens == grid_ends(len(turn1 + answer), inclusive=True)[-1] + 32
 
 
-def test_a_batcher_without_a_prefix_cache_queues_no_fills(trained):
-    batcher = Batcher(trained, max_batch_size=2)
-    _serve(trained, [[5] * 20], DecodeConfig(mode="ar", max_new_tokens=4), batcher)
-    assert not batcher.filling
+def test_a_fill_waits_until_no_request_has_run_for_the_idle_time_and_none_without_a_cache(
+    trained, monkeypatch
+):
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=20, ignore_eos=True)
+    cache = PrefixCache(1 << 26)
+    batcher = Batcher(trained, max_batch_size=2, prefix_cache=cache, fill_after_s=3600)
+    _serve(trained, [[5] * 20], cfg, batcher)
+    assert batcher.filling and batcher.fill_wait() > 3000
+    batcher.step()
+    assert cache.stats.filled_tokens == 0
+    batcher.fill_after_s = 0
+    assert batcher.fill_wait() == 0
+    batcher.step()
+    assert cache.stats.filled_tokens == 32 - 16 and not batcher.filling  # [16, 32) of the 40 tokens
+    plain = Batcher(trained, max_batch_size=2)
+    _serve(trained, [[5] * 20], cfg, plain)
+    assert not plain.filling and plain.fill_wait() is None
 
 
 def test_the_server_answers_a_chats_next_turn_from_the_cache_as_without_it_and_counts_it(

@@ -14,9 +14,10 @@ Design decisions:
   stats), and a request that meets a stop string is removed from its batch at once.
 - With a prefix cache (`decode/prefix.py`), every batch resumes prefills from it and stores its chunks
   in it, and each finished request's prompt + answer (+ EOS, where it ended there: a chat template
-  closes the turn with it) is queued to extend it: `step` feeds one chunk of such a fill when no
-  request runs, so a new request waits at most one chunk for it, and the next turn of the
-  conversation finds its earlier turns prefilled. The last `FILL_QUEUE` finished requests are kept.
+  closes the turn with it) is queued to extend it: `step` feeds one chunk of such a fill once no
+  request has run for `fill_after_s` (clients sending request after request never meet one; a
+  request arriving during one waits one chunk at most), so the next turn of a conversation finds its
+  earlier turns prefilled. The last `FILL_QUEUE` finished requests are kept.
 - One request never fails another. A step that raises takes down only its own batch (its cache may be
   half-written); each of its requests is then retried alone, in a batch of its own. A retry of an
   exact request (greedy `ar` / `verified`, or `ar` with its seed, which `submit` fixes for every sampled
@@ -30,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -43,6 +45,8 @@ log = logging.getLogger("yue.batcher")
 
 # Finished requests whose sequences wait to extend the prefix cache, at most; older ones are dropped.
 FILL_QUEUE = 4
+# Seconds without a running request before a prefix-cache fill may start (`Batcher.fill_wait`).
+FILL_AFTER_IDLE_S = 0.5
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Batcher:
         max_batch_size: requests running at once; 1 = one request at a time.
         max_batch_tokens: prompt tokens prefilled per step (at least one chunk); None = no bound.
         prefix_cache: earlier prompts' prefill chunks to resume from and extend; None = none.
+        fill_after_s: seconds without a running request before `step` feeds a prefix-cache fill.
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class Batcher:
         max_batch_size: int = 16,
         max_batch_tokens: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        fill_after_s: float = FILL_AFTER_IDLE_S,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -105,6 +111,8 @@ class Batcher:
         self.prefix_cache = prefix_cache
         self._fills: deque[list[int]] = deque(maxlen=FILL_QUEUE)  # finished sequences to fill, oldest first
         self._filling: PrefixFill | None = None
+        self.fill_after_s = fill_after_s
+        self._last_busy = time.perf_counter()  # when a step last ran requests
         self.waiting: deque[Request] = deque()
         # Shared batches are keyed by `batch_key`; a request retried alone has ("alone", n).
         self.batches: dict[object, DecodeBatch] = {}
@@ -120,6 +128,12 @@ class Batcher:
     def filling(self) -> bool:
         """Whether finished sequences wait to extend the prefix cache (`step` works on them when idle)."""
         return self._filling is not None or bool(self._fills)
+
+    def fill_wait(self) -> float | None:
+        """Seconds until `step` may feed a prefix-cache fill (0: now); None when none is queued."""
+        if not self.filling:
+            return None
+        return max(0.0, self._last_busy + self.fill_after_s - time.perf_counter())
 
     def submit(
         self,
@@ -153,12 +167,14 @@ class Batcher:
 
     def step(self) -> BatchStep:
         """Admit waiting requests, then run one step of one batch (the next in turn); with no request
-        running, feed one chunk of a prefix-cache fill, if any."""
+        running, feed one chunk of a prefix-cache fill, if one is due (`fill_wait`)."""
         self._admit()
         keys = [k for k, b in self.batches.items() if len(b)]
         if not keys:
-            self._fill()
+            if self.fill_wait() == 0:
+                self._fill()
             return BatchStep(0, 0)
+        self._last_busy = time.perf_counter()
         key = keys[self._turn % len(keys)]
         self._turn += 1
         batch = self.batches[key]

@@ -14,8 +14,8 @@ Design decisions:
   `asyncio.Queue`; a job whose loop has gone away is cancelled.
 - Other work on the model (scoring a prompt: `call`) runs on the same thread, between steps: the
   engine is never used by two threads at once.
-- With a prefix cache, the thread keeps stepping while the batcher has fills queued (`Batcher.filling`:
-  finished answers prefilled into the cache a chunk a step, when no request runs), then sleeps.
+- With a prefix cache, an idle thread wakes for the batcher's fills (`Batcher.fill_wait`: finished
+  answers prefilled into the cache a chunk a step, once no request has run for a moment), then sleeps.
 - A step that raises fails no one but its cause: the batcher retries the batch's rows alone and hands
   the exception to the one request that still fails (`Job.deliver`). Only if the batcher's own step
   raises (a bug) are all running jobs failed, and still not the server.
@@ -189,10 +189,11 @@ class Scheduler:
     def _work(self) -> None:
         while True:
             with self._cv:
-                while not (
-                    self._waiting or self._running or self._calls or self._closed or self.batcher.filling
-                ):
-                    self._cv.wait()
+                while not (self._waiting or self._running or self._calls or self._closed):
+                    wait = self.batcher.fill_wait()  # None: no fill queued, sleep until notified
+                    if wait == 0:
+                        break
+                    self._cv.wait(wait)
                 if self._closed:
                     break
                 admitted, calls = self._take(), list(self._calls)
