@@ -174,7 +174,6 @@ class Batcher:
             if self.fill_wait() == 0:
                 self._fill()
             return BatchStep(0, 0)
-        self._last_busy = time.perf_counter()
         key = keys[self._turn % len(keys)]
         self._turn += 1
         batch = self.batches[key]
@@ -184,6 +183,8 @@ class Batcher:
         except Exception as error:  # noqa: BLE001 - any failure of a step is isolated, then reported
             self._isolate(key, error)
             return report
+        finally:
+            self._last_busy = time.perf_counter()
         for em in emissions:
             report.tokens += sum(len(t) for t in em.tokens)
             self._deliver(key, em)
