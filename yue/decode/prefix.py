@@ -16,6 +16,8 @@ Design decisions:
   more recent than its extensions (an extension left without its prefix is unreachable; it is next in
   line anyway). A hit copies the columns into the request's own cache, so eviction never touches a
   running request.
+- Decoded tokens' K/V are not a prefill's bits either (other rows, other kernels), so an answer is
+  reused only once `PrefixFill` has prefilled it on the grid, while the server idles (`batcher.py`).
 - Counters follow vLLM's prefix-cache metrics (queries and hits counted in tokens), plus lookups by
   result; `serve.metrics` exposes them.
 """
