@@ -243,3 +243,12 @@ def test_the_server_answers_a_chats_next_turn_from_the_cache_as_without_it_and_c
     assert metric(text, "yue_prefix_cache_queries_total") > usage["prompt_tokens"]  # both turns' prompts
     assert 0 < metric(text, "yue_prefix_cache_usage_bytes") <= 64 * 2**20
     assert "yue_prefix_cache_hits" not in plain_text  # off: no prefix-cache metrics at all
+
+
+def test_a_negative_bound_is_refused_naming_the_field():
+    from yue.serve import ServeConfig
+
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        ServeConfig(prefix_cache_mb=-1)
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(0)
