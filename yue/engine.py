@@ -31,6 +31,7 @@ from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
+from yue.decode.prefix import PrefixCache
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.kernels import prepare_for_decoding
 from yue.kernels.matmuls import int4_unavailable
@@ -255,10 +256,15 @@ class Engine:
             if event.finish_reason is not None:
                 return
 
-    def decode_batch(self, cfg: DecodeConfig, max_prefill_tokens: int | None = None) -> DecodeBatch:
-        """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved): the
-        seam `batcher.Batcher` decodes through."""
-        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens, self.corpus)
+    def decode_batch(
+        self,
+        cfg: DecodeConfig,
+        max_prefill_tokens: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> DecodeBatch:
+        """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved), resuming
+        prefills from `prefix_cache` (if any): the seam `batcher.Batcher` decodes through."""
+        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens, self.corpus, prefix_cache)
 
     def request(
         self, prompt: str | list[int], config: DecodeConfig | None, overrides: dict

@@ -41,6 +41,11 @@ def serve_cmd(
         help="Seconds in-flight requests may run after SIGTERM; then they end with a 503 (streams: an "
         "error chunk and [DONE]) and the server exits 0.",
     ),
+    prefix_cache_mb: int = typer.Option(
+        256,
+        help="Prefix cache bound, in MiB of K/V: a prompt that starts like an earlier one (a chat's earlier "
+        "turns) is not prefilled again, with the same output; LRU; 0 = off.",
+    ),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
@@ -77,6 +82,7 @@ def serve_cmd(
         default_max_tokens=default_max_tokens,
         max_body_bytes=max_body_bytes,
         drain_timeout_s=drain_timeout,
+        prefix_cache_mb=prefix_cache_mb,
     )
     resolve_dtype(dtype)  # a bad name fails here, before the server starts
     folder = resolve(model)  # an unknown name or a missing package fails here, before the server starts
