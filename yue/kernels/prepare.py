@@ -356,12 +356,20 @@ def check_preparable(model, int4: bool) -> None:
         warn_fallbacks(probe.choice())
         if model.dtype == torch.bfloat16 and not probe.packed_rows(torch.bfloat16):
             logger.warning(
-                "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here "
-                "(SmolLM2 on an AVX2 CPU, one thread: a step 77 ms against 58, verifying rows 1.6-5.9x a "
-                "step), and its rows' bits depend on a step's row count, so `verified` may part from `ar` "
-                "where two tokens are near-tied; float32 or int4 run faster, and exactly",
+                "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here, and its "
+                "rows' bits depend on a step's row count, so `verified` may part from `ar` where two tokens "
+                "are near-tied; float32 or int4 run faster, and exactly (docs/results-log.md)",
                 next(p.why for p in probe.choice().probes if p.name == "onednn-bf16"),
             )
+    elif model.dtype != torch.float32:
+        # A GPU's library picks its matmul kernels by shape, so a verifying step's rows need not have the
+        # bits of one-row steps (seen on an H200: docs/results-log.md, "CUDA").
+        logger.warning(
+            "%s on %s: a row's bits may depend on a step's row count, so `verified` may part from `ar` "
+            "where two tokens are near-tied; float32 keeps them exact",
+            str(model.dtype).removeprefix("torch."),
+            model.device.type,
+        )
 
 
 def decode_set(
