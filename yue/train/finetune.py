@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from accelerate import PartialState
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -277,8 +278,11 @@ def finetune(
     peft_model = wrap_lora(base, cfg)
     history = train_lora(peft_model, stream, cfg, out_dir / "run", resume, progress)
     timer.mark("lora_s")
+    # Under `accelerate launch` every process holds the same weights from here on; one writes them.
+    main = PartialState().is_main_process
     loss_after = eval_loss(peft_model.get_base_model(), stream, cfg.seq_len)
-    save_adapter(peft_model, out_dir, identity)
+    if main:
+        save_adapter(peft_model, out_dir, identity)
     adapted = peft_model.merge_and_unload().eval()
     acc_adapter = measure(adapted)
     timer.mark("measure_adapter_s")
@@ -286,11 +290,12 @@ def finetune(
     refresh, acc_refreshed = None, None
     if cfg.refresh_steps > 0 and has_drafts:
         refresh = refresh_drafts(adapted, stream, cfg, progress)
-        tmp = out_dir / f".tmp-{DRAFTS_FILE}"
-        from safetensors.torch import save_file
+        if main:
+            tmp = out_dir / f".tmp-{DRAFTS_FILE}"
+            from safetensors.torch import save_file
 
-        save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
-        tmp.replace(out_dir / DRAFTS_FILE)
+            save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
+            tmp.replace(out_dir / DRAFTS_FILE)
         timer.mark("refresh_s")
         acc_refreshed = measure(adapted)
         timer.mark("measure_refreshed_s")
@@ -322,7 +327,8 @@ def finetune(
         "refresh": refresh,
         "timings": timer.marks,
     }
-    (out_dir / "finetune_report.json").write_text(json.dumps(report, indent=2))
+    if main:
+        (out_dir / "finetune_report.json").write_text(json.dumps(report, indent=2))
     return report
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from accelerate import Accelerator, InitProcessGroupKwargs
+from accelerate import Accelerator, DistributedType, InitProcessGroupKwargs
 from torch import nn
 
 from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -130,6 +130,11 @@ class Trainer:
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         if global_batch % self.world:
             raise ValueError(f"batch_size {global_batch} is not divisible by the {self.world} processes")
+        if run_dir is not None and self.accelerator.distributed_type == DistributedType.FSDP:
+            # The trained tensors and optimizer moments would be shards here; saving them needs a gather.
+            raise ValueError(
+                "checkpoints under FSDP are not supported yet: launch with DDP, or keep no run folder"
+            )
         self.cfg, self.global_batch, self.keep = cfg, global_batch, keep
         self.params = params
         self.saved = saved if saved is not None else objective
