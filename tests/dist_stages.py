@@ -1,10 +1,12 @@
-"""One top-layer NAR training run on a tiny model, on however many processes it is launched with.
+"""Two training stages on tiny models, on however many processes this is launched with: top-layer NAR
+distillation (`run`, checkpointed every step) and the drafts refresh's NAR self-distillation
+(`run_refresh`).
 
-Run in the test process itself (one process) or as
-`accelerate launch --multi_gpu --num_processes N -m tests.dist_topnar RUN_DIR STEPS [STOP_AT]` (torchrun
-underneath; on a machine without a GPU the processes talk over gloo); the main
-process writes RUN_DIR/history.json; the trained tensors are in the run's last checkpoint
-(`test_distributed.py` compares both).
+Called in the test process (one process), or launched as
+`accelerate launch --multi_gpu --num_processes N -m tests.dist_stages RUN_DIR STEPS [STOP_AT]`
+(torchrun underneath; without a GPU the processes talk over gloo), when the main process writes
+RUN_DIR/history.json and RUN_DIR/refresh.json (`test_distributed.py` compares them, and the run's
+checkpoints, with one process's).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import torch
 from yue.config import YueConfig
 from yue.model.mot import YueForCausalLM
 from yue.train import topnar as tn
+from yue.train.selfdistill import GreedySequences, NARFinetuneConfig, finetune_nar
 
 BATCH = 4  # the global batch: 2 rows per process on 2
 
 
-def tiny_model() -> YueForCausalLM:
-    """4 layers, a NAR set on the top 2, a 48-token drafting vocabulary; seeded, so equal everywhere."""
+def tiny_model(nar_layers: int | None = 2) -> YueForCausalLM:
+    """4 layers, a NAR set on the top 2 with a 48-token drafting vocabulary (None: a NAR set in every
+    layer, the full head); seeded, so equal on every process."""
     torch.manual_seed(0)
+    top = nar_layers is not None
     cfg = YueConfig(
         vocab_size=96,
         hidden_size=32,
@@ -34,8 +39,8 @@ def tiny_model() -> YueForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         block_size=4,
-        nar_layers=2,
-        draft_vocab_size=48,
+        nar_layers=nar_layers,
+        draft_vocab_size=48 if top else None,
         max_position_embeddings=128,
         eos_token_id=2,
         mask_token_id=3,
@@ -45,7 +50,8 @@ def tiny_model() -> YueForCausalLM:
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.3)
-        model.draft_vocab.copy_(torch.arange(48) * 2)
+        if top:
+            model.draft_vocab.copy_(torch.arange(48) * 2)
     return model
 
 
@@ -77,8 +83,21 @@ def run(run_dir: str | Path, steps: int, stop_at: int | None = None, batch: int 
     )
 
 
+def run_refresh(steps: int) -> list[dict]:
+    """The drafts refresh's NAR self-distillation (`finetune_nar`, a NAR set in every layer) on fixed
+    sequences; returns its per-step log."""
+    torch.set_num_threads(1)
+    model = tiny_model(nar_layers=None)
+    tokens = torch.tensor([(s * 8)[:24] for s in sequences(12, seed=4).ids])  # (12, 24)
+    cfg = NARFinetuneConfig(steps=steps, batch_size=BATCH, anchors=4, lr=3e-3, warmup_steps=2, seed=5)
+    return finetune_nar(model, GreedySequences(tokens, prompt_len=6), cfg, progress=False)
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
     history = run(out, int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    refresh = run_refresh(int(sys.argv[2]))
     if os.environ.get("RANK", "0") == "0":
         (out / "history.json").write_text(json.dumps(history))
+        (out / "refresh.json").write_text(json.dumps(refresh))
