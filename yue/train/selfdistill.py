@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
@@ -406,16 +406,19 @@ def self_distill(
         Path(sequences_file) if sequences_file else out_dir / "data" / "selfdistill_sequences.safetensors"
     )
     t0 = time.perf_counter()
-    reused = seq_file.is_file()
-    if reused:
-        seqs = GreedySequences.load(seq_file)
-        log.info("reusing %d AR-greedy sequences from %s", len(seqs.tokens), seq_file)
-    else:
-        docs = corpus_documents(corpus, tokenizer.tokenizer, "train", val_fraction)
-        seqs = build_greedy_sequences(
-            model, docs, n_sequences, prompt_len, new_tokens, gen_batch_size, cfg.seed
-        )
-        seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
+    # Under `accelerate launch` the main process writes the sequences; the others then read them.
+    state = PartialState()
+    with state.main_process_first():
+        reused = seq_file.is_file()
+        if reused:
+            seqs = GreedySequences.load(seq_file)
+            log.info("reusing %d AR-greedy sequences from %s", len(seqs.tokens), seq_file)
+        else:
+            docs = corpus_documents(corpus, tokenizer.tokenizer, "train", val_fraction)
+            seqs = build_greedy_sequences(
+                model, docs, n_sequences, prompt_len, new_tokens, gen_batch_size, cfg.seed
+            )
+            seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
     gen_s = time.perf_counter() - t0
     train, held = seqs.split()
     if extra_sequences:
@@ -431,6 +434,8 @@ def self_distill(
     train_s = time.perf_counter() - t1
     acc_after = nar_accuracy(model, held)
     revealed_after = nar_accuracy(model, held, reveal_first=True)
+    if not state.is_main_process:  # every process holds the same weights; the main one writes them
+        return {"final_loss": history[-1]["loss"] if history else None}
     save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
     previous_file = Path(model_dir) / "selfdistill_report.json"
     previous = json.loads(previous_file.read_text()) if previous_file.is_file() else None
