@@ -136,11 +136,12 @@ class Trainer:
                 "checkpoints under FSDP are not supported yet: launch with DDP, or keep no run folder"
             )
         self.cfg, self.global_batch, self.keep = cfg, global_batch, keep
-        self.params = params
         self.saved = saved if saved is not None else objective
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._optimizer = adamw(params, cfg.lr, cfg.weight_decay, betas)
         self.net, self.optimizer = self.accelerator.prepare(objective, self._optimizer)
+        # The parameters as prepared (FSDP replaces them with sharded ones): what clipping must see.
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
 
     @property
     def is_main(self) -> bool:
