@@ -18,41 +18,11 @@ from pathlib import Path
 
 import torch
 
-from yue.config import YueConfig
-from yue.model.mot import YueForCausalLM
+from tests.test_topnar import top_model
 from yue.train import topnar as tn
 from yue.train.selfdistill import GreedySequences, NARFinetuneConfig, finetune_nar
 
 BATCH = 4  # the global batch: 2 rows per process on 2
-
-
-def tiny_model(nar_layers: int | None = 2) -> YueForCausalLM:
-    """4 layers, a NAR set on the top 2 with a 48-token drafting vocabulary (None: a NAR set in every
-    layer, the full head); seeded, so equal on every process."""
-    torch.manual_seed(0)
-    top = nar_layers is not None
-    cfg = YueConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        block_size=4,
-        nar_layers=nar_layers,
-        draft_vocab_size=48 if top else None,
-        max_position_embeddings=128,
-        eos_token_id=2,
-        mask_token_id=3,
-    )
-    model = YueForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-        if top:
-            model.draft_vocab.copy_(torch.arange(48) * 2)
-    return model
 
 
 def sequences(n: int, seed: int) -> tn.ChatSequences:
@@ -69,7 +39,7 @@ def sequences(n: int, seed: int) -> tn.ChatSequences:
 def run(run_dir: str | Path, steps: int, stop_at: int | None = None, batch: int = BATCH) -> list[dict]:
     """Train (or resume) in `run_dir`, a checkpoint every step; returns the history (a loss per step)."""
     torch.set_num_threads(1)
-    model = tiny_model()
+    model = top_model()  # 4 layers, a NAR set on the top 2, a 48-token drafting vocabulary; seeded
     train, held = sequences(12, seed=1), sequences(2, seed=2)
     f_train, f_held = (
         tn.entry_features(model, train, progress=False),
@@ -87,9 +57,9 @@ def run_refresh(steps: int) -> list[dict]:
     """The drafts refresh's NAR self-distillation (`finetune_nar`, a NAR set in every layer) on fixed
     sequences; returns its per-step log."""
     torch.set_num_threads(1)
-    model = tiny_model(nar_layers=None)
+    model = top_model(nar_layers=None, draft_vocab=None)  # a NAR set in every layer
     tokens = torch.tensor([(s * 8)[:24] for s in sequences(12, seed=4).ids])  # (12, 24)
-    cfg = NARFinetuneConfig(steps=steps, batch_size=BATCH, anchors=4, lr=3e-3, warmup_steps=2, seed=5)
+    cfg = NARFinetuneConfig(steps=steps, batch_size=BATCH, anchors=4, lr=1e-3, warmup_steps=2, seed=5)
     return finetune_nar(model, GreedySequences(tokens, prompt_len=6), cfg, progress=False)
 
 

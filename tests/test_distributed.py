@@ -16,13 +16,14 @@ import torch
 from safetensors.torch import load_file
 
 from tests import dist_stages
+from tests.test_topnar import top_model
 from yue.train.checkpoint import latest_checkpoint
 from yue.train.topnar import NARParts
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8
 # Float tolerance: the processes' gradients are summed by gloo in another order than one backward sums
-# them (seen: losses within 2e-6, weights within 1e-6 after 8 steps).
+# them (seen: losses within 3e-6, weights within 7e-6 after 8 steps; docs/results-log.md).
 LOSS_TOL = 1e-4
 WEIGHT_TOL = 1e-4
 
@@ -88,7 +89,7 @@ def test_two_processes_train_what_one_does_and_resume_across_process_counts(tmp_
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=WEIGHT_TOL, rtol=0)
-    start = NARParts(dist_stages.tiny_model()).state_dict()
+    start = NARParts(top_model()).state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a)  # it did train
 
 
