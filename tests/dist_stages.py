@@ -1,12 +1,12 @@
 """Two training stages on tiny models, on however many processes this is launched with: top-layer NAR
-distillation (`run`, checkpointed every step) and the drafts refresh's NAR self-distillation
-(`run_refresh`).
+distillation (`run`, checkpointed every step), the drafts refresh's NAR self-distillation
+(`run_refresh`) and `yue train`'s joint loop (`run_joint`).
 
 Called in the test process (one process), or launched as
 `accelerate launch --multi_gpu --num_processes N -m tests.dist_stages RUN_DIR STEPS [STOP_AT]`
 (torchrun underneath; without a GPU the processes talk over gloo), when the main process writes
-RUN_DIR/history.json and RUN_DIR/refresh.json (`test_distributed.py` compares them, and the run's
-checkpoints, with one process's).
+RUN_DIR/history.json and RUN_DIR/refresh.json, and the joint loop its model in RUN_DIR/joint/run/model
+(`test_distributed.py` compares them, and the runs' checkpoints, with one process's).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 
 from tests.test_topnar import top_model
 from yue.train import topnar as tn
+from yue.train.loop import train
 from yue.train.selfdistill import GreedySequences, NARFinetuneConfig, finetune_nar
 
 BATCH = 4  # the global batch: 2 rows per process on 2
@@ -63,11 +65,22 @@ def run_refresh(steps: int) -> list[dict]:
     return finetune_nar(model, GreedySequences(tokens, prompt_len=6), cfg, progress=False)
 
 
+def run_joint(folder: Path) -> Path:
+    """`yue train`'s joint loop (8 steps, global batch 4) with its run in `folder/run`; returns the final
+    model folder. The main process writes the corpus first."""
+    from tests.test_train import tiny_train_config
+
+    with PartialState().main_process_first():
+        cfg = tiny_train_config(folder, steps=8, save_every=4, eval_every=8)
+    return train(cfg)
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     history = run(out, int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
     refresh = run_refresh(int(sys.argv[2]))
+    run_joint(out / "joint")
     if os.environ.get("RANK", "0") == "0":
         (out / "history.json").write_text(json.dumps(history))
         (out / "refresh.json").write_text(json.dumps(refresh))

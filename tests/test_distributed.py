@@ -1,6 +1,6 @@
 """Training across processes (accelerate, gloo on the CPU): 2 processes train what 1 does at the same
-global batch (top-layer distillation, the drafts refresh's self-distillation), and a checkpoint resumes
-on a different number of processes, equal to the run that was never interrupted."""
+global batch (top-layer distillation, the drafts refresh's self-distillation, the joint loop), and a
+checkpoint resumes on a different number of processes, equal to the run that was never interrupted."""
 
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def test_two_processes_train_what_one_does_and_resume_across_process_counts(tmp_
     assert [r["step"] for r in refresh_two] == [r["step"] for r in refresh_one] == list(range(1, STEPS + 1))
     for r2, r1 in zip(refresh_two, refresh_one, strict=True):
         assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_TOL), (r2["step"], r2["loss"], r1["loss"])
+    # And `yue train`'s joint loop: the same model after 8 steps.
+    joint_one = load_file(str(dist_stages.run_joint(tmp_path / "joint") / "model.safetensors"))
+    joint_two = load_file(str(run / "joint" / "run" / "model" / "model.safetensors"))
+    assert joint_one.keys() == joint_two.keys()
+    for k in joint_one:
+        torch.testing.assert_close(joint_two[k], joint_one[k], atol=WEIGHT_TOL, rtol=0)
     # 3. Resumed on one process to step 6, then on two to the end: the uninterrupted run's losses and
     # weights.
     dist_stages.run(run, STEPS, stop_at=6)

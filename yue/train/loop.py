@@ -1,15 +1,13 @@
 """The training loop: joint loss, AdamW with warm-up + cosine, evaluation, atomic checkpoints, resume.
 
 Design decisions:
-- Deterministic by construction: the batch of step s is a pure function of (seed, s) (`PackedSequences`),
-  and the anchors/reveals of step s come from a generator seeded by (seed, s, rank). So the data
+- Deterministic by construction: the global batch of step s is a pure function of (seed, s)
+  (`PackedSequences`), and its anchors/reveals come from a generator seeded by (seed, s). So the data
   position is the step counter, and a run resumed from a checkpoint replays exactly the steps an
-  uninterrupted run would have taken (tested bit-identical on CPU).
+  uninterrupted run would have taken (tested bit-identical on CPU), on any number of processes.
 - Optimizer, learning-rate schedule (`lr_at`), checkpoints and the `accelerate.Accelerator` that wraps
   the training forward (`TrainingForward`) come from `trainer.Trainer`, so `accelerate launch` (DDP)
-  runs this same entry point. Here `batch_size` is per process and each process reads its own rows
-  (the step's rows depend on the rank), so a checkpoint resumes on the same number of processes; the
-  stages in `topnar.py`, `selfdistill.py` and `finetune.py` draw global batches and resume on any.
+  runs this same entry point; `batch_size` is the global batch, of which each process takes its rows.
 - Files in the run folder: `train_config.json`, `tokenizer.json`, `data/*.npy` (token cache),
   `log.jsonl` (train and eval records), `checkpoints/step-*`, and `model/` (the final model folder:
   safetensors + config + tokenizer.json), written atomically at the end.
@@ -35,8 +33,8 @@ from yue.tokenizer import YueTokenizer
 from yue.train.checkpoint import latest_checkpoint
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, cached_tokens, read_corpus, split_documents
-from yue.train.losses import TrainingForward, joint_loss, sample_anchors, set_trainable
-from yue.train.trainer import Trainer, lr_at, make_accelerator
+from yue.train.losses import TrainingForward, draw_reveals, joint_loss, sample_anchors, set_trainable
+from yue.train.trainer import Trainer, lr_at, make_accelerator, step_generator
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +42,6 @@ log = logging.getLogger(__name__)
 RESUME_FREE_FIELDS = frozenset(
     {"threads", "eval_every", "eval_batches", "save_every", "log_every", "keep_checkpoints"}
 )
-
-
-def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
-    """The generator for step `step`'s anchors and reveals on process `rank`."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
 
 
 @dataclass
@@ -205,7 +198,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         TrainingForward(model),
         set_trainable(model, cfg.train_set),
         cfg,
-        cfg.batch_size * world,  # batch_size is per process here: each reads its own rows
+        cfg.batch_size,
         saved=model,
         run_dir=run_dir,
         betas=cfg.betas,
@@ -213,7 +206,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         accelerator=accelerator,
     )
     start = trainer.resume()["step"] if resume else 0
-    net, device, rank = trainer.net, accelerator.device, accelerator.process_index
+    net, device = trainer.net, accelerator.device
     if main:
         write_log(
             run_dir,
@@ -230,19 +223,29 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         )
 
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
-    tokens_per_step = cfg.batch_size * cfg.seq_len * world
+    tokens_per_step = cfg.batch_size * cfg.seq_len
     bar = tqdm(
         total=cfg.steps, initial=start, disable=not main, mininterval=5.0, dynamic_ncols=True, desc="train"
     )
     t_last, step_last = time.time(), start
     for step in range(start, end):
-        # 1. Batch and anchors: pure functions of (seed, step, rank).
-        x = train_set.batch(step, cfg.batch_size, rank, world).to(device)
-        g = step_generator(cfg.seed, step, rank)
-        anchors = sample_anchors(x.shape[0], cfg.seq_len, cfg.anchors, cfg.block_size, g).to(device)
-        # 2. Loss, backward, clip, update at this step's learning rate.
-        out = joint_loss(net, x, anchors, cfg.block_size, cfg.loss_weights, cfg.reveal_prob, g)
-        grad_norm = trainer.update(out.total, step)
+        # 1. The global batch, anchors and reveals: pure functions of (seed, step); this process's rows.
+        g = step_generator(cfg.seed, step)
+        x = train_set.batch(step, cfg.batch_size)
+        anchors = sample_anchors(cfg.batch_size, cfg.seq_len, cfg.anchors, cfg.block_size, g)
+        reveal = draw_reveals(cfg.batch_size, cfg.anchors, cfg.block_size, cfg.reveal_prob, g)
+        mine = trainer.rows()
+        # 2. Loss (AR mean + slot terms over the global batch's masked slots), one update at this step's lr.
+        out = joint_loss(
+            net,
+            x[mine].to(device),
+            anchors[mine].to(device),
+            cfg.block_size,
+            cfg.loss_weights,
+            reveal=reveal[mine],
+        )
+        slots, _ = trainer.global_mean(out.slot_sum, out.nar_count_per_slot.sum())
+        grad_norm = trainer.update(out.ar_term + slots, step)
         done = step + 1
         # 3. Progress, logs, evaluation, checkpoints.
         if done % cfg.log_every == 0 or done == end:

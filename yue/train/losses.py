@@ -62,8 +62,10 @@ class JointLoss:
     kl: torch.Tensor
     nar_acc_per_slot: torch.Tensor  # (K,) argmax accuracy of slot i over masked (not revealed) slots
     nar_count_per_slot: torch.Tensor  # (K,) how many masked slots each accuracy averages over
-    # β·ΣCE_NAR + γ·ΣKL over the masked slots, with the graph: divided by the masked slots of the whole
-    # global batch (`Trainer.global_mean`), the slot loss of a batch split over processes.
+    # The total's two parts with the graph, for a batch split over processes: α·CE_AR is a mean over
+    # equal rows (processes' shares average exactly); β·ΣCE_NAR + γ·ΣKL over the masked slots is divided
+    # by the masked slots of the whole global batch (`Trainer.global_mean`).
+    ar_term: torch.Tensor
     slot_sum: torch.Tensor
 
 
@@ -208,4 +210,4 @@ def joint_loss(
         hits = hit.view(B, M, K).sum((0, 1)).float()  # (K,)
         count = keep.view(B, M, K).sum((0, 1)).float()  # (K,)
         acc = hits / count.clamp(min=1)
-    return JointLoss(total, ar.detach(), nar.detach(), kl.detach(), acc, count, slot_sum)
+    return JointLoss(total, ar.detach(), nar.detach(), kl.detach(), acc, count, weights.ar * ar, slot_sum)
