@@ -34,7 +34,9 @@ def train_cmd(
     vocab_size: int = typer.Option(8192, help="Vocabulary size when the tokenizer is trained here."),
     steps: int = typer.Option(1000, help="Optimizer steps."),
     seq_len: int = typer.Option(256, help="Tokens per training sequence."),
-    batch_size: int = typer.Option(16, help="Sequences per step (per process)."),
+    batch_size: int = typer.Option(
+        16, help="Sequences per step, over all processes (each takes an equal share)."
+    ),
     lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine)."),
     warmup_steps: int = typer.Option(100, help="Linear warm-up steps."),
     block_size: int = typer.Option(8, help="K: slots per NAR block."),

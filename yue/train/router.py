@@ -40,6 +40,7 @@ from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import Router, revealed_slot1
 from yue.train.router_eval import RouterExamples, evaluate_router
+from yue.train.trainer import adamw
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ def train_router(
     router.train()
     for p in router.parameters():
         p.requires_grad_(True)
-    opt = torch.optim.AdamW(router.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = adamw(list(router.parameters()), cfg.lr, cfg.weight_decay, betas=(0.9, 0.999))
     g = torch.Generator().manual_seed(cfg.seed)
     history = []
     try:
