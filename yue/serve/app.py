@@ -204,6 +204,16 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
 
 
 def _install_routes(app: FastAPI, state: ServerState) -> None:
+    """Every route: the demo page and the server's own (health, metrics, models), then the generation
+    endpoints (OpenAI's completions and chat completions, and yue's /generate)."""
+    _install_info_routes(app, state)
+    _install_completions(app, state)
+    _install_chat_completions(app, state)
+    _install_generate(app, state)
+
+
+def _install_info_routes(app: FastAPI, state: ServerState) -> None:
+    """The demo page, /health (503 while loading or draining), /metrics and /v1/models."""
     demo = DEMO_PAGE.read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -234,6 +244,11 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     async def model(model_id: str) -> s.ModelCard:
         engine = _check_model(state, model_id)  # another id: 404 model_not_found
         return s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
+
+
+def _install_completions(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's legacy /v1/completions: prompts as text or token ids, `n` choices each, echo and the
+    prompt's log-probabilities (`max_tokens` 0 scores a prompt, as evaluation harnesses ask)."""
 
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
@@ -281,6 +296,10 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
                 return EventStream(scored_events(fmt, outcomes), on_close=lambda: None)
             return build(outcomes)
         return await _respond(state, request, choices, fmt, body.stream, build)
+
+
+def _install_chat_completions(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's /v1/chat/completions: the conversation through the model's chat template."""
 
     @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
@@ -335,6 +354,10 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             return s.ChatCompletionResponse(choices=choices, **_envelope(fmt, outcomes))
 
         return await _respond(state, request, _choices([prepared], body.n), fmt, body.stream, build)
+
+
+def _install_generate(app: FastAPI, state: ServerState) -> None:
+    """yue's own /generate: raw text in, the answer and how it was made (which path wrote the tokens) out."""
 
     @app.post("/generate", response_model=s.GenerateResponse, responses=_ERRORS | _STREAM)
     async def generate(body: s.GenerateRequest, request: Request):
