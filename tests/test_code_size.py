@@ -18,7 +18,6 @@ OVER = {
     "cli/bench.py:bench_cmd": 88,
     "cli/distill.py:distill_cmd": 88,
     "cli/generate.py:generate": 117,
-    "cli/serve.py:serve_cmd": 106,
     "kernels/rowkernel.py": 621,
     "serve/app.py": 611,
     "train/campaign.py:main": 81,

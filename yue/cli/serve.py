@@ -8,44 +8,22 @@ from pathlib import Path
 import typer
 
 from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
+from yue.cli.options import config_options
+from yue.serve.config import ServeConfig
 
 
 @app.command("serve")
 @user_errors
+@config_options(
+    ServeConfig,
+    exclude=("retry_after_s",),
+    flags={"drain_timeout_s": "--drain-timeout"},
+    zero_is_none=("max_batch_tokens", "max_prompt_tokens"),
+    envvars={"api_key": "YUE_API_KEY"},
+)
 def serve_cmd(
     model: str | None = typer.Option(None, help=MODEL_HELP),
     adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
-    host: str = typer.Option("127.0.0.1", help="Interface to bind; localhost unless told otherwise."),
-    port: int = typer.Option(8000, help="TCP port."),
-    api_key: str | None = typer.Option(
-        None, envvar="YUE_API_KEY", help="Require 'Authorization: Bearer KEY'."
-    ),
-    max_batch_size: int = typer.Option(
-        16, help="Generations running at once, stepped together (continuous batching); 1 = one at a time."
-    ),
-    max_batch_tokens: int = typer.Option(
-        128,
-        help="Prefill work per decode step, in prompt tokens at a prompt's start (later ones weigh more), "
-        "at least one chunk, so a long prompt stalls the running requests a chunk at a time; 0 = no bound.",
-    ),
-    max_queue: int = typer.Option(32, help="Requests waiting beyond those; more get 503 + Retry-After."),
-    max_prompt_tokens: int = typer.Option(
-        8192, help="Longest prompt accepted, in tokens (at most the context); 0 = the context."
-    ),
-    default_max_tokens: int = typer.Option(
-        2048, help="What a chat request without max_tokens may generate at most."
-    ),
-    max_body_bytes: int = typer.Option(1 << 20, help="Largest request body, chunked bodies included."),
-    drain_timeout: float = typer.Option(
-        30.0,
-        help="Seconds in-flight requests may run after SIGTERM; then they end with a 503 (streams: an "
-        "error chunk and [DONE]) and the server exits 0.",
-    ),
-    prefix_cache_mb: int = typer.Option(
-        256,
-        help="Prefix cache bound, in MiB of K/V: a prompt that starts like an earlier one (a chat's earlier "
-        "turns) is not prefilled again, with the same output; LRU; 0 = off.",
-    ),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
@@ -63,27 +41,15 @@ def serve_cmd(
         None,
         help="Join this Ray cluster (e.g. auto) with --replicas/--autoscale; default: start a local one.",
     ),
+    config: ServeConfig | None = None,
 ) -> None:
     """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
     import yue
     from yue.kernels.prepare import resolve_dtype
     from yue.model.adapters import check_adapter_folder
     from yue.registry import ar_source, resolve
-    from yue.serve import ServeConfig, serve
+    from yue.serve import serve
 
-    config = ServeConfig(
-        host=host,
-        port=port,
-        api_key=api_key,
-        max_batch_size=max_batch_size,
-        max_batch_tokens=max_batch_tokens or None,
-        max_queue=max_queue,
-        max_prompt_tokens=max_prompt_tokens or None,
-        default_max_tokens=default_max_tokens,
-        max_body_bytes=max_body_bytes,
-        drain_timeout_s=drain_timeout,
-        prefix_cache_mb=prefix_cache_mb,
-    )
     resolve_dtype(dtype)  # a bad name fails here, before the server starts
     folder = resolve(model)  # an unknown name or a missing package fails here, before the server starts
     if folder.is_dir():
