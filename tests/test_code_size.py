@@ -19,7 +19,6 @@ OVER = {
     "cli/distill.py:distill_cmd": 88,
     "cli/generate.py:generate": 117,
     "kernels/rowkernel.py": 621,
-    "serve/app.py": 611,
     "train/campaign.py:main": 81,
     "train/finetune.py:finetune": 88,
     "train/loop.py:train": 132,
