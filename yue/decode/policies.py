@@ -347,7 +347,7 @@ class VerifiedPolicy(Policy):
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         n_acc, nxt = self.verify(st, adjusted_ar_logits(st, out, st.max_drafts + 1))
-        adv = self.judged(st, n_acc, nxt)
+        adv = self.accept(st, n_acc, nxt)
         drafts = st.drafts
         if drafts.contexts is not None:
             drafts.extend(adv.emitted)
@@ -361,7 +361,7 @@ class VerifiedPolicy(Policy):
         # position; each row drafts from the block on its last accepted token (`with_block`).
         return self.with_block(model, st, adv, out)
 
-    def judged(self, st: LoopState, n_acc: list[int], nxt: torch.Tensor) -> Advance:
+    def accept(self, st: LoopState, n_acc: list[int], nxt: torch.Tensor) -> Advance:
         """What a verifying step keeps and emits: per row, its `n_acc` accepted drafts then the AR
         path's token nxt (B,), which is fed next; the drafts' source's record learns how they fared."""
         drafts = st.drafts
@@ -427,7 +427,7 @@ class VerifiedPolicy(Policy):
         every_slot = gate >= 1.0  # the router is not asked: the record decides
         p_ar = self.ask_router(model, st, adv, out, logits, needed=not every_slot)
         block = st.drafts.block
-        probing, block.probe = block.probe, False  # the first block after an AR stretch: a probe
+        probing = block.look()  # the first block after an AR stretch (threshold 1) is a probe
         if not every_slot:
             k_next = self.draft_length(st, p_ar, gate)
         else:
@@ -438,8 +438,7 @@ class VerifiedPolicy(Policy):
             # for a while and look again, backing off further after each futile look.
             block.back_off(st.cfg.reeval_every, probe=every_slot)
             return adv
-        if not probing:  # a probe's drafts are judged by the next look, which resets the back-off
-            block.futile_probes = 0
+        block.drafted(probing)
         self.feed(adv, slots, q, k_next)
         return adv
 

@@ -213,6 +213,17 @@ class NarBlock(DraftSource):
         """A step went by without the block (an AR step, or free drafts): one step of the stretch."""
         self.ar_stretch = max(self.ar_stretch - 1, 0)
 
+    def look(self) -> bool:
+        """A block is being weighed: whether it is a probe (then the next one is not)."""
+        probing, self.probe = self.probe, False
+        return probing
+
+    def drafted(self, probing: bool) -> None:
+        """The block paid and is drafted. A probe's drafts are judged by the next look, so only a look
+        that was no probe ends the back-off."""
+        if not probing:
+            self.futile_probes = 0
+
     def back_off(self, reeval_every: int, probe: bool) -> None:
         """The block did not pay: write `reeval_every` plain steps (doubled per futile look before) and
         look again, as a `probe` when the record decides the draft length."""
