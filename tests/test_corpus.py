@@ -22,7 +22,8 @@ from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
 from yue.decode.policies import VerifiedPolicy
-from yue.decode.state import AcceptanceRecord, Advance, LoopState
+from yue.decode.sources import AcceptanceRecord, ContextCopies, CorpusDrafts, DraftSources
+from yue.decode.state import Advance, LoopState
 from yue.errors import CheckpointError
 from yue.model.hf import NGRAMS_FILE, weight_files
 from yue.registry import ASSETS
@@ -233,12 +234,17 @@ def test_free_drafts_come_from_the_source_whose_record_for_its_match_promises_mo
     corpus = CorpusNgrams.build([([0, 7, 1, 5, 6, 9, 9, 9, 9], 1)], 10, min_count=1, min_share=0.0)
 
     def drafted(records: dict) -> tuple[list[int], AcceptanceRecord]:
-        st = LoopState(cfg, [None], torch.tensor([[6]]), costs=FLAT, corpus=corpus, free_records=records)
-        st.contexts, st.ar_stretch = [NgramIndex([5, 6, 7, 1, 5, 6])], 1  # no NAR pass competes
+        sources = [ContextCopies(), CorpusDrafts(corpus)]
+        for (name, key), record in records.items():  # (source, match length) -> its record
+            next(s for s in sources if s.name == name).records[key] = record
+        st = LoopState(cfg, [None], torch.tensor([[6]]), costs=FLAT)
+        st.drafts = DraftSources(free=sources, contexts=[NgramIndex([5, 6, 7, 1, 5, 6])])
+        st.drafts.block.ar_stretch = 1  # no NAR pass competes
         adv = Advance([1], [[6]], [["ar"]], torch.tensor([[6]]))
         assert VerifiedPolicy().copy(None, st, adv)
+        records.update({(s.name, key): r for s in sources for key, r in s.records.items()})
         assert set(records) == {("copy", 2), ("corpus", 4)}  # one record per source and match length
-        return adv.next_fed[0, 1:].tolist(), st.copied
+        return adv.next_fed[0, 1:].tolist(), st.drafts.in_flight
 
     failing = AcceptanceRecord()
     for _ in range(20):

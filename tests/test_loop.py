@@ -19,7 +19,7 @@ from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
 from yue.decode.sampling import within_tolerance
-from yue.decode.state import AcceptanceRecord
+from yue.decode.sources import AcceptanceRecord
 
 PROMPT_PIECES = [
     "def ",

@@ -50,6 +50,7 @@ from yue.decode.lookup import NgramIndex
 from yue.decode.policies import get_policy, rows_at
 from yue.decode.prefix import PrefixCache, PrefixHit, feed_chunk, write_hit
 from yue.decode.rows import Group, Row, merge, select, without_finished
+from yue.decode.sources import DraftSources, free_sources
 from yue.decode.state import Advance, LoopState
 from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
@@ -325,9 +326,9 @@ class DecodeBatch:
         model, rows, B = self.model, p.rows, len(p.rows)
         st = LoopState(self.key, [r.generator for r in rows], p.prompt[:, p.done :], costs=self.costs)
         if self.key.mode in ("verified", "hybrid") and self.key.drafting == "separate":
-            st.corpus, st.free_rates = self.corpus, model.config.free_draft_rates or {}
-            if self.key.prompt_lookup or st.corpus is not None:  # copies and corpus drafts read it
-                st.contexts = [NgramIndex(r.prompt) for r in rows]
+            free = free_sources(self.key.prompt_lookup, self.corpus, model.config.free_draft_rates or {})
+            if free:  # copies and corpus drafts read each row's context
+                st.drafts = DraftSources(free=free, contexts=[NgramIndex(r.prompt) for r in rows])
         if self.key.repetition_penalty != 1.0:
             st.seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=model.device)
             st.seen.scatter_(1, p.prompt, True)

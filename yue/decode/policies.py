@@ -28,12 +28,12 @@ whatever is accepted: one forward per step, but K slot rows per draft, which onl
 forward's cost hardly depends on its rows (a GPU at batch 1), not on a small CPU.
 
 How many drafts to verify is a cost question (`best_length`): the k with the most expected tokens per
-unit of step cost (the cost curve measured for the model on the machine), by the request's own
+unit of step cost (the cost curve measured for the model on the machine), by the NAR block's own
 `AcceptanceRecord` (threshold 1) or the router's predictions scaled by it (below 1). `verified` also
-drafts tokens copied from the context where it has a match (`decode/lookup.py`), or from the model's
-corpus of its own answers (`decode/corpus.py`): they cost no drafting pass, each source keeps a record
-per length of the context it matched, and the one whose record promises the most tokens per unit of
-cost is drafted where it promises more than the NAR set's (`VerifiedPolicy.copy`).
+drafts from free sources (`decode/sources.py`): tokens copied from the context where it has a match,
+or chained from the model's corpus of its own answers. They cost no drafting pass, each source keeps a
+record per length of the context it matched, and the one whose record promises the most tokens per
+unit of cost is drafted where it promises more than the NAR block's (`VerifiedPolicy.copy`).
 
 In a batch each row accepts its own number of drafts (per-row acceptance: `Advance.keep` and
 `Advance.accepted` are per row; the loop's cache leaves holes where a row kept fewer columns than
@@ -41,7 +41,7 @@ another). What stays shared is the shape of the next step: one draft length k fo
 router's `draft_length` weighs every row), so `next_fed` is rectangular. Rows that joined a running
 batch may carry fewer drafts than the others for one step (`LoopState.n_drafts` is per row; a row's
 drafts are the tail of its `fed`). The acceptance records are the batch's (a lone request's own), and
-copies are drafted only where every row has some.
+free drafts are drafted only where every row has some.
 """
 
 from __future__ import annotations
@@ -61,12 +61,9 @@ from yue.decode.sampling import (
     warp,
     within_tolerance,
 )
-from yue.decode.state import AcceptanceRecord, Advance, LoopState
+from yue.decode.state import Advance, LoopState
 from yue.model.mot import StepOutput
 from yue.model.router import Router
-
-# verified: after futile probes the AR stretch doubles, up to reeval_every * 2**3 steps.
-MAX_BACKOFF_DOUBLINGS = 3
 
 
 def adjusted_ar_logits(st: LoopState, out: StepOutput, rows: int = 1) -> torch.Tensor:
@@ -268,7 +265,7 @@ class VerifiedPolicy(Policy):
 
     def drafts_now(self, st: LoopState) -> bool:
         """Whether this step drafts a block (not in an AR stretch, drafting not switched off)."""
-        return st.cfg.router_threshold > 0 and st.ar_stretch == 0 and st.cfg.draft_block >= 2
+        return st.cfg.router_threshold > 0 and st.drafts.block.ar_stretch == 0 and st.cfg.draft_block >= 2
 
     def asks_router(self, cfg: DecodeConfig, model_config) -> bool:
         """Below threshold 1 (`draft` asks it where not every slot is drafted)."""
@@ -326,7 +323,7 @@ class VerifiedPolicy(Policy):
         """How many of a block's n drafts to verify next step when the router is not asked (threshold
         1): the k with the most expected tokens per unit of cost under the acceptance record
         (`AcceptanceRecord.survival`); 0 = drafting does not pay on this text so far."""
-        return best_length(st, st.record.survival(n))
+        return best_length(st, st.drafts.block.record().survival(n))
 
     def draft_length(self, st: LoopState, p_ar: torch.Tensor, gate: float) -> int:
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
@@ -343,82 +340,71 @@ class VerifiedPolicy(Policy):
         allowed = (p_ar[:, 1:] <= gate).all(0).tolist()
         A = A[: next((j for j, ok in enumerate(allowed) if not ok), len(A))]
         # The router's predictions, scaled by how they have held on this request so far.
-        k = best_length(st, [min(a * st.record.ratio, 1.0) for a in A])
-        st.record.pending = sum(A[:k]) if k else None
+        record = st.drafts.block.record()
+        k = best_length(st, [min(a * record.ratio, 1.0) for a in A])
+        record.pending = sum(A[:k]) if k else None
         return k
 
     def advance(self, model, st: LoopState, out: StepOutput) -> Advance:
         n_acc, nxt = self.verify(st, adjusted_ar_logits(st, out, st.max_drafts + 1))
-        if st.max_drafts:  # the record counts the rows' mean
-            record = st.record if st.copied is None else st.copied
-            record.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
-        W, fed = st.fed.shape[1], st.fed.tolist()
-        rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
-        emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
-        # Accepted copies are the AR path's tokens in `verified` (it would have written them; no NAR
-        # set did); `hybrid`'s tolerance may keep copies the AR path did not choose: drafts, as the NAR's.
-        copies_are_ar = st.copied is not None and self.tolerance(st) == 0
-        sources = [["ar" if copies_are_ar else "nar"] * n + ["ar"] for n in n_acc]
-        keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
-        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
-        adv.drafted, adv.accepted = list(st.n_drafts), n_acc
-        adv.ar_first = [st.max_drafts - k for k in st.n_drafts]
-        adv.ar_count = [n + 1 for n in n_acc]
-        st.copied = None
-        if st.contexts is not None:
-            for ctx, row in zip(st.contexts, emitted, strict=True):
-                ctx.extend(row)
-            if self.copy(model, st, adv):  # free drafts from the context: no drafting pass this step
-                st.ar_stretch = max(st.ar_stretch - 1, 0)
+        adv = self.accept(st, n_acc, nxt)
+        drafts = st.drafts
+        if drafts.contexts is not None:
+            drafts.extend(adv.emitted)
+            if self.copy(model, st, adv):  # free drafts: no drafting pass this step
+                drafts.block.rest()
                 return adv
         if not self.drafts_now(st):
-            st.ar_stretch = max(st.ar_stretch - 1, 0)
+            drafts.block.rest()
             return adv
         # Fused: one block (at the last fed token) when nothing was drafted, else one per verifying
         # position; each row drafts from the block on its last accepted token (`with_block`).
         return self.with_block(model, st, adv, out)
 
-    def copy(self, model, st: LoopState, adv: Advance) -> bool:
-        """Feed free drafts next where every row has some and their record says they pay: copied
-        from the context (`decode/lookup.py`) or drafted from the model's corpus (`decode/corpus.py`),
-        whichever source's record promises more tokens per unit of cost. Sets adv.next_* and returns
-        True, else leaves adv as it is.
+    def accept(self, st: LoopState, n_acc: list[int], nxt: torch.Tensor) -> Advance:
+        """What a verifying step keeps and emits: per row, its `n_acc` accepted drafts then the AR
+        path's token nxt (B,), which is fed next; the drafts' source's record learns how they fared."""
+        drafts = st.drafts
+        if st.max_drafts:  # the record counts the rows' mean
+            drafts.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
+        W, fed = st.fed.shape[1], st.fed.tolist()
+        rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
+        emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
+        # Accepted free drafts are the AR path's tokens in `verified` (it would have written them; no
+        # NAR set did); `hybrid`'s tolerance may keep ones the AR path did not choose: drafts, as the NAR's.
+        free_are_ar = drafts.in_flight is not None and self.tolerance(st) == 0
+        sources = [["ar" if free_are_ar else "nar"] * n + ["ar"] for n in n_acc]
+        keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
+        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
+        adv.drafted, adv.accepted = list(st.n_drafts), n_acc
+        adv.ar_first = [st.max_drafts - k for k in st.n_drafts]
+        adv.ar_count = [n + 1 for n in n_acc]
+        drafts.in_flight = None
+        return adv
 
-        Each source keeps a record per length of the context it matched (`LoopState.free_records`),
-        primed with the model's measured rates (`YueConfig.free_draft_rates`): on yue-smol's
-        calibration answers a draft's first token held 0.52 / 0.64 / 0.83 of the time after a 2- / 3- /
-        4-token match in the context and 0.33 / 0.42 / 0.58 from the corpus table, so one record per
-        source mixed drafts worth a whole block with drafts not worth one verifying row."""
+    def copy(self, model, st: LoopState, adv: Advance) -> bool:
+        """Feed free drafts next where every row has some and their record says they pay: from the
+        source (`sources.FreeSource`: context copies, corpus n-grams) whose record for its match
+        promises the most tokens per unit of cost, where that beats what the NAR block's record
+        promises. Sets adv.next_* and returns True, else leaves adv as it is."""
         n = st.cfg.block_size - 1
         if n < 1:
             return False
-        sources = {}  # name -> a row's (match length, drafts)
-        if st.cfg.prompt_lookup:
-            sources["copy"] = lambda ctx: ctx.match(n)
-        if st.corpus is not None:
-            sources["corpus"] = lambda ctx: st.corpus.match(ctx.tokens, n)
-        best = None  # (rate, k, record, each row's drafts)
-        for name, propose in sources.items():
-            found = [propose(ctx) for ctx in st.contexts]
-            m = min(len(d) for _, d in found)
-            if not m:
+        best, best_k, best_rate = None, 0, 0.0
+        for source in st.drafts.free:  # in order: a tie goes to the first
+            proposal = source.propose(st.drafts.contexts, n)
+            if proposal is None:
                 continue
-            # A batch's rows may have matched different lengths: its record is the shortest match's.
-            order = min(o for o, _ in found)
-            if (name, order) not in st.free_records:
-                prior = tuple(st.free_rates.get(f"{name}:{order}", ()))
-                st.free_records[name, order] = AcceptanceRecord(prior)
-            record = st.free_records[name, order]
-            k, rate = best_draft(st, record.survival(m), draft_pass=False)
-            if k and (best is None or rate > best[0]):
-                best = rate, k, record, [d for _, d in found]
-        if best is None or best[0] < self.nar_rate(model, st, n):  # the NAR set's drafts promise more
+            # Free drafts cost no drafting pass, only their verifying rows.
+            k, rate = best_draft(st, proposal.record.survival(len(proposal.drafts[0])), draft_pass=False)
+            if k and (best is None or rate > best_rate):
+                best, best_k, best_rate = proposal, k, rate
+        if best is None or best_rate < self.nar_rate(model, st, n):  # the NAR set's drafts promise more
             return False
-        _, k, record, copies = best
-        drafts = torch.tensor([c[:k] for c in copies], device=adv.next_fed.device)
+        drafts = torch.tensor([d[:best_k] for d in best.drafts], device=adv.next_fed.device)  # (B, k)
         adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
-        adv.next_drafts, st.copied = [k] * len(copies), record
-        if not st.cfg.greedy:  # copies are certain proposals: q is one-hot on each (speculative rule)
+        adv.next_drafts, st.drafts.in_flight = [best_k] * len(best.drafts), best.record
+        if not st.cfg.greedy:  # free drafts are certain proposals: q is one-hot on each (speculative rule)
             adv.next_draft_logprobs = one_hot_logprobs(drafts, model.config.vocab_size)
         return True
 
@@ -427,7 +413,7 @@ class VerifiedPolicy(Policy):
         (threshold 1; 0 where the NAR set would not draft now, or the router decides its drafts)."""
         if not self.drafts_now(st) or st.cfg.draft_gate(model.config) < 1.0:
             return 0.0
-        return best_draft(st, st.record.survival(n))[1]
+        return best_draft(st, st.drafts.block.record().survival(n))[1]
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""
@@ -440,7 +426,8 @@ class VerifiedPolicy(Policy):
         gate = st.cfg.draft_gate(model.config)
         every_slot = gate >= 1.0  # the router is not asked: the record decides
         p_ar = self.ask_router(model, st, adv, out, logits, needed=not every_slot)
-        probing, st.probe = st.probe, False  # the first block after an AR stretch: a probe
+        block = st.drafts.block
+        probing = block.look()  # the first block after an AR stretch (threshold 1) is a probe
         if not every_slot:
             k_next = self.draft_length(st, p_ar, gate)
         else:
@@ -449,12 +436,9 @@ class VerifiedPolicy(Policy):
         if k_next == 0:
             # No draft is worth its cost here; a block costs a whole NAR pass, so write plain AR steps
             # for a while and look again, backing off further after each futile look.
-            st.ar_stretch = st.cfg.reeval_every * 2 ** min(st.futile_probes, MAX_BACKOFF_DOUBLINGS)
-            st.futile_probes += 1
-            st.probe = every_slot
+            block.back_off(st.cfg.reeval_every, probe=every_slot)
             return adv
-        if not probing:  # a probe's drafts are judged by the next look, which resets the back-off
-            st.futile_probes = 0
+        block.drafted(probing)
         self.feed(adv, slots, q, k_next)
         return adv
 
@@ -503,7 +487,7 @@ class HybridPolicy(VerifiedPolicy):
 
     def drafts_now(self, st: LoopState) -> bool:
         """`verified`'s, except that t = 0 still drafts (it is `verified`, not `ar`)."""
-        return st.ar_stretch == 0 and st.cfg.draft_block >= 2
+        return st.drafts.block.ar_stretch == 0 and st.cfg.draft_block >= 2
 
     @staticmethod
     def tolerance(st: LoopState) -> float:

@@ -58,8 +58,7 @@ def select(g: Group, keep: list[int]) -> Group | None:
     st.fed = st.fed.index_select(0, index)
     st.n_drafts = [st.n_drafts[i] for i in keep]
     st.generators = [st.generators[i] for i in keep]
-    if st.contexts is not None:
-        st.contexts = [st.contexts[i] for i in keep]
+    st.drafts.select(keep)
     if st.draft_logprobs is not None:
         st.draft_logprobs = st.draft_logprobs.index_select(0, index)
     if st.seen is not None:
@@ -95,8 +94,7 @@ def merge(a: Group, b: Group, vocab: int) -> Group:
     sa.fed = torch.cat([sa.fed, sb.fed])
     sa.n_drafts = sa.n_drafts + sb.n_drafts
     sa.generators = sa.generators + sb.generators
-    if sa.contexts is not None:
-        sa.contexts = sa.contexts + sb.contexts
+    sa.drafts.join(sb.drafts)
     if sa.seen is not None:
         sa.seen = torch.cat([sa.seen, sb.seen])
     if sa.counts is not None:
