@@ -117,7 +117,7 @@ def make_plan(config, ratios: list[float], hours: float) -> DistillPlan:
     vocab, why_vocab = choose_draft_vocab(config)
     layers, why_layers = choose_nar_layers(config, vocab)
     block, why_block = choose_block_size(config, ratios, layers, vocab)
-    heldout = int(min(64, max(6, round(hours * 160))))
+    heldout = int(min(64, max(6, round(hours * 64))))
     return DistillPlan(
         nar_layers=layers,
         block_size=block,
@@ -130,7 +130,7 @@ def make_plan(config, ratios: list[float], hours: float) -> DistillPlan:
             "nar_layers": why_layers,
             "block_size": why_block,
             "draft_vocab_size": why_vocab,
-            "heldout_prompts": f"{heldout} prompts per held-out split (160 an hour, 6-64)",
+            "heldout_prompts": f"{heldout} prompts per held-out split (64 an hour, 6-64)",
             "shares": ", ".join(f"{k} {v:.0%}" for k, v in SHARES.items()),
         },
     )
