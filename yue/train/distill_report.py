@@ -38,7 +38,7 @@ def bench_heldout(
     """Greedy `ar` and `verified` on the test prompts (chat turns, or texts to continue for a base
     model) within about `seconds` (at least `MIN_PROMPTS` prompts)."""
     engine = load_engine(str(folder), device=device)
-    prompts = [engine.chat_prompt(m) if instruct else m[-1]["content"] for m in chats]
+    prompts = [engine.chat_prompt(m) if instruct else _fit(engine, m[-1]["content"]) for m in chats]
     for mode in ("ar", "verified"):  # warm-up: kernels, the step-cost measurement, caches
         engine.generate(min(prompts, key=len), mode=mode, max_new_tokens=MIN_NEW_TOKENS, temperature=0.0)
     totals = {m: {"tokens": 0, "s": 0.0} for m in ("ar", "verified")}
@@ -83,6 +83,14 @@ def bench_heldout(
         "tokens_per_forward_verified": round(totals["verified"]["tokens"] / max(forwards, 1), 3),
         "accept_length_histogram": dict(sorted(histogram.items())),
     }
+
+
+def _fit(engine, text: str) -> str:
+    """A text to continue, cut to half the context as the training texts are (`DistillCampaign._encode`)."""
+    ids, cap = engine.encode(text), engine.context_length // 2
+    if len(ids) <= cap:
+        return text
+    return engine.tokenizer.decode(ids[len(engine.tokenizer.prompt_prefix) : cap])
 
 
 def format_report(report: dict) -> str:
