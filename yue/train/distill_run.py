@@ -24,6 +24,7 @@ becomes a model folder (config.json, the NAR tensors, ar_source.json, ngrams.saf
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import logging
 import time
@@ -112,6 +113,8 @@ class DistillRun:
             raise ValueError(f"stop_after must be one of {', '.join(STAGES)}, got {stop_after!r}")
         if not hours > 0:
             raise ValueError(f"hours must be > 0, got {hours}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model_name, self.out, self.hours = str(model), Path(out_dir), hours
         self.work = self.out / "work"
         self.device, self.progress, self.stop_after = device, progress, stop_after
@@ -335,8 +338,6 @@ class DistillRun:
 
 def _data_summary(folder: Path) -> dict:
     state = json.loads((folder / "state.json").read_text())
-    import gzip
-
     prompts = tokens = sequences = 0
     for n in range(state["chunks"]):
         c = json.loads(gzip.decompress((folder / "chunks" / f"{n:05d}.json.gz").read_bytes()))
@@ -349,19 +350,11 @@ def _data_summary(folder: Path) -> dict:
     return {"chunks": state["chunks"], "prompts": prompts, "sequences": sequences, "answer_tokens": tokens}
 
 
-def distill(
-    model: str,
-    out_dir: str | Path,
-    hours: float,
-    device: str = "cpu",
-    progress: bool = True,
-    stop_after: str | None = None,
-) -> dict:
-    """`yue distill MODEL --hours H --out OUT` (module docstring); returns the report.
+def distill(model: str, out_dir: str | Path, hours: float, **options) -> dict:
+    """`yue distill MODEL --hours H --out OUT` (module docstring; `options`: `DistillRun`'s device,
+    progress, stop_after); returns the report.
 
     Raises:
         DistillStopped: after the stage `stop_after` (the state is saved; rerun to continue).
     """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return DistillRun(model, out_dir, hours, device, progress, stop_after).run()
+    return DistillRun(model, out_dir, hours, **options).run()
