@@ -262,6 +262,11 @@ class DistillRun:
                 break
             target = min(left, max(plan.stage_budget("train") / ROUNDS, 20.0))
             steps = FIRST_ROUND_STEPS if step_s is None else max(4, min(2000, int(target / step_s)))
+            running = self.state.get("running_round")
+            if running and running["round"] == rounds:  # a killed round resumes as it was planned
+                steps = running["steps"]
+            self.state["running_round"] = {"round": rounds, "steps": steps}
+            self._save()
             train = TopNARConfig(
                 steps=steps, batch_size=8, anchors=24, lr=5e-4, warmup_steps=max(1, min(10, steps // 5)),
                 min_lr_ratio=1.0, eval_every=max(1, steps // 3), seed=rounds,
