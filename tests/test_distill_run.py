@@ -15,7 +15,7 @@ from tests.family_utils import SHAPE, save_family
 from tests.gguf_utils import tiny_tokenizer
 from yue.cli import app
 from yue.config import YueConfig
-from yue.train.distill_plan import choose_block_size, make_plan
+from yue.train.distill_plan import choose_block_size, make_plan, monotone
 from yue.train.distill_run import distill
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
@@ -86,6 +86,10 @@ def test_the_slot_count_follows_the_measured_row_costs():
     steep = [1.0 + 0.3 * n for n in range(9)]
     assert choose_block_size(config, flat, 2, 320)[0] == 8
     assert choose_block_size(config, steep, 2, 320)[0] < 8
+
+
+def test_a_noisy_cost_curve_is_made_non_decreasing_from_the_right():
+    assert monotone([1.0, 7.2, 4.9, 3.4, 11.0, 2.5]) == [1.0, 2.5, 2.5, 2.5, 2.5, 2.5]
 
 
 def test_the_plan_refuses_a_budget_of_nothing_and_keeps_its_shares():

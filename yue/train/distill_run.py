@@ -181,7 +181,7 @@ class DistillRun:
     def stage_plan(self) -> None:
         base, source = base_of(self.model_name, self.work)
         engine = load_engine(str(base), device=self.device)
-        curve = verify_cost_curve(engine.model, context=128, warmup=1, tries=3)
+        curve = verify_cost_curve(engine.model, context=128, warmup=1, tries=5)
         plan = make_plan(engine.model.config, curve.ratios, self.hours)
         instruct = engine.instruct
         del engine
@@ -313,6 +313,7 @@ class DistillRun:
         gc.collect()
         left = max(self.left("calibrate") - self._since_mark(), 30.0)
         bench = bench_heldout(self.out, test, self.state["instruct"], self.device, left)
+        self._spend("calibrate")  # the report's own time, in the report
         curve = [json.loads(line) for line in (self.work / "campaign" / "log.jsonl").open()]
         report = {
             "model": self.model_name,
