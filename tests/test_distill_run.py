@@ -95,7 +95,10 @@ def test_a_noisy_cost_curve_is_made_non_decreasing_from_the_right():
 def test_the_plan_refuses_a_budget_of_nothing_and_keeps_its_shares():
     config = YueConfig(**SHAPE)
     with pytest.raises(ValueError, match="hours"):
-        make_plan(config, [1.0] * 9, 0)
-    plan = make_plan(config, [1.0] * 9, 1.0)
+        make_plan(config, [1.0] * 9, 0, answer_tok_s=100.0)
+    plan = make_plan(config, [1.0] * 9, 1.0, answer_tok_s=100.0)
     assert sum(plan.shares.values()) == pytest.approx(1.0)
     assert 1 <= plan.nar_layers < config.num_hidden_layers and plan.draft_vocab_size <= config.vocab_size
+    # Held-out splits sized by the answering rate: a slow machine gets the fewest, a fast one the most.
+    assert make_plan(config, [1.0] * 9, 0.25, answer_tok_s=1.0).heldout_prompts == 6
+    assert make_plan(config, [1.0] * 9, 0.25, answer_tok_s=1000.0).heldout_prompts == 64

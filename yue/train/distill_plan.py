@@ -14,6 +14,8 @@ Design decisions:
   pass, and a per-slot acceptance of `TARGET_ACCEPTANCE` (what drafts are trained toward: docs/design.md
   §9's aim of tau 3 is about 0.7 a slot). On a CPU, where each verifying row costs ~0.3 of a step, this
   gives 4; where rows are almost free (a GPU) it gives 8. The router picks each step's length <= K.
+- Held-out splits: as many prompts (6 to 64 each) as answering them greedily takes about
+  `HELDOUT_SHARE` of the data share, at the answering rate measured on this machine.
 - The budget: `SHARES` of the wall time for data (the model's answers: the costly part on a CPU),
   training, and calibration + the held-out report; each stage stops at its share (at least one unit of
   work each, so a tiny budget still finishes), and the time spent is kept across interruptions.
@@ -27,6 +29,8 @@ DRAFT_SHARE = 0.25  # a drafting pass's weights at most this share of an AR step
 HEAD_LAYERS = 2.0  # the slot rows' head at most this many layers' weights
 TARGET_ACCEPTANCE = 0.7  # per-slot acceptance the slot count is chosen for
 SHARES = {"data": 0.45, "train": 0.40, "calibrate": 0.15}
+HELDOUT_SHARE = 0.25  # of the data share, for the held-out splits' answers
+HELDOUT_NEW_TOKENS = 128  # an evaluation answer's length (`CampaignConfig.eval_new_tokens`)
 MAX_BLOCK = 8  # the cost curve measures 1..9 rows
 
 
@@ -119,15 +123,21 @@ def monotone(ratios: list[float]) -> list[float]:
     return out
 
 
-def make_plan(config, ratios: list[float], hours: float) -> DistillPlan:
-    """The plan for an AR set of `config`'s shape, the measured row costs, and a budget of `hours`."""
+def make_plan(config, ratios: list[float], hours: float, answer_tok_s: float) -> DistillPlan:
+    """The plan for an AR set of `config`'s shape, the measured row costs, and a budget of `hours`.
+
+    Args:
+        answer_tok_s: measured greedy tokens/s of one unbatched answer (the held-out splits are sized to
+            take about `HELDOUT_SHARE` of the data share at that rate: a lower bound, batches run faster).
+    """
     if not hours > 0:
         raise ValueError(f"hours must be > 0, got {hours}")
     vocab, why_vocab = choose_draft_vocab(config)
     layers, why_layers = choose_nar_layers(config, vocab)
     ratios = monotone(ratios)
     block, why_block = choose_block_size(config, ratios, layers, vocab)
-    heldout = int(min(64, max(6, round(hours * 64))))
+    seconds = HELDOUT_SHARE * SHARES["data"] * hours * 3600.0
+    heldout = int(min(64, max(6, seconds * answer_tok_s / (2 * HELDOUT_NEW_TOKENS))))
     return DistillPlan(
         nar_layers=layers,
         block_size=block,
@@ -140,7 +150,8 @@ def make_plan(config, ratios: list[float], hours: float) -> DistillPlan:
             "nar_layers": why_layers,
             "block_size": why_block,
             "draft_vocab_size": why_vocab,
-            "heldout_prompts": f"{heldout} prompts per held-out split (64 an hour, 6-64)",
+            "heldout_prompts": f"{heldout} prompts per held-out split (6-64): their answers about "
+            f"{HELDOUT_SHARE:.0%} of the data share at {answer_tok_s:.1f} tok/s measured",
             "shares": ", ".join(f"{k} {v:.0%}" for k, v in SHARES.items()),
         },
     )

@@ -182,7 +182,9 @@ class DistillRun:
         base, source = base_of(self.model_name, self.work)
         engine = load_engine(str(base), device=self.device)
         curve = verify_cost_curve(engine.model, context=128, warmup=1, tries=5)
-        plan = make_plan(engine.model.config, curve.ratios, self.hours)
+        t0 = time.perf_counter()  # the answering rate the held-out splits are sized by
+        rate = len(engine.generate("The", mode="ar", max_new_tokens=32, ignore_eos=True).token_ids)
+        plan = make_plan(engine.model.config, curve.ratios, self.hours, rate / (time.perf_counter() - t0))
         instruct = engine.instruct
         del engine
         gc.collect()
