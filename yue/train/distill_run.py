@@ -293,7 +293,10 @@ class DistillRun:
         train_router(model.router, fit, RouterTrainConfig())
         router = evaluate_router(model.router, check if len(check) else fit)
         train = camp.train_answers()
-        ngrams = CorpusNgrams.build(train.pairs(), model.config.vocab_size)
+        vocab = model.config.vocab_size
+        # Contexts of up to 4 tokens, as many as fit a 64-bit key (3 for a 262k vocabulary's 18-bit ids).
+        order = min(4, 64 // max(16, (vocab - 1).bit_length()))
+        ngrams = CorpusNgrams.build(train.pairs(), vocab, max_order=order)
         rates = free_draft_rates(held, ngrams, plan.block_size - 1)
         model.config.default_mode = "verified"
         model.config.drafting_slots = plan.block_size
@@ -309,7 +312,10 @@ class DistillRun:
 
     def stage_report(self) -> None:
         camp = self.campaign()
-        test = [r["messages"] for r in map(json.loads, (self.work / "heldout" / "test.jsonl").open())]
+        test = [
+            json.loads(line)["messages"]
+            for line in (self.work / "heldout" / "test.jsonl").read_text().splitlines()
+        ]
         self.camp = None  # the training model's memory, before the new folder loads
         del camp
         gc.collect()
