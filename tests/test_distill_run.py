@@ -102,3 +102,13 @@ def test_the_plan_refuses_a_budget_of_nothing_and_keeps_its_shares():
     # Held-out splits sized by the answering rate: a slow machine gets the fewest, a fast one the most.
     assert make_plan(config, [1.0] * 9, 0.25, answer_tok_s=1.0).heldout_prompts == 6
     assert make_plan(config, [1.0] * 9, 0.25, answer_tok_s=1000.0).heldout_prompts == 64
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["no-such-model", "--hours", "1"], "no-such-model"), (["yue-code-mini", "--hours", "0"], "hours")],
+)
+def test_bad_input_is_one_line_naming_it_and_writes_nothing(tmp_path, args, named):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["distill", *args, "--out", str(out)])
+    assert result.exit_code == 2 and named in result.output and not out.exists()

@@ -115,6 +115,7 @@ class DistillRun:
             raise ValueError(f"hours must be > 0, got {hours}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        resolve(model)  # an unknown name or path fails here, before anything is written
         self.model_name, self.out, self.hours = str(model), Path(out_dir), hours
         self.work = self.out / "work"
         self.device, self.progress, self.stop_after = device, progress, stop_after
