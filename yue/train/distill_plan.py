@@ -70,7 +70,7 @@ def choose_nar_layers(config, draft_vocab: int) -> tuple[int, str]:
     n = max(1, min(by_depth, by_cost, L - 1 if L > 1 else 1))
     why = (
         f"{n} of {L} layers: about one in eight, 1-4 ({by_depth}), drafting pass <= {DRAFT_SHARE:.0%} "
-        f"of an AR step's weights (<= {max(by_cost, 0)} layers)"
+        f"of an AR step's weights ({max(by_cost, 0)} layers fit beside the drafting head; at least 1)"
     )
     return n, why
 
