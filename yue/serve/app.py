@@ -33,12 +33,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from yue import __version__
 from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
+from yue.decode.prefix import MIB, PrefixCache
 from yue.decode.types import GenerationStats
 from yue.serve import schemas as s
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
 from yue.serve.gate import Gate
 from yue.serve.metrics import Metrics
+from yue.serve.request_fields import check_unsupported, check_unsupported_chat, completion_prompts, logit_bias
 from yue.serve.scheduler import Overloaded, Scheduler
 from yue.serve.streaming import (
     ChatFormat,
@@ -99,9 +101,12 @@ class ServerState:
         self.failed: str | None = None
         self.lifespans = 0
         self.created = int(time.time())
+        mb = config.prefix_cache_mb
+        self.prefix_cache = PrefixCache(mb * MIB) if mb else None
         self.metrics = Metrics(
             running=lambda: self.scheduler.running if self.scheduler else 0,
             waiting=lambda: self.scheduler.waiting if self.scheduler else 0,
+            prefix_cache=self.prefix_cache,
         )
 
     async def start(self) -> None:
@@ -117,7 +122,12 @@ class ServerState:
             self.template = ChatTemplate(self.chat_template_source) if self.chat_template_source else None
             c = self.config
             self.scheduler = Scheduler(
-                self.engine, c.max_batch_size, c.max_queue, c.max_batch_tokens, on_step=self.metrics.step
+                self.engine,
+                c.max_batch_size,
+                c.max_queue,
+                c.max_batch_tokens,
+                on_step=self.metrics.step,
+                prefix_cache=self.prefix_cache,
             )
             self.metrics.model_name = self.engine.name
             log.info("model %s ready", self.engine.name)
@@ -195,6 +205,16 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
 
 
 def _install_routes(app: FastAPI, state: ServerState) -> None:
+    """Every route: the demo page and the server's own (health, metrics, models), then the generation
+    endpoints (OpenAI's completions and chat completions, and yue's /generate)."""
+    _install_info_routes(app, state)
+    _install_completions(app, state)
+    _install_chat_completions(app, state)
+    _install_generate(app, state)
+
+
+def _install_info_routes(app: FastAPI, state: ServerState) -> None:
+    """The demo page, /health (503 while loading or draining), /metrics and /v1/models."""
     demo = DEMO_PAGE.read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -226,18 +246,31 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         engine = _check_model(state, model_id)  # another id: 404 model_not_found
         return s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
 
+
+def _install_completions(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's legacy /v1/completions: prompts as text or token ids, `n` choices each, echo and the
+    prompt's log-probabilities (`max_tokens` 0 scores a prompt, as evaluation harnesses ask)."""
+
     @app.post("/v1/completions", response_model=s.CompletionResponse, responses=_ERRORS | _STREAM)
     async def completions(body: s.CompletionRequest, request: Request):
         engine = _check_model(state, body.model)
-        _check_unsupported(body)
-        prompts = _completion_prompts(body.prompt, engine)  # no tokenizing yet
+        check_unsupported(body)
+        prompts = completion_prompts(body.prompt, engine)  # no tokenizing yet
         check_choices(state.config, len(prompts), body.n)
         # max_tokens 0 with echo: score the prompt, generate nothing (the config is checked as for 1).
         only_score = body.max_tokens == 0
         checked = body.model_copy(update={"max_tokens": 1}) if only_score else body
         prepared = await asyncio.to_thread(  # tokenizing a long prompt must not hold the event loop
             lambda: [
-                _prepare(state, checked, p, "prompt", default_max_tokens=16, temperature=1.0, logprobs=body.logprobs)
+                _prepare(
+                    state,
+                    checked,
+                    p,
+                    "prompt",
+                    default_max_tokens=16,
+                    temperature=1.0,
+                    logprobs=body.logprobs,
+                )
                 for p in prompts
             ]
         )
@@ -273,10 +306,14 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             return build(outcomes)
         return await _respond(state, request, choices, fmt, body.stream, build)
 
+
+def _install_chat_completions(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's /v1/chat/completions: the conversation through the model's chat template."""
+
     @app.post("/v1/chat/completions", response_model=s.ChatCompletionResponse, responses=_ERRORS | _STREAM)
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
         engine = _check_model(state, body.model)
-        _check_unsupported_chat(body)
+        check_unsupported_chat(body)
         check_choices(state.config, 1, body.n)
         # OpenAI's "developer" messages are the system prompt under a newer name (chat templates know "system").
         messages = [{"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in body.messages]
@@ -327,6 +364,10 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
         return await _respond(state, request, _choices([prepared], body.n), fmt, body.stream, build)
 
+
+def _install_generate(app: FastAPI, state: ServerState) -> None:
+    """yue's own /generate: raw text in, the answer and how it was made (which path wrote the tokens) out."""
+
     @app.post("/generate", response_model=s.GenerateResponse, responses=_ERRORS | _STREAM)
     async def generate(body: s.GenerateRequest, request: Request):
         engine = state.ready()
@@ -347,23 +388,6 @@ def _envelope(fmt, outcomes: list[Outcome]) -> dict:
     }
 
 
-def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
-    """OpenAI's `logit_bias` (token ids as JSON object keys, so strings) -> {token id: bias}; a key that
-    is not a token id of this model is a 400 (the biases' range is `DecodeConfig`'s to check)."""
-    out, width = {}, len(str(vocab))
-    for key, value in bias.items():
-        # The length first: int() of a key over 4,300 digits raises (Python's conversion limit).
-        if not (key.isascii() and key.isdigit()) or len(key) > width or int(key) >= vocab:
-            raise ApiError(
-                400,
-                f"logit_bias: {key!r} is not a token id of this model (integers in [0, {vocab}))",
-                param="logit_bias",
-                code="invalid_value",
-            )
-        out[int(key)] = value
-    return out
-
-
 async def _score(state: ServerState, ids: list[int], top: int) -> list:
     """`Engine.score` on the scheduler thread (between decode steps: the engine has one user)."""
     try:
@@ -376,53 +400,6 @@ async def _score(state: ServerState, ids: list[int], top: int) -> list:
 def _scored_outcome(p: Prepared) -> Outcome:
     """A choice that generated nothing (max_tokens 0: the prompt scored, with echo)."""
     return Outcome("", "length", GenerationStats(), p.prompt_tokens, 0.0, 0.0, [], p.prompt_index)
-
-
-def _check_unsupported(body: s.CompletionRequest) -> None:
-    """A 400 for OpenAI completion fields yue cannot honour, rather than an answer that ignores them."""
-    if body.suffix:
-        raise ApiError(400, "suffix is not supported (no insertion)", param="suffix", code="unsupported")
-    if body.best_of not in (None, 1):
-        raise ApiError(400, "best_of is not supported: use n", param="best_of", code="unsupported")
-    if body.max_tokens == 0 and not body.echo:
-        raise ApiError(
-            400,
-            "max_tokens 0 generates nothing: only with echo (to score the prompt, with logprobs)",
-            param="max_tokens",
-            code="invalid_value",
-        )
-
-
-def _check_unsupported_chat(body: s.ChatCompletionRequest) -> None:
-    """A 400 for OpenAI chat fields yue cannot honour (tool calls, JSON mode), rather than an answer
-    that ignores them."""
-    for name in ("tools", "functions"):
-        if getattr(body, name):
-            raise ApiError(400, f"{name} is not supported (no tool calls)", param=name, code="unsupported")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise ApiError(
-            400, "response_format: only type 'text' is supported", param="response_format", code="unsupported"
-        )
-
-
-def _completion_prompts(prompt, engine) -> list[str | list[int]]:
-    """/v1/completions' prompt as a list of prompts: texts, or token-id lists (checked against the vocabulary)."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise ApiError(400, "prompt: the list is empty", param="prompt", code="invalid_value")
-    if isinstance(prompt[0], int):
-        prompt = [prompt]
-    vocab = engine.model_config.vocab_size
-    for p in prompt:
-        if isinstance(p, list) and (not p or not all(0 <= t < vocab for t in p)):
-            raise ApiError(
-                400,
-                f"prompt: token ids must be a non-empty list in [0, {vocab})",
-                param="prompt",
-                code="invalid_value",
-            )
-    return list(prompt)
 
 
 def _choices(prepared: list[Prepared], n: int) -> list[Prepared]:
@@ -478,7 +455,7 @@ def _prepare(
         if (value := getattr(body, name)) is not None:
             fields[name] = value
     if body.logit_bias:
-        fields["logit_bias"] = _logit_bias(body.logit_bias, engine.model_config.vocab_size)
+        fields["logit_bias"] = logit_bias(body.logit_bias, engine.model_config.vocab_size)
     try:
         decode = DecodeConfig(**fields)
     except ValueError as e:  # the message starts with the field's name
@@ -550,7 +527,9 @@ async def _respond(
         for c in choices:
             c.tracker.fail("invalid_request")
         raise ApiError(400, str(e), code="invalid_value") from e
-    except Exception as e:  # logged with its traceback; the client gets the 500 shape, and the connection lives
+    except (
+        Exception
+    ) as e:  # logged with its traceback; the client gets the 500 shape, and the connection lives
         log.error("generation failed", exc_info=e)
         for c in choices:
             c.tracker.fail("engine_error")
