@@ -102,8 +102,7 @@ def distill_recipe_cmd(
     seed: int = typer.Option(0, help="Seed for prompts, anchors and init."),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
 ) -> None:
-    """The explicit recipes behind `yue distill` (every setting by hand): a self-distilled NAR set and a
-    router on a Llama checkpoint (its AR logits stay unchanged); with --nar-layers on its top layers.
+    """`yue distill`'s explicit recipes, every setting by hand (--nar-layers: on the top layers only).
 
     A rerun of the same command resumes: greedy answers and training checkpoints stay in OUT/work.
     """

@@ -31,8 +31,8 @@ from yue.jsonl import iter_jsonl
 from yue.train.campaign import Campaign, CampaignConfig, _save_gz
 from yue.train.data import EXCLUDED_DIR_NAMES, is_test_path, stdlib_root
 from yue.train.everyday import everyday_prompts
-from yue.train.prompts import _topic_items, stable_int
 from yue.train.selfinstruct import content_hash
+from yue.train.stdlib_docs import stable_int, topic_items
 from yue.train.topnar import ChatSequences, entry_features, greedy_answers
 
 SPLITS = ("train", "calibration", "test")
@@ -62,7 +62,7 @@ def text_pool(split: str) -> tuple[str, ...]:
     every machine). Seconds, not the minute a parse of every docstring takes on two cores."""
     from pydoc_data.topics import topics  # a data module: a dict of str, no side effects
 
-    prose = [_cut(it.doc) for it in _topic_items(topics) if text_split(it.key) == split]
+    prose = [_cut(it.doc) for it in topic_items(topics) if text_split(it.key) == split]
     rng = random.Random(split)
     root = stdlib_root()
     files = [
