@@ -16,7 +16,7 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
 # Known debt: path (from the package root) or "path:function" -> its size in lines today.
 OVER = {
     "cli/bench.py:bench_cmd": 88,
-    "cli/distill.py:distill_cmd": 88,
+    "cli/distill.py:distill_recipe_cmd": 88,
     "cli/generate.py:generate": 117,
     "kernels/rowkernel.py": 621,
     "train/campaign.py:main": 81,

@@ -158,7 +158,7 @@ def test_recipe_runs_end_to_end_learns_and_resumes(chat_llama_dir, tmp_path):
 
 @pytest.fixture
 def top_gguf_model(tiny_gguf, gguf_cache, tmp_path):
-    """`yue distill --base X.gguf --nar-layers 1` run from the CLI: (its output folder, the GGUF)."""
+    """`yue distill-recipe --base X.gguf --nar-layers 1` run from the CLI: (its output folder, the GGUF)."""
     from typer.testing import CliRunner
 
     from yue.cli import app
@@ -166,7 +166,7 @@ def top_gguf_model(tiny_gguf, gguf_cache, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in "abcdefghij"))
     out = tmp_path / "top"
-    args = ["distill", "--base", str(tiny_gguf.path), "--out", str(out), "--nar-layers", "1"]
+    args = ["distill-recipe", "--base", str(tiny_gguf.path), "--out", str(out), "--nar-layers", "1"]
     args += ["--prompts", str(prompts), "--steps", "6", "--batch-size", "2", "--anchors", "4"]
     args += ["--held-out", "3", "--draft-vocab", "64", "--new-tokens", "12", "--block-size", "4"]
     result = CliRunner().invoke(app, args)

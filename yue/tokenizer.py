@@ -143,6 +143,14 @@ class YueTokenizer:
                     ) from None
             raise
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids (`Engine.encode`): `prompt_prefix`, then the text's tokens; a text that already
+        starts with the prefix gets no second one, and an empty prompt gets BOS to condition on."""
+        ids, prefix = self.encode(text), self.prompt_prefix
+        if prefix and ids[: len(prefix)] == prefix:
+            return ids
+        return prefix + ids if prefix or ids else [self.bos_id]
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

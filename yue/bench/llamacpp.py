@@ -61,8 +61,8 @@ def gguf_source(model: str | None) -> tuple[Path | None, str]:
         source = ar_source(path)
     except ValueError as e:  # CheckpointError, ModelNotInstalledError: one line naming the fix
         return None, str(e)
-    if source is None:
-        return None, f"model {path.name} has no GGUF source (its AR set is stored in its folder)"
+    if source is None or source[0].is_dir():
+        return None, f"model {path.name} has no GGUF source (its AR set is stored in a folder)"
     return source[0], ""
 
 

@@ -50,7 +50,7 @@ def build_ngrams_cmd(
     sequences: list[Path] = typer.Option(
         ...,
         "--sequences",
-        help="The model's own greedy answers: a `yue distill --nar-layers` run's work/sequences.json "
+        help="The model's own greedy answers: a `yue distill-recipe --nar-layers` run's work/sequences.json "
         "(or .json.gz); repeatable. Prompts repeated across files count once.",
     ),
     min_count: int = typer.Option(2, help="Keep a continuation seen at least this many times."),

@@ -122,6 +122,8 @@ def model_files(path: str | Path) -> ModelFiles:
     if source is None:
         return ModelFiles(path, None, path)
     gguf, expected = source
+    if gguf.is_dir():  # a Hugging Face folder (`ar_path`)
+        return ModelFiles(path, gguf, path if (path / "tokenizer.json").is_file() else gguf)
     ar = convert_gguf(gguf)
     if expected is not None and source_sha256(ar) != expected:
         raise CheckpointError(

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 from tokenizers import AddedToken, Tokenizer
-from transformers import AutoConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from yue.model.hf import CheckpointError, check_checkpoint, check_llama, from_llama
 from yue.model.mot import YueForCausalLM
@@ -76,11 +76,12 @@ class DistillConfig:
 
 
 def load_llama(base_dir: str | Path) -> LlamaForCausalLM:
-    """Load a plain Llama checkpoint (safetensors only) in float32, or raise naming what is unsupported."""
+    """Load a checkpoint of one of the model families (`family.FAMILIES`; safetensors only) in float32
+    with transformers' class for it, or raise naming what is unsupported."""
     base = check_checkpoint(base_dir)
     check_llama(AutoConfig.from_pretrained(str(base)), base)
     try:
-        llama = LlamaForCausalLM.from_pretrained(str(base), use_safetensors=True, dtype=torch.float32)
+        llama = AutoModelForCausalLM.from_pretrained(str(base), use_safetensors=True, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"could not load the Llama checkpoint in {base}: {e}") from e
     return llama.eval()

@@ -178,7 +178,7 @@ def _module_items(root: Path) -> list[DocItem]:
 _HEADER = re.compile(r"^(.+)\n([*=\-])\2{2,}\n", re.MULTILINE)
 
 
-def _topic_items(topics: dict[str, str]) -> list[DocItem]:
+def topic_items(topics: dict[str, str]) -> list[DocItem]:
     """pydoc topics cut into their titled sections, each section once (topics repeat each other's).
 
     A section's title (`The "for" statement`, quotes turned into backticks) is its name and split key;
@@ -223,7 +223,7 @@ def stdlib_items(root: str | Path | None = None) -> tuple[DocItem, ...]:
 def _stdlib_items(root: str) -> tuple[DocItem, ...]:
     from pydoc_data.topics import topics  # a data module: a dict of str, no side effects
 
-    return tuple(_module_items(Path(root) if root else stdlib_root()) + _topic_items(topics))
+    return tuple(_module_items(Path(root) if root else stdlib_root()) + topic_items(topics))
 
 
 def split_items(split: Split, root: str | Path | None = None) -> tuple[DocItem, ...]:

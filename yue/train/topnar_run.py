@@ -1,4 +1,4 @@
-"""`yue distill --nar-layers N`: a top-layer NAR set and router for a Llama-family chat model, end to end.
+"""`yue distill-recipe --nar-layers N`: a top-layer NAR set and router for a Llama-family chat model, end to end.
 
 The stages of `topnar.py` in order, each resumable from `out_dir/work/`: the greedy answers are saved
 once generated, training checkpoints atomically at every evaluation, and a rerun of the same command
@@ -82,7 +82,7 @@ def read_chat_prompts(path: str | Path) -> list[list[dict]]:
 
 
 def top_nar_base(base: str | Path) -> tuple[Path, dict]:
-    """`yue distill --nar-layers`' base (a .gguf file, or a model name or folder whose AR set comes
+    """`yue distill-recipe --nar-layers`' base (a .gguf file, or a model name or folder whose AR set comes
     from one) -> (the converted Llama folder, the `ar_source.json` the new model will carry)."""
     from yue.model.gguf import convert_gguf, source_sha256
     from yue.registry import AR_SOURCE, resolve
