@@ -23,6 +23,8 @@ pytestmark = [
 
 
 def test_gemma_3_270m_float32_ar_equals_transformers_greedy_on_held_out_text():
+    """Two held-out openings, and one prompt past the 512-token window of the local layers (the held-out
+    set joined), so that the window and the global layers' RoPE base both matter."""
     from transformers import AutoModelForCausalLM
 
     import yue
@@ -37,8 +39,10 @@ def test_gemma_3_270m_float32_ar_equals_transformers_greedy_on_held_out_text():
     peer = AutoModelForCausalLM.from_pretrained(
         str(model_files(resolve("gemma-3-270m")).ar_dir), dtype=torch.float32
     ).eval()
-    for line in TEXT_TEST.read_text().splitlines()[:2]:
-        text = json.loads(line)["prompt"]
+    openings = [json.loads(line)["prompt"] for line in TEXT_TEST.read_text().splitlines()]
+    long = " ".join(openings * 2)
+    assert len(engine.encode(long)) > 600
+    for text in (*openings[:2], long):
         ids = engine.encode(text)
         assert ids[0] == config.bos_token_id  # the file's tokenizer adds <bos>
         ours = engine.generate(text, mode="ar", max_new_tokens=16, ignore_eos=True).token_ids
