@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from yue.config import YueConfig
-from yue.model import YueForCausalLM, kernels
+from yue.kernels import probe
+from yue.model import YueForCausalLM
 from yue.tokenizer import YueTokenizer
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a 2-core CI machine
@@ -125,7 +126,7 @@ def cpu_capability():
 
         def set_to(cpu: str) -> None:
             patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cpu)
-            kernels.reset()
+            probe.reset()
 
         yield set_to
-    kernels.reset()
+    probe.reset()

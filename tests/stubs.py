@@ -44,7 +44,7 @@ class MarkovStub:
             vocab_size=V,
             block_size=K,
             drafting_slots=None,
-            verified_threshold=1.0,
+            draft_gate=1.0,
             free_draft_rates=None,
         )
         self.device = torch.device("cpu")

@@ -13,7 +13,7 @@ from yue.config import DecodeConfig
 from yue.decode import loop
 from yue.decode.costs import StepCosts
 from yue.decode.loop import DecodeBatch, decode
-from yue.model import kernels
+from yue.kernels import probe
 from yue.model.cache import KVCache
 
 PROMPTS = ["def alpha_1(x):\n", "x", "class Point:\n    def ", "    return gamma(x) + 4\n\ndef ", "def beta"]
@@ -246,8 +246,8 @@ def exact_batch_model(precision: str, monkeypatch):
 
     if precision == "float32":
         return row_stream_model(1, monkeypatch)
-    if not kernels.choice().ok("rows-int4"):
-        pytest.skip(f"the row kernel's int4 does not run here: {kernels.describe()}")
+    if not probe.choice().ok("rows-int4"):
+        pytest.skip(f"the row kernel's int4 does not run here: {probe.describe()}")
     return int4_model(seed=1)
 
 
@@ -407,6 +407,7 @@ def test_a_failing_row_fails_its_request_alone_and_the_others_finish_as_alone(tr
     out = {i: [] for i in range(len(prompts))}
     finish, errors = {}, {}
     for i, p in enumerate(prompts):
+
         def sink(event, i=i):
             out[i].extend(event.token_ids)
             if event.finish_reason is not None:
@@ -442,8 +443,12 @@ def test_a_step_raising_in_a_lone_batch_fails_only_that_batch(trained, monkeypat
     batcher = Batcher(trained, max_batch_size=8)
     got, errors = {}, []
     greedy = DecodeConfig(mode="ar", max_new_tokens=12)
-    batcher.submit(PROMPTS[1], DecodeConfig(mode="ar", max_new_tokens=12, temperature=1.0), lambda e: None,
-                   on_error=errors.append)
+    batcher.submit(
+        PROMPTS[1],
+        DecodeConfig(mode="ar", max_new_tokens=12, temperature=1.0),
+        lambda e: None,
+        on_error=errors.append,
+    )
     for i in (0, 2):
         batcher.submit(PROMPTS[i], greedy, lambda e, i=i: got.setdefault(i, []).extend(e.token_ids))
     for _ in range(100):

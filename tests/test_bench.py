@@ -26,7 +26,7 @@ from yue.bench.runners import HFRunner, OurRunner, Prompt, load_peers
 from yue.cli import app
 from yue.decode.costs import verify_cost_curve
 from yue.engine import Engine
-from yue.model import kernels
+from yue.kernels import probe
 
 PROMPTS = [
     {"prompt": "def alpha_1(x):\n", "reference": "    return beta(x) + 1\n\n"},
@@ -447,7 +447,7 @@ def test_bfloat16_bench_runs_ours_and_the_peers_in_it_with_a_float32_reference(t
     )
     doc = run_bench(cfg).document()
     assert doc["settings"]["dtype"].startswith("bfloat16")
-    assert doc["settings"]["kernels"] == kernels.describe()  # which kernels ours ran
+    assert doc["settings"]["kernels"] == probe.describe()  # which kernels ours ran
     assert doc["modes"]["verified"]["exact_match_vs_ar"] == 1.0
     for s in doc["prompt_sets"]:
         ref = s["float32_reference"]

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import yue
 from yue import registry
 from yue.cli import app
+from yue.kernels import prepare_for_decoding
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,9 +78,9 @@ def test_generate_streams_only_when_asked_off_a_terminal_with_the_same_text(tiny
     assert plain.exit_code == 0 and not streamed
     live = CliRunner().invoke(app, [*args, "--stream"])
     assert live.exit_code == 0 and streamed and live.stdout == plain.stdout
-    from yue import cli
+    from yue.cli import common
 
-    monkeypatch.setattr(cli, "_on_terminal", lambda stream: True)
+    monkeypatch.setattr(common, "on_terminal", lambda stream: True)
     streamed.clear()
     on_terminal = CliRunner().invoke(app, args)
     assert on_terminal.exit_code == 0
@@ -107,46 +108,47 @@ def test_generate_system_needs_an_instruct_model(tiny_model_dir):
 
 def test_chat_history_is_kept_across_sessions_in_the_cache(tmp_path, monkeypatch):
     readline = pytest.importorskip("readline")
-    from yue import cli
+    from yue.cli import chat, common
 
     monkeypatch.setenv("YUE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "_on_terminal", lambda stream: True)
-    with cli._line_editing() as history:
-        assert history == tmp_path / "cache" / cli.CHAT_HISTORY
+    monkeypatch.setattr(common, "on_terminal", lambda stream: True)
+    with chat._line_editing() as history:
+        assert history == tmp_path / "cache" / chat.CHAT_HISTORY
         readline.add_history("first question")
     assert "first question" in history.read_text()
     readline.clear_history()
-    with cli._line_editing():
+    with chat._line_editing():
         n = readline.get_current_history_length()
         assert readline.get_history_item(n) == "first question"
     readline.clear_history()
 
 
 def test_chat_without_a_terminal_keeps_no_history(tmp_path, monkeypatch):
-    from yue import cli
+    from yue.cli import chat
 
     monkeypatch.setenv("YUE_CACHE_DIR", str(tmp_path))
-    with cli._line_editing() as history:  # pytest's stdin is no terminal
+    with chat._line_editing() as history:  # pytest's stdin is no terminal
         assert history is None
-    assert not (tmp_path / cli.CHAT_HISTORY).exists()
+    assert not (tmp_path / chat.CHAT_HISTORY).exists()
 
 
 def test_a_kernel_fallback_warns_once_naming_what_was_lost_and_why(tiny_model_dir, caplog):
-    from yue.model import inference, kernels, load_model
+    from yue.kernels import prepare, probe
+    from yue.model import load_model
 
-    inference.warn_fallbacks.cache_clear()
-    with kernels.forced("int8"), caplog.at_level(logging.WARNING, logger="yue"):
+    prepare.warn_fallbacks.cache_clear()
+    with probe.forced("int8"), caplog.at_level(logging.WARNING, logger="yue"):
         for _ in range(2):
-            load_model(tiny_model_dir).prepare_for_decoding()
+            prepare_for_decoding(load_model(tiny_model_dir))
     warnings = [r.getMessage() for r in caplog.records if "kernel fallback" in r.getMessage()]
     assert len(warnings) == 1
     assert "drafting stays float, not int8" in warnings[0] and "forced off" in warnings[0]
 
 
 def test_no_fallback_no_warning():
-    from yue.model import kernels
+    from yue.kernels import probe
 
-    choice = kernels.KernelChoice("AVX512", tuple(kernels.Probe(n, True) for n in kernels.KERNELS))
+    choice = probe.KernelChoice("AVX512", tuple(probe.Probe(n, True) for n in probe.KERNELS))
     assert choice.losses() == []
 
 

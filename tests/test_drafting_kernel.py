@@ -10,10 +10,10 @@ from tests.test_rowkernel import needs_row_kernel
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
-from yue.model import kernels, rowkernel
-from yue.model.inference import DRAFT_FILL, DraftVocabHead, expand_draft_logits
+from yue.kernels import prepare_for_decoding, probe, rowkernel
+from yue.kernels.matmuls import Int8Linear, RowInt8Linear
+from yue.kernels.prepare import DRAFT_FILL, DraftVocabHead, expand_draft_logits
 from yue.model.masks import decode_mask
-from yue.model.matmuls import Int8Linear, RowInt8Linear
 from yue.model.router import softmax_stats
 
 
@@ -76,15 +76,15 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
     row-kernel call each; the same layers through torch's calls (`blocked` off) give the same slot logits
     and cache rows within float32 rounding, over a left-padded batch."""
     needs_row_kernel()
-    assert kernels.choice().ok("rows-f32"), kernels.describe()
+    assert probe.choice().ok("rows-f32"), probe.describe()
     model = top_model(nar_layers=2)
-    model.prepare_for_decoding(torch.qint8)
+    prepare_for_decoding(model, torch.qint8)
     sets = nar_sets(model)
     assert all(s.blocked is not None and s.blocked[0].dtype == torch.int8 for s in sets)
     assert all(isinstance(m, RowInt8Linear) for s in sets for m in (s.qkv, s.gate_up, *s.shared[1::2]))
     blocked = [s.blocked for s in sets]
     stacks = model.model.kernel_stacks
-    assert stacks[True].first == model.model.nar_start and len(stacks[True].layers) == 2
+    assert stacks[True].weights.first == model.model.nar_start and len(stacks[True].weights.layers) == 2
     n, K, mask_id = 12, model.config.block_size, model.config.mask_token_id
     prompt = torch.randint(4, 96, (batch, n), generator=torch.Generator().manual_seed(batch))
 
@@ -121,7 +121,7 @@ def test_fused_drafts_after_committed_rows_read_their_own_mask_rows():
     row0 = n_committed), through one-call int8 layers as through torch's; and `verified` stays `ar`."""
     needs_row_kernel()
     model = top_model(nar_layers=4, draft_vocab=None, seed=3)
-    model.prepare_for_decoding(torch.qint8)
+    prepare_for_decoding(model, torch.qint8)
     sets = nar_sets(model)
     assert len(sets) == 4 and all(s.blocked is not None for s in sets)
     blocked = [s.blocked for s in sets]
@@ -155,9 +155,9 @@ def test_fused_drafts_after_committed_rows_read_their_own_mask_rows():
 def test_without_the_row_kernel_int8_drafting_stays_on_torchs_engine():
     """`YUE_KERNELS=no-rows-f32` (or no compiler): the NAR set's int8 matmuls are torch's dynamic ones,
     layer by layer, and drafting still runs."""
-    with kernels.forced("rows-f32"):
+    with probe.forced("rows-f32"):
         model = top_model(nar_layers=2)
-        model.prepare_for_decoding(torch.qint8)
+        prepare_for_decoding(model, torch.qint8)
     sets = nar_sets(model)
     assert all(s.blocked is None and isinstance(s.qkv, Int8Linear) for s in sets)
     assert model.model.kernel_stacks == {}  # no layer in one call, no stack
@@ -198,7 +198,7 @@ def test_a_prepared_slot_entry_runs_int8_near_its_float_form():
     anchor, emb = torch.randn(2, 1, 64, generator=g), torch.randn(2, 4, 64, generator=g)
     with torch.inference_mode():
         ref = entry(anchor, emb)
-        model.prepare_for_decoding(torch.qint8)
+        prepare_for_decoding(model, torch.qint8)
         assert all(isinstance(m, RowInt8Linear) for m in entry.lowered) and entry.row_norm is not None
         lowered = entry(anchor, emb)
         h = torch.randn(1, 4, 64, generator=g)
@@ -226,5 +226,5 @@ def test_the_row_kernels_softmax_stats_are_the_routers():
     torch.testing.assert_close(top[0, 0], ref_top, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ent[0, 0], ref_ent, atol=1e-5, rtol=1e-5)
     model = top_model(nar_layers=2)
-    model.prepare_for_decoding(torch.qint8)
+    prepare_for_decoding(model, torch.qint8)
     assert model.router.softmax_stats is rowkernel.softmax_stats

@@ -6,6 +6,7 @@ import pytest
 
 import yue
 from yue.config import DecodeConfig
+from yue.kernels import prepare_for_decoding
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,30 @@ def test_bad_decode_values_raise_value_error_naming_the_field(field, value):
         DecodeConfig(**{field: value})
 
 
-def test_default_threshold_is_the_models_except_verified_which_drafts_every_slot(engine):
+def test_default_threshold_is_the_models_dial_for_the_mode(engine):
+    """`router_threshold` means one thing per mode, its default the model's field of that meaning:
+    `verified`'s router gate (`draft_gate`, 1 here: every slot), `hybrid`'s tolerance."""
     resolve = lambda **kw: DecodeConfig(**kw).resolved(engine.model.config).router_threshold  # noqa: E731
-    t = engine.model.config.router_threshold
+    t = engine.model.config.hybrid_tolerance
+    assert engine.model.config.draft_gate == 1.0 and t != 1.0
     assert [resolve(mode=m) for m in ("verified", "hybrid", "nar")] == [1.0, t, t]
     assert resolve(mode="verified", router_threshold=0.3) == 0.3
+
+
+def test_a_checkpoint_with_the_old_dial_names_loads_them_under_the_new():
+    from yue.config import YueConfig
+
+    config = YueConfig(router_threshold=0.25, verified_threshold=0.7)
+    assert (config.hybrid_tolerance, config.draft_gate) == (0.25, 0.7)
+    assert "router_threshold" not in config.to_dict() and "verified_threshold" not in config.to_dict()
+
+
+def test_the_default_mode_is_decided_by_the_model_config_alone():
+    from yue.config import YueConfig
+
+    assert DecodeConfig().mode is None
+    assert DecodeConfig().resolved(YueConfig(default_mode="verified")).mode == "verified"
+    assert DecodeConfig().resolved(YueConfig(default_mode="verified", nar_layers=0)).mode == "ar"
 
 
 @pytest.mark.parametrize("mode", ["verified", "hybrid", "ar"])
@@ -206,6 +226,6 @@ def test_cli_generate_takes_drafting_options_and_names_bad_ones(trained_model_di
 def test_a_model_is_prepared_for_decoding_once(trained_model_dir):
     from yue.model import load_model
 
-    model = load_model(trained_model_dir).prepare_for_decoding()
+    model = prepare_for_decoding(load_model(trained_model_dir))
     with pytest.raises(ValueError, match="already prepared"):
-        model.prepare_for_decoding()
+        prepare_for_decoding(model)

@@ -16,7 +16,7 @@ from tests.test_rowkernel import needs_row_kernel
 from yue.config import DecodeConfig, Features
 from yue.decode.loop import decode
 from yue.errors import CheckpointError
-from yue.model import inference
+from yue.kernels import prepare, prepare_for_decoding
 from yue.model.hf import from_llama, load_model
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
@@ -48,7 +48,7 @@ def test_a_family_decodes_as_transformers_greedy_and_verified_equals_ar(name):
     expected = reference.generate(IDS, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     # A NAR set over the family's AR set (untrained: a copy of it), decoded as stored and as prepared.
     model = from_llama(reference, block_size=4).eval()
-    prepared = copy.deepcopy(model).prepare_for_decoding(torch.qint8)
+    prepared = prepare_for_decoding(copy.deepcopy(model), torch.qint8)
     ar = greedy(model, "ar")
     assert ar == expected[0, len(PROMPT) :].tolist()
     assert greedy(model, "verified") == ar
@@ -63,15 +63,15 @@ def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_
     around them), a family's `ar` is transformers' greedy and `verified` equals it; in the int4 precision
     (another precision: its own tokens) `verified` equals `ar` too."""
     needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     reference = tiny_family(name)
     expected = reference.generate(IDS, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     model = from_llama(reference, block_size=4, nar_layers=1).eval()
-    fast = copy.deepcopy(model).prepare_for_decoding(torch.qint8)
+    fast = prepare_for_decoding(copy.deepcopy(model), torch.qint8)
     assert all(layer.exact_rows for layer in fast.model.layers)
     assert greedy(fast, "ar") == expected[0, len(PROMPT) :].tolist()
     assert greedy(fast, "verified") == greedy(fast, "ar")
-    int4 = copy.deepcopy(model).prepare_for_decoding(torch.qint8, int4=True)
+    int4 = prepare_for_decoding(copy.deepcopy(model), torch.qint8, int4=True)
     assert greedy(int4, "verified") == greedy(int4, "ar")
 
 
@@ -217,7 +217,7 @@ def test_sliding_windows_in_a_batch_decode_each_row_as_alone(name):
     drafts: each row's window is over its own positions (`KVCache.key_positions`), so every row's
     tokens are those it gets decoded alone."""
     prompts = [PROMPT, [3, 9, 27, 81, 43, 129, 87, 261, 13, 39, 117, 31, 93, 279], PROMPT[:10]]
-    model = from_llama(tiny_family(name), block_size=4).eval().prepare_for_decoding(torch.qint8)
+    model = prepare_for_decoding(from_llama(tiny_family(name), block_size=4).eval(), torch.qint8)
 
     def rows(batch: list[list[int]], mode: str) -> list[list[int]]:
         cfg = DecodeConfig(mode=mode, max_new_tokens=20, ignore_eos=True).resolved(model.config)

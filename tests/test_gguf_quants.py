@@ -23,7 +23,7 @@ from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a 
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
-from yue.model import inference, rowkernel
+from yue.kernels import prepare, prepare_for_decoding, rowkernel
 from yue.model.gguf import convert_gguf
 from yue.model.hf import load_model
 
@@ -123,7 +123,7 @@ def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar(monkeypatch):
     """A model whose AR layers hold Q4_0 values: prepared, every layer's weights are 4-bit codes, and its
     tokens are those of the model as stored, `ar` and `verified` alike."""
     needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     model = top_model(2, seed=3)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -137,7 +137,7 @@ def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar(monkeypatch):
         return [t for em in decode(m, [prompt], cfg) for t in em.tokens[0]]
 
     stored = run(model, "ar")
-    model.prepare_for_decoding(None)
+    prepare_for_decoding(model, None)
     assert [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in model.model.layers] == ["q4"] * 4
     assert run(model, "ar") == stored and run(model, "verified") == stored
 
@@ -149,7 +149,7 @@ def test_a_4_bit_llama_gguf_runs_from_its_codes_with_transformers_tokens(tmp_pat
     import yue
 
     needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     reference = write_family_gguf(tmp_path / "m.gguf", "llama3", quant, **SHAPE_256)
     engine = yue.load(tmp_path / "m.gguf")
     layers = engine.model.model.layers

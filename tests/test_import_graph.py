@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1] / "yue"
 # Each top-level name of the package, by floor; a module may import its own floor's and lower ones'.
 LAYERS = [
     {"config", "errors", "jsonl", "tokenizer", "registry", "chat"},  # typed settings, text, names
-    {"model"},  # tensors to tensors
+    {"model"},  # tensors to tensors: the trained model, knowing no kernel
+    {"kernels"},  # the decode path built onto a model for this device
     {"decode"},  # the decode loop over a model
     {"engine", "batcher"},  # model + tokenizer + loop
     {"train", "bench", "serve"},  # what users run on an engine
@@ -65,6 +66,16 @@ def test_no_module_imports_from_a_higher_floor():
         if _floor(m) is not None and _floor(t) is not None and _floor(t) > _floor(m)
     ]
     assert not upward, upward
+
+
+def test_the_model_imports_no_kernel():
+    """`yue.model` reaches its decode paths only through what `yue.kernels` builds onto it."""
+    assert not [
+        f"{m} -> {t}"
+        for m, ts in _graph().items()
+        for t in ts
+        if m.startswith("yue.model") and t.startswith("yue.kernels")
+    ]
 
 
 def test_the_import_graph_has_no_circles():

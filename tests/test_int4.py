@@ -14,8 +14,8 @@ import yue
 from tests.test_precision import assert_layers_hold_only, assert_verified_equals_ar
 from tests.test_topnar import top_model
 from yue.decode.costs import cost_cache_key, decode_layout
-from yue.model import kernels, rowkernel
-from yue.model.matmuls import (
+from yue.kernels import prepare_for_decoding, probe, rowkernel
+from yue.kernels.matmuls import (
     Int4Linear,
     Lowered,
     PackedLinear,
@@ -24,18 +24,18 @@ from yue.model.matmuls import (
     int4_usable,
     quantize_int4,
 )
-from yue.model.screen import ScreenedHead
+from yue.kernels.screen import ScreenedHead
 
 needs_int4 = pytest.mark.skipif(
-    not kernels.choice().int4_rows,
-    reason=f"no int4 kernel runs on this CPU: {kernels.describe()}",
+    not probe.choice().int4_rows,
+    reason=f"no int4 kernel runs on this CPU: {probe.describe()}",
 )
 needs_int4pack = pytest.mark.skipif(
-    not kernels.choice().ok("int4"), reason=f"torch's int4 kernel does not run here: {kernels.describe()}"
+    not probe.choice().ok("int4"), reason=f"torch's int4 kernel does not run here: {probe.describe()}"
 )
 needs_row_int4 = pytest.mark.skipif(
-    not kernels.choice().ok("rows-int4"),
-    reason=f"the row kernel's int4 does not run here: {kernels.describe()}",
+    not probe.choice().ok("rows-int4"),
+    reason=f"the row kernel's int4 does not run here: {probe.describe()}",
 )
 
 
@@ -148,8 +148,8 @@ def test_a_weight_not_of_the_gguf_form_is_quantized_round_to_nearest():
 
 
 def int4_model(seed: int = 0):
-    return top_model(2, seed=seed).prepare_for_decoding(
-        torch.qint8 if kernels.int8_engine() else None, int4=True
+    return prepare_for_decoding(
+        top_model(2, seed=seed), torch.qint8 if probe.int8_engine() else None, int4=True
     )
 
 
@@ -160,26 +160,26 @@ def test_int4_model_on_the_row_kernel_holds_its_layers_in_four_bits_as_one_call_
     assert isinstance(model.ar_head, ScreenedHead) and isinstance(model.ar_head.head, StreamedLinear)
     assert model.model.kernel_stacks[False] is not None  # the AR layers: one row-kernel call a step
     assert "RowInt4Linear" in decode_layout(model)
-    assert cost_cache_key(model) != cost_cache_key(top_model(2).prepare_for_decoding(None))
+    assert cost_cache_key(model) != cost_cache_key(prepare_for_decoding(top_model(2), None))
 
 
 @needs_int4pack
 def test_int4_model_on_torchs_kernel_holds_its_layers_in_four_bits_and_its_head_in_bfloat16():
-    with kernels.forced("rows-int4"):
+    with probe.forced("rows-int4"):
         model = int4_model()
     assert_layers_hold_only(model, Int4Linear)
-    packed_bf16 = kernels.packed_rows(torch.bfloat16)
+    packed_bf16 = probe.packed_rows(torch.bfloat16)
     assert isinstance(model.ar_head, Lowered) == packed_bf16
     assert not packed_bf16 or isinstance(model.ar_head.inner, PackedLinear)
-    assert cost_cache_key(model) != cost_cache_key(top_model(2).prepare_for_decoding(None))
+    assert cost_cache_key(model) != cost_cache_key(prepare_for_decoding(top_model(2), None))
     # Row-exact attention without padding: yue's row kernel where it builds, else one query per SDPA
-    # call (`MoTLayer._attend_kernel`, `_attend_per_row`), named in the step costs' key.
-    kernel = kernels.choice().ok("rows-f32")
+    # call (`ExactAttention`: the row kernel's, or per row), named in the step costs' key.
+    kernel = probe.choice().ok("rows-f32")
     assert model.model.layers[0].exact_rows
-    assert model.model.layers[0].decode_sets[0].attention == ("kernel" if kernel else "per-row")
+    assert model.model.layers[0].decode_sets[0].attend.form == ("kernel" if kernel else "per-row")
     assert ("attention row kernel" if kernel else "attention per row") in decode_layout(model)
-    with kernels.forced("rows-f32"):  # the row kernel off: its int4 off too
-        assert int4_model().model.layers[0].decode_sets[0].attention == "per-row"
+    with probe.forced("rows-f32"):  # the row kernel off: its int4 off too
+        assert int4_model().model.layers[0].decode_sets[0].attend.form == "per-row"
 
 
 def test_shapes_the_int4_kernel_does_not_take_are_named():
@@ -194,7 +194,7 @@ def test_shapes_the_int4_kernel_does_not_take_are_named():
 @given(seed=st.integers(0, 40), threshold=st.sampled_from([0.5, 1.0]), torchs=st.booleans())
 def test_int4_verified_equals_ar(seed, threshold, torchs):
     """Either int4 kernel (torch's forced where the row kernel's runs, when `torchs`)."""
-    with kernels.forced(*(["rows-int4"] if torchs and kernels.choice().ok("int4") else [])):
+    with probe.forced(*(["rows-int4"] if torchs and probe.choice().ok("int4") else [])):
         model = int4_model(seed=seed % 5)
     assert_verified_equals_ar(model, seed, threshold)
 
@@ -202,7 +202,7 @@ def test_int4_verified_equals_ar(seed, threshold, torchs):
 @needs_int4
 def test_int4_engine_generates_and_verified_equals_ar(trained_model_dir):
     engine = yue.load(trained_model_dir, dtype="int4")
-    kind = RowInt4Linear if kernels.choice().ok("rows-int4") else Int4Linear
+    kind = RowInt4Linear if probe.choice().ok("rows-int4") else Int4Linear
     assert isinstance(engine.model.model.layers[0].decode_sets[0].qkv, kind)
     for prompt in ("def add(a, b):", "import os\n"):
         ar = engine.generate(prompt, mode="ar", max_new_tokens=20, ignore_eos=True).token_ids
@@ -211,11 +211,11 @@ def test_int4_engine_generates_and_verified_equals_ar(trained_model_dir):
 
 
 def test_int4_where_its_kernel_is_off_is_a_clear_error(trained_model_dir):
-    with kernels.forced("int4", "rows-int4") as choice:
+    with probe.forced("int4", "rows-int4") as choice:
         assert "int4 (forced off)" in choice.describe() and "int4 layers: off" in choice.describe()
         with pytest.raises(ValueError, match="int4 precision needs a CPU where"):
             yue.load(trained_model_dir, dtype="int4")
         with pytest.raises(ValueError, match="int4 precision needs"):  # the API below `load` says so too
-            top_model(2).prepare_for_decoding(None, int4=True)
+            prepare_for_decoding(top_model(2), None, int4=True)
     with pytest.raises(ValueError, match="int4 precision needs (a float32 model|a CPU where)"):
-        top_model(2).to(torch.bfloat16).prepare_for_decoding(None, int4=True)
+        prepare_for_decoding(top_model(2).to(torch.bfloat16), None, int4=True)

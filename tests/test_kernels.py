@@ -1,7 +1,7 @@
-"""The kernel seam (`yue.model.kernels`): each fallback forced, reported, and decoding as the fast path.
+"""The kernel seam (`yue.kernels.probe`): each fallback forced, reported, and decoding as the fast path.
 
 This machine may have every kernel; a CPU without AVX512 lacks oneDNN's bf16 packing, one without
-AVX2 the int8 engines. Forcing each off (`kernels.forced`, `YUE_KERNELS`) runs those paths anywhere.
+AVX2 the int8 engines. Forcing each off (`probe.forced`, `YUE_KERNELS`) runs those paths anywhere.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import yue
-from yue.model import kernels, matmuls
+from yue.kernels import matmuls, probe
+from yue.kernels.matmuls import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
+from yue.kernels.screen import ScreenedHead
 from yue.model.masks import decode_mask
-from yue.model.matmuls import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
-from yue.model.screen import ScreenedHead
 
 PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
 AVX2_ERROR = (
@@ -27,14 +27,14 @@ AVX2_ERROR = (
 @pytest.fixture(scope="module")
 def fast(trained_model_dir):
     """The trained tiny model with every kernel the probe finds (none forced off, whatever YUE_KERNELS)."""
-    with kernels.forced():
+    with probe.forced():
         return yue.load(trained_model_dir)
 
 
 @pytest.fixture(scope="module")
 def fast_bf16(trained_model_dir):
     """`fast` in bfloat16."""
-    with kernels.forced():
+    with probe.forced():
         return yue.load(trained_model_dir, dtype=torch.bfloat16)
 
 
@@ -48,7 +48,7 @@ def ar_step_logits(engine) -> torch.Tensor:
         return model.step(ids[:, 4:], torch.arange(4, 10), 2, decode_mask(4, 2, 4), cache).ar_logits
 
 
-def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
+def assert_matches_kernels(engine, choice: probe.KernelChoice) -> None:
     """The prepared modules are the kernels `choice` names: packed iff its dtype's probe passed,
     int8 drafting iff an engine works (else float drafting: no draft head)."""
     model = engine.model
@@ -74,9 +74,9 @@ def assert_matches_kernels(engine, choice: kernels.KernelChoice) -> None:
 
 @pytest.mark.parametrize("off", ["onednn-f32", "rows-f32", "onednn-bf16", "int8-x86", "int8", "portable"])
 def test_each_forced_fallback_is_reported_and_decodes_the_fast_paths_tokens(trained_model_dir, fast, off):
-    with kernels.forced(off) as choice:
+    with probe.forced(off) as choice:
         engine = yue.load(trained_model_dir)
-    for name in kernels.parse_off([off]):
+    for name in probe.parse_off([off]):
         assert not choice.ok(name) and f"{name} (forced off)" in choice.describe()
     if off == "int8-x86" and choice.ok("int8-fbgemm"):
         assert choice.int8_engine == "fbgemm"  # the next engine takes over
@@ -94,7 +94,7 @@ def test_each_forced_fallback_is_reported_and_decodes_the_fast_paths_tokens(trai
 
 @pytest.mark.parametrize("off", ["onednn-bf16", "int8", "portable"])
 def test_bfloat16_model_under_each_fallback_decodes_the_fast_paths_tokens(trained_model_dir, fast_bf16, off):
-    with kernels.forced(off) as choice:
+    with probe.forced(off) as choice:
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)
     assert engine.model.dtype == torch.bfloat16
     assert_matches_kernels(engine, choice)
@@ -110,23 +110,23 @@ def test_bfloat16_model_under_each_fallback_decodes_the_fast_paths_tokens(traine
 @pytest.fixture
 def cpu_without_bf16_packing(monkeypatch):
     """oneDNN's bf16 reorder raising as it does on a CPU without AVX512 or avx_ne_convert."""
-    real = kernels.pack_weight
+    real = probe.pack_weight
 
     def pack_weight(w: torch.Tensor) -> torch.Tensor:
         if w.dtype == torch.bfloat16:
             raise RuntimeError(AVX2_ERROR)
         return real(w)
 
-    monkeypatch.setattr(kernels, "pack_weight", pack_weight)
-    kernels.reset()
+    monkeypatch.setattr(probe, "pack_weight", pack_weight)
+    probe.reset()
     yield
-    kernels.reset()  # the next probe runs with the real kernel again
+    probe.reset()  # the next probe runs with the real kernel again
 
 
 def test_a_kernel_raising_at_the_probe_falls_back_and_bfloat16_loading_works(
     trained_model_dir, cpu_without_bf16_packing
 ):
-    with kernels.forced() as choice:
+    with probe.forced() as choice:
         assert choice.bfloat16_rows == "F.linear" and "avx_ne_convert" in choice.describe()
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # raised this error before the seam
     assert not isinstance(engine.model.ar_head, (RowAdaptiveLinear, PackedLinear))
@@ -137,14 +137,14 @@ def test_a_kernel_raising_at_the_probe_falls_back_and_bfloat16_loading_works(
 
 def test_yue_kernels_environment_variable_forces_fallbacks_and_forced_wins(monkeypatch):
     monkeypatch.setenv("YUE_KERNELS", "no-onednn-f32,no-rows-f32,no-int8")
-    choice = kernels.choice()
-    assert choice is kernels.choice()  # probed once, cached
+    choice = probe.choice()
+    assert choice is probe.choice()  # probed once, cached
     assert choice.float32_rows == "F.linear" and choice.int8_engine is None
     assert choice.describe().startswith(f"cpu {torch.backends.cpu.get_cpu_capability()} (bfloat16 ")
-    with kernels.forced() as inner:  # the function wins over the environment
-        assert inner.ok("onednn-f32") == kernels._probe(frozenset()).ok("onednn-f32")
+    with probe.forced() as inner:  # the function wins over the environment
+        assert inner.ok("onednn-f32") == probe._probe(frozenset()).ok("onednn-f32")
     monkeypatch.setenv("YUE_KERNELS", "portable")
-    assert not any(p.ok for p in kernels.choice().probes)
+    assert not any(p.ok for p in probe.choice().probes)
 
 
 @pytest.mark.parametrize("value", ["fast", "no-avx512", "portable,no-int8"])
@@ -155,7 +155,7 @@ def test_a_bad_yue_kernels_value_is_a_clear_error_before_loading(monkeypatch, tr
 
 
 def test_int8_drafting_without_an_engine_auto_drafts_in_float_and_explicit_int8_is_refused(trained_model_dir):
-    with kernels.forced("int8"):
+    with probe.forced("int8"):
         assert yue.load(trained_model_dir).model.draft_head is None  # "auto"
         with pytest.raises(ValueError, match="int8 drafting needs"):
             yue.load(trained_model_dir, nar_dtype="int8")
@@ -164,20 +164,20 @@ def test_int8_drafting_without_an_engine_auto_drafts_in_float_and_explicit_int8_
 def test_the_choice_is_logged_at_load(trained_model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="yue"):
         yue.load(trained_model_dir)
-    assert f"kernels: {kernels.describe()}" in caplog.text
+    assert f"kernels: {probe.describe()}" in caplog.text
 
 
 def test_a_cpu_without_native_bfloat16_is_reported_as_emulating_it(monkeypatch):
     for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, check, lambda: False, raising=False)
-    kernels.reset()
+    probe.reset()
     try:
-        choice = kernels.choice()
+        choice = probe.choice()
         assert not choice.native_bf16 and "(bfloat16 emulated)" in choice.describe()
     finally:
         monkeypatch.undo()
-        kernels.reset()
-    assert kernels.choice().native_bf16 == any(
+        probe.reset()
+    assert probe.choice().native_bf16 == any(
         getattr(torch.cpu, c, lambda: False)()
         for c in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     )
@@ -188,7 +188,7 @@ def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pa
     """Padding 2-3 rows to 4 is for speed only (faster with AVX512, slower with AVX2): the values are
     the unpadded call's either way, and the choice is reported."""
     cpu_capability(cpu)
-    with kernels.forced() as choice:
+    with probe.forced() as choice:
         assert choice.pad_float32_rows == pad
         # In the line, and so in the step costs' cache key (`costs.cost_cache_key`).
         assert ("(oneDNN 2-3 padded to 4)" if pad else "(oneDNN unpadded)") in choice.describe()
@@ -201,9 +201,7 @@ def test_float32_rows_are_padded_to_four_only_where_the_vector_width_makes_it_pa
     torch.testing.assert_close(module(x), linear(x).detach(), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(
-    not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
-)
+@pytest.mark.skipif(not probe.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here")
 def test_a_one_row_float32_matmul_on_2d_rows_is_f_linear_bit_for_bit():
     """The decode path hands `RowAdaptiveLinear` 2-d rows, whose one row is a bare `mm` on the weight's
     (in, out) storage: the same kernel and bits as F.linear on the input-major weight, 2-d or 3-d."""
@@ -223,32 +221,30 @@ def test_a_float32_weight_held_once_is_the_packed_copy_where_its_timed_one_row_i
     """The copy a weight held once keeps follows the timed ratio of the packed kernel's one row to MKL's
     GEMV against `ONE_COPY_TOLERANCE` (forced to either side here), is reported (so in the step costs'
     cache key), and without the packed kernel is F.linear whatever the timing."""
-    monkeypatch.setattr(kernels, "ONE_COPY_TOLERANCE", tolerance)
-    with kernels.forced() as choice:
+    monkeypatch.setattr(probe, "ONE_COPY_TOLERANCE", tolerance)
+    with probe.forced() as choice:
         expected = "onednn-packed" if packed and choice.ok("onednn-f32") else "F.linear"
         assert choice.float32_one_copy == expected
         assert f"one copy: {expected}" in choice.describe()
-    with kernels.forced("onednn-f32") as choice:
+    with probe.forced("onednn-f32") as choice:
         assert choice.float32_one_copy == "F.linear"
 
 
-@pytest.mark.skipif(
-    not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
-)
+@pytest.mark.skipif(not probe.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here")
 def test_the_one_copy_timing_is_a_ratio_of_real_calls_and_decides_the_choice():
     """The timing runs both kernels (a positive, finite ratio, cached per process until `reset`) on one
     thread, leaving the process's thread count as it was, and the choice on this machine is what that
     ratio and the tolerance say."""
-    kernels.reset()
+    probe.reset()
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        ratio = kernels.one_row_packed_ratio(rounds=2)
+        ratio = probe.one_row_packed_ratio(rounds=2)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
     assert 0 < ratio < float("inf")
-    assert kernels.one_row_packed_ratio(rounds=2) == ratio  # cached: no second timing
-    kernels.reset()
-    expected = "onednn-packed" if kernels.one_row_packed_ratio() <= kernels.ONE_COPY_TOLERANCE else "F.linear"
-    assert kernels.choice().float32_one_copy == expected
+    assert probe.one_row_packed_ratio(rounds=2) == ratio  # cached: no second timing
+    probe.reset()
+    expected = "onednn-packed" if probe.one_row_packed_ratio() <= probe.ONE_COPY_TOLERANCE else "F.linear"
+    assert probe.choice().float32_one_copy == expected

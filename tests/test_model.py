@@ -12,10 +12,8 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 import yue
 from tests.conftest import tiny_config
 from tests.test_precision import assert_layers_hold_only
-from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, kernels, load_model
-from yue.model.inference import input_major
-from yue.model.masks import decode_mask, training_mask
-from yue.model.matmuls import (
+from yue.kernels import prepare_for_decoding, probe
+from yue.kernels.matmuls import (
     Int8Linear,
     Lowered,
     PackedLinear,
@@ -24,6 +22,9 @@ from yue.model.matmuls import (
     StreamedLinear,
     row_adaptive,
 )
+from yue.kernels.prepare import input_major
+from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
+from yue.model.masks import decode_mask, training_mask
 
 
 @pytest.fixture(scope="module")
@@ -177,14 +178,14 @@ def test_corrupt_config_is_named(model, tmp_path):
 
 @pytest.mark.parametrize("name", ["int8", "bfloat16"])
 def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_model_dir, name, tmp_path):
-    if name == "int8" and kernels.int8_engine() is None:
-        pytest.skip(f"no int8 engine works here: {kernels.describe()}")  # test_kernels forces that path
+    if name == "int8" and probe.int8_engine() is None:
+        pytest.skip(f"no int8 engine works here: {probe.describe()}")  # test_kernels forces that path
     engine = yue.load(trained_model_dir, nar_dtype=name)
     plain = yue.load(trained_model_dir, nar_dtype="float32")
     layer = engine.model.model.layers[0]
     lowered = Lowered if name == "bfloat16" else Int8Linear
     # int8 NAR layers and draft head run on yue's row kernel where it builds (`RowInt8Linear`).
-    in_layers = RowInt8Linear if name == "int8" and kernels.choice().ok("rows-f32") else lowered
+    in_layers = RowInt8Linear if name == "int8" and probe.choice().ok("rows-f32") else lowered
     assert isinstance(layer.nar_mlp.up_proj, in_layers) and isinstance(engine.model.draft_head, in_layers)
     if in_layers is Int8Linear:  # the lean forward computes what torch's dynamic int8 module computes
         x = torch.randn(2, 5, engine.model.config.hidden_size)
@@ -214,7 +215,7 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
 
 @pytest.mark.parametrize("off", [(), ("onednn-bf16",)])  # as here, and as a CPU without AVX512
 def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir, off):
-    with kernels.forced(*off) as choice:
+    with probe.forced(*off) as choice:
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # drafting: int8 behind casts
     assert engine.model.dtype == torch.bfloat16
     assert isinstance(engine.model.ar_head, PackedLinear) == choice.ok("onednn-bf16")
@@ -248,7 +249,7 @@ def test_a_large_tied_table_is_shared_by_the_embedding_and_the_input_major_head(
 ):
     """Above `SHARED_TABLE` floats the embedding becomes a view of the head's input-major copy (one
     table, not two); lookups through the strided view give the same rows and the same logits."""
-    monkeypatch.setattr("yue.model.inference.SHARED_TABLE", 0)
+    monkeypatch.setattr("yue.kernels.prepare.SHARED_TABLE", 0)
     model = load_model(trained_model_dir)
     assert model.config.tie_word_embeddings
     input_major(model)
@@ -312,9 +313,7 @@ def test_unmapped_reader_reads_every_dtype_and_rejects_a_lying_header(tmp_path):
         dict(_read_unmapped(odd))
 
 
-@pytest.mark.skipif(
-    not kernels.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here"
-)
+@pytest.mark.skipif(not probe.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here")
 @pytest.mark.parametrize("copy", ["packed", "input-major"])
 @pytest.mark.parametrize("why", ["low_memory", "size"])
 def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
@@ -325,12 +324,12 @@ def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
     `ONE_COPY_TOLERANCE`). Packed: row-exact rows, the unpacked weights released, the head keeping
     its input-major copy (the embedding table) beside its packed one. Input-major: plain F.linear,
     the head too. Logits and `ar` == `verified` hold."""
-    monkeypatch.setattr(kernels, "ONE_COPY_TOLERANCE", float("inf") if copy == "packed" else 0.0)
+    monkeypatch.setattr(probe, "ONE_COPY_TOLERANCE", float("inf") if copy == "packed" else 0.0)
     low_memory = why == "low_memory"
     if not low_memory:
-        monkeypatch.setattr("yue.model.inference.ONE_COPY_BYTES", 0)
-    caplog.set_level(logging.INFO, logger="yue.model.inference")
-    prepared = load_model(trained_model_dir).prepare_for_decoding(low_memory=low_memory)
+        monkeypatch.setattr("yue.kernels.prepare.ONE_COPY_BYTES", 0)
+    caplog.set_level(logging.INFO, logger="yue.kernels.prepare")
+    prepared = prepare_for_decoding(load_model(trained_model_dir), low_memory=low_memory)
     kernel = "onednn-packed" if copy == "packed" else "F.linear"
     assert f"one copy of each float32 weight: {kernel} (oneDNN's packed one row timed at" in caplog.text
     if copy == "packed":
@@ -357,12 +356,12 @@ def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
 def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):
     """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
     storage, and decode steps give the logits of the model as trained."""
-    plain, prepared = load_model(trained_model_dir), load_model(trained_model_dir).prepare_for_decoding()
+    plain, prepared = load_model(trained_model_dir), prepare_for_decoding(load_model(trained_model_dir))
     layer = prepared.model.layers[0]
     # On a CPU the decode path's float matmuls and the AR head pick their kernel by row count; the
     # two-row step below goes through the packed (oneDNN) kernels, the prefill's last row through MKL
     # (where `kernels` found oneDNN's packing working; test_kernels forces the other case).
-    packed = kernels.packed_rows(torch.float32)
+    packed = probe.packed_rows(torch.float32)
     assert isinstance(prepared.ar_head, RowAdaptiveLinear) == packed
     assert isinstance(layer.decode_sets[0].qkv, RowAdaptiveLinear) == packed
     for nar in (False, True):
@@ -387,13 +386,13 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 16), (1, 2, 16), (3, 1, 16), (1, 9, 16), (40, 16)])
-@pytest.mark.parametrize("rows, probe", [("onednn-packed", "onednn-f32"), ("row-stream", "rows-f32")])
-def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape, rows, probe):
+@pytest.mark.parametrize("rows, kernel", [("onednn-packed", "onednn-f32"), ("row-stream", "rows-f32")])
+def test_row_adaptive_linear_computes_the_linear_at_any_row_count(shape, rows, kernel):
     torch.manual_seed(0)
     linear = torch.nn.Linear(16, 24, bias=False)
-    with kernels.forced() as choice:  # the kernel wherever it works, whatever YUE_KERNELS says
-        if not choice.ok(probe):
-            pytest.skip(f"{probe} does not work here: {kernels.describe()}")
+    with probe.forced() as choice:  # the kernel wherever it works, whatever YUE_KERNELS says
+        if not choice.ok(kernel):
+            pytest.skip(f"{kernel} does not work here: {probe.describe()}")
         fast = row_adaptive(linear, rows=rows)
     kind = RowAdaptiveLinear if rows == "onednn-packed" else StreamedLinear
     assert isinstance(fast, kind) and not fast.state_dict()
@@ -412,19 +411,19 @@ def test_releasing_freed_memory_is_a_no_op_without_glibc(monkeypatch):
     """`release_freed_memory` trims glibc's heap; where there is no glibc (musl, macOS) it does nothing."""
     import ctypes
 
-    from yue.model import inference
+    from yue.kernels import prepare
 
     def no_libc(*args, **kwargs):
         raise OSError("no libc here")
 
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    inference._malloc_trim.cache_clear()  # libc is looked up once per process
-    inference.release_freed_memory()  # must not raise
+    prepare._malloc_trim.cache_clear()  # libc is looked up once per process
+    prepare.release_freed_memory()  # must not raise
     calls = []
     monkeypatch.setattr(
         ctypes, "CDLL", lambda name: type("Libc", (), {"malloc_trim": lambda self, n: calls.append(n)})()
     )
-    inference._malloc_trim.cache_clear()
-    inference.release_freed_memory()
+    prepare._malloc_trim.cache_clear()
+    prepare.release_freed_memory()
     assert calls == [0]
-    inference._malloc_trim.cache_clear()  # the real one again for later tests
+    prepare._malloc_trim.cache_clear()  # the real one again for later tests

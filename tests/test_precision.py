@@ -17,23 +17,24 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key, decode_layout
 from yue.decode.loop import decode
-from yue.model import inference, kernels, matmuls, rowkernel
+from yue.kernels import matmuls, prepare, prepare_for_decoding, probe, rowkernel
+from yue.kernels.decode_set import EXACT_ATTENTION, ExactAttention
+from yue.kernels.matmuls import PackedLinear, packed_matmul
+from yue.kernels.prepare import resolve_dtype
 from yue.model.cache import padded_capacity
-from yue.model.inference import resolve_dtype
 from yue.model.layers import EXACT_KEY_PAD, MoTLayer
 from yue.model.masks import decode_mask, slot_positions, training_mask
-from yue.model.matmuls import PackedLinear, packed_matmul
 
-BF16_PACKED = kernels.packed_rows(torch.bfloat16)
+BF16_PACKED = probe.packed_rows(torch.bfloat16)
 needs_packed = pytest.mark.skipif(
-    not BF16_PACKED, reason=f"oneDNN bfloat16 packing does not work on this CPU: {kernels.describe()}"
+    not BF16_PACKED, reason=f"oneDNN bfloat16 packing does not work on this CPU: {probe.describe()}"
 )
 
 
 def bf16_model(seed: int = 0, nar_layers: int = 2):
     """A random top-layer NAR model in bfloat16, prepared for decoding (int8 drafting where it works)."""
     model = top_model(nar_layers, seed=seed).to(torch.bfloat16)
-    return model.prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
+    return prepare_for_decoding(model, torch.qint8 if probe.int8_engine() else None)
 
 
 @needs_packed
@@ -42,7 +43,7 @@ def test_packed_rows_do_not_depend_on_the_row_count(dtype):
     """The property `ar` == `verified` rests on: a row's result is the same bits in a call of 1..9 rows."""
     g = torch.Generator().manual_seed(0)
     for out_f, in_f in [(96, 64), (64, 1536), (960, 576)]:
-        packed = kernels.pack_weight((torch.randn(out_f, in_f, generator=g) * 0.05).to(dtype))
+        packed = probe.pack_weight((torch.randn(out_f, in_f, generator=g) * 0.05).to(dtype))
         x = torch.randn(9, in_f, generator=g).to(dtype)
         alone = torch.cat([packed_matmul(x[j : j + 1], packed) for j in range(9)])
         for rows in range(1, 10):
@@ -89,19 +90,19 @@ def q4_weights(model):
 
 
 def row_stream_model(seed: int, monkeypatch, q4: bool = False, q8_head: bool = False, off: tuple = ()):
-    """A random top-layer NAR model in float32 whose rows run the row kernel (`inference.rows_kernel`
+    """A random top-layer NAR model in float32 whose rows run the row kernel (`prepare.rows_kernel`
     keeps oneDNN for a model this small unless its bound is 0); skipped where the kernel cannot build.
     With `q4`, its AR layers' weights are Q4_1 values, which the row kernel holds as 4-bit codes; with
     `q8_head`, its tied head's are Q8_0 values, held as 8-bit codes. `off`: kernels forced off."""
     needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
     model = top_model(2, seed=seed)
     if q4:
         q4_weights(model)
     if q8_head:
         model.lm_head.weight.data.copy_(gguf_round_trip(model.lm_head.weight, "Q8_0"))
-    with kernels.forced(*off):
-        model = model.prepare_for_decoding(torch.qint8 if kernels.int8_engine() else None)
+    with probe.forced(*off):
+        model = prepare_for_decoding(model, torch.qint8 if probe.int8_engine() else None)
     assert isinstance(model.ar_head.head, matmuls.StreamedLinear)  # under its screen (`screen.py`)
     layouts = [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in model.model.layers]
     assert layouts == ["q4" if q4 and "rows-q4" not in off else "float32"] * len(layouts)
@@ -117,7 +118,7 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
     2-core AMD EPYC this project develops on, seed 0 differs without `exact_rows`: SDPA over several
     queries is not row-exact there.)"""
     if precision == "bfloat16" and not BF16_PACKED:
-        pytest.skip(f"oneDNN bfloat16 packing does not work on this CPU: {kernels.describe()}")
+        pytest.skip(f"oneDNN bfloat16 packing does not work on this CPU: {probe.describe()}")
     if precision == "bfloat16":
         model = bf16_model(seed=seed)
     else:
@@ -162,7 +163,7 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
     steps = [torch.randint(4, 96, (batch, t), generator=torch.Generator().manual_seed(t)) for t in (1, 5)]
     blocked = [layer.decode_sets[0].blocked for layer in model.model.layers]
     stacks = model.model.kernel_stacks
-    assert stacks[False].first == 0 and len(stacks[False].layers) == model.config.num_hidden_layers
+    assert stacks[False].weights.first == 0 and len(stacks[False].weights.layers) == model.config.num_hidden_layers
 
     def run(one_call: bool, stacked: bool = True):
         for layer, b in zip(model.model.layers, blocked, strict=True):
@@ -198,21 +199,21 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
     assert torch.equal(fast_cache.k, per_layer_cache.k) and torch.equal(fast_cache.v, per_layer_cache.v)
 
 
-@pytest.mark.parametrize("form", ["_attend_exact", "_attend_per_row", "_attend_kernel"])
+@pytest.mark.parametrize("form", EXACT_ATTENTION)
 @pytest.mark.parametrize("start", [1, 57, 127, 187, 250, 509])
 def test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, form):
-    """The row-exact attention forms (`MoTLayer._attend_exact`, padded; `_attend_per_row`; the row
-    kernel's, `_attend_kernel`, where it builds) over 9
+    """The row-exact attention forms (`ExactAttention`: padded; per row; the row kernel's, where it
+    builds) over 9
     committed queries give, bit for bit, nine one-query calls of the same form at their positions
     (SmolLM2's heads: 9 query, 3 key/value, 64 dims; ranges crossing 64-column boundaries), in a batch
     whose second row has holes and for a lone row with no mask. (Starts 187 and 250 failed when the
     padded form attended a step crossing a boundary in one call: its earlier rows saw more keys.)"""
     config = YueConfig(vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
-    if form == "_attend_kernel":
+    if form == "kernel":
         needs_row_kernel()
     layer = MoTLayer(config, has_nar=False)
-    attend = getattr(layer, form)
+    attend = ExactAttention(form, layer.attn_scale, layer.n_kv != layer.n_heads)
     g = torch.Generator().manual_seed(start)
     T, capacity = 9, padded_capacity(start + 9)
     assert capacity % EXACT_KEY_PAD == 0 and capacity >= start + T
@@ -247,13 +248,13 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
     attention stays row-exact, the whole float32 model too, the one-call layer right, and the drafting
     kernels (integer dot products, softmax statistics) and the int4 precision's matmul compute what the
     native build does."""
-    from yue.model import rowkernel
+    from yue.kernels import rowkernel
 
     monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
     needs_row_kernel()
     assert rowkernel.library().rows_lanes() == 8
     for start in (1, 57):
-        test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "_attend_kernel")
+        test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "kernel")
     test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream", monkeypatch)
     test_the_one_call_layer_computes_what_its_torch_path_does(2, monkeypatch)
     # The drafting sets' integer dot products: the plain loop's integers are AVX2's; the router's
@@ -286,7 +287,7 @@ def assert_verified_equals_ar(model, seed: int, threshold: float) -> None:
 
 
 def test_forced_fallback_runs_bfloat16_through_plain_linear(caplog):
-    with kernels.forced("onednn-bf16"), caplog.at_level(logging.WARNING, logger="yue"):
+    with probe.forced("onednn-bf16"), caplog.at_level(logging.WARNING, logger="yue"):
         model = bf16_model()
     assert "bfloat16 on this CPU runs through plain F.linear (forced off)" in caplog.text
     layer = model.model.layers[0]
@@ -307,7 +308,7 @@ def test_scoring_forward_of_a_prepared_bfloat16_model_matches_the_unprepared_one
     ids = torch.randint(4, 96, (1, 14), generator=torch.Generator().manual_seed(0))
     plain = top_model(2, seed=1).to(torch.bfloat16)
     want = plain(input_ids=ids).logits.float()
-    got = plain.prepare_for_decoding(None)(input_ids=ids).logits.float()
+    got = prepare_for_decoding(plain, None)(input_ids=ids).logits.float()
     assert torch.allclose(got, want, atol=0.05 * want.abs().max().item())
 
 
@@ -316,12 +317,12 @@ def test_precision_names_and_cost_keys():
     assert resolve_dtype(torch.bfloat16) == torch.bfloat16
     with pytest.raises(ValueError, match="float32, bfloat16"):
         resolve_dtype("float16")
-    f32 = top_model(2).prepare_for_decoding(None)
+    f32 = prepare_for_decoding(top_model(2), None)
     bf16 = bf16_model()
     assert cost_cache_key(f32) != cost_cache_key(bf16)
     # Row-exact layers' attention form is in the key: costs measured with another form are not reused.
     # (bfloat16's layers are row-exact on oneDNN's packed copy; without it, plain F.linear, no form.)
-    packed = kernels.packed_rows(torch.bfloat16)
+    packed = probe.packed_rows(torch.bfloat16)
     assert ("attention padded 4x64" in decode_layout(bf16)) == packed and "attention" not in decode_layout(
         f32
     )

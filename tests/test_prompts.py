@@ -8,16 +8,14 @@ from __future__ import annotations
 import pytest
 
 from yue.bench.devset import CHAT_SETS, load_chat_set
-from yue.train.prompts import (
+from yue.train.prompts import chat_prompt_records, count_chat_prompts, stdlib_chat_prompts
+from yue.train.stdlib_docs import (
     PASSAGE_CHARS,
     cap_passage,
-    chat_prompt_records,
     content_hash,
-    count_chat_prompts,
     shingles,
     split_items,
     split_of,
-    stdlib_chat_prompts,
     stdlib_items,
 )
 

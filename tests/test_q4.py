@@ -14,7 +14,7 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.costs import decode_layout
 from yue.decode.loop import decode
-from yue.model import kernels, rowkernel
+from yue.kernels import prepare_for_decoding, probe, rowkernel
 
 # Each kind of codes: its GGUF quantization, packer and bytes a weight (outputs padded to 32).
 CODES = {"q4": ("Q4_1", rowkernel.q4_block, 0.75), "q8": ("Q8_0", rowkernel.q8_block, 1.125)}
@@ -79,9 +79,9 @@ def test_a_q4_model_writes_the_tokens_its_float32_weights_write(seed, monkeypatc
     does (`rows-q4` forced off); its step costs are keyed apart."""
     coded = row_stream_model(seed, monkeypatch, q4=True)
     assert "4-bit codes" in decode_layout(coded)
-    with kernels.forced("rows-q4"):
-        floats = q4_weights(top_model(2, seed=seed)).prepare_for_decoding(
-            torch.qint8 if kernels.int8_engine() else None
+    with probe.forced("rows-q4"):
+        floats = prepare_for_decoding(
+            q4_weights(top_model(2, seed=seed)), torch.qint8 if probe.int8_engine() else None
         )
     assert "4-bit codes" not in decode_layout(floats)
     prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()

@@ -1,4 +1,4 @@
-"""The row-streaming float32 kernel (`yue.model.rowkernel`): its values, each row's bits whatever the call,
+"""The row-streaming float32 kernel (`yue.kernels.rowkernel`): its values, each row's bits whatever the call,
 its build cache, and its fallback where it cannot be built, forced here as on a machine without a compiler.
 """
 
@@ -13,8 +13,8 @@ import torch
 
 import yue
 from yue.decode.costs import decode_layout
-from yue.model import inference, kernels, rowkernel
-from yue.model.matmuls import StreamedLinear
+from yue.kernels import prepare, probe, rowkernel
+from yue.kernels.matmuls import StreamedLinear
 
 
 def needs_row_kernel() -> None:
@@ -28,9 +28,9 @@ def needs_row_kernel() -> None:
 @pytest.fixture
 def fresh_build(gguf_cache):
     """The kernel built into a fresh $YUE_CACHE_DIR (`gguf_cache`), every probe forgotten before and after."""
-    kernels.reset()
+    probe.reset()
     yield gguf_cache / "kernels"
-    kernels.reset()
+    probe.reset()
 
 
 @pytest.mark.parametrize("out, inp", [(40, 24), (96, 64), (7, 5)])
@@ -162,7 +162,7 @@ def test_the_build_is_cached_and_a_corrupt_cached_library_is_rebuilt(fresh_build
 
 def test_without_a_compiler_the_probe_says_why_and_float32_rows_fall_back(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    with kernels.forced() as choice:
+    with probe.forced() as choice:
         assert not choice.ok("rows-f32")
         assert "rows-f32 (no C compiler ('no-such-compiler-here' not on PATH; set CC))" in choice.describe()
         assert choice.float32_rows == ("onednn-packed" if choice.ok("onednn-f32") else "F.linear")
@@ -174,7 +174,7 @@ def test_an_unwritable_cache_is_a_reason_not_a_crash(fresh_build, tmp_path, monk
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder would go")
     monkeypatch.setenv("YUE_CACHE_DIR", str(blocker))
-    with kernels.forced() as choice:
+    with probe.forced() as choice:
         assert not choice.ok("rows-f32")
         if shutil.which(os.environ.get("CC", "cc").split()[0]):  # with a compiler, the cache is the reason
             assert "cannot write the kernel cache" in choice.describe()
@@ -192,8 +192,8 @@ def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained
     model's matmuls hold one copy for the row kernel, its layers are row-exact and release their float
     weights, its costs are keyed by it, and `verified` writes `ar`'s tokens."""
     needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
-    with kernels.forced():
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
+    with probe.forced():
         engine = yue.load(trained_model_dir)
     model = engine.model
     qkv = model.model.layers[0].decode_sets[0].qkv
@@ -217,9 +217,9 @@ def test_low_memory_with_the_row_kernel_keeps_the_layers_and_drops_the_heads_sec
     """The row kernel's layers hold one copy already; `low_memory` then leaves the head its input-major
     weight alone (the embedding table), and `ar` == `verified` holds."""
     needs_row_kernel()
-    monkeypatch.setattr(inference, "ROW_STREAM_BYTES", 0)
-    caplog.set_level(logging.INFO, logger="yue.model.inference")
-    with kernels.forced():
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
+    caplog.set_level(logging.INFO, logger="yue.kernels.prepare")
+    with probe.forced():
         engine = yue.load(trained_model_dir, low_memory=True)
     assert "one copy of each float32 weight: the row kernel's" in caplog.text
     model = engine.model

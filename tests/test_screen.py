@@ -1,4 +1,4 @@
-"""The head's int8 screen (`yue.model.screen`): its kernels, the argmax it keeps bit for bit (near-ties and
+"""The head's int8 screen (`yue.kernels.screen`): its kernels, the argmax it keeps bit for bit (near-ties and
 exact ties included), when the decode loop asks for it, and the model's tokens with and without it."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import decode
 from yue.decode.policies import get_policy
-from yue.model import rowkernel
+from yue.kernels import rowkernel
+from yue.kernels.matmuls import StreamedLinear
+from yue.kernels.screen import ScreenedHead
 from yue.model.masks import decode_mask
-from yue.model.matmuls import StreamedLinear
 from yue.model.router import softmax_stats
-from yue.model.screen import ScreenedHead
 
 
 def _head(w: torch.Tensor, input_major: bool = True) -> ScreenedHead:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.test_distill import save_tiny_llama
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import decode
+from yue.kernels import prepare_for_decoding
 from yue.model.hf import is_nar_or_router
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
@@ -93,7 +94,7 @@ def test_training_forward_sees_what_the_drafting_pass_sees():
 def test_top_layer_nar_keeps_verified_equal_to_ar(seed, nar_layers, mode, threshold, prepared):
     model = top_model(nar_layers, seed=seed)
     if prepared:
-        model.prepare_for_decoding(torch.qint8)
+        prepare_for_decoding(model, torch.qint8)
     prompt = torch.randint(4, 96, (7,), generator=torch.Generator().manual_seed(seed)).tolist()
 
     def run(m: str, th: float | None) -> list[int]:

@@ -28,8 +28,9 @@ from yue.train.data import (
     read_stdlib,
     split_documents,
 )
-from yue.train.loop import lr_at, make_optimizer, train
+from yue.train.loop import lr_at, train
 from yue.train.losses import LossWeights, joint_loss, sample_anchors, set_trainable
+from yue.train.trainer import adamw
 
 # ---------------------------------------------------------------------------------------------- helpers
 
@@ -273,6 +274,11 @@ def test_lr_warms_up_then_decays_to_the_floor():
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def make_optimizer(model: YueForCausalLM, cfg: TrainConfig) -> torch.optim.AdamW:
+    """The optimizer `train` builds for `cfg` (through `Trainer`)."""
+    return adamw(set_trainable(model, cfg.train_set), cfg.lr, cfg.weight_decay, cfg.betas)
 
 
 def small_model_and_optimizer(tokenizer, tmp_path):

@@ -12,6 +12,12 @@ Design decisions:
   instead of stalling the running rows for all of it.
 - Text stays the engine's: each request has an `engine.RowStream` (detokenizing, stop strings,
   stats), and a request that meets a stop string is removed from its batch at once.
+- With a prefix cache (`decode/prefix.py`), every batch resumes prefills from it and stores its chunks
+  in it, and each finished request's prompt + answer (+ EOS, where it ended there: a chat template
+  closes the turn with it) is queued to extend it: `step` feeds one chunk of such a fill once no
+  request has run for `fill_after_s` (clients sending request after request never meet one; a
+  request arriving during one waits one chunk at most), so the next turn of a conversation finds its
+  earlier turns prefilled. The last `FILL_QUEUE` finished requests are kept.
 - One request never fails another. A step that raises takes down only its own batch (its cache may be
   half-written); each of its requests is then retried alone, in a batch of its own. A retry of an
   exact request (greedy `ar` / `verified`, or `ar` with its seed, which `submit` fixes for every sampled
@@ -25,15 +31,22 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from yue.config import DecodeConfig
-from yue.decode.loop import DecodeBatch, StepEmission, batch_key
+from yue.decode.loop import DecodeBatch, StepEmission, batch_key, grid_ends
+from yue.decode.prefix import PrefixCache, PrefixFill
 from yue.decode.types import StreamEvent
 
 log = logging.getLogger("yue.batcher")
+
+# Finished requests whose sequences wait to extend the prefix cache, at most; older ones are dropped.
+FILL_QUEUE = 4
+# Seconds without a running request before a prefix-cache fill may start (`Batcher.fill_wait`).
+FILL_AFTER_IDLE_S = 0.5
 
 
 @dataclass
@@ -78,14 +91,28 @@ class Batcher:
         engine: a loaded `Engine` (its `decode_batch` opens the DecodeBatches).
         max_batch_size: requests running at once; 1 = one request at a time.
         max_batch_tokens: prompt tokens prefilled per step (at least one chunk); None = no bound.
+        prefix_cache: earlier prompts' prefill chunks to resume from and extend; None = none.
+        fill_after_s: seconds without a running request before `step` feeds a prefix-cache fill.
     """
 
-    def __init__(self, engine, max_batch_size: int = 16, max_batch_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        engine,
+        max_batch_size: int = 16,
+        max_batch_tokens: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+        fill_after_s: float = FILL_AFTER_IDLE_S,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.engine = engine
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.prefix_cache = prefix_cache
+        self._fills: deque[list[int]] = deque(maxlen=FILL_QUEUE)  # finished sequences to fill, oldest first
+        self._filling: PrefixFill | None = None
+        self.fill_after_s = fill_after_s
+        self._last_busy = time.perf_counter()  # when a step last ran requests
         self.waiting: deque[Request] = deque()
         # Shared batches are keyed by `batch_key`; a request retried alone has ("alone", n).
         self.batches: dict[object, DecodeBatch] = {}
@@ -96,6 +123,17 @@ class Batcher:
     @property
     def running(self) -> int:
         return len(self.rows)
+
+    @property
+    def filling(self) -> bool:
+        """Whether finished sequences wait to extend the prefix cache (`step` works on them when idle)."""
+        return self._filling is not None or bool(self._fills)
+
+    def fill_wait(self) -> float | None:
+        """Seconds until `step` may feed a prefix-cache fill (0: now); None when none is queued."""
+        if not self.filling:
+            return None
+        return max(0.0, self._last_busy + self.fill_after_s - time.perf_counter())
 
     def submit(
         self,
@@ -128,10 +166,13 @@ class Batcher:
         request.sink(stream.fold(_ended("cancelled"), 0))
 
     def step(self) -> BatchStep:
-        """Admit waiting requests, then run one step of one batch (the next in turn)."""
+        """Admit waiting requests, then run one step of one batch (the next in turn); with no request
+        running, feed one chunk of a prefix-cache fill, if one is due (`fill_wait`)."""
         self._admit()
         keys = [k for k, b in self.batches.items() if len(b)]
         if not keys:
+            if self.fill_wait() == 0:
+                self._fill()
             return BatchStep(0, 0)
         key = keys[self._turn % len(keys)]
         self._turn += 1
@@ -142,6 +183,8 @@ class Batcher:
         except Exception as error:  # noqa: BLE001 - any failure of a step is isolated, then reported
             self._isolate(key, error)
             return report
+        finally:
+            self._last_busy = time.perf_counter()
         for em in emissions:
             report.tokens += sum(len(t) for t in em.tokens)
             self._deliver(key, em)
@@ -156,7 +199,9 @@ class Batcher:
             try:
                 batch = self.batches.get(key)
                 if batch is None:
-                    batch = self.batches[key] = self.engine.decode_batch(request.config, self.max_batch_tokens)
+                    batch = self.batches[key] = self.engine.decode_batch(
+                        request.config, self.max_batch_tokens, self.prefix_cache
+                    )
                 request.stream = self.engine.row_stream(request.config)
                 request.row = (key, batch.add(request.ids, request.config))
             except Exception as error:  # noqa: BLE001 - this request cannot start: it alone fails
@@ -179,6 +224,7 @@ class Batcher:
                 if event.finish_reason is not None:
                     del self.rows[request.row]
                     request.done = True
+                    self._remember(request, event.finish_reason)
                     if em.finished[i] is None:
                         stopped.append(row)
                 request.sink(event)
@@ -212,6 +258,34 @@ class Batcher:
             rows=[em.rows[i]],
             logprobs=lp,
         )
+
+    def _remember(self, request: Request, finish_reason: str) -> None:
+        """Queue a finished request's sequence to extend the prefix cache: its prompt, its answer and the
+        EOS it ended at (the start of its conversation's next turn)."""
+        if self.prefix_cache is None or finish_reason not in ("eos", "length", "stop"):
+            return
+        eos = [self.engine.tokenizer.eos_id] if finish_reason == "eos" else []
+        self._fills.append(request.ids + request.sent + eos)
+
+    def _fill(self) -> None:
+        """Feed one chunk of the oldest queued fill the prefix cache lacks (`PrefixFill`); a fill that
+        fails is dropped, and logged: it costs no request anything."""
+        while self._filling is not None or self._fills:
+            if self._filling is None:
+                tokens = self._fills.popleft()
+                self._filling = PrefixFill(
+                    self.engine.model, self.prefix_cache, tokens, grid_ends(len(tokens), inclusive=True)
+                )
+            try:
+                fed = self._filling.step()
+            except Exception as error:  # noqa: BLE001 - a fill is an optimization: drop it, serve on
+                log.warning("a prefix-cache fill raised %r; dropped", error)
+                fed = 0
+                self._filling = None
+            if self._filling is not None and self._filling.finished:
+                self._filling = None
+            if fed:
+                return
 
     def _leave(self, request: Request) -> None:
         key, row = request.row
@@ -248,7 +322,7 @@ class Batcher:
             left = cfg.max_new_tokens - len(request.sent)
             ids, cfg, skip = ids + request.sent, replace(cfg, max_new_tokens=max(left, 1)), 0
         key = ("alone", next(self._alone))
-        batch = self.batches[key] = self.engine.decode_batch(cfg, self.max_batch_tokens)
+        batch = self.batches[key] = self.engine.decode_batch(cfg, self.max_batch_tokens, self.prefix_cache)
         request.row, request.skip = (key, batch.add(ids, cfg)), skip
         self.rows[request.row] = request
 

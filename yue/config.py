@@ -126,20 +126,22 @@ class YueConfig(PreTrainedConfig):
     drafting_slots: int | None = None
     # Router hidden width: small, the router must stay well under 1% of the parameters.
     router_hidden_size: int = 64
-    # `hybrid`'s speed/fidelity dial, chosen on a calibration split: its acceptance tolerance t, a draft
-    # is kept when p_AR(draft) >= (1 - t) * max p_AR (`decode.sampling.within_tolerance`); 0 = exact.
-    # Uncalibrated default 0.1: an accepted token costs at most -log(0.9) = 0.105 nats of AR NLL.
-    router_threshold: float = 0.1
-    # The mode a caller who names none gets (CLI, server): "hybrid" where it is within its fidelity
+    # `hybrid`'s default dial (a request's `router_threshold` in that mode), chosen on a calibration split:
+    # its acceptance tolerance t, a draft is kept when p_AR(draft) >= (1 - t) * max p_AR
+    # (`decode.sampling.within_tolerance`); 0 = exact. Uncalibrated default 0.1: an accepted token costs
+    # at most -log(0.9) = 0.105 nats of AR NLL.
+    hybrid_tolerance: float = 0.1
+    # The mode a caller who names none gets (`decode_mode`): "hybrid" where it is within its fidelity
     # bounds on held-out text and faster than `verified`, else "verified" (exact; yue-smol's hybrid is
     # within its NLL bound but no faster at its default, see its card).
     default_mode: Mode = "hybrid"
-    # verified mode's default threshold, and hybrid's draft gate (`DecodeConfig.draft_gate`): 1 leaves
+    # The router gate on draft lengths: `verified`'s default dial (a request's `router_threshold` in that
+    # mode), and `hybrid`'s gate (`DecodeConfig.draft_gate`). 1 leaves
     # the router unasked, and each draft length follows the request's own acceptance record and the
     # step costs measured on the machine (`VerifiedPolicy.record_length`); below 1 the router's
     # predictions, scaled by that record, pick them (`VerifiedPolicy.draft_length`). yue-smol
     # ships 0.8, yue-code-mini 1, each chosen on its calibration split (their config.json).
-    verified_threshold: float = 1.0
+    draft_gate: float = 1.0
     # verified / hybrid with a router gate below 1: after a futile router probe, AR steps before it is
     # asked again (doubling after each futile probe, up to 8x).
     reeval_every: int = 5
@@ -169,6 +171,11 @@ class YueConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.loss_weights is None:
             self.loss_weights = {"ar": 1.0, "nar": 0.8, "kl": 0.2}
+        # Checkpoints written before the two dials had names of their own: `router_threshold` was
+        # hybrid's tolerance, `verified_threshold` the draft gate.
+        for old, new in (("router_threshold", "hybrid_tolerance"), ("verified_threshold", "draft_gate")):
+            if old in kwargs:
+                setattr(self, new, kwargs.pop(old))
         super().__post_init__(**kwargs)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_key_value_heads must divide num_attention_heads")
@@ -176,8 +183,9 @@ class YueConfig(PreTrainedConfig):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.drafting_slots is not None and not 1 <= self.drafting_slots <= self.block_size:
             raise ValueError(f"drafting_slots must be in [1, block_size], got {self.drafting_slots}")
-        if not 0.0 <= self.router_threshold <= 1.0:
-            raise ValueError(f"router_threshold must be in [0, 1], got {self.router_threshold}")
+        for name in ("hybrid_tolerance", "draft_gate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.default_mode not in MODES:
             raise ValueError(f"default_mode must be one of {', '.join(MODES)}; got {self.default_mode!r}")
         if self.nar_layers is not None and not 0 <= self.nar_layers <= self.num_hidden_layers:
@@ -207,6 +215,12 @@ class YueConfig(PreTrainedConfig):
     @property
     def has_nar(self) -> bool:
         return self.nar_layers != 0
+
+    @property
+    def decode_mode(self) -> Mode:
+        """The mode a caller who names none gets, decided here only: `default_mode`, or "ar" for a model
+        without a NAR set (an AR set loaded alone)."""
+        return self.default_mode if self.has_nar else "ar"
 
 
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
@@ -243,7 +257,8 @@ class DecodeConfig:
 
     Attributes:
         mode: decode policy by name (docs/design.md §2): `ar` (reference), `verified` (lossless drafting),
-            `hybrid` (drafts kept within a tolerance of the AR path's choice), `nar` (whole blocks, lowest fidelity).
+            `hybrid` (drafts kept within a tolerance of the AR path's choice), `nar` (whole blocks, lowest fidelity);
+            None = the model's default (`YueConfig.decode_mode`, filled by `resolved`).
         max_new_tokens: hard cap on generated tokens.
         temperature: in [0, 2] (OpenAI's range); 0 means greedy (argmax), decided in one place (`decode.sampling`).
         top_k: keep the k most likely tokens (0 = off).
@@ -257,10 +272,12 @@ class DecodeConfig:
             penalties, before temperature; a dict is taken too.
         seed: seeds the request's own `torch.Generator`; same seed, same sample.
         stop: strings that end generation; the text is cut before the first one.
-        router_threshold: the mode's dial; None = the model's calibrated default. `verified`: a slot
-            is drafted when the router's p_ar <= threshold (speed only; 1 = every slot). `hybrid`: the
-            acceptance tolerance t, a draft is kept when p_AR(draft) >= (1 - t) * max p_AR (0 =
-            `verified`, exact; 1 = every draft). `nar`: unused.
+        router_threshold: the mode's one dial, speed against fidelity; None = the model's calibrated
+            default. `verified`: the router gate, a slot is drafted when the router's p_ar <= threshold
+            (speed only, the output is `ar`'s; 1 = every slot; default `YueConfig.draft_gate`).
+            `hybrid`: the acceptance tolerance t, a draft is kept when p_AR(draft) >= (1 - t) * max
+            p_AR (0 = `verified`, exact; 1 = every draft; default `YueConfig.hybrid_tolerance`).
+            `ar`, `nar`: unused.
         block_size: slots drafted per step, at most the model's K; None = the model's K.
         drafting_slots: `verified` / `hybrid`, separate drafting: slots a drafting pass computes (slot 1
             revealed, then drafting_slots - 1 drafts), at most block_size; copied drafts may run to
@@ -292,7 +309,7 @@ class DecodeConfig:
             log-prob at commit time and reports None.
     """
 
-    mode: Mode = "hybrid"
+    mode: Mode | None = None
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_k: int = 0
@@ -320,7 +337,7 @@ class DecodeConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
                 what = "an integer" if kind is numbers.Integral else "a number"
                 raise ValueError(f"{name} must be {what}, got {value!r}")
-        if self.mode not in MODES:
+        if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
@@ -377,10 +394,12 @@ class DecodeConfig:
     def draft_gate(self, model_config: YueConfig) -> float:
         """The router threshold that gates draft lengths (`VerifiedPolicy.draft_length`): `verified`'s
         own dial; `hybrid`'s dial is its acceptance tolerance, so it drafts as `verified` does by default."""
-        return self.router_threshold if self.mode == "verified" else model_config.verified_threshold
+        return self.router_threshold if self.mode == "verified" else model_config.draft_gate
 
     def resolved(self, model_config: YueConfig) -> DecodeConfig:
-        """Fill the model-dependent defaults (threshold, K, reeval) from the checkpoint's config."""
+        """Fill the model-dependent defaults (mode, threshold, K, reeval) from the checkpoint's config."""
+        if self.mode is None:
+            return replace(self, mode=model_config.decode_mode).resolved(model_config)
         if self.mode != "ar" and not model_config.has_nar:
             raise ValueError(f"mode {self.mode!r} needs a NAR set; this model has none (use mode 'ar')")
         if self.drafting == "fused" and model_config.nar_start > 0 and self.mode != "ar":
@@ -401,11 +420,8 @@ class DecodeConfig:
         slots = self.drafting_slots
         if slots is None:
             slots = k if self.mode == "nar" else min(model_config.drafting_slots or k, k)
-        # `verified` is exact whatever it drafts; its default threshold is the model's own (see
-        # `YueConfig.verified_threshold`).
-        default_threshold = (
-            model_config.verified_threshold if self.mode == "verified" else model_config.router_threshold
-        )
+        # The dial's default is the model's own for the mode (`router_threshold` above).
+        default_threshold = model_config.draft_gate if self.mode == "verified" else model_config.hybrid_tolerance
         return replace(
             self,
             router_threshold=self.router_threshold

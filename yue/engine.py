@@ -31,11 +31,13 @@ from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
+from yue.decode.prefix import PrefixCache
 from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
+from yue.kernels import prepare_for_decoding
+from yue.kernels.matmuls import int4_unavailable
+from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
-from yue.model.inference import resolve_drafting_dtype, resolve_dtype
-from yue.model.matmuls import int4_unavailable
 from yue.model.mot import YueForCausalLM
 from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
@@ -123,8 +125,8 @@ class Engine:
 
     @property
     def default_mode(self) -> str:
-        """The mode a caller who names none gets: the model's `default_mode`, or "ar" without a NAR set."""
-        return self.model.config.default_mode if self.has_nar_set else "ar"
+        """The mode a caller who names none gets (`YueConfig.decode_mode`)."""
+        return self.model.config.decode_mode
 
     def chat_prompt(self, messages: list[dict[str, str]], template: ChatTemplate | None = None) -> str:
         """The prompt text for a conversation: the chat template rendered with the generation prompt,
@@ -204,16 +206,14 @@ class Engine:
         return prefix + ids if prefix or ids else [self.tokenizer.bos_id]
 
     def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
-        # No config: the model's own default mode (`default_mode`: yue-smol's `verified`, an AR-only
-        # model's `ar`), not DecodeConfig's field default, which would run `hybrid` (lossy) on yue-smol
-        # and refuse an AR-only model.
-        cfg = config or DecodeConfig(mode=self.default_mode)
+        # No mode named: the model's own default (`YueConfig.decode_mode`), filled by `resolved`.
+        cfg = config or DecodeConfig()
         if overrides:
             unknown = set(overrides) - set(DecodeConfig.__dataclass_fields__)
             if unknown:
                 raise ValueError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
             cfg = replace(cfg, **overrides)
-        if cfg.mode != "ar" and not self.has_nar_set:
+        if cfg.mode not in (None, "ar") and not self.has_nar_set:
             raise ValueError(
                 f"mode {cfg.mode!r} needs a NAR set, and {self.name} has none (an AR set only): use mode 'ar'"
             )
@@ -256,10 +256,15 @@ class Engine:
             if event.finish_reason is not None:
                 return
 
-    def decode_batch(self, cfg: DecodeConfig, max_prefill_tokens: int | None = None) -> DecodeBatch:
-        """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved): the
-        seam `batcher.Batcher` decodes through."""
-        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens, self.corpus)
+    def decode_batch(
+        self,
+        cfg: DecodeConfig,
+        max_prefill_tokens: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> DecodeBatch:
+        """An empty running batch for requests sharing cfg's `batch_key` (cfg already resolved), resuming
+        prefills from `prefix_cache` (if any): the seam `batcher.Batcher` decodes through."""
+        return DecodeBatch(self.model, cfg, self._costs(cfg), max_prefill_tokens, self.corpus, prefix_cache)
 
     def request(
         self, prompt: str | list[int], config: DecodeConfig | None, overrides: dict
@@ -470,14 +475,14 @@ def load(
         dtype: the precision the model runs in: None / "float32" (as saved, the GGUF's values
             dequantized), or "bfloat16" / torch.bfloat16, a separate, named precision: weights and
             activations in bfloat16 (as `LlamaForCausalLM` in bfloat16), attention and KV cache in
-            float32 on a CPU; `ar` and `verified` are exact against each other in it (`inference.py`).
+            float32 on a CPU; `ar` and `verified` are exact against each other in it (`prepare.py`).
             "int4" (CPU): another named precision, the AR layers' weights in 4 bits per group of 32
             (a Q4_1 GGUF's own codes) on activations quantized to int8 per group of 32 (yue's row
             kernel, as llama.cpp's Q4_1 x Q8_1), the head float32; where that kernel does not build,
             on bfloat16 activations (torch's int4pack), the head bfloat16; `ar` and `verified` exact
             against each other too (`matmuls.int4_matmul`).
         nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
-            `inference.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
+            `prepare.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
             "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
             whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
         adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
@@ -508,8 +513,8 @@ def load(
     dtype = resolve_dtype(dtype)
     model, tokenizer, files = load_unprepared(path, device, dtype)
     model = apply_adapter(model, adapter)
-    model.prepare_for_decoding(
-        drafting if model.config.nar_layers != 0 else None, int4=int4, low_memory=low_memory
+    prepare_for_decoding(
+        model, drafting if model.config.nar_layers != 0 else None, int4=int4, low_memory=low_memory
     )
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
     corpus = load_ngrams(files.yue_dir, model.config.vocab_size)

@@ -7,7 +7,7 @@ same machine load (a development script, not part of the package).
 Prints tokens/s per variant, its ratio to two-copy `ar`, accepted drafts per forward (drafting passes
 and the prefill counted), how many outputs equal two-copy `ar`'s, and the chosen kernels. Each engine
 measures its own cost curve first. Where oneDNN packing works, a third engine holds its one copy in
-the kernel that `kernels.float32_one_copy`'s timing did not choose, to check that choice.
+the kernel that `probe.float32_one_copy`'s timing did not choose, to check that choice.
 """
 
 import collections
@@ -19,17 +19,17 @@ from pathlib import Path
 import torch
 
 import yue
-from yue.model import kernels
+from yue.kernels import probe
 
 torch.set_num_threads(1)
 split, n = sys.argv[1], int(sys.argv[2])
 new_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 engines = {"two copies": yue.load(low_memory=False), "one copy": yue.load(low_memory=True)}
-print(kernels.choice().describe(), f"(packed one row / GEMV: {kernels.one_row_packed_ratio():.2f})")
-if kernels.choice().ok("onednn-f32"):  # the one-copy kernel the timing did not choose, for comparison
-    chosen = kernels.choice().float32_one_copy
-    kernels.ONE_COPY_TOLERANCE = float("inf") if chosen == "F.linear" else 0.0
-    engines[f"one copy, {kernels.choice().float32_one_copy} (not chosen)"] = yue.load(low_memory=True)
+print(probe.choice().describe(), f"(packed one row / GEMV: {probe.one_row_packed_ratio():.2f})")
+if probe.choice().ok("onednn-f32"):  # the one-copy kernel the timing did not choose, for comparison
+    chosen = probe.choice().float32_one_copy
+    probe.ONE_COPY_TOLERANCE = float("inf") if chosen == "F.linear" else 0.0
+    engines[f"one copy, {probe.choice().float32_one_copy} (not chosen)"] = yue.load(low_memory=True)
 lines = (Path(yue.__file__).parent / "assets" / f"{split}.jsonl").read_text().splitlines()
 prompts = [engines["one copy"].chat_prompt(json.loads(line)["messages"]) for line in lines][:n]
 for engine in engines.values():

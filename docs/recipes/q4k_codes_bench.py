@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests import quant_reference  # noqa: E402
-from yue.model import rowkernel  # noqa: E402
+from yue.kernels import rowkernel  # noqa: E402
 
 SHAPES = [(1536, 640), (640, 1024), (4096, 640), (640, 2048)]  # (out, in) of one Gemma 3 270M layer
 LAYERS = 18

@@ -17,13 +17,13 @@ package).
   default), against the same model with its AR head set back to the full float32 row-kernel head.
 - `float-weights`: the layers' Q4_1 weights held as their 4-bit codes (`rowkernel.q4_block`, the
   default where the `rows-q4` probe passes), against the same model with them held as float32
-  (`kernels.forced("rows-q4")`).
+  (`probe.forced("rows-q4")`).
 - `float-head`: the tied head's Q8_0 values held as 8-bit codes (`rowkernel.q8_block`, the default
   where the `rows-q8` probe passes), against the same model with the head float32
-  (`kernels.forced("rows-q8")`); with a `temperature` (sampled requests, seed 0 each, read every
+  (`probe.forced("rows-q8")`); with a `temperature` (sampled requests, seed 0 each, read every
   logit) as well as greedy ones (the screen's).
 - `torch-drafting`: the NAR layers' int8 matmuls on the row kernel, each layer one call
-  (`inference.RowInt8Linear`, the default where the row kernel runs), against torch's dynamic int8
+  (`prepare.RowInt8Linear`, the default where the row kernel runs), against torch's dynamic int8
   engine, op by op (as before; `lower_linear` without `row_kernel`).
 
 Prints seconds per engine and mode, the ratios, and how many outputs equal the other side's `ar`. Each
@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 
 import yue
-from yue.model import inference, kernels, layers
+from yue.kernels import prepare, probe
+from yue.model import layers
 
 torch.set_num_threads(1)
 split, n = sys.argv[1], int(sys.argv[2])
@@ -48,25 +49,25 @@ dtype = sys.argv[5] if len(sys.argv) > 5 else "float32"
 sampling = dict(temperature=float(sys.argv[6]), seed=0) if len(sys.argv) > 6 else {}
 engines = {}
 if against == "oneDNN":
-    for name, bound in (("row kernel", inference.ROW_STREAM_BYTES), ("oneDNN", 2**62)):
-        inference.ROW_STREAM_BYTES = bound  # `rows_kernel`: above the bound the row kernel, else oneDNN
+    for name, bound in (("row kernel", prepare.ROW_STREAM_BYTES), ("oneDNN", 2**62)):
+        prepare.ROW_STREAM_BYTES = bound  # `rows_kernel`: above the bound the row kernel, else oneDNN
         engines[name] = yue.load("yue-smol", dtype=dtype)
 elif against == "float-weights":
     engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
-    with kernels.forced("rows-q4"):
+    with probe.forced("rows-q4"):
         engines[against] = yue.load("yue-smol", dtype=dtype)
 elif against == "float-head":
     engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
-    with kernels.forced("rows-q8"):
+    with probe.forced("rows-q8"):
         engines[against] = yue.load("yue-smol", dtype=dtype)
 elif against == "torch-drafting":
     engines["row kernel"] = yue.load("yue-smol", dtype=dtype)
-    lower = inference.lower_linear
-    inference.lower_linear = lambda linear, dtype, row_kernel=False: lower(linear, dtype)
+    lower = prepare.lower_linear
+    prepare.lower_linear = lambda linear, dtype, row_kernel=False: lower(linear, dtype)
     try:
         engines[against] = yue.load("yue-smol", dtype=dtype)
     finally:
-        inference.lower_linear = lower
+        prepare.lower_linear = lower
 else:
     engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
 if against == "full-head":
@@ -78,8 +79,8 @@ elif against == "torch-layer":
     for layer in engines[against].model.model.layers:
         for decode_set in layer.decode_sets:
             decode_set.rms_norm, decode_set.blocked = layers.rms_norm, None
-            if decode_set.attention == "kernel":
-                decode_set.attention = "per-row" if dtype == "int4" else "padded"
+            if decode_set.attend.form == "kernel":
+                decode_set.attend.form = "per-row" if dtype == "int4" else "padded"
 assets = Path(yue.__file__).parent / "assets"
 prompts = [json.loads(line)["messages"] for line in (assets / f"{split}.jsonl").read_text().splitlines()][:n]
 for engine in engines.values():  # warm-up: first calls, and each engine's cost curve

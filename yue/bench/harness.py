@@ -37,8 +37,8 @@ from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
-from yue.model import kernels
-from yue.model.inference import resolve_dtype
+from yue.kernels import probe
+from yue.kernels.prepare import resolve_dtype
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
 PEERS = (*HF_PEERS, llamacpp.NAME)
@@ -73,7 +73,7 @@ class BenchConfig:
         device: "cpu" or "cuda[:N]" for ours and the transformers peers (llama.cpp: CPU only).
         cost_curve: time a verifying forward over 1..9 rows and the drafting pass (`costs.py`).
         dtype: the precision of ours and the transformers peers ("float32" or "bfloat16",
-            `inference.resolve_dtype`; "int4" is ours only, the peers run float32, the values it
+            `prepare.resolve_dtype`; "int4" is ours only, the peers run float32, the values it
             quantizes); llama.cpp runs the GGUF's own. Below float32, every set also gets
             a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
             and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
@@ -364,7 +364,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
         **extra,
     }
     if engine.model.device.type == "cpu":  # which kernels ours ran (`model/kernels.py`), as in the log
-        settings["kernels"] = kernels.describe()
+        settings["kernels"] = probe.describe()
     return BenchResult(engine.name, cfg.max_new_tokens, results, todo, settings, skipped, costs)
 
 

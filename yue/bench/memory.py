@@ -89,7 +89,7 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     import yue
-    from yue.model.inference import resolve_dtype
+    from yue.kernels.prepare import resolve_dtype
 
     torch.set_num_threads(spec.threads)
     # Imports allocate and free transient memory; reset the peak mark so it measures the run only

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from yue.model import kernels, rowkernel
+from yue.kernels import probe, rowkernel
 from yue.model.gguf import cache_root
 from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD
 from yue.model.masks import decode_mask
@@ -211,7 +211,7 @@ def cost_cache_key(model) -> str:
     """Same model shape and precision, device kind, CPU capability and kernels, threads and torch: same
     costs."""
     on_cpu = model.device.type == "cpu"
-    capability = torch.backends.cpu.get_cpu_capability() + kernels.describe() if on_cpu else ""
+    capability = torch.backends.cpu.get_cpu_capability() + probe.describe() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
     parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
     parts += [str(model.dtype), str(model.cache_dtype), decode_layout(model)]
@@ -241,7 +241,7 @@ def decode_layout(model) -> str:
     if layer.exact_rows:
         padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
         names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
-        attention = [names[sets[0].attention]] + (["one call a layer"] if sets[0].blocked is not None else [])
+        attention = [names[sets[0].attend.form]] + (["one call a layer"] if sets[0].blocked is not None else [])
     # The drafting pass's NAR layers: their matmuls' kind, and whether each is one row-kernel call.
     nar = next((s[1] for s in (layer.decode_sets for layer in model.model.layers) if s and len(s) > 1), None)
     drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]

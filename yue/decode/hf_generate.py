@@ -90,7 +90,7 @@ def generate(
         raise ValueError(f"no room for a new token: max_new_tokens {max_new} (max_length {gc.max_length})")
     sampling = bool(gc.do_sample)
     cfg = DecodeConfig(
-        mode=mode or (model.config.default_mode if model.config.has_nar else "ar"),
+        mode=mode or model.config.decode_mode,
         max_new_tokens=max_new,
         temperature=float(gc.temperature if gc.temperature is not None else 1.0) if sampling else 0.0,
         top_k=int(gc.top_k or 0) if sampling else 0,

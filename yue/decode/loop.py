@@ -29,6 +29,10 @@ Design decisions:
   same work, and a long prompt stalls the running rows no longer at its end than at its start.
   The chunks are fixed by the prompt's positions alone, never by what else is queued or by the budget,
   so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
+- With a prefix cache (`decode/prefix.py`), each chunk fed is stored, and a queued row whose prompt
+  starts with stored chunks starts its prefill after them (bucketed with rows of the same prompt length
+  and cached length), in the state its own chunks would have left: the same bits. Its policy state
+  (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without the cache.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.policies import get_policy, rows_at
+from yue.decode.prefix import PrefixCache, PrefixHit, feed_chunk, write_hit
 from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.state import Advance, LoopState
 from yue.decode.types import Step, TokenLogprob
@@ -103,6 +108,16 @@ def chunk_work(done: int, n: int) -> int:
     return -(-n * (done + PREFILL_KEYS) // PREFILL_KEYS)
 
 
+def grid_ends(length: int, inclusive: bool = False) -> list[int]:
+    """The chunk grid's boundaries inside `length` tokens, ascending: where a prompt of that length's
+    prefill chunks end before its last chunk (which its first decode step feeds); `inclusive`: up to
+    `length` itself, where it is one (a sequence fed whole, `prefix.PrefixFill`)."""
+    ends, end = [], 0
+    while (end := chunk_end(end, length + 1)) < length + inclusive:
+        ends.append(end)
+    return ends
+
+
 @dataclass
 class Prefill:
     """A bucket of rows (one prompt length) being prefilled, a chunk at a time, before it joins the batch.
@@ -150,6 +165,8 @@ class DecodeBatch:
             next step.
         corpus: the model's n-gram table of its own answers, for `verified`'s and `hybrid`'s corpus
             drafts (`decode/corpus.py`); None = none.
+        prefix_cache: chunks of earlier prompts to resume prefills after, and to store this batch's
+            chunks in (`decode/prefix.py`); None = none.
     """
 
     def __init__(
@@ -159,8 +176,10 @@ class DecodeBatch:
         costs: StepCosts | None = None,
         max_prefill_tokens: int | None = None,
         corpus: CorpusNgrams | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model, self.key, self.costs = model, batch_key(cfg), costs
+        self.prefix_cache = prefix_cache
         self.corpus = corpus if self.key.corpus_drafts else None
         self.policy = get_policy(cfg.mode)
         self.argmax_only = self.policy.argmax_only(self.key, model.config)
@@ -222,7 +241,7 @@ class DecodeBatch:
         fed, budget = 0, self.max_prefill_tokens
         while True:
             if not self.prefilling:
-                self.prefilling = [self._start(b) for b in self._buckets(self._admit(fed))]
+                self.prefilling = [self._start(*b) for b in self._buckets(self._admit(fed))]
                 if not self.prefilling:
                     break
             p = self.prefilling[0]
@@ -260,36 +279,45 @@ class DecodeBatch:
             tokens += n
         return taken
 
-    @staticmethod
-    def _buckets(rows: list[Row]) -> list[list[Row]]:
-        """Rows grouped by prompt length, one length a bucket: no left padding, so each row's prefill is
-        the forward it would be alone, bit for bit (a padded row's attention in torch's prefill SDPA got
-        other bits, ~1e-5 in SmolLM2's float32 hidden states, which the int4 precision's rounded
-        activations grew into other tokens). On a CPU this costs nothing: the row kernel takes a
-        prefill's rows 9 at a time however they are batched, and padding was compute."""
-        buckets: list[list[Row]] = []
-        for row in sorted(rows, key=lambda r: len(r.prompt)):
-            if buckets and len(row.prompt) == len(buckets[-1][0].prompt):
-                buckets[-1].append(row)
+    def _buckets(self, rows: list[Row]) -> list[tuple[list[Row], list[PrefixHit]]]:
+        """Rows grouped by prompt length and cached prefix length (`prefix_cache`), with their cache hits:
+        no left padding, so each row's prefill is the forward it would be alone, bit for bit (a padded
+        row's attention in torch's prefill SDPA got other bits, ~1e-5 in SmolLM2's float32 hidden states,
+        which the int4 precision's rounded activations grew into other tokens). On a CPU this costs
+        nothing: the row kernel takes a prefill's rows 9 at a time however they are batched, and padding
+        was compute."""
+        cache = self.prefix_cache
+        hits = [
+            cache.lookup(r.prompt, grid_ends(len(r.prompt))) if cache is not None else PrefixHit()
+            for r in rows
+        ]
+        buckets: list[tuple[list[Row], list[PrefixHit]]] = []
+        shape = lambda i: (len(rows[i].prompt), hits[i].length)  # noqa: E731
+        for i in sorted(range(len(rows)), key=shape):
+            if buckets and shape(i) == (len(buckets[-1][0][0].prompt), buckets[-1][1][0].length):
+                buckets[-1][0].append(rows[i])
+                buckets[-1][1].append(hits[i])
             else:
-                buckets.append([row])
+                buckets.append(([rows[i]], [hits[i]]))
         return buckets
 
-    def _start(self, rows: list[Row]) -> Prefill:
-        """A bucket's prefill (one prompt length): its cache, sized for the prompt, the answer and slots."""
+    def _start(self, rows: list[Row], hits: list[PrefixHit]) -> Prefill:
+        """A bucket's prefill (one prompt length, one cached length): its cache, sized for the prompt, the
+        answer and slots, holding each row's cached chunks (`hits`), if any."""
         model = self.model
         T = len(rows[0].prompt)
         capacity = T + max(r.cfg.max_new_tokens for r in rows) + slot_capacity(self.key)
         prompt = torch.tensor([r.prompt for r in rows], device=model.device)
-        return Prefill(rows, model.new_cache(len(rows), capacity), prompt)
+        cache = model.new_cache(len(rows), capacity)
+        for b, hit in enumerate(hits):
+            write_hit(cache, b, hit, 0)
+        cache.advance(hits[0].length)
+        return Prefill(rows, cache, prompt, hits[0].length)
 
     def _feed(self, p: Prefill) -> None:
         """Feed a bucket's next chunk (not its last) into its cache; no logits."""
-        end, cache = p.next_end(), p.cache
-        n = end - p.done
-        mask = decode_mask(cache.length, n, 0, cache.key_valid, self.model.device)
-        self.model.step(p.prompt[:, p.done : end], cache.positions(self._arange(n)), n, mask, cache, 0)
-        cache.advance(n)
+        end = p.next_end()
+        feed_chunk(self.model, p.cache, p.prompt, p.done, end, self._arange(end - p.done), self.prefix_cache)
         p.done = end
 
     def _group(self, p: Prefill) -> Group:

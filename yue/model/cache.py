@@ -16,7 +16,7 @@ Design decisions:
   columns gathered to the left) before it grows the buffer.
 - The cache is a plain object, not a module buffer: it never enters a checkpoint.
 - Its capacity is a multiple of 64 columns (`padded_capacity`): row-exact attention reads keys in
-  ranges padded to that multiple (`layers.MoTLayer._attend_exact`).
+  ranges padded to that multiple (`decode_set.ExactAttention`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from yue.model.layers import EXACT_KEY_PAD, round_up
 
 def padded_capacity(columns: int) -> int:
     """Columns rounded up to a multiple of `layers.EXACT_KEY_PAD`, so row-exact attention's padded key
-    range (`MoTLayer._attend_exact`) always lies inside the buffers."""
+    range (`ExactAttention`) always lies inside the buffers."""
     return round_up(columns, EXACT_KEY_PAD)
 
 

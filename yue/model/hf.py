@@ -362,7 +362,7 @@ def export_ar(model: YueForCausalLM, out_dir: str | Path, tokenizer_file: str | 
 
     Raises:
         ValueError: a model prepared for decoding whose AR layers are held only packed
-            (`inference.release_unpacked`): export the model as loaded (`engine.load_unprepared`).
+            (`prepare.release_unpacked`): export the model as loaded (`engine.load_unprepared`).
     """
     out_dir = Path(out_dir)
     if any(layer.exact_rows for layer in model.model.layers):

@@ -17,7 +17,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,13 +29,20 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from yue.config import YueConfig
-from yue.model import rowkernel
 from yue.model.cache import KVCache
-from yue.model.inference import expand_draft_logits, prepare_for_decoding
-from yue.model.layers import MoTLayer, RMSNorm, RotaryTable, kernel_mask, one_call_rows
+from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.masks import decode_mask
 from yue.model.router import Router
-from yue.model.screen import ScreenedHead
+
+# Logit of tokens outside a reduced drafting vocabulary: finite (entropies stay defined), never drafted.
+DRAFT_FILL = -1e9
+
+
+def expand_draft_logits(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits over a drafting vocabulary (..., Vd) -> over the whole vocabulary (..., V), DRAFT_FILL elsewhere."""
+    full = sub.new_full((*sub.shape[:-1], vocab_size), DRAFT_FILL)
+    # scatter_, not index_copy_ along the last dimension: faster at a drafting pass's shapes (measured).
+    return full.scatter_(-1, ids.expand(*sub.shape[:-1], -1), sub)
 
 
 class SlotEntry(nn.Module):
@@ -61,10 +67,10 @@ class SlotEntry(nn.Module):
         self.lowered: tuple[nn.Module, nn.Module] | None = None
         self.row_norm = None
 
-    def lower(self, lower, row_norm: bool) -> None:
-        """For drafting passes (`inference.prepare_for_decoding`): W's anchor and token halves as `lower`
-        makes them (int8 drafting: `matmuls.RowInt8Linear`), the norm on yue's row kernel where
-        `row_norm`. Why: in float32 these two matmuls are a sizeable, memory-bound share of a drafting
+    def lower(self, lower, row_norm=None) -> None:
+        """For drafting passes (`yue.kernels.prepare`): W's anchor and token halves as `lower` makes them
+        (int8 drafting: `matmuls.RowInt8Linear`), the norm as `row_norm` (x -> normed x, yue's row kernel's
+        on a CPU in float32) where given. Why: in float32 these two matmuls are a sizeable, memory-bound share of a drafting
         pass (caches cold between decode steps); int8 reads a quarter of the bytes (docs/results-log.md)."""
         d = self.norm.weight.shape[0]
         halves = []
@@ -73,8 +79,7 @@ class SlotEntry(nn.Module):
             linear.weight = nn.Parameter(half.detach().clone(), requires_grad=False)
             halves.append(lower(linear))
         self.lowered = (halves[0], halves[1])
-        if row_norm:
-            self.row_norm = functools.partial(rowkernel.rms_norm, weight=self.norm.weight, eps=self.norm.eps)
+        self.row_norm = row_norm
 
     def forward(self, anchor: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
         """anchor: (B, 1|n, D) hidden state entering the first NAR layer at each slot's anchor;
@@ -120,12 +125,12 @@ class MoTModel(nn.Module):
         local_theta = feats.local_rope_theta
         self.local_rope = None if local_theta is None else RotaryTable(config.head_dim, local_theta, rope_len)
         # Per parameter set (False: AR, True: NAR), its layers as one row-kernel call where each is one
-        # (`inference.kernel_stacks`, set when prepared for decoding); not a buffer or a parameter.
-        self.kernel_stacks: dict[bool, rowkernel.StackWeights] = {}
+        # (`yue.kernels.decode_set.LayerStack`, set when prepared for decoding); not a buffer or a parameter.
+        self.kernel_stacks: dict[bool, Callable] = {}
         # A drafting pass's final norm on yue's row kernel (set when prepared, on a CPU in float32): torch's
         # per-call overhead dominates there. Committed rows keep torch's, whose bits `ar` has.
         self.slot_norm = None
-        # Whether `inference.prepare_for_decoding` has run (a layer whose family's features the fused decode
+        # Whether `prepare.prepare_for_decoding` has run (a layer whose family's features the fused decode
         # path lacks keeps `decode_sets` None).
         self.prepared = False
 
@@ -263,24 +268,14 @@ class MoTModel(nn.Module):
         return h_c, h_s
 
     def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
-        """`_layers` in one row-kernel call (`rowkernel.stack`; a batch of more rows, one per group of
-        whole batch rows) where a decode step's rows are all of one parameter set (committed rows, or a
-        drafting pass's slots) and that set's layers are each one call (`DecodeSet.whole_layer`, the
-        condition `MoTLayer._decode` checks): the same calls in C, the same bits, without the per-call
-        overhead of Python a layer. None where it does not apply."""
-        nar = h_s.shape[1] > 0
-        h = h_s if nar else h_c
-        weights = self.kernel_stacks.get(nar)
-        if weights is None or cache is None or first >= last or first < weights.first:
-            return None
-        if (h_c.shape[1] and h_s.shape[1]) or not h.shape[1] or not one_call_rows(h, start):
-            return None
-        visible = kernel_mask(mask, start, h.shape[1])  # one set's rows: row0 0, its K/V from `start`
-        # The step's RoPE rows may run on past these rows (slots that join above the layers run here).
-        Tc = h_c.shape[1]
-        cos, sin = (cos[..., Tc:, :], sin[..., Tc:, :]) if nar else (cos[..., :Tc, :], sin[..., :Tc, :])
-        out = rowkernel.stack(h, weights, first, last, cos, sin, (cache.k, cache.v), visible, start)
-        return (h_c, out) if nar else (out, h_s)
+        """`_layers` in one call where the prepared model has its set's layers as one stack
+        (`kernel_stacks`: a decode step's rows all of one parameter set); None where it does not apply."""
+        stack = self.kernel_stacks.get(h_s.shape[1] > 0)
+        return (
+            None
+            if stack is None or cache is None
+            else stack(h_c, h_s, cos, sin, mask, cache, start, first, last)
+        )
 
     def _final(self, h_c: torch.Tensor, h_s: torch.Tensor) -> torch.Tensor:
         if not h_c.shape[1]:
@@ -349,27 +344,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def prepare_for_decoding(
-        self, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
-    ) -> YueForCausalLM:
-        """Ready the model for fast decoding, in place: matmul weights input-major, fused Q/K/V and
-        gate/up, and optionally drafting in a lower precision (`drafting_dtype`: torch.qint8 on a CPU,
-        or torch.bfloat16) for the NAR set and a copy of the LM head for slot rows.
-
-        The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts
-        (and what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its
-        own: the AR layers in 4 bits (`matmuls.int4_matmul`). `low_memory`: a
-        float32 model's AR matmuls hold one copy of their weights, not two (slower verifying rows or
-        one-row steps, by CPU; `inference.prepare_for_decoding`). See `inference.py` for why and the
-        measured gains. Inference only: a prepared model cannot be saved; save it before
-        preparing it.
-        """
-        prepare_for_decoding(self, drafting_dtype, int4, low_memory)
-        return self
-
     @property
     def prepared_for_decoding(self) -> bool:
-        """Whether `prepare_for_decoding` has run (the layers then hold their `DecodeSet`s)."""
+        """Whether `yue.kernels.prepare_for_decoding` has run (the layers then hold their decode paths)."""
         return self.model.prepared
 
     def save_pretrained(self, *args, **kwargs):
@@ -431,7 +408,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         first = 0 if n_logits is None else n_committed - n_logits
         n_ar = n_committed - first
         head = self.ar_head or self.lm_head
-        screened = top1 and isinstance(head, ScreenedHead)
+        screened = top1 and hasattr(head, "top1_entropy")  # an int8 screen (`ScreenedHead`)
         # Logits leave in float32 whatever the precision: the choice is the same, and torch's CPU argmax
         # and softmax over bfloat16 are several times slower (measured: docs/results-log.md).
         if self.draft_head is None and self.draft_vocab is None and not screened:

@@ -33,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from yue import __version__
 from yue.chat import ChatTemplate
 from yue.config import DecodeConfig
+from yue.decode.prefix import MIB, PrefixCache
 from yue.decode.types import GenerationStats
 from yue.serve import schemas as s
 from yue.serve.config import ServeConfig, check_choices, check_limits
@@ -99,9 +100,12 @@ class ServerState:
         self.failed: str | None = None
         self.lifespans = 0
         self.created = int(time.time())
+        mb = config.prefix_cache_mb
+        self.prefix_cache = PrefixCache(mb * MIB) if mb else None
         self.metrics = Metrics(
             running=lambda: self.scheduler.running if self.scheduler else 0,
             waiting=lambda: self.scheduler.waiting if self.scheduler else 0,
+            prefix_cache=self.prefix_cache,
         )
 
     async def start(self) -> None:
@@ -117,7 +121,12 @@ class ServerState:
             self.template = ChatTemplate(self.chat_template_source) if self.chat_template_source else None
             c = self.config
             self.scheduler = Scheduler(
-                self.engine, c.max_batch_size, c.max_queue, c.max_batch_tokens, on_step=self.metrics.step
+                self.engine,
+                c.max_batch_size,
+                c.max_queue,
+                c.max_batch_tokens,
+                on_step=self.metrics.step,
+                prefix_cache=self.prefix_cache,
             )
             self.metrics.model_name = self.engine.name
             log.info("model %s ready", self.engine.name)

@@ -8,6 +8,10 @@ Design decisions:
   per forward, and that is the speed-up the histogram should show).
 - Drafting counters come from the engine's `GenerationStats` once a request ends (cancelled ones
   included: their forwards were spent).
+- The prefix cache's counters (`decode/prefix.py`) are read from it when the exposition is written
+  (it counts on the scheduler thread); queries and hits are counted in tokens, as vLLM's
+  `prefix_cache_queries` / `prefix_cache_hits`, so hits / queries is the share of prompt tokens not
+  prefilled again. Absent when the cache is off.
 - Labels follow vLLM's, so its dashboards' queries read ours: every sample carries `model_name` (the
   served model's name, added when the exposition is written: one place, every metric), and finished
   requests are counted by `finished_reason`.
@@ -19,9 +23,10 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from yue.batcher import BatchStep
+from yue.decode.prefix import PrefixCache
 from yue.decode.types import GenerationStats, StreamEvent
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -32,8 +37,12 @@ _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 class Metrics:
     """All of the server's metrics, registered in a registry of their own."""
 
-    def __init__(self, running: Callable[[], int], waiting: Callable[[], int]) -> None:
+    def __init__(
+        self, running: Callable[[], int], waiting: Callable[[], int], prefix_cache: PrefixCache | None = None
+    ) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        if prefix_cache is not None:
+            r.register(_PrefixCacheCollector(prefix_cache))
         self.model_name = ""  # set once the model has loaded (`ServerState.start`)
         self.ttft = Histogram(
             "yue_time_to_first_token_seconds", "Arrival to first token.", registry=r, buckets=_LATENCY_BUCKETS
@@ -171,6 +180,40 @@ class RequestTracker:
             m.accepted_per_pos.labels(position=str(pos)).inc(count)
         for mode, count in stats.router_decisions.items():
             m.router.labels(mode=mode).inc(count)
+
+
+class _PrefixCacheCollector:
+    """The prefix cache's counters, read as the exposition is written."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        s, c = self.cache.stats, self.cache
+        yield CounterMetricFamily(
+            "yue_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.queried_tokens
+        )
+        yield CounterMetricFamily(
+            "yue_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (not prefilled again).",
+            s.hit_tokens,
+        )
+        lookups = CounterMetricFamily(
+            "yue_prefix_cache_lookups",
+            "Requests looked up, by whether any chunk was found.",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], s.hits)
+        lookups.add_metric(["miss"], s.misses)
+        yield lookups
+        yield CounterMetricFamily("yue_prefix_cache_evictions", "Chunks dropped for room.", s.evictions)
+        yield CounterMetricFamily(
+            "yue_prefix_cache_filled_tokens",
+            "Tokens of finished answers prefilled into the cache while idle.",
+            s.filled_tokens,
+        )
+        yield GaugeMetricFamily("yue_prefix_cache_usage_bytes", "Bytes the prefix cache holds.", c.bytes)
+        yield GaugeMetricFamily("yue_prefix_cache_capacity_bytes", "The prefix cache's bound.", c.max_bytes)
 
 
 class _WithModelName:

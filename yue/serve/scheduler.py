@@ -14,6 +14,8 @@ Design decisions:
   `asyncio.Queue`; a job whose loop has gone away is cancelled.
 - Other work on the model (scoring a prompt: `call`) runs on the same thread, between steps: the
   engine is never used by two threads at once.
+- With a prefix cache, an idle thread wakes for the batcher's fills (`Batcher.fill_wait`: finished
+  answers prefilled into the cache a chunk a step, once no request has run for a moment), then sleeps.
 - A step that raises fails no one but its cause: the batcher retries the batch's rows alone and hands
   the exception to the one request that still fails (`Job.deliver`). Only if the batcher's own step
   raises (a bug) are all running jobs failed, and still not the server.
@@ -31,6 +33,7 @@ from concurrent.futures import Future
 
 from yue.batcher import Batcher, Request
 from yue.config import DecodeConfig
+from yue.decode.prefix import PrefixCache
 from yue.decode.types import StreamEvent
 
 log = logging.getLogger("yue.serve")
@@ -89,6 +92,7 @@ class Scheduler:
         max_queue: admitted jobs waiting beyond those.
         max_batch_tokens: prompt tokens prefilled per step (None = no bound).
         on_step: called after each step that ran with its `BatchStep` and its seconds (metrics).
+        prefix_cache: the batcher's prefix cache (`decode/prefix.py`), or None.
     """
 
     def __init__(
@@ -98,8 +102,9 @@ class Scheduler:
         max_queue: int,
         max_batch_tokens: int | None = None,
         on_step=None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
-        self.batcher = Batcher(engine, max_batch_size, max_batch_tokens)
+        self.batcher = Batcher(engine, max_batch_size, max_batch_tokens, prefix_cache)
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.on_step = on_step
@@ -185,7 +190,10 @@ class Scheduler:
         while True:
             with self._cv:
                 while not (self._waiting or self._running or self._calls or self._closed):
-                    self._cv.wait()
+                    wait = self.batcher.fill_wait()  # None: no fill queued, sleep until notified
+                    if wait == 0:
+                        break
+                    self._cv.wait(wait)
                 if self._closed:
                     break
                 admitted, calls = self._take(), list(self._calls)

@@ -67,8 +67,7 @@ def write_card(
     sd = _load(model_dir / "selfdistill_report.json")
     router = _load(model_dir / "router_report.json")
     config = json.loads((model_dir / "config.json").read_text())
-    ev = stage1["final_eval"]
-    hw = stage1["hardware"]
+    rounds = [*sd.get("previous", []), sd] if sd else []
     out = [
         "# yue-code-mini",
         "",
@@ -76,6 +75,44 @@ def write_card(
         "project's own recipe on the Python standard library, on 2 CPU cores. Small, for speed on a laptop;",
         "it writes plausible-looking Python, not correct programs.",
         "",
+        *_recipe_section(stage1, config, rounds, router),
+        "",
+        "## Size",
+        f"{_params(stage1)}. Hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, "
+        f"{config['num_attention_heads']} heads ({config['num_key_value_heads']} KV), MLP "
+        f"{config['intermediate_size']}, K = {config['block_size']} slots per NAR block. Sized so the joint "
+        "stage fits about an hour of 2 shared CPU cores (~1.5k tokens/s) and the decoder's forward stays a "
+        "few milliseconds on one core; float32 weights stay under the 40 MiB package budget.",
+        "",
+        *_quality_section(stage1["final_eval"], rounds),
+        "",
+        "### Router calibration",
+        "",
+        *_router_section(router),
+    ]
+    if calibration:
+        out += ["", "### Default router threshold", "", calibration["text"]]
+    if bench:
+        out += _speed_section(bench)
+    out += [
+        "",
+        "## Greedy completions (verbatim, `mode=ar`, 64 new tokens)",
+        "",
+        "A prompt that ends in a newline splits a token the tokenizer would have merged with the next",
+        "line's indentation (`\\n` + spaces), so the model reads it as the end of a top-level block.",
+        "",
+    ]
+    for prompt, text in _completions(model_dir):
+        out += ["```python", prompt + text, "```", ""]
+    path = model_dir / "README.md"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def _recipe_section(stage1: dict, config: dict, rounds: list[dict], router: dict) -> list[str]:
+    """The card's data and recipe: each stage's command, steps, tokens and time."""
+    hw = stage1["hardware"]
+    out = [
         "## Data",
         f"The running interpreter's standard library (`Lib/**/*.py`, test folders excluded): "
         f"{stage1['data']['train_files']} training files ({stage1['data']['train_tokens']:,} tokens), "
@@ -93,7 +130,6 @@ def write_card(
         f"{stage1['wall_s'] / 60:.1f} min:",
         f"   `{stage1['command']}`",
     ]
-    rounds = [*sd.get("previous", []), sd] if sd else []
     for i, r in enumerate(rounds, start=1):
         command = r.get("command") or (
             f"yue self-distill --model <stage-1 model> --out <stage-2 model> --sequences {r['sequences']} "
@@ -114,15 +150,12 @@ def write_card(
             f"{(router['collect_s'] + router['train_s']) / 60:.1f} min):",
             "   `yue train-router --model <stage-2 model> --data <round-3 model>/data/router_sequences.safetensors`",
         ]
-    out += [
-        "",
-        "## Size",
-        f"{_params(stage1)}. Hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, "
-        f"{config['num_attention_heads']} heads ({config['num_key_value_heads']} KV), MLP "
-        f"{config['intermediate_size']}, K = {config['block_size']} slots per NAR block. Sized so the joint "
-        "stage fits about an hour of 2 shared CPU cores (~1.5k tokens/s) and the decoder's forward stays a "
-        "few milliseconds on one core; float32 weights stay under the 40 MiB package budget.",
-        "",
+    return out
+
+
+def _quality_section(ev: dict, rounds: list[dict]) -> list[str]:
+    """The card's losses and NAR accuracies: stage 1's validation, each round's held-out sequences."""
+    out = [
         "## Quality",
         f"Validation after stage 1: AR loss {ev['ar_loss']:.3f} (perplexity {2.718281828 ** ev['ar_loss']:.1f}), "
         f"NAR loss {ev['nar_loss']:.3f}.",
@@ -135,47 +168,35 @@ def write_card(
             "NAR accuracy per slot against the AR path's own greedy tokens, on each round's held-out new "
             "sequences (never trained on), before → after the round:",
         ]
-        for i, r in enumerate(rounds, start=1):
-            out += [
-                f"- round {i} before: {_pct(r['held_out_nar_acc_before'])}",
-                f"- round {i} after:  {_pct(r['held_out_nar_acc_after'])}",
-            ]
-            revealed = r.get("held_out_nar_acc_slot1_revealed_after")
-            if revealed:  # slot 1 is never predicted when revealed: its entry is null
-                before = r["held_out_nar_acc_slot1_revealed_before"]
-                out.append(
-                    f"- round {i}, slot 1 revealed as decoding's drafting pass shows it, slots 2..K: "
-                    f"{_pct(before[1:])} → {_pct(revealed[1:])}"
-                )
-    out += ["", "### Router calibration", "", *_router_section(router)]
-    if calibration:
-        out += ["", "### Default router threshold", "", calibration["text"]]
-    if bench:
-        from yue.bench.report import markdown_table
-
+    for i, r in enumerate(rounds, start=1):
         out += [
-            "",
-            "### Speed and fidelity (yue bench, development set)",
-            "",
-            f"`yue bench` on the {bench['prompts']}-prompt development set, {bench['max_new_tokens']} new "
-            "tokens, one thread, the transformers peers on the same weights (command and reading in the "
-            "project README):",
-            "",
-            markdown_table(bench),
+            f"- round {i} before: {_pct(r['held_out_nar_acc_before'])}",
+            f"- round {i} after:  {_pct(r['held_out_nar_acc_after'])}",
         ]
-    out += [
+        revealed = r.get("held_out_nar_acc_slot1_revealed_after")
+        if revealed:  # slot 1 is never predicted when revealed: its entry is null
+            before = r["held_out_nar_acc_slot1_revealed_before"]
+            out.append(
+                f"- round {i}, slot 1 revealed as decoding's drafting pass shows it, slots 2..K: "
+                f"{_pct(before[1:])} → {_pct(revealed[1:])}"
+            )
+    return out
+
+
+def _speed_section(bench: dict) -> list[str]:
+    """The card's `yue bench` table on the development set."""
+    from yue.bench.report import markdown_table
+
+    return [
         "",
-        "## Greedy completions (verbatim, `mode=ar`, 64 new tokens)",
+        "### Speed and fidelity (yue bench, development set)",
         "",
-        "A prompt that ends in a newline splits a token the tokenizer would have merged with the next",
-        "line's indentation (`\\n` + spaces), so the model reads it as the end of a top-level block.",
+        f"`yue bench` on the {bench['prompts']}-prompt development set, {bench['max_new_tokens']} new "
+        "tokens, one thread, the transformers peers on the same weights (command and reading in the "
+        "project README):",
         "",
+        markdown_table(bench),
     ]
-    for prompt, text in _completions(model_dir):
-        out += ["```python", prompt + text, "```", ""]
-    path = model_dir / "README.md"
-    path.write_text("\n".join(out) + "\n")
-    return path
 
 
 def main() -> None:

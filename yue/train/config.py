@@ -31,7 +31,7 @@ class TrainConfig:
     # Optimisation.
     steps: int = 1000
     seq_len: int = 256
-    batch_size: int = 16  # per process
+    batch_size: int = 16  # sequences per step, over all processes (each takes an equal share)
     lr: float = 3e-3  # peak learning rate
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 100

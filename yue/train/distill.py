@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 from tokenizers import AddedToken, Tokenizer
 from transformers import AutoConfig, LlamaForCausalLM
 
@@ -156,6 +157,8 @@ def distill(base_dir: str | Path, out_dir: str | Path, cfg: DistillConfig = Dist
 
     for p in model.parameters():
         p.requires_grad_(True)
+    if not PartialState().is_main_process:  # under `accelerate launch`: the main process writes
+        return report
     save_model_folder(model, tok, out_dir)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     (Path(out_dir) / "distill_report.json").write_text(json.dumps(report, indent=2))

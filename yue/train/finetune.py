@@ -4,7 +4,8 @@ Stages, each measured on the user's own data:
   1. Base: masked AR loss, and mean accepted drafts per verifying step on prompts cut from the data.
   2. LoRA on the AR set's projections (`adapters.ar_target_regex`: never the `nar_` modules), AR
      cross-entropy on the tokens that carry loss (`finetune_data`). Seeded, warm-up + cosine
-     (`loop.lr_at`), atomic checkpoints of the LoRA tensors and optimizer (`checkpoint.py`), `--resume`.
+     (`trainer.lr_at`), atomic checkpoints of the LoRA tensors and optimizer (`trainer.py`), `--resume`,
+     on one process or under `accelerate launch`.
   3. The adapter is saved (peft's files + the base's identity), merged into the AR set, and measured
      with the old drafts ("adapter, no refresh").
   4. Refresh: the adapted model writes AR-greedy continuations of prompts from the data; the NAR set
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from accelerate import PartialState
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -44,11 +46,11 @@ from yue.model.adapters import (
 )
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import YueTokenizer
-from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from yue.train.checkpoint import latest_checkpoint
 from yue.train.config import FinetuneConfig
 from yue.train.finetune_data import TokenStream, read_finetune_data
 from yue.train.finetune_drafts import accepted_drafts, measuring_prompts, refresh_drafts
-from yue.train.loop import lr_at
+from yue.train.trainer import Trainer, lr_at, make_accelerator
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +61,24 @@ RESUME_FREE_FIELDS = frozenset({"threads", "save_every", "measure_prompts", "mea
 # Loss and acceptance
 
 
-def masked_loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Mean next-token cross-entropy over the tokens that carry loss, and how many there were.
+def masked_nll(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy over the tokens that carry loss, and how many there were (tensor).
 
     Args:
         x: (B, T) tokens; target: (B, T) bool, True where token j is a target (predicted from x[:, :j]).
     """
     logits = model(x).logits[:, :-1]  # (B, T-1, V): position j predicts token j+1
     on = target[:, 1:]
-    n = int(on.sum())
-    if n == 0:
-        return logits.sum() * 0.0, 0
-    return F.cross_entropy(logits[on].float(), x[:, 1:][on]), n
+    total = (
+        F.cross_entropy(logits[on].float(), x[:, 1:][on], reduction="sum") if on.any() else logits.sum() * 0.0
+    )
+    return total, on.sum()
+
+
+def masked_loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Mean next-token cross-entropy over the tokens that carry loss, and how many there were."""
+    total, n = masked_nll(model, x, target)
+    return total / n.clamp(min=1), int(n)
 
 
 @torch.no_grad()
@@ -129,49 +137,70 @@ def check_resume_config(run_dir: Path, cfg: FinetuneConfig) -> None:
         raise ValueError(f"--resume with settings that differ from the run in {run_dir}: {', '.join(diff)}")
 
 
+class LoraObjective(nn.Module):
+    """The LoRA training forward as one module (what accelerate wraps): (x, target) -> masked_nll."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return masked_nll(self.net, x, target)
+
+
 def train_lora(
     peft_model, stream: TokenStream, cfg: FinetuneConfig, run_dir: Path, resume: bool, progress: bool = True
 ) -> list[dict]:
-    """LoRA steps [start, cfg.steps), checkpointed every `save_every`; returns the per-step log."""
+    """LoRA steps [start, cfg.steps), checkpointed every `save_every`; returns the per-step log.
+
+    Runs on one process or under `accelerate launch` (`cfg.batch_size` is the global batch)."""
     lora = LoraTensors(peft_model)
-    params = list(lora.parameters())
-    opt = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=False
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = 0
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if ckpt is not None:
-        check_resume_config(run_dir, cfg)
-        start = load_checkpoint(ckpt, lora, opt)["step"]
-        log.info("resumed from %s at step %d", ckpt, start)
-    elif (run_dir / "checkpoints").exists():
-        shutil.rmtree(run_dir / "checkpoints")  # a fresh run: an older run's steps must not be resumed
-    (run_dir / "finetune_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     net = peft_model.get_base_model()  # LoRA layers are injected in place: this forward runs them
+    accelerator = make_accelerator(cpu=net.device.type == "cpu")
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and latest_checkpoint(run_dir) is not None:
+            check_resume_config(run_dir, cfg)
+        elif not resume and (run_dir / "checkpoints").exists():
+            shutil.rmtree(run_dir / "checkpoints")  # a fresh run: an older run's steps must not be resumed
+        (run_dir / "finetune_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    accelerator.wait_for_everyone()
+    trainer = Trainer(
+        LoraObjective(net),
+        list(lora.parameters()),
+        cfg,
+        cfg.batch_size,
+        saved=lora,
+        run_dir=run_dir,
+        accelerator=accelerator,
+    )
+    start = trainer.resume()["step"] if resume else 0
     net.train()
     history = []
-    bar = tqdm(total=cfg.steps, initial=start, desc="LoRA", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=cfg.steps, initial=start, desc="LoRA", disable=not (progress and trainer.is_main))
     t0 = time.perf_counter()
     for step in range(start, cfg.steps):
-        x, target = stream.batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)  # duck-typed: lr, warmup_steps, steps, min_lr_ratio
-        loss, n = masked_loss(net, x.to(net.device), target.to(net.device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        x, target = stream.batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)  # the global batch
+        mine = trainer.rows()
+        total, n = trainer.net(x[mine].to(net.device), target[mine].to(net.device))
+        loss, value = trainer.global_mean(total, n)
+        trainer.update(loss, step)
         done = step + 1
-        rec = {"step": done, "loss": round(loss.item(), 5), "lr": lr_at(step, cfg), "targets": n}
+        rec = {
+            "step": done,
+            "loss": round(value, 5),
+            "lr": lr_at(step, cfg),
+            "targets": int(target[:, 1:].sum()),
+        }
         history.append(rec)
         tok_s = (done - start) * x.numel() / max(time.perf_counter() - t0, 1e-9)
         bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{tok_s:.0f}", refresh=False)
         bar.update(1)
-        with (run_dir / "log.jsonl").open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if trainer.is_main:
+            with (run_dir / "log.jsonl").open("a") as f:
+                f.write(json.dumps(rec) + "\n")
         if done % cfg.save_every == 0 or done == cfg.steps:
-            save_checkpoint(run_dir, done, lora, opt, {"seed": cfg.seed})
+            trainer.save(done, {"seed": cfg.seed})
     bar.close()
     net.eval()
     return history
@@ -249,8 +278,11 @@ def finetune(
     peft_model = wrap_lora(base, cfg)
     history = train_lora(peft_model, stream, cfg, out_dir / "run", resume, progress)
     timer.mark("lora_s")
+    # Under `accelerate launch` every process holds the same weights from here on; one writes them.
+    main = PartialState().is_main_process
     loss_after = eval_loss(peft_model.get_base_model(), stream, cfg.seq_len)
-    save_adapter(peft_model, out_dir, identity)
+    if main:
+        save_adapter(peft_model, out_dir, identity)
     adapted = peft_model.merge_and_unload().eval()
     acc_adapter = measure(adapted)
     timer.mark("measure_adapter_s")
@@ -258,11 +290,12 @@ def finetune(
     refresh, acc_refreshed = None, None
     if cfg.refresh_steps > 0 and has_drafts:
         refresh = refresh_drafts(adapted, stream, cfg, progress)
-        tmp = out_dir / f".tmp-{DRAFTS_FILE}"
-        from safetensors.torch import save_file
+        if main:
+            tmp = out_dir / f".tmp-{DRAFTS_FILE}"
+            from safetensors.torch import save_file
 
-        save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
-        tmp.replace(out_dir / DRAFTS_FILE)
+            save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
+            tmp.replace(out_dir / DRAFTS_FILE)
         timer.mark("refresh_s")
         acc_refreshed = measure(adapted)
         timer.mark("measure_refreshed_s")
@@ -294,7 +327,8 @@ def finetune(
         "refresh": refresh,
         "timings": timer.marks,
     }
-    (out_dir / "finetune_report.json").write_text(json.dumps(report, indent=2))
+    if main:
+        (out_dir / "finetune_report.json").write_text(json.dumps(report, indent=2))
     return report
 
 

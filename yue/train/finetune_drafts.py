@@ -19,7 +19,8 @@ import torch
 
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
-from yue.model.inference import resolve_drafting_dtype
+from yue.kernels import prepare_for_decoding
+from yue.kernels.prepare import resolve_drafting_dtype
 from yue.model.mot import YueForCausalLM
 from yue.train.config import FinetuneConfig
 from yue.train.finetune_data import TokenStream
@@ -50,7 +51,7 @@ def accepted_drafts(model: YueForCausalLM, prompts: list[list[int]], new_tokens:
     A verifying step is one that drafted at least one slot; "per forward" counts every forward,
     drafting passes included.
     """
-    drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
+    drafter = prepare_for_decoding(copy.deepcopy(model), resolve_drafting_dtype("auto", model.device))
     out = {}
     for label, threshold in (("every_slot", None), ("router", ROUTER_GATE)):
         cfg = DecodeConfig(mode="verified", max_new_tokens=new_tokens, router_threshold=threshold)
@@ -98,7 +99,7 @@ def refresh_drafts(
     # Router: labels from the refreshed drafts, drafted as decoding drafts them (prepared copy).
     for p in model.parameters():
         p.requires_grad_(False)
-    drafter = copy.deepcopy(model).prepare_for_decoding(resolve_drafting_dtype("auto", model.device))
+    drafter = prepare_for_decoding(copy.deepcopy(model), resolve_drafting_dtype("auto", model.device))
     examples = greedy_examples(drafter, seqs.tokens, seqs.prompt_len, anchors_per_seq=32, seed=cfg.seed)
     r_train, r_held = examples.split_by_group(0.2, seed=cfg.seed)
     r_before = evaluate_router(model.router, r_held)

@@ -1,14 +1,13 @@
 """The training loop: joint loss, AdamW with warm-up + cosine, evaluation, atomic checkpoints, resume.
 
 Design decisions:
-- Deterministic by construction: the batch of step s is a pure function of (seed, s) (`PackedSequences`),
-  and the anchors/reveals of step s come from a generator seeded by (seed, s, rank). So the data
+- Deterministic by construction: the global batch of step s is a pure function of (seed, s)
+  (`PackedSequences`), and its anchors/reveals come from a generator seeded by (seed, s). So the data
   position is the step counter, and a run resumed from a checkpoint replays exactly the steps an
-  uninterrupted run would have taken (tested bit-identical on CPU).
-- The learning rate is a pure function of the step (`lr_at`), set before each update: no scheduler
-  object whose hidden state could drift from the checkpoint.
-- `accelerate.Accelerator` wraps the training forward (`TrainingForward`), so `accelerate launch`
-  (DDP) runs this same entry point; each process reads its own rows of the global batch.
+  uninterrupted run would have taken (tested bit-identical on CPU), on any number of processes.
+- Optimizer, learning-rate schedule (`lr_at`), checkpoints and the `accelerate.Accelerator` that wraps
+  the training forward (`TrainingForward`) come from `trainer.Trainer`, so `accelerate launch` (DDP)
+  runs this same entry point; `batch_size` is the global batch, of which each process takes its rows.
 - Files in the run folder: `train_config.json`, `tokenizer.json`, `data/*.npy` (token cache),
   `log.jsonl` (train and eval records), `checkpoints/step-*`, and `model/` (the final model folder:
   safetensors + config + tokenizer.json), written atomically at the end.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -27,16 +25,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from yue.model.hf import load_model
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import YueTokenizer
-from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from yue.train.checkpoint import latest_checkpoint
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, cached_tokens, read_corpus, split_documents
-from yue.train.losses import TrainingForward, joint_loss, sample_anchors, set_trainable
+from yue.train.losses import TrainingForward, draw_reveals, joint_loss, sample_anchors, set_trainable
+from yue.train.trainer import Trainer, lr_at, make_accelerator, step_generator
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +42,6 @@ log = logging.getLogger(__name__)
 RESUME_FREE_FIELDS = frozenset(
     {"threads", "eval_every", "eval_batches", "save_every", "log_every", "keep_checkpoints"}
 )
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to `lr`, then cosine decay to `lr * min_lr_ratio` at `steps`."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
-
-
-def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
-    """The generator for step `step`'s anchors and reveals on process `rank`."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
 
 
 @dataclass
@@ -99,15 +83,6 @@ def build_model(cfg: TrainConfig, tokenizer: YueTokenizer) -> YueForCausalLM:
         return model
     torch.manual_seed(cfg.seed)
     return YueForCausalLM(cfg.model_config(tokenizer.vocab_size)).train()
-
-
-def make_optimizer(model: YueForCausalLM, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable set; matrices decay, norms and vectors do not."""
-    params = set_trainable(model, cfg.train_set)
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=False)
 
 
 @torch.no_grad()
@@ -202,7 +177,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
     """
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     main = accelerator.is_main_process
     run_dir = Path(cfg.out)
     if main:
@@ -218,15 +193,20 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
     if not main:  # the main process wrote the tokenizer and token cache; the others read them
         tokenizer, train_set, val_set, stats = load_data(cfg, run_dir)
     model = build_model(cfg, tokenizer)
-    optimizer = make_optimizer(model, cfg)
-
-    start = 0
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if ckpt is not None:
-        start = load_checkpoint(ckpt, model, optimizer)["step"]
-        log.info("resumed from %s at step %d", ckpt, start)
-    net, optimizer = accelerator.prepare(TrainingForward(model), optimizer)
-    device, rank, world = accelerator.device, accelerator.process_index, accelerator.num_processes
+    world = accelerator.num_processes
+    trainer = Trainer(
+        TrainingForward(model),
+        set_trainable(model, cfg.train_set),
+        cfg,
+        cfg.batch_size,
+        saved=model,
+        run_dir=run_dir,
+        betas=cfg.betas,
+        keep=cfg.keep_checkpoints,
+        accelerator=accelerator,
+    )
+    start = trainer.resume()["step"] if resume else 0
+    net, device = trainer.net, accelerator.device
     if main:
         write_log(
             run_dir,
@@ -243,26 +223,29 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         )
 
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
-    tokens_per_step = cfg.batch_size * cfg.seq_len * world
+    tokens_per_step = cfg.batch_size * cfg.seq_len
     bar = tqdm(
         total=cfg.steps, initial=start, disable=not main, mininterval=5.0, dynamic_ncols=True, desc="train"
     )
     t_last, step_last = time.time(), start
     for step in range(start, end):
-        # 1. Batch and anchors: pure functions of (seed, step, rank).
-        x = train_set.batch(step, cfg.batch_size, rank, world).to(device)
-        g = step_generator(cfg.seed, step, rank)
-        anchors = sample_anchors(x.shape[0], cfg.seq_len, cfg.anchors, cfg.block_size, g).to(device)
-        # 2. Loss, backward, clip, update at this step's learning rate.
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        out = joint_loss(net, x, anchors, cfg.block_size, cfg.loss_weights, cfg.reveal_prob, g)
-        accelerator.backward(out.total)
-        grad_norm = accelerator.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], cfg.grad_clip
+        # 1. The global batch, anchors and reveals: pure functions of (seed, step); this process's rows.
+        g = step_generator(cfg.seed, step)
+        x = train_set.batch(step, cfg.batch_size)
+        anchors = sample_anchors(cfg.batch_size, cfg.seq_len, cfg.anchors, cfg.block_size, g)
+        reveal = draw_reveals(cfg.batch_size, cfg.anchors, cfg.block_size, cfg.reveal_prob, g)
+        mine = trainer.rows()
+        # 2. Loss (AR mean + slot terms over the global batch's masked slots), one update at this step's lr.
+        out = joint_loss(
+            net,
+            x[mine].to(device),
+            anchors[mine].to(device),
+            cfg.block_size,
+            cfg.loss_weights,
+            reveal=reveal[mine],
         )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        slots, _ = trainer.global_mean(out.slot_sum, out.nar_count_per_slot.sum())
+        grad_norm = trainer.update(out.ar_term + slots, step)
         done = step + 1
         # 3. Progress, logs, evaluation, checkpoints.
         if done % cfg.log_every == 0 or done == end:
@@ -304,9 +287,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
                     f"nar_acc={result.nar_acc_per_slot}"
                 )
         if done % cfg.save_every == 0 or done == end:
-            accelerator.wait_for_everyone()
-            if main:
-                save_checkpoint(run_dir, done, model, optimizer, {"seed": cfg.seed}, cfg.keep_checkpoints)
+            trainer.save(done, {"seed": cfg.seed})
     bar.close()
 
     final = run_dir / "model"

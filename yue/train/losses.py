@@ -62,6 +62,11 @@ class JointLoss:
     kl: torch.Tensor
     nar_acc_per_slot: torch.Tensor  # (K,) argmax accuracy of slot i over masked (not revealed) slots
     nar_count_per_slot: torch.Tensor  # (K,) how many masked slots each accuracy averages over
+    # The total's two parts with the graph, for a batch split over processes: α·CE_AR is a mean over
+    # equal rows (processes' shares average exactly); β·ΣCE_NAR + γ·ΣKL over the masked slots is divided
+    # by the masked slots of the whole global batch (`Trainer.global_mean`).
+    ar_term: torch.Tensor
+    slot_sum: torch.Tensor
 
 
 class TrainingForward(nn.Module):
@@ -107,6 +112,21 @@ def sample_anchors(
     return torch.randint(0, high, (batch, n_blocks), generator=generator)
 
 
+def draw_reveals(
+    batch: int,
+    n_blocks: int,
+    block_size: int,
+    reveal_prob: float,
+    generator: torch.Generator | None,
+    reveal_first: float | None = None,
+) -> torch.Tensor:
+    """(B, M, K) bool: which slots get their true token as input (see `joint_loss`)."""
+    chance = torch.full((block_size,), float(reveal_prob))
+    if reveal_first is not None:
+        chance[0] = reveal_first
+    return torch.rand(batch, n_blocks, block_size, generator=generator) < chance
+
+
 def joint_loss(
     model: YueForCausalLM | nn.Module,
     tokens: torch.Tensor,
@@ -116,6 +136,7 @@ def joint_loss(
     reveal_prob: float = 0.1,
     generator: torch.Generator | None = None,
     reveal_first: float | None = None,
+    reveal: torch.Tensor | None = None,
 ) -> JointLoss:
     """The joint loss on one batch, in one forward.
 
@@ -130,6 +151,8 @@ def joint_loss(
         reveal_first: chance slot 1 is revealed (None: `reveal_prob`, like the other slots). The decode
             loop's drafting pass always reveals slot 1 (the AR path's token, known by then), so
             self-distillation can train mostly on that case.
+        reveal: (B, M, K) bool, the reveals drawn already (`draw_reveals`, e.g. for a global batch of
+            which this is one process's share); None draws them here from `generator`.
     Returns:
         JointLoss with the weighted total and each term.
     """
@@ -145,10 +168,9 @@ def joint_loss(
     targets = tokens.gather(1, target_idx)  # (B, M*K)
 
     # 2. Slot inputs: <|mask|>, or the true token where revealed.
-    chance = torch.full((K,), float(reveal_prob))
-    if reveal_first is not None:
-        chance[0] = reveal_first
-    reveal = (torch.rand(B, M, K, generator=generator) < chance).flatten(1).to(device)  # (B, M*K)
+    if reveal is None:
+        reveal = draw_reveals(B, M, K, reveal_prob, generator, reveal_first)
+    reveal = reveal.flatten(1).to(device)  # (B, M*K)
     slot_in = torch.where(reveal, targets, torch.full_like(targets, inner.config.mask_token_id))
 
     # 3. One forward: committed tokens then the slots, with the training mask.
@@ -167,17 +189,20 @@ def joint_loss(
     n_keep = keep.sum().clamp(min=1)
     slot_logp = F.log_softmax(slot_logits, dim=-1)  # (B, M*K, V)
     nll = -slot_logp.gather(-1, targets[..., None]).squeeze(-1)  # (B, M*K)
-    nar = (nll * keep).sum() / n_keep
+    nll_sum = (nll * keep).sum()
+    nar = nll_sum / n_keep
 
     # 6. KL(sg(p_AR) || p_NAR): AR distribution at t+i-1 predicts the same token x[t+i] as slot i.
-    kl = zero
+    kl = kl_sum = zero
     if weights.kl:
         ar_at = ar_logits.detach().gather(1, (target_idx - 1)[..., None].expand(-1, -1, ar_logits.shape[-1]))
         ar_logp = F.log_softmax(ar_at, dim=-1)  # (B, M*K, V)
         kl_per = (ar_logp.exp() * (ar_logp - slot_logp)).sum(-1)  # (B, M*K)
-        kl = (kl_per * keep).sum() / n_keep
+        kl_sum = (kl_per * keep).sum()
+        kl = kl_sum / n_keep
 
     total = weights.ar * ar + weights.nar * nar + weights.kl * kl
+    slot_sum = weights.nar * nll_sum + weights.kl * kl_sum
 
     # 7. Per-slot accuracy of the argmax, over masked slots. slot index = position within block.
     with torch.no_grad():
@@ -185,4 +210,4 @@ def joint_loss(
         hits = hit.view(B, M, K).sum((0, 1)).float()  # (K,)
         count = keep.view(B, M, K).sum((0, 1)).float()  # (K,)
         acc = hits / count.clamp(min=1)
-    return JointLoss(total, ar.detach(), nar.detach(), kl.detach(), acc, count)
+    return JointLoss(total, ar.detach(), nar.detach(), kl.detach(), acc, count, weights.ar * ar, slot_sum)

@@ -34,11 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from yue.model.inference import dtype_name, resolve_drafting_dtype
+from yue.kernels import prepare_for_decoding
+from yue.kernels.prepare import dtype_name, resolve_drafting_dtype
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import Router, revealed_slot1
 from yue.train.router_eval import RouterExamples, evaluate_router
+from yue.train.trainer import adamw
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +294,7 @@ def train_router(
     router.train()
     for p in router.parameters():
         p.requires_grad_(True)
-    opt = torch.optim.AdamW(router.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = adamw(list(router.parameters()), cfg.lr, cfg.weight_decay, betas=(0.9, 0.999))
     g = torch.Generator().manual_seed(cfg.seed)
     history = []
     try:
@@ -368,7 +370,7 @@ def run_train_router(
     # Features come from the model as decoding will run it (prepared, drafts maybe lowered); the
     # router trained is the plain model's, which is saved.
     lowered = resolve_drafting_dtype(drafting_dtype, model.device)
-    drafter = copy.deepcopy(model).prepare_for_decoding(lowered)
+    drafter = prepare_for_decoding(copy.deepcopy(model), lowered)
     tokenizer = YueTokenizer.load(model_dir)
     cfg = cfg or RouterTrainConfig(reinit=user_labels is None, seed=seed)
 

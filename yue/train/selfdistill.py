@@ -10,7 +10,8 @@ Design decisions:
   embedding, final norm and tied head are frozen, so the AR path's logits cannot change. Anchors lie
   in the continuation (t >= prompt_len - 1), where slot targets are the AR path's greedy tokens.
 - The sequences are small (a few hundred x 256 tokens) and a run takes minutes, so this loop keeps no
-  checkpoints; it is seeded and deterministic instead (rerun = same weights).
+  checkpoints; it is seeded and deterministic instead (rerun = same weights), on any number of
+  processes (`trainer.Trainer`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import Accelerator, PartialState
 from safetensors.torch import load_file, save_file
+from torch import nn
 from tqdm.auto import tqdm
 
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
 from yue.model.mot import YueForCausalLM
-from yue.train.loop import lr_at
-from yue.train.losses import LossWeights, joint_loss, set_trainable
+from yue.train.losses import JointLoss, LossWeights, TrainingForward, draw_reveals, joint_loss, set_trainable
+from yue.train.trainer import Trainer, lr_at, step_generator
 
 log = logging.getLogger(__name__)
 
@@ -257,50 +260,66 @@ def nar_accuracy(
     return (hits / count).tolist()
 
 
+class NARObjective(nn.Module):
+    """The NAR-only joint loss as one module (what accelerate wraps): (tokens, anchors, reveals) -> JointLoss."""
+
+    def __init__(self, model: YueForCausalLM, weights: LossWeights) -> None:
+        super().__init__()
+        self.model, self.weights = model, weights
+
+    def forward(self, x: torch.Tensor, anchors: torch.Tensor, reveal: torch.Tensor) -> JointLoss:
+        K = self.model.config.block_size
+        return joint_loss(TrainingForward(self.model), x, anchors, K, self.weights, reveal=reveal)
+
+
 def finetune_nar(
     model: YueForCausalLM,
     seqs: GreedySequences,
     cfg: NARFinetuneConfig = NARFinetuneConfig(),
     on_log: Callable[[dict], None] | None = None,
     progress: bool = True,
+    accelerator: Accelerator | None = None,
 ) -> list[dict]:
     """Train the NAR set only on AR-greedy sequences with β·CE_NAR + γ·KL. Returns the per-step log.
 
     The AR set, embedding, final norm and tied head are frozen (`set_trainable(model, "nar")`), so the
-    AR path's logits are bit-identical before and after.
+    AR path's logits are bit-identical before and after. Runs on one process or under `accelerate
+    launch` (`cfg.batch_size` is the global batch; step s's rows, anchors and reveals come from (seed, s)).
     """
-    torch.manual_seed(cfg.seed)
-    g = torch.Generator().manual_seed(cfg.seed)
     K = model.config.block_size
-    params = set_trainable(model, "nar")
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     weights = LossWeights(ar=0.0, nar=cfg.beta, kl=cfg.gamma)
+    trainer = Trainer(
+        NARObjective(model, weights),
+        set_trainable(model, "nar"),
+        cfg,
+        cfg.batch_size,
+        accelerator=accelerator,
+    )
     n = len(seqs.tokens)
-    order = torch.randperm(n, generator=g)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))
     history = []
     model.train()
-    bar = tqdm(range(cfg.steps), desc="NAR self-distill", disable=not progress)
+    bar = tqdm(range(cfg.steps), desc="NAR self-distill", disable=not (progress and trainer.is_main))
     t0 = time.perf_counter()
     for step in bar:
-        idx = torch.tensor([order[(step * cfg.batch_size + i) % n] for i in range(cfg.batch_size)])
-        x = seqs.tokens[idx].to(model.device)  # (B, T)
-        anchors = continuation_anchors(len(x), x.shape[1], seqs.prompt_len, cfg.anchors, K, g).to(
-            model.device
-        )
-        lr = lr_at(step, cfg)  # duck-typed: reads lr, warmup_steps, steps, min_lr_ratio
-        for group in opt.param_groups:
-            group["lr"] = lr
-        out = joint_loss(model, x, anchors, K, weights, cfg.reveal_prob, g, reveal_first=cfg.reveal_first)
-        opt.zero_grad(set_to_none=True)
-        out.total.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        # 1. The global batch's rows, anchors and reveals; this process's share of them.
+        g = step_generator(cfg.seed, step)
+        idx = order[(step * cfg.batch_size + torch.arange(cfg.batch_size)) % n]
+        x = seqs.tokens[idx]  # (B, T)
+        anchors = continuation_anchors(len(x), x.shape[1], seqs.prompt_len, cfg.anchors, K, g)
+        reveal = draw_reveals(len(x), cfg.anchors, K, cfg.reveal_prob, g, cfg.reveal_first)
+        mine = trainer.rows()
+        dev = model.device
+        out = trainer.net(x[mine].to(dev), anchors[mine].to(dev), reveal[mine])
+        # 2. The slot loss over the global batch's masked slots.
+        loss, value = trainer.global_mean(out.slot_sum, out.nar_count_per_slot.sum())
+        trainer.update(loss, step)
         rec = {
             "step": step + 1,
-            "loss": out.total.item(),
+            "loss": value,
             "nar": out.nar.item(),
             "kl": out.kl.item(),
-            "lr": lr,
+            "lr": lr_at(step, cfg),
             "acc": [round(a, 4) for a in out.nar_acc_per_slot.tolist()],
             "elapsed_s": round(time.perf_counter() - t0, 2),
         }
@@ -387,16 +406,19 @@ def self_distill(
         Path(sequences_file) if sequences_file else out_dir / "data" / "selfdistill_sequences.safetensors"
     )
     t0 = time.perf_counter()
-    reused = seq_file.is_file()
-    if reused:
-        seqs = GreedySequences.load(seq_file)
-        log.info("reusing %d AR-greedy sequences from %s", len(seqs.tokens), seq_file)
-    else:
-        docs = corpus_documents(corpus, tokenizer.tokenizer, "train", val_fraction)
-        seqs = build_greedy_sequences(
-            model, docs, n_sequences, prompt_len, new_tokens, gen_batch_size, cfg.seed
-        )
-        seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
+    # Under `accelerate launch` the main process writes the sequences; the others then read them.
+    state = PartialState()
+    with state.main_process_first():
+        reused = seq_file.is_file()
+        if reused:
+            seqs = GreedySequences.load(seq_file)
+            log.info("reusing %d AR-greedy sequences from %s", len(seqs.tokens), seq_file)
+        else:
+            docs = corpus_documents(corpus, tokenizer.tokenizer, "train", val_fraction)
+            seqs = build_greedy_sequences(
+                model, docs, n_sequences, prompt_len, new_tokens, gen_batch_size, cfg.seed
+            )
+            seqs.save(seq_file, corpus=corpus, model=str(model_dir), seed=str(cfg.seed))
     gen_s = time.perf_counter() - t0
     train, held = seqs.split()
     if extra_sequences:
@@ -412,6 +434,8 @@ def self_distill(
     train_s = time.perf_counter() - t1
     acc_after = nar_accuracy(model, held)
     revealed_after = nar_accuracy(model, held, reveal_first=True)
+    if not state.is_main_process:  # every process holds the same weights; the main one writes them
+        return {"final_loss": history[-1]["loss"] if history else None}
     save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
     previous_file = Path(model_dir) / "selfdistill_report.json"
     previous = json.loads(previous_file.read_text()) if previous_file.is_file() else None

@@ -29,7 +29,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -45,8 +45,8 @@ from yue.decode.loop import decode
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import revealed_slot1
-from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from yue.train.router import RouterExamples, acceptance_labels
+from yue.train.trainer import Trainer, step_generator
 
 log = logging.getLogger(__name__)
 
@@ -231,33 +231,50 @@ class Batch:
     targets: torch.Tensor  # (B, M, K) x[t+1..t+K], -1 past a sequence's end
 
 
+def draw_anchors(seqs: ChatSequences, rows: Sequence[int], M: int, g: torch.Generator | None) -> torch.Tensor:
+    """(B, M) sorted anchors t in [prompt_len - 1, len - 2] (slot 1's token x[t+1] exists), M per
+    sequence (with replacement when an answer is short), drawn row by row from `g`."""
+    anchors = torch.zeros(len(rows), M, dtype=torch.long)
+    for b, i in enumerate(rows):
+        n, p = len(seqs.ids[i]), seqs.prompt_lens[i]
+        lo, hi = max(p - 1, 0), max(n - 2, max(p - 1, 0))  # anchors t with x[t+1] in the answer
+        anchors[b] = torch.randint(lo, hi + 1, (M,), generator=g).sort().values
+    return anchors
+
+
 def make_batch(
     seqs: ChatSequences,
     feats: list[torch.Tensor],
     rows: Sequence[int],
-    M: int,
+    anchors: torch.Tensor,
     K: int,
-    g: torch.Generator | None,
     device,
 ) -> Batch:
-    """Blocks anchored at t in [prompt_len - 1, len - 2] (slot 1's token x[t+1] exists), M per sequence
-    (with replacement when an answer is short)."""
+    """The Batch of sequences `rows` with blocks at `anchors` (B, M) (from `draw_anchors`)."""
     T = max(len(seqs.ids[i]) for i in rows)
     D = feats[rows[0]].shape[-1]
     entry = torch.zeros(len(rows), T, D, dtype=torch.float16)
     x = torch.zeros(len(rows), T + K + 1, dtype=torch.long)
     x_valid = torch.zeros_like(x, dtype=torch.bool)
-    anchors = torch.zeros(len(rows), M, dtype=torch.long)
     for b, i in enumerate(rows):
-        n, p = len(seqs.ids[i]), seqs.prompt_lens[i]
+        n = len(seqs.ids[i])
         entry[b, :n] = feats[i]
         x[b, :n] = torch.tensor(seqs.ids[i])
         x_valid[b, :n] = True
-        lo, hi = max(p - 1, 0), max(n - 2, max(p - 1, 0))  # anchors t with x[t+1] in the answer
-        anchors[b] = torch.randint(lo, hi + 1, (M,), generator=g).sort().values
     idx = anchors[:, :, None] + torch.arange(1, K + 1)  # (B, M, K)
     targets = torch.where(x_valid.gather(1, idx.flatten(1)), x.gather(1, idx.flatten(1)), -1).view(idx.shape)
     return Batch(entry.to(device), x[:, :T].to(device), anchors.to(device), targets.to(device))
+
+
+def training_batch(
+    seqs: ChatSequences, feats: list[torch.Tensor], step: int, cfg: TopNARConfig, K: int, rows: slice, device
+) -> tuple[Batch, list[int]]:
+    """Step `step`'s global batch (sequences and anchors drawn from (seed, step), the same on every
+    process) -> (this process's `rows` of it as a Batch, the global batch's sequence indices)."""
+    g = step_generator(cfg.seed, step)
+    chosen = torch.randint(len(seqs), (cfg.batch_size,), generator=g).tolist()
+    anchors = draw_anchors(seqs, chosen, cfg.anchors, g)
+    return make_batch(seqs, feats, chosen[rows], anchors[rows], K, device), chosen
 
 
 def block_forward(model: YueForCausalLM, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,8 +310,11 @@ def slot_weights(K: int, decay: float, device) -> torch.Tensor:
     return w / w.sum()
 
 
-def block_loss(model: YueForCausalLM, batch: Batch, cfg: TopNARConfig) -> tuple[torch.Tensor, dict]:
-    """Weighted CE + KL over the drafting vocabulary for slots 2..K; metrics: per-slot accuracy."""
+def block_loss(
+    model: YueForCausalLM, batch: Batch, cfg: TopNARConfig
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Weighted CE + KL over the drafting vocabulary for slots 2..K, as (weighted sum, total weight):
+    the loss is their ratio over the global batch (`Trainer.global_mean`); metrics: per-slot accuracy."""
     K, vocab = model.config.block_size, model.draft_vocab
     committed, slots = block_forward(model, batch)
     B, M = batch.anchors.shape
@@ -315,13 +335,12 @@ def block_loss(model: YueForCausalLM, batch: Batch, cfg: TopNARConfig) -> tuple[
     kl = (teacher.exp() * (teacher - logp)).sum(-1)
     w = slot_weights(K, cfg.slot_decay, logp.device)  # (K,)
     per = (ce + cfg.kl_weight * kl) * valid
-    denom = (valid * w).sum().clamp(min=1e-6)
-    loss = (per * w).sum() / denom
+    total, weight = (per * w).sum(), (valid * w).sum()
     with torch.no_grad():
         pred = vocab[logp.argmax(-1)]  # (B, M, K) drafted tokens
         hit = (pred == batch.targets) & valid
         acc = (hit.float().sum((0, 1)) / valid.float().sum((0, 1)).clamp(min=1)).tolist()
-    return loss, {"slot_accuracy": acc}
+    return total, weight, {"slot_accuracy": acc}
 
 
 def held_out_blocks(
@@ -337,7 +356,8 @@ def held_out_blocks(
     g = torch.Generator().manual_seed(seed)
     for s in range(0, len(seqs), per_batch):
         rows = list(range(s, min(s + per_batch, len(seqs))))
-        batch = make_batch(seqs, feats, rows, M, model.config.block_size, g, model.device)
+        anchors = draw_anchors(seqs, rows, M, g)
+        batch = make_batch(seqs, feats, rows, anchors, model.config.block_size, model.device)
         yield (rows, batch, *block_forward(model, batch))
 
 
@@ -378,14 +398,6 @@ def trainable_parameters(model: YueForCausalLM) -> list[torch.nn.Parameter]:
     return params
 
 
-def lr_at(step: int, cfg: TopNARConfig) -> float:
-    """Linear warm-up, then cosine decay to min_lr_ratio * lr."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
-
-
 class NARParts(nn.Module):
     """The trainable part of a top-layer NAR model (slot entry + the top layers' NAR sets), as one
     module whose state dict is what a checkpoint needs: a few percent of the model's bytes."""
@@ -407,6 +419,19 @@ class _NARSet(nn.Module):
         self.mlp = layer.nar_mlp
 
 
+class TopNARObjective(nn.Module):
+    """The training forward as one module (what accelerate wraps): Batch -> block_loss's terms."""
+
+    def __init__(self, model: YueForCausalLM, cfg: TopNARConfig) -> None:
+        super().__init__()
+        self.model, self.cfg = model, cfg
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        use_amp = self.model.device.type == "cuda"
+        with torch.autocast(self.model.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            return block_loss(self.model, batch, self.cfg)
+
+
 def train_top_nar(
     model: YueForCausalLM,
     train: ChatSequences,
@@ -417,40 +442,44 @@ def train_top_nar(
     run_dir: str | Path | None = None,
     on_eval: Callable[[dict], None] = lambda record: None,
     progress: bool = True,
+    accelerator: Accelerator | None = None,
+    stop_at: int | None = None,
 ) -> list[dict]:
     """Train the top-layer NAR set (and slot entry) in place; returns the evaluation history
     (step, training answer tokens seen, loss, held-out tau and conditional accuracies).
+    `stop_at` stops after that many steps without finishing (an interruption, for tests).
 
-    With `run_dir`, an atomic checkpoint (NAR parts, optimizer, RNG, history) is written at every
-    evaluation, and a run finding one there resumes from it: same batches, same result.
+    Runs on one process or under `accelerate launch` (`cfg.batch_size` is the global batch). With
+    `run_dir`, an atomic checkpoint (NAR parts, optimizer, data position, history) is written at every
+    evaluation, and a run finding one there resumes from it: same batches, same result, whatever the
+    number of processes.
     """
-    params = trainable_parameters(model)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    torch.manual_seed(cfg.seed)  # batches draw from the global generator, which checkpoints restore
-    use_amp = model.device.type == "cuda"
-    history: list[dict] = []
-    tokens_seen, t0, losses, first = 0, time.perf_counter(), [], 0
-    parts = NARParts(model)
-    if run_dir is not None and (ckpt := latest_checkpoint(Path(run_dir))) is not None:
-        state = load_checkpoint(ckpt, parts, opt)
-        first, history, tokens_seen = state["step"], state["history"], state["tokens_seen"]
-        log.info("resuming top-layer NAR training from %s", ckpt)
-    bar = tqdm(range(first, cfg.steps), desc="top-layer NAR", unit="step", disable=not progress)
+    trainer = Trainer(
+        TopNARObjective(model, cfg),
+        trainable_parameters(model),
+        cfg,
+        cfg.batch_size,
+        saved=NARParts(model),
+        run_dir=run_dir,
+        betas=(0.9, 0.98),
+        accelerator=accelerator,
+    )
+    state = trainer.resume()
+    first, history, tokens_seen = state["step"], state.get("history", []), state.get("tokens_seen", 0)
+    t0, losses, K = time.perf_counter(), [], model.config.block_size
+    end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
+    bar = tqdm(
+        range(first, end), desc="top-layer NAR", unit="step", disable=not (progress and trainer.is_main)
+    )
     for step in bar:
-        rows = torch.randint(len(train), (cfg.batch_size,)).tolist()
-        batch = make_batch(train, train_feats, rows, cfg.anchors, model.config.block_size, None, model.device)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+        batch, chosen = training_batch(train, train_feats, step, cfg, K, trainer.rows(), model.device)
         model.train()
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=use_amp):
-            loss, metrics = block_loss(model, batch, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        losses.append(loss.item())
-        tokens_seen += sum(len(train.ids[i]) - train.prompt_lens[i] for i in rows)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", s2=f"{metrics['slot_accuracy'][1]:.2f}")
+        total, weight, metrics = trainer.net(batch)
+        loss, value = trainer.global_mean(total, weight)
+        trainer.update(loss, step)
+        losses.append(value)
+        tokens_seen += sum(len(train.ids[i]) - train.prompt_lens[i] for i in chosen)
+        bar.set_postfix(loss=f"{value:.3f}", s2=f"{metrics['slot_accuracy'][1]:.2f}")
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             model.eval()
             record = {
@@ -463,9 +492,7 @@ def train_top_nar(
             losses = []
             history.append(record)
             log.info("top-layer NAR: %s", json.dumps(record))
-            if run_dir is not None:
-                extra = {"history": history, "tokens_seen": tokens_seen}
-                save_checkpoint(Path(run_dir), step + 1, parts, opt, extra)
+            trainer.save(step + 1, {"history": history, "tokens_seen": tokens_seen})
             on_eval(record)
     model.eval()
     for p in model.parameters():

@@ -40,6 +40,7 @@ from yue.train.topnar import (
     train_top_nar,
     vocabulary_coverage,
 )
+from yue.train.trainer import make_accelerator
 
 log = logging.getLogger(__name__)
 
@@ -196,22 +197,29 @@ def distill_top_nar(
         extra_sequences: `sequences.json` files of earlier rounds, trained on alongside this round's
             (the held-out split stays this round's own).
     Returns the report, also written to `out_dir/topnar_report.json`.
+
+    Under `accelerate launch --num_processes N` the main process writes the greedy answers and the
+    folder; every process computes the entry features and trains its share of each global batch.
     """
+    accelerator = make_accelerator(cpu=device == "cpu")
+    device = str(accelerator.device)  # under a launch: this process's GPU
     out, work = Path(out_dir), Path(out_dir) / "work"
     work.mkdir(parents=True, exist_ok=True)
     t0, times = time.perf_counter(), {}
     model = build_model(base_dir, recipe).to(device)
     if init_from is not None:
         load_nar_tensors(model, init_from)
-    # 1. Greedy answers (saved: generation is the costly part on a CPU).
+    # 1. Greedy answers (saved: generation is the costly part on a CPU). The main process goes first;
+    # the others then find its file.
     seq_file = work / "sequences.json"
-    if seq_file.is_file():
-        seqs = ChatSequences.load(seq_file)
-        log.info("reusing %d greedy answers from %s", len(seqs), seq_file)
-    else:
-        prompts = tokenize_chats(base_dir, chats)
-        seqs = greedy_answers(model, prompts, recipe.max_new_tokens, recipe.gen_batch_size, progress)
-        seqs.save(seq_file)
+    with accelerator.main_process_first():
+        if seq_file.is_file():
+            seqs = ChatSequences.load(seq_file)
+            log.info("reusing %d greedy answers from %s", len(seqs), seq_file)
+        else:
+            prompts = tokenize_chats(base_dir, chats)
+            seqs = greedy_answers(model, prompts, recipe.max_new_tokens, recipe.gen_batch_size, progress)
+            seqs.save(seq_file)
     times["greedy_answers_s"] = time.perf_counter() - t0
     train, held = seqs.split(recipe.held_out)
     for file in extra_sequences:
@@ -234,7 +242,15 @@ def distill_top_nar(
     t = time.perf_counter()
     before = held_out_tau(model, held, held_feats)
     history = train_top_nar(
-        model, train, train_feats, held, held_feats, recipe.train, work, progress=progress
+        model,
+        train,
+        train_feats,
+        held,
+        held_feats,
+        recipe.train,
+        work,
+        progress=progress,
+        accelerator=accelerator,
     )
     times["training_s"] = time.perf_counter() - t
     # 5. Router on held-out blocks (its own held-out fifth for the report).
@@ -260,8 +276,11 @@ def distill_top_nar(
             if device.startswith("cuda")
             else platform.processor() or "cpu",
             "threads": torch.get_num_threads(),
+            "processes": accelerator.num_processes,
         },
     }
+    if not accelerator.is_main_process:  # the same weights on every process: one writes them
+        return report
     save_nar_folder(model, out, ar_source or {"base": str(base_dir)}, max_shard_bytes)
     # 6. The n-gram table of the training answers, for `verified`'s corpus drafts (seconds).
     ngrams = CorpusNgrams.build(train.pairs(), model.config.vocab_size)

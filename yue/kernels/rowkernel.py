@@ -2,7 +2,7 @@
 a few rows that streams the weight once, the kernel of a float32 model's 1-9-row steps, a one-row AR
 step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
-way, RMSNorm, the exact layers' attention (`layers.MoTLayer._attend_kernel`), a whole float32
+way, RMSNorm, the exact layers' attention (`decode_set.ExactAttention`), a whole float32
 decode layer in one call and a step's run of such layers in one call (`stack`).
 
 Why the layer in one call: once the matmuls streamed at memory speed, per-call overhead (~25 torch
@@ -93,7 +93,7 @@ BASE_FLAGS = ["-O3", "-shared", "-fPIC"]
 
 
 class KernelUnavailable(RuntimeError):
-    """The kernel cannot be built or loaded here; the message says why (for `kernels.describe()`)."""
+    """The kernel cannot be built or loaded here; the message says why (for `probe.describe()`)."""
 
 
 def _compiler() -> str:
@@ -440,7 +440,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def spread(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int, fill: float) -> torch.Tensor:
-    """`inference.expand_draft_logits` for float32 sub (..., Vd) on the CPU, ids (Vd,) int64 distinct
+    """`prepare.expand_draft_logits` for float32 sub (..., Vd) on the CPU, ids (Vd,) int64 distinct
     (`rows_spread`): (..., vocab_size), `fill` outside ids."""
     flat = sub.reshape(-1, sub.shape[-1]).contiguous()
     out = torch.empty(flat.shape[0], vocab_size, dtype=torch.float32)
@@ -542,7 +542,7 @@ class LayerWeights:
 class StackWeights:
     """Consecutive layers' `LayerWeights`, model layers [first, first + len(layers)), as `rows_stack`
     takes them: their pointers in one C array, what they share once. A prepared model holds one per
-    parameter set whose every layer is one call (`inference.kernel_stacks`), and each such layer's
+    parameter set whose every layer is one call (`prepare.kernel_stacks`), and each such layer's
     `DecodeSet` one of its own (a step that mixes committed rows and slots runs its layers one by one)."""
 
     layers: tuple[LayerWeights, ...]

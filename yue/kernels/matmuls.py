@@ -3,7 +3,7 @@ pick one for a weight (`row_adaptive`, `int4_matmul`, `lower_linear`).
 
 Each module maps (..., in) activations to (..., out) as the nn.Linear it replaces, holding its weight in
 the layout its kernel streams (input-major for MKL, oneDNN-packed, or yue's row kernel's blocks and
-codes). Which kernels run on this CPU is `kernels`' answer; `inference.prepare_for_decoding` puts these
+codes). Which kernels run on this CPU is `kernels`' answer; `prepare.prepare_for_decoding` puts these
 modules into a model. Tensors are held in tuples, not registered, so a prepared model's state dict is
 unchanged. Why each format exists is in its docstring; the measurements behind the choices are in the
 measurement log (docs/results-log.md).
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yue.model import kernels, rowkernel
+from yue.kernels import probe, rowkernel
 
 INT8 = torch.qint8
 
@@ -34,7 +34,7 @@ class Lowered(nn.Module):
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x @ W.t() through oneDNN on `kernels.pack_weight(W)`: (..., in) -> (..., out), fewer than
+    """x @ W.t() through oneDNN on `probe.pack_weight(W)`: (..., in) -> (..., out), fewer than
     `MIN_PACKED_ROWS` rows padded with zeros to that many.
 
     Padded, every row's result is the same bits whatever the call's row count (checked for 1-40 rows
@@ -44,9 +44,9 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """
     rows = x.numel() // x.shape[-1]
     if rows >= MIN_PACKED_ROWS:
-        return kernels.packed_linear(x, packed)
+        return probe.packed_linear(x, packed)
     flat = x.reshape(rows, x.shape[-1])
-    out = kernels.packed_linear(
+    out = probe.packed_linear(
         torch.cat([flat, flat.new_zeros(MIN_PACKED_ROWS - rows, flat.shape[1])]), packed
     )
     return out[:rows].view(*x.shape[:-1], out.shape[-1])
@@ -54,16 +54,16 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 # oneDNN's packed GEMM over 1-3 rows costs more than over 4 on SmolLM2's shapes with AVX512 (measured:
 # docs/results-log.md, "Figures that were in code comments"), so fewer rows are padded with zeros to this many; each row's values stay its own. With AVX2
-# padding costs instead; float32, where it is only for speed, pads by `kernels.pad_float32_rows`.
+# padding costs instead; float32, where it is only for speed, pads by `probe.pad_float32_rows`.
 MIN_PACKED_ROWS = 4
 
 
 class RowAdaptiveLinear(nn.Module):
     """A float32 matmul that picks its CPU kernel by row count: one row through MKL on the input-major
-    weight (`inference.input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
+    weight (`prepare.input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
     blocked GEMM (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
     Where yue's row kernel builds, a model too large for a cache runs `StreamedLinear` instead
-    (`inference.rows_kernel`).
+    (`prepare.rows_kernel`).
 
     MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
     prefill or a batch pays per matmul, so several rows run faster on the pre-packed copy; for one row
@@ -79,8 +79,8 @@ class RowAdaptiveLinear(nn.Module):
         w = linear.weight.detach()
         # (out, in) as nn.Linear's, the packed copy, and the first's (in, out) view (contiguous where the
         # weight is input-major, `input_major`: the operand MKL's GEMV streams).
-        self.weights = (w, kernels.pack_weight(w), w.t())
-        self.pad = kernels.choice().pad_float32_rows  # 2-3 rows padded to 4 where that is faster
+        self.weights = (w, probe.pack_weight(w), w.t())
+        self.pad = probe.choice().pad_float32_rows  # 2-3 rows padded to 4 where that is faster
 
     @property
     def weight(self) -> torch.Tensor:
@@ -93,7 +93,7 @@ class RowAdaptiveLinear(nn.Module):
             if x.dim() == 2:  # the decode path's rows (`DecodeSet`): one `mm`, where F.linear dispatches
                 return torch.mm(x, by_input)  # `t`, `mm` and, for 3-d input, views around them
             return F.linear(x, weight)
-        return packed_matmul(x, packed) if self.pad else kernels.packed_linear(x, packed)
+        return packed_matmul(x, packed) if self.pad else probe.packed_linear(x, packed)
 
 
 class StreamedLinear(nn.Module):
@@ -124,8 +124,8 @@ class StreamedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        codes = rowkernel.q4_block(weight) if kernels.choice().ok("rows-q4") else None
-        if codes is None and kernels.choice().ok("rows-q8"):
+        codes = rowkernel.q4_block(weight) if probe.choice().ok("rows-q4") else None
+        if codes is None and probe.choice().ok("rows-q8"):
             codes = rowkernel.q8_block(weight)
         self.blocked = (rowkernel.block(weight) if codes is None else codes,)
         self.out_features = linear.out_features
@@ -178,7 +178,7 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.packed = (kernels.pack_weight(linear.weight.detach()),)  # a tuple: not in the state dict
+        self.packed = (probe.pack_weight(linear.weight.detach()),)  # a tuple: not in the state dict
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_matmul(x, self.packed[0])
@@ -198,12 +198,12 @@ class Int4Linear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         codes, scales_zeros = quantize_int4(linear.weight.detach())
-        self.packed = (kernels.pack_int4(codes), scales_zeros)  # a tuple: nothing in a state dict
+        self.packed = (probe.pack_int4(codes), scales_zeros)  # a tuple: nothing in a state dict
         self.out_features = linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        out = kernels.int4_linear(flat, *self.packed)
+        out = probe.int4_linear(flat, *self.packed)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -239,7 +239,7 @@ def int4_matmul(linear: nn.Module) -> nn.Module:
     """The int4 precision's form of an AR matmul: on the row kernel where it runs its int4 matmul
     (`RowInt4Linear`), else torch's int4pack (`Int4Linear`); a matmul neither takes in bfloat16
     (`bf16_packed`), row-exact as they are."""
-    if kernels.choice().ok("rows-int4") and RowInt4Linear.fits(linear):
+    if probe.choice().ok("rows-int4") and RowInt4Linear.fits(linear):
         return RowInt4Linear(linear)
     return Int4Linear(linear) if int4_usable(linear) else bf16_packed(linear)
 
@@ -270,7 +270,7 @@ def int4_usable(linear: nn.Module) -> bool:
     return (
         cpu_matmul(linear)
         and linear.weight.dtype == torch.float32
-        and linear.in_features % kernels.INT4_GROUP == 0
+        and linear.in_features % probe.INT4_GROUP == 0
         and linear.out_features % 16 == 0
     )
 
@@ -280,8 +280,8 @@ def int4_unavailable(device: torch.device | str) -> str:
     are read, and for `prepare_for_decoding`."""
     if torch.device(device).type != "cpu":
         return "the CPU (its kernels are yue's row kernel and torch's CPU int4pack)"
-    if not kernels.choice().int4_rows:
-        return f"a CPU where yue's row kernel or torch's int4 kernel runs ({kernels.describe()})"
+    if not probe.choice().int4_rows:
+        return f"a CPU where yue's row kernel or torch's int4 kernel runs ({probe.describe()})"
     return ""
 
 
@@ -295,7 +295,7 @@ def bf16_packed(linear: nn.Module) -> nn.Module:
     """A bfloat16 `PackedLinear` copy of a float32 `linear` taking and returning float32 (row-exact, half
     the bytes): the int4 precision's head, and its matmuls the int4 kernel does not take; `linear`'s
     own `row_adaptive` kernel where oneDNN's bfloat16 packing does not work here."""
-    if not (cpu_matmul(linear) and kernels.packed_rows(torch.bfloat16)):
+    if not (cpu_matmul(linear) and probe.packed_rows(torch.bfloat16)):
         return row_adaptive(linear)
     return Lowered(PackedLinear(copy.deepcopy(linear).to(torch.bfloat16)), torch.bfloat16)
 
@@ -321,7 +321,7 @@ class Int8Linear(nn.Module):
 def row_adaptive(linear: nn.Module, one_copy: bool = False, rows: str | None = None) -> nn.Module:
     """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU
     whose dtype has a faster kernel here, `kernels`), else `linear` itself (plain F.linear):
-    `PackedLinear` for bfloat16; for float32 by `rows` (default `kernels.choice().float32_rows`;
+    `PackedLinear` for bfloat16; for float32 by `rows` (default `probe.choice().float32_rows`;
     `rows_kernel` chooses per model) `StreamedLinear` (the row kernel, one copy) or `RowAdaptiveLinear`
     (MKL's GEMV for one row, oneDNN's packed copy for more), or with `one_copy` (`streamed_weights`,
     `low_memory`) the kernel `kernels` chose for a weight held once: `PackedLinear`, or `linear`
@@ -329,12 +329,12 @@ def row_adaptive(linear: nn.Module, one_copy: bool = False, rows: str | None = N
     if not cpu_matmul(linear):
         return linear
     if linear.weight.dtype == torch.bfloat16:
-        return PackedLinear(linear) if kernels.packed_rows(torch.bfloat16) else linear
+        return PackedLinear(linear) if probe.packed_rows(torch.bfloat16) else linear
     if linear.weight.dtype != torch.float32:
         return linear
     if one_copy:
-        return PackedLinear(linear) if kernels.choice().float32_one_copy == "onednn-packed" else linear
-    rows = rows or kernels.choice().float32_rows
+        return PackedLinear(linear) if probe.choice().float32_one_copy == "onednn-packed" else linear
+    rows = rows or probe.choice().float32_rows
     kind = {"row-stream": StreamedLinear, "onednn-packed": RowAdaptiveLinear}.get(rows)
     return linear if kind is None else kind(linear)
 
@@ -358,16 +358,16 @@ def lower_linear(linear: nn.Linear, dtype: torch.dtype, row_kernel: bool = False
         lowered = copy.deepcopy(linear).to(dtype)
         lowered.weight = nn.Parameter(decode_storage(lowered.weight.detach()), requires_grad=False)
         return Lowered(lowered, dtype)
-    engine = kernels.int8_engine()
+    engine = probe.int8_engine()
     if linear.weight.device.type != "cpu" or engine is None:
         raise ValueError(int8_unavailable())
-    q = Int8Linear(kernels.quantize_int8(linear, engine))
+    q = Int8Linear(probe.quantize_int8(linear, engine))
     return q if linear.weight.dtype == torch.float32 else Lowered(q, torch.float32)
 
 
 def int8_unavailable() -> str:
     """The error for int8 drafting where it cannot run, with the probe's findings."""
-    return f"int8 drafting needs a CPU where one of torch's int8 engines works ({kernels.describe()}); use bfloat16"
+    return f"int8 drafting needs a CPU where one of torch's int8 engines works ({probe.describe()}); use bfloat16"
 
 
 def decode_storage(w: torch.Tensor) -> torch.Tensor:

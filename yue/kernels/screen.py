@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from yue.model import rowkernel
+from yue.kernels import rowkernel
 from yue.model.router import softmax_stats
 
 ULP = 2.0**-24  # float32's unit roundoff

@@ -35,10 +35,10 @@ float32 (torch's CPU SDPA in bfloat16 is several times slower), and
 last-bit difference into different tokens within a few steps, measured): a packed matmul padded to 4
 rows gives each row the same bits whatever the row count (`packed_matmul`), and committed rows attend
 in one call padded to 4 queries and 64 keys, one-row AR steps and verifying rows alike
-(`MoTLayer._attend_exact`).
+(`ExactAttention`).
 
 Which of these kernels exist on the running CPU (oneDNN packing per dtype, the int8 engine) is
-decided by `kernels.py`, probed once per process; where one is missing the matmul stays a plain
+decided by `probe.py`, probed once per process; where one is missing the matmul stays a plain
 `F.linear` (or drafting stays float), same values, so `ar`/`verified` token ids do not change.
 
 A prepared model is for inference: it cannot be saved (quantized modules do not serialize to
@@ -55,9 +55,9 @@ import logging
 import torch
 from torch import nn
 
-from yue.model import kernels, rowkernel
-from yue.model.layers import DecodeSet
-from yue.model.matmuls import (
+from yue.kernels import probe, rowkernel
+from yue.kernels.decode_set import DecodeSet, LayerStack
+from yue.kernels.matmuls import (
     INT8,
     StreamedLinear,
     bf16_packed,
@@ -69,7 +69,8 @@ from yue.model.matmuls import (
     row_adaptive,
     row_exact,
 )
-from yue.model.screen import ScreenedHead
+from yue.kernels.screen import ScreenedHead
+from yue.model.mot import DRAFT_FILL, expand_draft_logits
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ logger = logging.getLogger(__name__)
 ONE_COPY_BYTES = 2**30
 # Float32 AR layer weights above this many bytes stream from memory in every step, where the
 # row kernel beats oneDNN's; smaller ones can stay in a last-level cache (105 MiB on this project's
-# Xeon), where oneDNN's GEMM computes faster (`kernels.KernelChoice.float32_rows`).
+# Xeon), where oneDNN's GEMM computes faster (`probe.KernelChoice.float32_rows`).
 ROW_STREAM_BYTES = 2**27
 
 
@@ -93,7 +94,7 @@ def ar_layer_bytes(model) -> int:
 
 
 @functools.cache
-def warn_fallbacks(choice: kernels.KernelChoice) -> None:
+def warn_fallbacks(choice: probe.KernelChoice) -> None:
     """One WARNING per process (per kernel choice: a forcing is another) naming each fallback taken,
     `KernelChoice.losses`: a fallback can make decoding several times slower, and the CLI shows
     warnings on stderr (Python's last-resort handler) where INFO stays hidden."""
@@ -107,7 +108,7 @@ def rows_kernel(model) -> str:
     that stream from memory make a verifying step's extra rows cheaper on the row kernel than on oneDNN
     (measured on SmolLM2 with `docs/recipes/row_kernel_ab.py`: docs/results-log.md, "Figures that were
     in code comments")."""
-    choice = kernels.choice()
+    choice = probe.choice()
     if (
         choice.float32_rows == "row-stream"
         and choice.ok("onednn-f32")
@@ -121,7 +122,7 @@ def streamed_weights(model) -> bool:
     """Whether a float32 model's AR layers keep one copy of each weight, not two (MKL's input-major one
     and oneDNN's packed one, `RowAdaptiveLinear`): where they exceed `ONE_COPY_BYTES` (1 GiB, ~270M
     parameters), for a model whose second copy would cost more memory than its speed is worth. Which
-    copy is `kernels.choice().float32_one_copy`, timed on this CPU: the packed one where its one row
+    copy is `probe.choice().float32_one_copy`, timed on this CPU: the packed one where its one row
     is about level with MKL's GEMV (`PackedLinear`, as in bfloat16), else the input-major one. A
     smaller model holds one copy when loaded with `low_memory` (`prepare_for_decoding`).
 
@@ -147,7 +148,7 @@ def dtype_name(dtype: torch.dtype | None) -> str:
 def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device | str) -> torch.dtype | None:
     """A drafting precision -> dtype for `prepare_for_decoding` (None = as loaded).
 
-    name: "auto" (int8 on a CPU where an int8 engine works, `kernels.int8_engine`, else as loaded),
+    name: "auto" (int8 on a CPU where an int8 engine works, `probe.int8_engine`, else as loaded),
     "int8", "bfloat16", "float32", or a dtype (torch.qint8, torch.bfloat16) / None as is.
     Raises:
         ValueError: an unknown name, or "int8" on a CPU where no int8 engine works.
@@ -156,10 +157,10 @@ def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device 
         return name
     on_cpu = torch.device(device).type == "cpu"
     if name == "auto":
-        return INT8 if on_cpu and kernels.int8_engine() is not None else None
+        return INT8 if on_cpu and probe.int8_engine() is not None else None
     if name not in DRAFTING_DTYPES:
         raise ValueError(f"drafting dtype must be one of auto, int8, bfloat16, float32; got {name!r}")
-    if name == "int8" and on_cpu and kernels.int8_engine() is None:
+    if name == "int8" and on_cpu and probe.int8_engine() is None:
         raise ValueError(int8_unavailable())
     return DRAFTING_DTYPES[name]
 
@@ -230,9 +231,13 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
 
 
 def prepare_for_decoding(
-    model, drafting_dtype: torch.dtype | None, int4: bool = False, low_memory: bool = False
-) -> None:
-    """Ready a YueForCausalLM for fast decoding, in place (inference only; see the module docstring).
+    model, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
+):
+    """Ready a YueForCausalLM for fast decoding, in place, and return it (inference only: a prepared model
+    cannot be saved or trained; see the module docstring).
+
+    The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts (and
+    what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its own.
 
     - Every matmul weight input-major (`input_major`).
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
@@ -254,7 +259,7 @@ def prepare_for_decoding(
       (`Int4Linear`; the head in bfloat16, `bf16_packed`), all row-exact.
     - With `low_memory`, a float32 model's AR matmuls hold one copy whatever their size, as a large
       model's do (`streamed_weights`): the row kernel's layers already do, and their head keeps only
-      its input-major copy (the embedding table); else `kernels.choice().float32_one_copy`, the
+      its input-major copy (the embedding table); else `probe.choice().float32_one_copy`, the
       packed copy (where its one row is timed level with MKL's GEMV; the head then keeps its
       input-major copy too) or the input-major weight alone (elsewhere; verifying rows then cost more,
       and the step costs steer drafting by them).
@@ -272,11 +277,11 @@ def prepare_for_decoding(
     # its input-major copy alone, the embedding table.
     streamed = rows == "row-stream"
     # The rest of a float32 step's row-wise work on yue's row kernel too, where it builds: the norms
-    # (`DecodeSet.rms_norm`) and the row-exact layers' attention (`MoTLayer._attend_kernel`, float32 and
+    # (`DecodeSet.rms_norm`) and the row-exact layers' attention (`ExactAttention`'s kernel form, float32 and
     # int4, whose caches hold float32). Both made `ar` faster with the outputs unchanged, measured in
     # one process (docs/results-log.md, "Figures that were in code comments").
-    row_ops = on_cpu_float32 and kernels.choice().ok("rows-f32")
-    if one_copy and on_cpu_float32 and (streamed or kernels.packed_rows(torch.float32)):
+    row_ops = on_cpu_float32 and probe.choice().ok("rows-f32")
+    if one_copy and on_cpu_float32 and (streamed or probe.packed_rows(torch.float32)):
         log_one_copy(streamed)
     input_major(model)
     release_freed_memory()
@@ -303,6 +308,7 @@ def prepare_for_decoding(
         model.cache_dtype = torch.float32
     model.draft_head = draft_head(model, drafting_dtype, row_ops)
     release_freed_memory()
+    return model
 
 
 def log_one_copy(streamed: bool) -> None:
@@ -311,8 +317,8 @@ def log_one_copy(streamed: bool) -> None:
         "one copy of each float32 weight: %s",
         "the row kernel's; the head the input-major embedding table"
         if streamed
-        else f"{kernels.choice().float32_one_copy} (oneDNN's packed one row timed at "
-        f"{kernels.one_row_packed_ratio():.2f}x MKL's GEMV here)",
+        else f"{probe.choice().float32_one_copy} (oneDNN's packed one row timed at "
+        f"{probe.one_row_packed_ratio():.2f}x MKL's GEMV here)",
     )
 
 
@@ -322,7 +328,12 @@ def prepare_slots(model, drafting_dtype: torch.dtype | None, row_ops: bool) -> N
     where `row_ops` (and the model's final norm has no offset)."""
     entry = model.model.slot_entry
     if entry is not None and drafting_dtype is not None:
-        entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), row_ops)
+        norm = (
+            functools.partial(rowkernel.rms_norm, weight=entry.norm.weight, eps=entry.norm.eps)
+            if row_ops
+            else None
+        )
+        entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), norm)
     if row_ops and not model.model.norm.offset:
         norm = model.model.norm
         model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
@@ -341,16 +352,24 @@ def check_preparable(model, int4: bool) -> None:
         if why:
             raise ValueError(f"the int4 precision needs {why}")
     if model.device.type == "cpu":
-        logger.info("kernels: %s", kernels.describe())
-        warn_fallbacks(kernels.choice())
-        if model.dtype == torch.bfloat16 and not kernels.packed_rows(torch.bfloat16):
+        logger.info("kernels: %s", probe.describe())
+        warn_fallbacks(probe.choice())
+        if model.dtype == torch.bfloat16 and not probe.packed_rows(torch.bfloat16):
             logger.warning(
-                "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here "
-                "(SmolLM2 on an AVX2 CPU, one thread: a step 77 ms against 58, verifying rows 1.6-5.9x a "
-                "step), and its rows' bits depend on a step's row count, so `verified` may part from `ar` "
-                "where two tokens are near-tied; float32 or int4 run faster, and exactly",
-                next(p.why for p in kernels.choice().probes if p.name == "onednn-bf16"),
+                "bfloat16 on this CPU runs through plain F.linear (%s): slower than float32 here, and its "
+                "rows' bits depend on a step's row count, so `verified` may part from `ar` where two tokens "
+                "are near-tied; float32 or int4 run faster, and exactly (docs/results-log.md)",
+                next(p.why for p in probe.choice().probes if p.name == "onednn-bf16"),
             )
+    elif model.dtype != torch.float32:
+        # A GPU's library picks its matmul kernels by shape, so a verifying step's rows need not have the
+        # bits of one-row steps (seen on an H200: docs/results-log.md, "CUDA").
+        logger.warning(
+            "%s on %s: a row's bits may depend on a step's row count, so `verified` may part from `ar` "
+            "where two tokens are near-tied; float32 keeps them exact",
+            str(model.dtype).removeprefix("torch."),
+            model.device.type,
+        )
 
 
 def decode_set(
@@ -400,8 +419,8 @@ def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None,
     """The head for AR rows (`prepare_for_decoding`): `model.lm_head` itself or its decode-path form."""
     # One copy of the head only where it is the input-major one, which the embedding table shares
     # (`input_major`); a packed copy would be a second (`streamed_weights`).
-    head_once = one_copy and (streamed or kernels.choice().float32_one_copy == "F.linear")
-    if int4 and kernels.choice().ok("rows-int4"):
+    head_once = one_copy and (streamed or probe.choice().float32_one_copy == "F.linear")
+    if int4 and probe.choice().ok("rows-int4"):
         head = StreamedLinear(model.lm_head)  # the float32 logits of the int4 rows, screened below
     elif int4:
         head = bf16_packed(model.lm_head)
@@ -417,7 +436,7 @@ def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None,
 
 def kernel_stacks(layers) -> dict:
     """Per parameter set (False: AR, True: NAR), its layers' one-call weights as one stack
-    (`rowkernel.StackWeights`, `MoTModel._stacked`) where every layer holding the set is one row-kernel
+    (`rowkernel.StackWeights` in a `LayerStack`, which `MoTModel._stacked` calls) where every layer holding the set is one row-kernel
     call (`DecodeSet.one_layer`) and they share their sizes and kind; no entry elsewhere.
 
     Why: with each layer one call, per-call overhead dominated what was left of a step (module calls,
@@ -431,7 +450,7 @@ def kernel_stacks(layers) -> dict:
         if held and all(one is not None for one in ones):
             stack = rowkernel.StackWeights.of([one.layers[0] for one in ones], first=len(layers) - len(held))
             if stack is not None:
-                stacks[nar] = stack
+                stacks[nar] = LayerStack(stack, nar)
     return stacks
 
 
@@ -467,17 +486,6 @@ def _malloc_trim():
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
-
-
-# Logit of tokens outside a reduced drafting vocabulary: finite (entropies stay defined), never drafted.
-DRAFT_FILL = -1e9
-
-
-def expand_draft_logits(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Logits over a drafting vocabulary (..., Vd) -> over the whole vocabulary (..., V), DRAFT_FILL elsewhere."""
-    full = sub.new_full((*sub.shape[:-1], vocab_size), DRAFT_FILL)
-    # scatter_, not index_copy_ along the last dimension: faster at a drafting pass's shapes (measured).
-    return full.scatter_(-1, ids.expand(*sub.shape[:-1], -1), sub)
 
 
 class DraftVocabHead(nn.Module):

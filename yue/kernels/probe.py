@@ -1,7 +1,7 @@
 """Which CPU kernel each decode-path matmul uses, decided once per process by probing this machine.
 
 Design decisions:
-- One seam (docs/style.md habit 13). `inference.py` and `matmuls.py` ask `packed_rows(dtype)` and `int8_engine()`; nothing
+- One seam (docs/style.md habit 13). `prepare.py` and `matmuls.py` ask `packed_rows(dtype)` and `int8_engine()`; nothing
   else in yue tests CPU features. Each kernel is chosen by torch's own feature checks
   (`torch.backends.mkldnn`, `torch.ops.mkldnn._is_mkldnn_bf16_supported`,
   `torch.backends.quantized.supported_engines`) and then *tried*: a tiny call with the real dtype,
@@ -59,8 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yue.model import rowkernel
-from yue.model.screen import ScreenedHead
+from yue.kernels import rowkernel
+from yue.kernels.screen import ScreenedHead
 
 PACK_ROWS = 8  # oneDNN packs float weights for this many rows (a verifying step's k + 1); any count works
 INT8_ENGINES = ("x86", "fbgemm")  # tried in this order; the first that works drafts
@@ -117,7 +117,7 @@ class KernelChoice:
         else F.linear. Tried, not timed: it wins where the weights stream from memory, which a timing
         on the probe's cache-sized shapes would not see (its first form, timed on one SmolLM2 layer
         that fits a cache, was slower than oneDNN, over the whole model's weights faster:
-        docs/results-log.md); a model small enough to stay in cache keeps oneDNN (`inference.rows_kernel`)."""
+        docs/results-log.md); a model small enough to stay in cache keeps oneDNN (`prepare.rows_kernel`)."""
         if self.ok("rows-f32"):
             return "row-stream"
         return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
@@ -134,7 +134,7 @@ class KernelChoice:
     @property
     def float32_one_copy(self) -> str:
         """Kernel for a float32 matmul whose weight is held once, not twice (`matmuls.row_adaptive`:
-        `yue.load(low_memory=True)`, or a large model, `inference.streamed_weights`): oneDNN's packed
+        `yue.load(low_memory=True)`, or a large model, `prepare.streamed_weights`): oneDNN's packed
         copy where its one row (padded to 4) costs at most `ONE_COPY_TOLERANCE` x MKL's GEMV, timed
         here on one thread (`one_row_packed_ratio`), since its verifying rows are far cheaper; else the input-major
         weight through F.linear (MKL's GEMV), whose one row every `ar` step pays. Timed, because the
@@ -165,7 +165,7 @@ class KernelChoice:
     def losses(self) -> list[str]:
         """What this process runs slower than yue's best kernels, and why: one line per fallback that is
         taken (a kernel off with no alternative kernel doing its job; `int8-fbgemm` off under a working
-        `int8-x86` loses nothing). Empty where nothing falls back. `inference.prepare_for_decoding`
+        `int8-x86` loses nothing). Empty where nothing falls back. `prepare.prepare_for_decoding`
         warns with these, once per process, since the CLI shows warnings but not INFO logs."""
         why = {p.name: p.why for p in self.probes if not p.ok}
         lost = []
@@ -520,7 +520,7 @@ def forced(*off: str) -> Iterator[KernelChoice]:
     """Within the block, `choice()` reports the kernels `off` (names from `KERNELS`, "int8",
     "portable") as unavailable, whatever YUE_KERNELS says; models prepared in it keep those fallbacks.
 
-    Example: `with kernels.forced("onednn-bf16"): engine = yue.load(path, dtype=torch.bfloat16)`.
+    Example: `with probe.forced("onednn-bf16"): engine = yue.load(path, dtype=torch.bfloat16)`.
     """
     global _forced
     old, _forced = _forced, parse_off(off)

@@ -1,0 +1,5 @@
+"""`python -m yue.cli`: the `yue` command."""
+
+from yue.cli import main
+
+main()

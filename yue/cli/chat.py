@@ -1,0 +1,118 @@
+"""`yue chat`: a conversation on a terminal, with line editing and a kept history."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from yue.cli import common
+from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
+from yue.cli.generate import _sampling
+
+CHAT_HISTORY = "chat_history"  # file under the yue cache folder ($YUE_CACHE_DIR or ~/.cache/yue)
+
+
+CHAT_HISTORY_LINES = 1000
+
+
+@contextmanager
+def _line_editing() -> Iterator[Path | None]:
+    """Line editing and a kept history for `input()` on a terminal, within the block: stdlib readline
+    (absent on Windows' Python, where `input()` stays plain), its history read from CHAT_HISTORY on
+    entry and written back on exit. Yields the history file, or None (no readline or no terminal)."""
+    try:
+        import readline
+    except ImportError:
+        readline = None
+    if readline is None or not common.on_terminal(sys.stdin):
+        yield None
+        return
+    from yue.model.gguf import cache_root
+
+    history = cache_root() / CHAT_HISTORY
+    readline.clear_history()
+    try:
+        readline.read_history_file(history)
+    except OSError:  # none yet (or unreadable): start a new one
+        pass
+    readline.set_history_length(CHAT_HISTORY_LINES)
+    try:
+        yield history
+    finally:
+        try:
+            history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history)
+        except OSError as e:  # a read-only cache loses the history, not the conversation
+            typer.echo(f"warning: chat history not saved to {history}: {e}", err=True)
+
+
+@app.command()
+@user_errors
+def chat(
+    model: str | None = typer.Option(None, help=MODEL_HELP),
+    mode: str | None = typer.Option(
+        None,
+        help="ar | verified | hybrid | nar (default: the model's default_mode: verified for yue-smol, hybrid for yue-code-mini; ar without a NAR set).",
+    ),
+    system: str | None = typer.Option(None, help="A system message opening the conversation."),
+    max_new_tokens: int = typer.Option(512, help="Longest reply, in tokens."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
+    repetition_penalty: float = typer.Option(1.0, help="> 1 discourages repeats."),
+    seed: int | None = typer.Option(None, help="Random seed for sampling."),
+    stop: list[str] = typer.Option([], help="Stop string ending a reply (repeatable)."),
+    draft_dtype: str = typer.Option("auto", help="Drafting weights: auto | int8 | bfloat16 | float32."),
+    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
+    dtype: str = typer.Option("float32", help=DTYPE_HELP),
+    low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
+    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
+) -> None:
+    """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF
+    ends. Ctrl-C stops a reply (kept as far as it got) and ends the session at the prompt."""
+    from dataclasses import replace
+
+    import yue
+
+    cfg = _sampling(mode, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop)
+    engine = yue.load(
+        model, device=device, dtype=dtype, nar_dtype=draft_dtype, adapter=adapter, low_memory=low_memory
+    )
+    cfg = replace(cfg, mode=mode or engine.default_mode)
+    messages = [{"role": "system", "content": system}] if system else []
+    typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
+    with _line_editing():
+        _converse(engine, cfg, messages)
+
+
+def _converse(engine, cfg, messages: list[dict]) -> None:
+    """`chat`'s loop: read a line, stream the reply, keep both in `messages`, until /exit or EOF."""
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            typer.echo("", err=True)
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        try:
+            reply = []
+            for ev in engine.stream(engine.chat_prompt(messages), cfg):
+                sys.stdout.write(ev.delta)
+                sys.stdout.flush()
+                reply.append(ev.delta)
+        except ValueError as e:  # the conversation outgrew the context: say so, keep the session
+            messages.pop()
+            typer.echo(f"error: {e}", err=True)
+            continue
+        except KeyboardInterrupt:  # stop this reply, keep the session (and the reply as far as it got)
+            typer.echo("\n[stopped]", err=True)
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": "".join(reply)})

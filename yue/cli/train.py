@@ -1,0 +1,278 @@
+"""Training commands: `yue train-tokenizer`, `yue train`, `yue self-distill`, `yue train-router`, `yue finetune`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from yue.cli.common import MODEL_HELP, app, command_line, user_errors
+
+
+@app.command("train-tokenizer")
+@user_errors
+def train_tokenizer_cmd(
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
+    vocab_size: int = typer.Option(8192, help="BPE vocabulary size, special tokens included."),
+    out: Path = typer.Option(..., help="Folder (or .json path) for tokenizer.json."),
+    val_fraction: float = typer.Option(0.02, help="Share of files held out (never seen by the tokenizer)."),
+) -> None:
+    """Train a byte-level BPE tokenizer on a corpus's training split."""
+    from yue.train.data import train_tokenizer
+
+    if vocab_size < 260:
+        raise ValueError(f"vocab_size must be >= 260, got {vocab_size}")
+    typer.echo(f"wrote {train_tokenizer(corpus, vocab_size, out, val_fraction)}")
+
+
+@app.command("train")
+@user_errors
+def train_cmd(
+    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
+    out: Path = typer.Option(..., help="Run folder: checkpoints, log.jsonl, final model in OUT/model."),
+    tokenizer: Path | None = typer.Option(None, help="tokenizer.json (default: trained on the corpus)."),
+    vocab_size: int = typer.Option(8192, help="Vocabulary size when the tokenizer is trained here."),
+    steps: int = typer.Option(1000, help="Optimizer steps."),
+    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
+    batch_size: int = typer.Option(
+        16, help="Sequences per step, over all processes (each takes an equal share)."
+    ),
+    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine)."),
+    warmup_steps: int = typer.Option(100, help="Linear warm-up steps."),
+    block_size: int = typer.Option(8, help="K: slots per NAR block."),
+    anchors: int = typer.Option(8, help="M: NAR blocks per sequence."),
+    alpha: float = typer.Option(1.0, help="Weight of the AR cross-entropy."),
+    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
+    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
+    reveal_prob: float = typer.Option(0.1, help="Chance a slot sees its true token (mask-predict)."),
+    hidden_size: int = typer.Option(256, help="Model width."),
+    layers: int = typer.Option(4, help="Transformer layers."),
+    heads: int = typer.Option(8, help="Attention heads."),
+    kv_heads: int = typer.Option(4, help="Key/value heads (grouped-query attention)."),
+    intermediate_size: int = typer.Option(688, help="MLP width."),
+    eval_every: int = typer.Option(200, help="Evaluate every N steps."),
+    save_every: int = typer.Option(200, help="Checkpoint every N steps."),
+    seed: int = typer.Option(0, help="Seed for init, data order, anchors."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUT."),
+    nar_only: bool = typer.Option(False, help="Stage 2: train the NAR set only (AR frozen); needs --init."),
+    init: Path | None = typer.Option(None, help="Start from this model folder."),
+    data: str | None = typer.Option(None, help="Training data for --nar-only (overrides --corpus)."),
+) -> None:
+    """Train a yue model with the joint AR + NAR loss (runs under `accelerate launch` unchanged)."""
+    from yue.train.config import TrainConfig
+    from yue.train.loop import train
+
+    cfg = TrainConfig(
+        corpus=data if data is not None else corpus,
+        out=str(out),
+        tokenizer=str(tokenizer) if tokenizer else None,
+        vocab_size=vocab_size,
+        init=str(init) if init else None,
+        train_set="nar" if nar_only else "all",
+        steps=steps,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        block_size=block_size,
+        anchors=anchors,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        reveal_prob=reveal_prob,
+        hidden_size=hidden_size,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        eval_every=eval_every,
+        save_every=save_every,
+        seed=seed,
+        threads=threads,
+    )
+    typer.echo(f"model: {train(cfg, resume=resume)}")
+
+
+@app.command("self-distill")
+@user_errors
+def self_distill_cmd(
+    ctx: typer.Context,
+    model: Path = typer.Option(..., help="Stage-1 model folder (its AR set stays frozen)."),
+    out: Path = typer.Option(..., help="Output model folder (may equal --model to update it in place)."),
+    corpus: str = typer.Option("stdlib", help="Prompts are cut from this corpus's training split."),
+    sequences: int = typer.Option(576, help="AR-greedy sequences to generate (576 x 256 = 147k tokens)."),
+    sequences_file: Path | None = typer.Option(None, help="Reuse / write the sequences here (safetensors)."),
+    extra_sequences: list[Path] = typer.Option(
+        [], help="A further round: an earlier round's sequences file whose training rows join (repeatable)."
+    ),
+    prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
+    new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),
+    steps: int = typer.Option(300, help="NAR fine-tuning steps."),
+    batch_size: int = typer.Option(8, help="Sequences per step."),
+    anchors: int = typer.Option(16, help="NAR blocks per sequence (anchored in the continuation)."),
+    lr: float = typer.Option(1e-3, help="Peak learning rate."),
+    warmup_steps: int = typer.Option(20, help="Linear warm-up steps."),
+    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
+    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
+    reveal_first: float | None = typer.Option(
+        None,
+        help="Chance slot 1 shows its true token, as the drafting pass shows it (default: 0.1, as any slot).",
+    ),
+    seed: int = typer.Option(0, help="Seed for prompts, anchors and reveals."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+) -> None:
+    """Stage 2: fine-tune the NAR set on the AR path's own greedy outputs (self-distillation)."""
+    import json
+
+    import torch
+
+    from yue.train.selfdistill import NARFinetuneConfig, self_distill
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = NARFinetuneConfig(
+        steps=steps,
+        batch_size=batch_size,
+        anchors=anchors,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        beta=beta,
+        gamma=gamma,
+        reveal_first=reveal_first,
+        seed=seed,
+    )
+    report = self_distill(
+        model,
+        out,
+        corpus,
+        sequences,
+        prompt_len,
+        new_tokens,
+        sequences_file=sequences_file,
+        cfg=cfg,
+        extra_sequences=extra_sequences,
+        command=command_line(ctx),
+    )
+    typer.echo(json.dumps(report))
+
+
+@app.command("train-router")
+@user_errors
+def train_router_cmd(
+    model: Path = typer.Option(..., help="Model folder; its towers stay frozen."),
+    out: Path | None = typer.Option(
+        None, help="Where to save the model with its new router (default: --model)."
+    ),
+    data: Path | None = typer.Option(None, help="AR-greedy sequences (safetensors); default: generate them."),
+    corpus: str = typer.Option("stdlib", help="Without --data: prompts from this corpus's validation split."),
+    sequences: int = typer.Option(256, help="Without --data: AR-greedy sequences to generate."),
+    prompt_len: int = typer.Option(64, help="Prompt tokens per generated sequence."),
+    new_tokens: int = typer.Option(192, help="Greedy tokens per generated sequence."),
+    anchors: int = typer.Option(48, help="Labelled blocks per sequence."),
+    user_labels: Path | None = typer.Option(
+        None, help='JSONL {"text", "ar_spans"}: fine-tune on must-AR spans.'
+    ),
+    epochs: int = typer.Option(30, help="Router training epochs."),
+    lr: float = typer.Option(3e-3, help="Router learning rate."),
+    seed: int = typer.Option(0, help="Seed for prompts, anchors, init and the held-out split."),
+    table: bool = typer.Option(True, help="Decode the dev set at several thresholds and print the table."),
+    table_prompts: int = typer.Option(20, help="Dev-set prompts for the threshold table."),
+    thresholds: str = typer.Option(
+        "0.1,0.3,0.5,0.65,0.8,0.9", help="Comma-separated thresholds for the table."
+    ),
+    draft_dtype: str = typer.Option(
+        "auto", help="Draft in this precision when collecting features, as decoding will (auto: int8 on CPU)."
+    ),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+) -> None:
+    """Stage 3: train the router on acceptance labels (or fine-tune it on user must-AR spans)."""
+    import json
+
+    import torch
+
+    from yue.bench.devset import load_devset
+    from yue.train.router import RouterTrainConfig, run_train_router
+    from yue.train.router_eval import format_report, format_threshold_table, threshold_table
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    ths = [float(t) for t in thresholds.split(",") if t.strip()]
+    if any(not 0.0 <= t <= 1.0 for t in ths):
+        raise ValueError(f"thresholds must be in [0, 1], got {thresholds}")
+    cfg = RouterTrainConfig(epochs=epochs, lr=lr, reinit=user_labels is None, seed=seed)
+    report = run_train_router(
+        model,
+        out,
+        data=data,
+        corpus=corpus,
+        n_sequences=sequences,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        anchors_per_seq=anchors,
+        user_labels=user_labels,
+        cfg=cfg,
+        seed=seed,
+        drafting_dtype=draft_dtype,
+    )
+    typer.echo("router on held-out blocks (a_i vs acceptance label; conf = raw slot max-probability):")
+    typer.echo(format_report(report["held_out"]))
+    folder = out if out is not None else model
+    if table:
+        prompts = [r["prompt"] for r in load_devset()[:table_prompts]]
+        report["threshold_table"] = threshold_table(folder, prompts, ths)
+        typer.echo(format_threshold_table(report["threshold_table"]))
+        (Path(folder) / "router_report.json").write_text(json.dumps(report, indent=2))
+    typer.echo(json.dumps({k: v for k, v in report.items() if k not in ("before", "epoch_losses")}))
+
+
+@app.command("finetune")
+@user_errors
+def finetune_cmd(
+    ctx: typer.Context,
+    model: str | None = typer.Option(None, help=MODEL_HELP),
+    data: Path = typer.Option(..., help='Text file, folder, JSONL {"text"} or chat JSONL {"messages"}.'),
+    out: Path = typer.Option(
+        ..., help="Adapter folder: peft files, drafts.safetensors, finetune_report.json."
+    ),
+    steps: int = typer.Option(150, help="LoRA optimizer steps."),
+    lr: float = typer.Option(2e-3, help="Peak LoRA learning rate (warm-up, then cosine)."),
+    batch_size: int = typer.Option(8, help="Windows per step."),
+    seq_len: int = typer.Option(256, help="Tokens per window."),
+    lora_r: int = typer.Option(8, help="LoRA rank."),
+    lora_alpha: float = typer.Option(16.0, help="LoRA scale numerator (scale = alpha / r)."),
+    target_modules: list[str] = typer.Option(
+        [],
+        help="AR-set projection to adapt (repeatable): q_proj k_proj v_proj o_proj gate_proj up_proj "
+        "down_proj (default: all seven). The NAR set's `nar_` modules are never targeted.",
+    ),
+    refresh_steps: int = typer.Option(
+        100, help="NAR self-distillation steps on the adapted model's outputs (0: keep the old drafts)."
+    ),
+    refresh_sequences: int = typer.Option(48, help="AR-greedy sequences the refresh trains on."),
+    save_every: int = typer.Option(50, help="Checkpoint every N LoRA steps."),
+    seed: int = typer.Option(0, help="Seed for LoRA init, windows, prompts and the refresh."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    resume: bool = typer.Option(False, help="Continue the LoRA steps from the last checkpoint in OUT/run."),
+) -> None:
+    """LoRA-fine-tune the AR set on your text, then refresh the drafts for it (report: JSON)."""
+    import json
+
+    from yue.train.finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+        refresh_steps=refresh_steps,
+        refresh_sequences=refresh_sequences,
+        save_every=save_every,
+        seed=seed,
+        threads=threads,
+        **({"target_modules": tuple(target_modules)} if target_modules else {}),
+    )
+    report = finetune(model, data, out, cfg, resume=resume, command=command_line(ctx))
+    typer.echo(json.dumps({k: v for k, v in report.items() if k not in ("config", "refresh")}))

@@ -1,0 +1,18 @@
+"""yue's kernels: the decode path of a trained model (`yue.model`), built for the running device.
+
+- `probe`: which kernels run on this CPU (oneDNN packing, the int8 engine, yue's row kernel), probed
+  once per process, each with a forced fallback.
+- `rowkernel` (+ `rowkernel.c`): yue's C row kernel, compiled for this CPU on first use.
+- `matmuls`: the decode-time matmul modules on those kernels (row-exact, packed, lowered, int4).
+- `screen`: the LM head's int8 screen for greedy steps.
+- `decode_set`: a layer's decode-time paths (fused matmuls, row-exact attention, a stack of layers as
+  one call).
+- `prepare`: `prepare_for_decoding`, which builds all of these onto a trained model.
+
+`yue.model` imports nothing from here: a trained model calls its decode paths only through the small
+interface `decode_set` documents.
+"""
+
+from yue.kernels.prepare import prepare_for_decoding
+
+__all__ = ["prepare_for_decoding"]
