@@ -19,6 +19,7 @@ BLOCKS = {
     T.Q8_0: (34, 32),
     T.Q4_0: (18, 32),
     T.Q4_1: (20, 32),
+    T.Q5_0: (22, 32),
     T.Q4_K: (144, QK_K),
     T.Q5_K: (176, QK_K),
     T.Q6_K: (210, QK_K),
@@ -64,6 +65,9 @@ def dequantize(data: np.ndarray, qtype: gguf.GGMLQuantizationType, shape: tuple[
         out = (_nibbles(b[:, 2:]) - 8) * _f16(b[:, :2])
     elif qtype == T.Q4_1:
         out = _nibbles(b[:, 4:]) * _f16(b[:, :2]) + _f16(b[:, 2:4])
+    elif qtype == T.Q5_0:  # d, 32 fifth bits (bit j: weight j), 16 bytes of nibbles; (code - 16) * d
+        fifth = (b[:, 2:6].copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1  # (n, 32)
+        out = (_nibbles(b[:, 6:]) + 16 * fifth.astype(np.float32) - 16) * _f16(b[:, :2])
     elif qtype in (T.Q4_K, T.Q5_K):
         d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
         sc, mn = _k_scales(b[:, 4:16])

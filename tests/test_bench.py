@@ -164,7 +164,7 @@ def test_hf_greedy_and_prompt_lookup_write_our_ar_tokens(bench_run):
 
 def test_hf_greedy_tokens_equal_our_ar_tokens_on_a_random_model(tiny_model_dir, tmp_path):
     engine = yue.load(tiny_model_dir)
-    llama, rec = load_peers(tiny_model_dir, "cpu", str(tmp_path))
+    llama, rec, _ = load_peers(tiny_model_dir, "cpu", str(tmp_path))
     hf = HFRunner(llama, rec, engine.tokenizer, lookup=False, max_new_tokens=20)
     ours = OurRunner(engine, "ar", None, max_new_tokens=20)
     for i, text in enumerate(["def alpha_1(x):\n", "你好", "import os\n"]):
@@ -174,7 +174,7 @@ def test_hf_greedy_tokens_equal_our_ar_tokens_on_a_random_model(tiny_model_dir, 
 
 def test_prompt_lookup_counts_every_forward_and_accepted_draft(drafting_model_dir, tmp_path):
     engine = yue.load(drafting_model_dir)
-    llama, rec = load_peers(drafting_model_dir, "cpu", str(tmp_path))
+    llama, rec, _ = load_peers(drafting_model_dir, "cpu", str(tmp_path))
     hf = HFRunner(llama, rec, engine.tokenizer, lookup=True, max_new_tokens=30)
     text = "def alpha_1(x):\n    return beta(x) + 1\n\ndef alpha_1(x):\n"
     s = hf([(0, Prompt(text, None, engine.encode(text)))])

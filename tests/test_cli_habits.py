@@ -27,13 +27,13 @@ def test_version_prints_the_package_version():
     assert res.stdout == f"yue {yue.__version__}\n"
 
 
-def test_models_lists_each_shipped_model_with_its_size_and_weights():
+def test_models_lists_each_named_model_with_its_size_and_weights():
     res = CliRunner().invoke(app, ["models", "--json"])
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in res.stdout.splitlines()]
-    assert [r["name"] for r in rows] == list(registry.SHIPPED)
-    assert [r["default"] for r in rows] == [n == registry.DEFAULT_MODEL for n in registry.SHIPPED]
-    code_mini = rows[registry.SHIPPED.index("yue-code-mini")]  # its weights live in the package itself
+    assert [r["name"] for r in rows] == list(registry.NAMES)  # shipped, then the optional ones
+    assert [r["default"] for r in rows] == [n == registry.DEFAULT_MODEL for n in registry.NAMES]
+    code_mini = rows[registry.NAMES.index("yue-code-mini")]  # its weights live in the package itself
     weights = registry.ASSETS / "yue-code-mini" / "model.safetensors"
     assert code_mini["present"] and code_mini["size_bytes"] == weights.stat().st_size
     table = CliRunner().invoke(app, ["models"]).stdout

@@ -135,3 +135,22 @@ def test_a_code_model_benches_the_held_out_set_first_then_the_dev_set():
         instruct = False
 
     assert default_files(CodeEngine()) == [("held-out", HELD_OUT), ("dev", DEFAULT_OUT)]
+
+
+def test_an_optional_base_model_of_prose_benches_held_out_text_continuations_raw():
+    import json
+
+    from yue.bench.prompts import TEXT_TEST, default_files, load_prompts
+
+    class GemmaEngine:  # gemma-3-270m: a base model, no chat template
+        instruct = False
+        name = "gemma-3-270m"
+
+        def encode(self, text):
+            return [len(text)]
+
+    assert default_files(GemmaEngine()) == [("held-out", TEXT_TEST)]
+    rows = [json.loads(line) for line in TEXT_TEST.read_text().splitlines()]
+    assert len(rows) >= 20 and all(r["source"].startswith("public domain") for r in rows)
+    prompts = load_prompts(TEXT_TEST, GemmaEngine())
+    assert [p.text for p in prompts] == [r["prompt"] for r in rows]  # continued as written: no template

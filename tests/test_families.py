@@ -229,3 +229,19 @@ def test_sliding_windows_in_a_batch_decode_each_row_as_alone(name):
 
     alone = [rows([p], "ar")[0] for p in prompts]
     assert rows(prompts, "ar") == alone and rows(prompts, "verified") == alone
+
+
+def test_the_hf_peer_of_a_family_gguf_is_its_own_transformers_class_with_our_ar_tokens(tmp_path):
+    """`yue bench`'s transformers peers on a Gemma 3 GGUF: the converted folder as Gemma3ForCausalLM (a
+    Llama export cannot hold it), whose greedy tokens are our `ar`'s."""
+    import yue
+    from yue.bench.prompts import Prompt
+    from yue.bench.runners import HFRunner, load_peers
+
+    write_family_gguf(tmp_path / "g.gguf", "gemma3", "Q8_0")
+    engine = yue.load(tmp_path / "g.gguf")
+    peer, rec, folder = load_peers(tmp_path / "g.gguf", "cpu", str(tmp_path / "unused"))
+    assert type(peer).__name__ == "Gemma3ForCausalLM" and (folder / "model.safetensors").is_file()
+    text = "Hello, world! How are"
+    sample = HFRunner(peer, rec, engine.tokenizer, False, 12)([(0, Prompt(text, None, engine.encode(text)))])
+    assert sample.rows[0][1] == engine.generate(text, mode="ar", max_new_tokens=12).token_ids

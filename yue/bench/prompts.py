@@ -9,8 +9,11 @@ Design decisions:
 - Raw prompts stay raw, even for an instruct model (as completions do).
 - A run reports one or more sets: the held-out set first, then a development set labelled as such
   (the split defaults such as the router threshold were chosen on; docs/design.md §6). Defaults: a chat model
-  gets the shipped held-out chat prompts plus the calibration split; any other model (yue-code-mini)
-  the held-out code prompts (cut from third-party packages) plus its development set (Lib/test).
+  gets the shipped held-out chat prompts plus the calibration split; an optional base model of prose
+  (`registry.PACKAGED`, prompts "text": Gemma 3 270M) the held-out text continuations (openings of
+  public-domain books, written from memory; no development set: nothing is tuned on text yet); any
+  other model (yue-code-mini) the held-out code prompts (cut from third-party packages) plus its
+  development set (Lib/test).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from yue.bench.devset import DEFAULT_OUT as DEVSET  # code prompts from Lib/test
 from yue.bench.devset import HELD_OUT as CODE_TEST  # code prompts from third-party packages: held out
 from yue.bench.runners import Prompt
 from yue.jsonl import iter_jsonl
+from yue.registry import ASSETS, PACKAGED
 
 CHAT_TEST = CHAT_SETS["test"]  # held-out chat prompts written by hand: nothing was trained or tuned on them
 CHAT_CALIBRATION = CHAT_SETS["calibration"]  # chat prompts from the stdlib's calibration split
+TEXT_TEST = ASSETS / "text_test.jsonl"  # held-out prose to continue: public-domain books' openings
 
 Split = Literal["held-out", "dev"]
 SPLIT_LABELS: dict[str, str] = {
@@ -114,7 +119,11 @@ def load_prompts(path: str | Path, engine, limit: int | None = None) -> list[Pro
 
 def default_files(engine) -> list[tuple[Split, Path]]:
     """The sets a run uses when none is given: held-out + calibration chat prompts for a chat model,
-    else held-out + development code prompts (of each pair, those that ship)."""
+    held-out text continuations for a named base model of prose, else held-out + development code
+    prompts (of each pair, those that ship)."""
+    named = PACKAGED.get(getattr(engine, "name", None))
+    if not is_instruct(engine) and named is not None and named.prompts == "text":
+        return [("held-out", TEXT_TEST)]
     if is_instruct(engine):
         chat = [(s, p) for s, p in (("held-out", CHAT_TEST), ("dev", CHAT_CALIBRATION)) if p.is_file()]
         if chat:

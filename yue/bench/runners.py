@@ -1,5 +1,7 @@
 """How each bench entry is run and timed: ours through the public Engine API, the peers through
-Hugging Face `generate` on our AR set exported to `LlamaForCausalLM`.
+Hugging Face `generate` on our AR set as its family's transformers model: a yue folder's exported to
+`LlamaForCausalLM`; a model that is an AR set alone (a family's folder, a converted GGUF: Gemma 3, Qwen)
+that folder itself, loaded by `AutoModelForCausalLM`.
 
 Design decisions:
 - A runner takes a batch of (prompt index, Prompt) and returns one `Sample`: the rows it wrote and
@@ -102,7 +104,8 @@ class Recorder:
 
 
 class HFRunner:
-    """Runs a Hugging Face `generate` peer (greedy, or greedy with prompt lookup) on the exported Llama."""
+    """Runs a Hugging Face `generate` peer (greedy, or greedy with prompt lookup) on the AR set's
+    transformers model (`load_peers`)."""
 
     def __init__(self, llama, recorder: Recorder, tokenizer, lookup: bool, max_new_tokens: int) -> None:
         self.llama, self.rec, self.tok = llama, recorder, tokenizer
@@ -139,17 +142,28 @@ class HFRunner:
         return Sample([(i, tokens, text)], wall, ttft, len(rec.inputs), accepted)
 
 
-def load_peers(model: str | Path | None, device: str, tmp: str, dtype: torch.dtype = torch.float32):
-    """Export the AR set of `model` (a name or path, as `yue.load` takes it) as stored, load it as
-    LlamaForCausalLM in `dtype`, attach the recorder's forward hook. The export reads the model as
-    stored, not an engine's: a model prepared for decoding may hold its layers only packed."""
-    from transformers import LlamaForCausalLM
+def load_peers(
+    model: str | Path | None, device: str, tmp: str, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, Recorder, Path]:
+    """The transformers model of `model`'s AR set (a name or path, as `yue.load` takes it) in `dtype`,
+    with the recorder's forward hook attached, and the folder it was loaded from.
+
+    A model that is an AR set alone (a family's transformers folder, a converted GGUF) is that folder,
+    loaded as its family's class. A yue folder's AR set is exported as stored to `tmp` as a
+    `LlamaForCausalLM` (not an engine's: a model prepared for decoding may hold its layers only packed).
+    """
+    from transformers import AutoModelForCausalLM
 
     from yue.engine import load_unprepared
-    from yue.model.hf import export_ar
+    from yue.model.hf import export_ar, model_files
+    from yue.registry import resolve
 
-    export_ar(load_unprepared(model)[0], tmp)
-    llama = LlamaForCausalLM.from_pretrained(tmp, dtype=dtype).to(device).eval()
+    files = model_files(resolve(model))
+    if files.yue_dir is None and files.ar_dir is not None:
+        folder = files.ar_dir
+    else:
+        folder = export_ar(load_unprepared(model)[0], tmp)
+    peer = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
     rec = Recorder()
-    llama.register_forward_pre_hook(rec.hook, with_kwargs=True)
-    return llama, rec
+    peer.register_forward_pre_hook(rec.hook, with_kwargs=True)
+    return peer, rec, Path(folder)

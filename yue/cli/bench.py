@@ -19,9 +19,9 @@ def bench_cmd(
     prompts: Path | None = typer.Option(
         None,
         help='Held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role", "content"}]} '
-        '(+ "reference"?); messages go through the model\'s chat template for every entry alike. '
-        "Default (neither --prompts nor --dev-prompts): a chat model's shipped chat_test + chat_calibration "
-        "sets, else the held-out code_test set (third-party packages) + the code development set.",
+        '(+ "reference"?); messages go through the model\'s chat template for every entry alike. Default: a chat '
+        "model's shipped chat_test + chat_calibration sets; gemma-3-270m (base) the held-out text_test set, raw; "
+        "else the held-out code_test set (third-party packages) + the code development set.",
     ),
     dev_prompts: Path | None = typer.Option(
         None, help="A development (calibration) prompt set, reported after the held-out one and labelled dev."

