@@ -73,3 +73,13 @@ def test_every_serve_setting_the_command_offers_has_help():
     helps = field_help(ServeConfig)
     assert {"host", "port", "api_key", "max_batch_size", "prefix_cache_mb", "drain_timeout_s"} <= set(helps)
     assert all(text.strip() for text in helps.values())
+
+
+def test_the_command_line_loads_no_web_framework_until_the_server_starts():
+    """The CLI reads `ServeConfig` for `yue serve`'s options; FastAPI and uvicorn load only when serving."""
+    import subprocess
+    import sys
+
+    code = "import sys, yue.cli; print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

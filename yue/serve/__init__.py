@@ -1,7 +1,20 @@
-"""`yue serve`: an OpenAI-compatible HTTP server over `Engine.stream` (see app.py for the design)."""
+"""`yue serve`: an OpenAI-compatible HTTP server over `Engine.stream` (see app.py for the design).
 
-from yue.serve.app import create_app
+The server stack (FastAPI, uvicorn) loads on first use of `create_app` or `serve`, not on importing the
+settings: the CLI reads `ServeConfig`'s fields for every command's start.
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from yue.serve.config import ServeConfig
-from yue.serve.server import serve
 
 __all__ = ["ServeConfig", "create_app", "serve"]
+_LAZY = {"create_app": "yue.serve.app", "serve": "yue.serve.server"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'yue.serve' has no attribute {name!r}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from yue.serve.errors import ApiError
+from yue.serve.api_error import ApiError
 
 # OpenAI allows up to 4 stop sequences; more only slows the stop check in the decode loop.
 MAX_STOP = 4
