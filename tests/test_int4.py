@@ -5,7 +5,6 @@ where neither runs."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
@@ -238,7 +237,10 @@ def integer_dot_rows(seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor, i
         x[5, 5], x[6, 7] = float("inf"), float("nan")
         codes = torch.randint(-127, 128, (out_f, in_f), generator=g, dtype=torch.int8)
         q4 = rowkernel.q4dot_block(q4_1_weight(out_f, in_f, seed=in_f)[1])
-        cases += [("rows_matmul_q4dot", x, q4, out_f), ("rows_matmul_i8dot", x, rowkernel.dot_block(codes), out_f)]
+        cases += [
+            ("rows_matmul_q4dot", x, q4, out_f),
+            ("rows_matmul_i8dot", x, rowkernel.dot_block(codes), out_f),
+        ]
     return cases
 
 
@@ -257,7 +259,8 @@ BUILDS = {
     "native": None,  # the first flag set: AVX512 with VNNI on this CPU, when it has them
     "avx512-no-vnni": ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"],  # maddubs and madd at 512 bits
     "avx2": ["-mavx2", "-mfma"],  # 256-bit vectors, no VNNI: the AVX2 path
-    "avx2-vnni": ["-mavx2", "-mfma", "-mavxvnni"],  # AVX-VNNI's VEX form (built; it runs where the CPU has it)
+    # AVX-VNNI's VEX form (dpbusd without AVX512): run where the CPU has it
+    "avx2-vnni": ["-mavx2", "-mfma", "-mavxvnni"],
 }
 
 
