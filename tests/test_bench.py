@@ -19,10 +19,10 @@ import torch
 from typer.testing import CliRunner
 
 import yue
-from yue.bench import llamacpp, metrics
+from yue.bench import harness, llamacpp, metrics
 from yue.bench.harness import JSON_KEYS, BenchConfig, _skips, entries, run_bench
 from yue.bench.prompts import load_prompts, prompt_sets
-from yue.bench.runners import HFRunner, OurRunner, Prompt, load_peers
+from yue.bench.runners import HFRunner, OurRunner, Prompt, Sampling, load_peers
 from yue.cli import app
 from yue.decode.costs import verify_cost_curve
 from yue.engine import Engine
@@ -97,6 +97,9 @@ def test_last_stdout_line_is_one_json_document_with_exactly_the_issue_keys(bench
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"model", "prompts", "max_new_tokens", "modes"} <= set(doc)
     assert set(doc) - {"model", "prompts", "max_new_tokens", "modes"} == {
+        "temperature",
+        "top_p",
+        "seed",
         "prompt_sets",
         "skipped",
         "verify_cost_curve",
@@ -104,6 +107,7 @@ def test_last_stdout_line_is_one_json_document_with_exactly_the_issue_keys(bench
         "settings",
     }
     assert doc["prompts"] == len(PROMPTS) and doc["max_new_tokens"] == 12
+    assert (doc["temperature"], doc["top_p"], doc["seed"]) == (0.0, 1.0, 0)  # greedy by default
     expected = ["hf-greedy", "hf-prompt-lookup", "ar", "verified", "verified@1", "verified+fused"]
     expected += ["verified+fused@1", "hybrid", "hybrid@0.5", "nar"]
     assert list(doc["modes"]) == expected + ["ar@b2", "verified@b2"]
@@ -505,9 +509,9 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
         seen["hf"] += input_ids.tolist()
         return real_hf(self, input_ids, **kw)
 
-    def lc_generate(self, ids):
+    def lc_generate(self, ids, seed=0):
         seen["llamacpp"].append(list(ids))
-        return real_lc(self, ids)
+        return real_lc(self, ids, seed)
 
     monkeypatch.setattr(yue.engine, "decode", decode)
     monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", hf_generate)
@@ -629,3 +633,62 @@ def test_a_verified_entry_that_parts_from_ar_is_reported_as_a_bug():
     lines.clear()
     _warn_if_verified_parts(todo, result, lines.append)
     assert lines == []
+
+
+def sampled_outputs(monkeypatch, **kw) -> tuple[dict, dict[str, list[list[int]]]]:
+    """A run_bench's JSON document and each entry's output tokens per prompt (in prompt order)."""
+    seen: dict[str, list] = {}
+    real = harness._timed_runs
+
+    def timed_runs(todo, runners, prompts, cfg, log):
+        samples = real(todo, runners, prompts, cfg, log)
+        seen.update({name: [row[1] for s in ss for row in s.rows] for name, ss in samples.items()})
+        return samples
+
+    with monkeypatch.context() as patch:  # undone after the run: the next run wraps the real one
+        patch.setattr(harness, "_timed_runs", timed_runs)
+        result = run_bench(
+            BenchConfig(thresholds=(), verified_thresholds=(), memory=False, cost_curve=False, **kw)
+        )
+    return result.document(), seen
+
+
+@pytest.mark.parametrize("peer", ["hf", pytest.param("llamacpp", marks=needs_llama_cpp)])
+def test_sampled_bench_repeats_its_outputs_under_a_seed_for_ours_and_the_peers(
+    peer, request, prompts_file, monkeypatch
+):
+    """`yue bench --temperature --top-p --seed`: every entry and peer samples (ours with speculative
+    sampling in `verified`), two runs with the same seed write the same tokens for every entry and
+    prompt, another seed (or greedy) other tokens, and the JSON document reports the three settings."""
+    if peer == "hf":  # a random tiny model (a trained one writes its corpus at any temperature)
+        model, modes = request.getfixturevalue("tiny_model_dir"), ("hf-greedy", "ar", "verified")
+    else:  # a GGUF (no NAR set): the llama.cpp peer runs it
+        model, modes = str(request.getfixturevalue("f32_gguf")), ("hf-greedy", "llamacpp-greedy", "ar")
+    run = dict(model=model, prompts=str(prompts_file), max_new_tokens=16, modes=modes, fused_drafts=False)
+    doc, first = sampled_outputs(monkeypatch, temperature=2.0, top_p=0.99, seed=7, **run)
+    _, again = sampled_outputs(monkeypatch, temperature=2.0, top_p=0.99, seed=7, **run)
+    _, other = sampled_outputs(monkeypatch, temperature=2.0, top_p=0.99, seed=8, **run)
+    _, greedy = sampled_outputs(monkeypatch, **run)
+    assert set(first) == set(modes) and all(first[m] and all(first[m]) for m in modes)
+    assert first == again
+    # The random tiny yue model is flat enough that a draw shows; the tiny GGUF is too peaked for that
+    # (every side writes its greedy tokens at temperature 2).
+    for m in modes if peer == "hf" else ():
+        assert other[m] != first[m] and greedy[m] != first[m], m
+    assert (doc["temperature"], doc["top_p"], doc["seed"]) == (2.0, 0.99, 7)
+    assert "temperature 2, top_p 0.99" in doc["settings"]["sampling"]
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
+def test_bad_sampling_settings_are_refused_naming_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        BenchConfig(**kw)
+    with pytest.raises(ValueError, match=field):
+        Sampling(**kw)

@@ -5,13 +5,16 @@ where neither runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yue
-from tests.test_precision import assert_layers_hold_only, assert_verified_equals_ar
+from tests.test_precision import X86, assert_layers_hold_only, assert_verified_equals_ar
+from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
 from yue.decode.costs import cost_cache_key, decode_layout
 from yue.kernels import prepare_for_decoding, probe, rowkernel
@@ -219,3 +222,77 @@ def test_int4_where_its_kernel_is_off_is_a_clear_error(trained_model_dir):
             prepare_for_decoding(top_model(2), None, int4=True)
     with pytest.raises(ValueError, match="int4 precision needs (a float32 model|a CPU where)"):
         prepare_for_decoding(top_model(2).to(torch.bfloat16), None, int4=True)
+
+
+def integer_dot_rows(seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
+    """The integer-dot matmuls' cases for `test_every_builds_integer_dot_rows_are_the_plain_loops_bits`:
+    (function, rows, weight in its layout, outputs) over 11 rows of very different scales, a zero row, a
+    subnormal one, a partial zero row, and rows holding an inf and a NaN (the plain loop's fallbacks)."""
+    g = torch.Generator().manual_seed(seed)
+    cases = []
+    for out_f, in_f in ((40, 64), (200, 576)):
+        x = torch.randn(11, in_f, generator=g) * torch.logspace(-30, 30, 11)[:, None]
+        x[2], x[3, :40] = 0.0, -0.0
+        x[4] = torch.randn(in_f, generator=g) * 1e-40  # subnormal: 127 / max overflows
+        x[5, 5], x[6, 7] = float("inf"), float("nan")
+        codes = torch.randint(-127, 128, (out_f, in_f), generator=g, dtype=torch.int8)
+        q4 = rowkernel.q4dot_block(q4_1_weight(out_f, in_f, seed=in_f)[1])
+        cases += [
+            ("rows_matmul_q4dot", x, q4, out_f),
+            ("rows_matmul_i8dot", x, rowkernel.dot_block(codes), out_f),
+        ]
+    return cases
+
+
+def call_rows(lib, name: str, x: torch.Tensor, w: torch.Tensor, out_f: int) -> torch.Tensor:
+    """y (rows, out) of one of the row kernel's matmuls called directly (NaN kept as the kernel wrote it)."""
+    y = torch.empty(x.shape[0], out_f)
+    getattr(lib, name)(*rowkernel._pointers(x, x.shape[0], x.shape[1], w, y, out_f, 1))
+    return y
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+BUILDS = {
+    "native": None,  # the first flag set: AVX512 with VNNI on this CPU, when it has them
+    "avx512-no-vnni": ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"],  # maddubs and madd at 512 bits
+    "avx2": ["-mavx2", "-mfma"],  # 256-bit vectors, no VNNI: the AVX2 path
+    # AVX-VNNI's VEX form (dpbusd without AVX512): run where the CPU has it
+    "avx2-vnni": ["-mavx2", "-mfma", "-mavxvnni"],
+}
+
+
+def cpu_has(flag: str) -> bool:
+    return flag in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+
+
+@needs_row_int4
+@pytest.mark.parametrize("build", BUILDS)
+def test_every_builds_integer_dot_rows_are_the_plain_loops_bits(build, fresh_build, monkeypatch):  # noqa: F811
+    """The integer-dot matmuls (int4's layers, a drafting set's int8) on each vector path, forced by its
+    flags, give the plain build's bits (no -march: the portable loops), row by row, and each row's bits
+    alone equal its bits among 10 others (two passes of MAX_R = 9): the weights decoded once per group
+    for all rows, and the vectorized quantization of the rows, change no bit of any row."""
+    if build != "native" and not X86:
+        pytest.skip("x86 vector paths")
+    needs = {"avx512-no-vnni": "avx512bw", "avx2-vnni": "avx_vnni"}.get(build)
+    if needs and not cpu_has(needs):
+        pytest.skip(f"this CPU has no {needs}")
+    cases = integer_dot_rows(seed=0)  # built with the native library (the layouts do not depend on it)
+    monkeypatch.setattr(rowkernel, "FLAG_SETS", ([],))
+    probe.reset()
+    plain = [call_rows(rowkernel.library(), *case) for case in cases]
+    if BUILDS[build] is not None:
+        monkeypatch.setattr(rowkernel, "FLAG_SETS", (BUILDS[build],))
+    else:
+        monkeypatch.undo()
+    probe.reset()
+    needs_row_kernel()
+    lib = rowkernel.library()
+    for (name, x, w, out_f), want in zip(cases, plain, strict=True):
+        got = call_rows(lib, name, x, w, out_f)
+        assert same_bits(got, want), (build, name, out_f)
+        for r in (0, 4, 5, 8, 10):
+            assert same_bits(call_rows(lib, name, x[r : r + 1], w, out_f)[0], got[r]), (build, name, r)

@@ -287,13 +287,16 @@ def _sample_prefixes(
     threshold: float = 1.0,
     lookup: bool = False,
     tail: int = 3,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
 ) -> Counter:
     """Joint distribution of tokens length - tail .. length over n lockstep rows (one decode call)."""
     stub = _random_stub(0)
     cfg = DecodeConfig(
         mode=mode,
         max_new_tokens=length,
-        temperature=1.0,
+        temperature=temperature,
+        top_p=top_p,
         seed=seed,
         router_threshold=threshold,
         block_size=4,
@@ -321,6 +324,15 @@ def test_verified_sampling_matches_ar_distribution_chi_square():
     assert _chi2_pvalue(ar, _sample_prefixes("verified", 6000, seed=4, drafting="fused")) > 1e-3
     # Power check: the same test does detect a real difference (unverified drafts, `nar` mode).
     assert _chi2_pvalue(ar, _sample_prefixes("nar", 6000, seed=3)) < 1e-6
+
+
+def test_verified_sampling_at_a_chat_temperature_and_nucleus_matches_ar_distribution():
+    """At the settings `yue bench --temperature 0.7 --top-p 0.9` runs with, `verified`'s tokens follow
+    `ar`'s distribution (the nucleus cut applies to the target the drafts are verified against)."""
+    kw = dict(temperature=0.7, top_p=0.9)
+    ar = _sample_prefixes("ar", 6000, seed=1, **kw)
+    assert _chi2_pvalue(ar, _sample_prefixes("verified", 6000, seed=2, **kw)) > 1e-3
+    assert _chi2_pvalue(ar, _sample_prefixes("nar", 6000, seed=3, **kw)) < 1e-6  # the test's power
 
 
 def test_verified_sampling_with_copied_drafts_matches_ar_distribution():

@@ -10,6 +10,10 @@ Design decisions (docs/design.md §6, docs/style.md habit 12):
   labelled as such; each set gets its own summary. The entries, runners and warm-up are shared.
 - Warm-up first: every entry runs once on the first set's first prompt (or batch), timed and reported
   apart.
+- Sampling (`--temperature`, `--top-p`, `--seed`) is every entry's and every peer's alike: ours sample
+  through the request's settings (speculative sampling for the drafting modes), transformers and
+  llama.cpp with the same temperature and nucleus and no other filter; prompt i is seeded with seed + i
+  on every side, so a run repeats its outputs (`runners.Sampling`).
 - Entries are interleaved per prompt, in an order rotated every prompt, so drift on a shared machine
   hits all of them alike; speed is reported as medians with p10/p90, ratios from the same run.
 - How each entry is run, timed and counted (TTFT, forwards, accept lengths): runners.py. Every side
@@ -33,7 +37,7 @@ import torch
 
 from yue.bench import llamacpp, metrics
 from yue.bench.prompts import PromptSet, prompt_sets
-from yue.bench.runners import HFRunner, OurRunner, Sample, load_peers
+from yue.bench.runners import HFRunner, OurRunner, Sample, Sampling, load_peers
 from yue.bench.summary import JSON_KEYS, Summary, summarise
 from yue.config import MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
@@ -78,6 +82,8 @@ class BenchConfig:
             a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
             and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
         low_memory: ours hold each float32 layer weight once (`yue.load(low_memory=True)`).
+        temperature, top_p, seed: the sampling of every entry and peer alike (`Sampling`); temperature 0
+            (the default) is greedy for all of them.
     """
 
     model: str | None = None
@@ -97,6 +103,9 @@ class BenchConfig:
     cost_curve: bool = True
     dtype: str = "float32"
     low_memory: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in ALL_MODES]
@@ -119,6 +128,12 @@ class BenchConfig:
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         resolve_dtype(self.dtype)  # an unknown name raises, naming the precisions
+        Sampling(self.temperature, self.top_p, self.seed)  # checked there, naming the field
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling every entry and peer runs with."""
+        return Sampling(self.temperature, self.top_p, self.seed)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -181,6 +196,7 @@ class BenchResult:
     settings: dict[str, str]
     skipped: dict[str, str] = field(default_factory=dict)
     costs: CostCurve | None = None
+    sampling: Sampling = field(default_factory=Sampling)
 
     @property
     def prompts(self) -> int:
@@ -207,6 +223,9 @@ class BenchResult:
             "model": self.model,
             "prompts": self.prompts,
             "max_new_tokens": self.max_new_tokens,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "seed": self.sampling.seed,
             "modes": modes(self.summaries),
             "prompt_sets": [
                 {
@@ -299,12 +318,16 @@ def _runners(
     for e in todo:
         if e.mode in HF_PEERS:
             runners[e.name] = HFRunner(
-                llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens
+                llama, rec, engine.tokenizer, e.mode == "hf-prompt-lookup", cfg.max_new_tokens, cfg.sampling
             )
         elif e.mode == llamacpp.NAME:
-            runners[e.name] = llamacpp.LlamaCppRunner(llm, engine.tokenizer, eos_ids, cfg.max_new_tokens)
+            runners[e.name] = llamacpp.LlamaCppRunner(
+                llm, engine.tokenizer, eos_ids, cfg.max_new_tokens, cfg.sampling
+            )
         else:
-            runners[e.name] = OurRunner(engine, e.mode, e.threshold, cfg.max_new_tokens, e.drafting)
+            runners[e.name] = OurRunner(
+                engine, e.mode, e.threshold, cfg.max_new_tokens, e.drafting, cfg.sampling
+            )
     return runners, settings, None if peer_dir is None else str(peer_dir)
 
 
@@ -350,8 +373,9 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
         )
         for k, (s, ss) in enumerate(zip(sets, samples, strict=True))
     ]
-    for r in results:
-        _warn_if_verified_parts(todo, r, log)
+    if cfg.sampling.greedy:  # sampled, `verified` keeps `ar`'s distribution, not its tokens
+        for r in results:
+            _warn_if_verified_parts(todo, r, log)
     settings = {
         "threads": str(cfg.threads),
         "device": cfg.device,
@@ -360,12 +384,13 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> BenchResult:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "repeats": str(cfg.repeats),
+        "sampling": cfg.sampling.describe(),
         "ttft_hf": "streamer: first put after the prompt",
         **extra,
     }
     if engine.model.device.type == "cpu":  # which kernels ours ran (`model/kernels.py`), as in the log
         settings["kernels"] = probe.describe()
-    return BenchResult(engine.name, cfg.max_new_tokens, results, todo, settings, skipped, costs)
+    return BenchResult(engine.name, cfg.max_new_tokens, results, todo, settings, skipped, costs, cfg.sampling)
 
 
 def _warn_if_verified_parts(todo: list[Entry], result: SetResult, log: Callable[[str], None]) -> None:
@@ -424,7 +449,7 @@ def _float32_reference(reference, prompts, ar_samples, cfg, log) -> dict | None:
         return None
     log("float32 reference: ar in float32 on the same prompts (untimed)")
     ours = {i: toks for s in ar_samples for i, toks, _ in s.rows}
-    runner = OurRunner(reference, "ar", None, cfg.max_new_tokens, "separate")
+    runner = OurRunner(reference, "ar", None, cfg.max_new_tokens, "separate", cfg.sampling)
     nll = {"ours": [0.0, 0], "float32": [0.0, 0]}
     same, ref_tokens, ref_wall = 0, 0, 0.0
     for i, toks in sorted(ours.items()):

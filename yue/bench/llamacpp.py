@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from yue.bench.runners import Prompt, Sample
+from yue.bench.runners import Prompt, Sample, Sampling
 
 NAME = "llamacpp-greedy"
 INSTALL = "pip install '.[llamacpp]' in yue's repository, or pip install 'llama-cpp-python>=0.3.30' (it builds from source: ~9 min on 2 cores)"
@@ -157,16 +157,27 @@ def precision(llm, path: str | Path) -> str:
 
 
 class LlamaCppRunner:
-    """Runs the llama.cpp peer at batch 1: greedy from the prompt's ids, timed like the other runners."""
+    """Runs the llama.cpp peer at batch 1 from the prompt's ids, greedy or sampled as `sampling` says
+    (`runners.Sampling`), timed like the other runners."""
 
-    def __init__(self, llm, tokenizer, eos_ids: set[int], max_new_tokens: int) -> None:
+    def __init__(
+        self, llm, tokenizer, eos_ids: set[int], max_new_tokens: int, sampling: Sampling = Sampling()
+    ) -> None:
         self.llm, self.tok, self.eos, self.max_new = llm, tokenizer, eos_ids, max_new_tokens
+        self.sampling = sampling
 
-    def generate(self, ids: list[int]) -> tuple[list[int], float | None, int]:
-        """Greedy tokens from `ids` (EOS excluded), seconds to the first one, forwards evaluated."""
+    def generate(self, ids: list[int], seed: int = 0) -> tuple[list[int], float | None, int]:
+        """Tokens from `ids` (EOS excluded), seconds to the first one, forwards evaluated. Greedy at
+        temperature 0 (llama.cpp's greedy sampler); else top-k off (0), typical and min-p off, the
+        nucleus, the temperature, then a draw seeded with `seed`."""
         self.llm.reset()  # an empty context: no prefix reuse from the previous call
+        self.llm.set_seed(seed)  # read when generate builds its sampler
+        s = self.sampling
         t0, ttft, tokens, forwards = time.perf_counter(), None, [], 0
-        for tok in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+        top_k = 1 if s.greedy else 0
+        for tok in self.llm.generate(
+            ids, top_k=top_k, top_p=s.top_p, min_p=0.0, typical_p=1.0, temp=s.temperature, repeat_penalty=1.0
+        ):
             forwards += 1
             if ttft is None:
                 ttft = time.perf_counter() - t0
@@ -180,6 +191,6 @@ class LlamaCppRunner:
     def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
         assert len(batch) == 1, "peers run at batch 1"
         (i, p), t0 = batch[0], time.perf_counter()
-        tokens, ttft, forwards = self.generate(p.ids)
+        tokens, ttft, forwards = self.generate(p.ids, self.sampling.seed + i)
         wall = time.perf_counter() - t0
         return Sample([(i, tokens, self.tok.decode(tokens))], wall, ttft, forwards, [])

@@ -14,6 +14,12 @@ Design decisions:
   fed after the uncached committed token) with the streamer's chunk (accepted drafts + the model's
   own token) gives prompt lookup's accept lengths without touching transformers' internals.
 - Both sides stop at <|eos|>; the EOS token itself is not counted as generated.
+- Sampling is one `Sampling` for every runner: temperature 0 is greedy everywhere; above it each side
+  samples from softmax(logits / temperature) cut to the nucleus top_p, with no top-k (transformers'
+  generation config and llama.cpp's defaults would add one) and prompt i's draw seeded with seed + i
+  (ours: the request's generator; transformers: torch's global one; llama.cpp: its sampler's seed), so
+  the same seed gives the same outputs run after run. llama.cpp cuts the nucleus before dividing by the
+  temperature, transformers and ours after: the same at top_p 1.
 """
 
 from __future__ import annotations
@@ -25,6 +31,38 @@ from pathlib import Path
 import torch
 
 LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens of the hf-prompt-lookup peer
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How every bench entry and peer picks its tokens. Validated here (ValueError naming the field).
+
+    Attributes:
+        temperature: 0 = greedy; else softmax(logits / temperature), in (0, 2] (`DecodeConfig`'s range).
+        top_p: nucleus mass in (0, 1]; 1 = off.
+        seed: prompt i's draw is seeded with seed + i on every side.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def describe(self) -> str:
+        if self.greedy:
+            return "greedy (temperature 0)"
+        return f"temperature {self.temperature:g}, top_p {self.top_p:g}, prompt i seeded with {self.seed} + i"
 
 
 @dataclass(frozen=True)
@@ -55,17 +93,29 @@ class OurRunner:
     """Runs one entry through the public Engine API."""
 
     def __init__(
-        self, engine, mode: str, threshold: float | None, max_new_tokens: int, drafting: str = "separate"
+        self,
+        engine,
+        mode: str,
+        threshold: float | None,
+        max_new_tokens: int,
+        drafting: str = "separate",
+        sampling: Sampling = Sampling(),
     ) -> None:
-        self.engine = engine
+        self.engine, self.sampling = engine, sampling
         self.kw = dict(
-            mode=mode, router_threshold=threshold, max_new_tokens=max_new_tokens, drafting=drafting
+            mode=mode,
+            router_threshold=threshold,
+            max_new_tokens=max_new_tokens,
+            drafting=drafting,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
         )
 
     def __call__(self, batch: list[tuple[int, Prompt]]) -> Sample:
+        seed = self.sampling.seed + batch[0][0]  # a batch: row b seeded with seed + b (`Engine.generate`)
         if len(batch) > 1:
             t0 = time.perf_counter()
-            results = self.engine.generate([p.text for _, p in batch], **self.kw)
+            results = self.engine.generate([p.text for _, p in batch], seed=seed, **self.kw)
             wall = time.perf_counter() - t0
             rows = [(i, r.token_ids, r.text) for (i, _), r in zip(batch, results, strict=True)]
             # The batch ran as many forwards as its longest-running row took part in; rows keep their own
@@ -75,7 +125,7 @@ class OurRunner:
             return Sample(rows, wall, results[0].stats.ttft_s, forwards, lengths)
         (i, p), ttft, tokens, parts, stats = batch[0], None, [], [], None
         t0 = time.perf_counter()
-        for ev in self.engine.stream(p.text, **self.kw):
+        for ev in self.engine.stream(p.text, seed=seed, **self.kw):
             if ttft is None and ev.token_ids:
                 ttft = time.perf_counter() - t0
             tokens += ev.token_ids
@@ -104,18 +154,28 @@ class Recorder:
 
 
 class HFRunner:
-    """Runs a Hugging Face `generate` peer (greedy, or greedy with prompt lookup) on the AR set's
-    transformers model (`load_peers`)."""
+    """Runs a Hugging Face `generate` peer (plain, or with prompt lookup) on the AR set's transformers
+    model (`load_peers`), greedy or sampled as `sampling` says."""
 
-    def __init__(self, llama, recorder: Recorder, tokenizer, lookup: bool, max_new_tokens: int) -> None:
-        self.llama, self.rec, self.tok = llama, recorder, tokenizer
+    def __init__(
+        self,
+        llama,
+        recorder: Recorder,
+        tokenizer,
+        lookup: bool,
+        max_new_tokens: int,
+        sampling: Sampling = Sampling(),
+    ) -> None:
+        self.llama, self.rec, self.tok, self.sampling = llama, recorder, tokenizer, sampling
         self.eos = llama.generation_config.eos_token_id
         self.kw = dict(
             max_new_tokens=max_new_tokens,
-            do_sample=False,
+            do_sample=not sampling.greedy,
             eos_token_id=self.eos,
             pad_token_id=llama.generation_config.pad_token_id,
         )
+        if not sampling.greedy:  # no top-k: the model's generation config may carry one
+            self.kw.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         if lookup:
             self.kw["prompt_lookup_num_tokens"] = LOOKUP_TOKENS
 
@@ -124,6 +184,7 @@ class HFRunner:
         assert len(batch) == 1, "peers run at batch 1"
         ids = torch.tensor([p.ids], device=self.llama.device)
         rec.puts.clear(), rec.inputs.clear()
+        torch.manual_seed(self.sampling.seed + i)  # transformers samples from torch's global generator
         t0 = time.perf_counter()
         out = self.llama.generate(ids, attention_mask=torch.ones_like(ids), streamer=rec, **self.kw)
         wall = time.perf_counter() - t0

@@ -55,6 +55,11 @@ def bench_cmd(
         help=DTYPE_HELP + " Ours and the transformers peers alike (int4: ours only, the peers float32).",
     ),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP + " Ours only."),
+    temperature: float = typer.Option(
+        0.0, help="0 = greedy. Every entry and peer alike (ours: speculative sampling in the drafting modes)."
+    ),
+    top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1], every entry and peer alike."),
+    seed: int = typer.Option(0, help="Prompt i is sampled with seed + i on every side: runs repeat."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
     plot: Path | None = typer.Option(None, help="Write the speed vs fidelity plot (PNG) here."),
 ) -> None:
@@ -91,6 +96,9 @@ def bench_cmd(
         cost_curve=cost_curve,
         dtype=dtype,
         low_memory=low_memory,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
     )
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     result = run_bench(cfg, log=lambda s: err.print(f"[bench] {s}", markup=False))

@@ -665,6 +665,63 @@ void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, fl
 #define DOT_BLK 8
 #define PREFETCH_DOT 1024
 
+/* One group's int8 codes c (n of them) of x and its largest |x| and code sum, in whole vectors: 0, or 1
+ * (nothing written) where n is not whole vectors, a value is not finite or 127 / amax overflows (then
+ * the plain loop of quantize_groups, which skips NaN and clamps). The same values as that loop: the exact maximum, the same float
+ * product x * inv, rounded to nearest even as nearbyintf (the default rounding mode), never beyond 127
+ * (|x| <= amax, so x * inv <= 127 (1 + 2^-23)). Why: in the plain loop the quantization cost about a
+ * quarter of the int4 matmul's time at 9 rows (each of a layer's matmuls quantizes its input rows). */
+#if defined(__AVX512F__)
+static int quantize_vectors(const float *xg, long n, signed char *c, float *amax, int *sum) {
+    if (n % 16) return 1;
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    __m512 top = _mm512_setzero_ps();
+    for (long i = 0; i < n; i += 16) {
+        const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xg + i));
+        if (_mm512_cmp_ps_mask(a, inf, _CMP_LT_OQ) != 0xFFFF) return 1; /* inf or NaN */
+        top = _mm512_max_ps(top, a);
+    }
+    const float m = _mm512_reduce_max_ps(top), inv = m > 0.f ? 127.f / m : 0.f;
+    if (!(inv < INFINITY)) return 1; /* a subnormal maximum: 127 / m overflows */
+    __m512i total = _mm512_setzero_si512();
+    for (long i = 0; i < n; i += 16) {
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + i), _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i *)(c + i), _mm512_cvtepi32_epi8(q));
+        total = _mm512_add_epi32(total, q);
+    }
+    *amax = m, *sum = _mm512_reduce_add_epi32(total);
+    return 0;
+}
+#elif defined(__AVX2__)
+static int quantize_vectors(const float *xg, long n, signed char *c, float *amax, int *sum) {
+    if (n % 8) return 1;
+    const __m256 inf = _mm256_set1_ps(INFINITY), sign = _mm256_set1_ps(-0.f);
+    __m256 top = _mm256_setzero_ps();
+    for (long i = 0; i < n; i += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xg + i));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ)) != 0xFF) return 1; /* inf or NaN */
+        top = _mm256_max_ps(top, a);
+    }
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    const float m = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t))), inv = m > 0.f ? 127.f / m : 0.f;
+    if (!(inv < INFINITY)) return 1; /* a subnormal maximum: 127 / m overflows */
+    int s = 0;
+    for (long i = 0; i < n; i += 8) {
+        int q[8];
+        _mm256_storeu_si256((__m256i *)q, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + i), _mm256_set1_ps(inv))));
+        for (int k = 0; k < 8; k++) c[i + k] = (signed char)q[k], s += q[k];
+    }
+    *amax = m, *sum = s;
+    return 0;
+}
+#else
+static int quantize_vectors(const float *xg, long n, signed char *c, float *amax, int *sum) {
+    (void)xg, (void)n, (void)c, (void)amax, (void)sum;
+    return 1;
+}
+#endif
+
 /* x (rows, in) quantized to int8 per group of `group` inputs (symmetric, scale max |x| / 127 of the
  * group): xq (rows, in / 4) quads of codes; sx (rows, in / group) the groups' scales; xs, where given,
  * (rows, in / group) each scale times its group's code sum (the int4 matmul's factor for m). Rows are
@@ -674,15 +731,17 @@ static void quantize_groups(const float *x, long rows, long in, long group, int 
     for (long r = 0; r < rows; r++)
         for (long g = 0; g < groups; g++) {
             const float *xg = x + r * in + g * group;
-            float amax = 0.f;
-            for (long i = 0; i < group; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax; /* NaN skipped */
-            const float inv = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
             signed char *c = (signed char *)(xq + r * (in / 4)) + g * group;
+            float amax = 0.f;
             int sum = 0;
-            for (long i = 0; i < group; i++) {
-                const float q = nearbyintf(xg[i] * inv); /* NaN (a broken row) becomes 0, not undefined */
-                c[i] = q > 127.f ? 127 : q < -127.f ? -127 : q == q ? (signed char)q : 0;
-                sum += c[i];
+            if (quantize_vectors(xg, group, c, &amax, &sum)) {
+                for (long i = 0; i < group; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax; /* NaN skipped */
+                const float inv = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
+                for (long i = 0; i < group; i++) {
+                    const float q = nearbyintf(xg[i] * inv); /* NaN (a broken row) becomes 0, not undefined */
+                    c[i] = q > 127.f ? 127 : q < -127.f ? -127 : q == q ? (signed char)q : 0;
+                    sum += c[i];
+                }
             }
             sx[r * groups + g] = amax / 127.f;
             if (xs) xs[r * groups + g] = amax / 127.f * (float)sum;
@@ -694,10 +753,13 @@ static void quantize_groups(const float *x, long rows, long in, long group, int 
  * saturate), then pairs of 16-bit products to 32 bits. */
 #if defined(__AVX2__)
 /* acc + the sums of each 4 adjacent products of unsigned bytes u and signed bytes s, per 32-bit lane:
- * one VNNI instruction, else maddubs (16-bit pair sums, which the callers' operands cannot saturate:
- * u <= 127, or u <= 15) and madd with `ones` (a vector of 16-bit ones in the caller's scope). */
+ * one VNNI instruction (AVX512's, or AVX-VNNI's), else maddubs (16-bit pair sums, which the callers'
+ * operands cannot saturate: u <= 127, or u <= 15) and madd with `ones` (a vector of 16-bit ones in the
+ * caller's scope). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__) /* AVX-VNNI's VEX form, on CPUs with it but without AVX512 */
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #else
 #define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones))
 #endif
