@@ -18,7 +18,6 @@ OVER = {
     "cli/bench.py:bench_cmd": 96,
     "cli/distill.py:distill_recipe_cmd": 88,
     "cli/generate.py:generate": 117,
-    "kernels/rowkernel.py": 621,
     "train/campaign.py:main": 81,
     "train/finetune.py:finetune": 88,
     "train/loop.py:train": 132,

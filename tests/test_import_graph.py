@@ -68,8 +68,9 @@ def test_no_module_imports_from_a_higher_floor():
     assert not upward, upward
 
 
-def test_the_model_imports_no_kernel():
-    """`yue.model` reaches its decode paths only through what `yue.kernels` builds onto it."""
+def test_the_model_and_the_decode_loop_import_no_kernel():
+    """`yue.model` and `yue.decode` reach the decode paths only through what `yue.kernels` built onto the
+    model (its decode sets, stacks, heads and `decode_layout`)."""
     assert not [
         f"{m} -> {t}"
         for m, ts in _graph().items()

@@ -16,7 +16,7 @@ import yue
 from tests.test_precision import X86, assert_layers_hold_only, assert_verified_equals_ar
 from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
-from yue.decode.costs import cost_cache_key, decode_layout
+from yue.decode.costs import cost_cache_key
 from yue.kernels import prepare_for_decoding, probe, rowkernel
 from yue.kernels.matmuls import (
     Int4Linear,
@@ -27,6 +27,7 @@ from yue.kernels.matmuls import (
     int4_usable,
     quantize_int4,
 )
+from yue.kernels.prepare import decode_layout
 from yue.kernels.screen import ScreenedHead
 
 needs_int4 = pytest.mark.skipif(

@@ -15,12 +15,12 @@ from tests import test_drafting_kernel
 from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
-from yue.decode.costs import cost_cache_key, decode_layout
+from yue.decode.costs import cost_cache_key
 from yue.decode.loop import decode
 from yue.kernels import matmuls, prepare, prepare_for_decoding, probe, rowkernel
 from yue.kernels.decode_set import EXACT_ATTENTION, ExactAttention
 from yue.kernels.matmuls import PackedLinear, packed_matmul
-from yue.kernels.prepare import resolve_dtype
+from yue.kernels.prepare import decode_layout, resolve_dtype
 from yue.model.cache import padded_capacity
 from yue.model.layers import EXACT_KEY_PAD, MoTLayer
 from yue.model.masks import decode_mask, slot_positions, training_mask

@@ -12,9 +12,9 @@ from tests.test_precision import gguf_round_trip, q4_weights, row_stream_model
 from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a fixture)
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
-from yue.decode.costs import decode_layout
 from yue.decode.loop import decode
 from yue.kernels import prepare_for_decoding, probe, rowkernel
+from yue.kernels.prepare import decode_layout
 
 # Each kind of codes: its GGUF quantization, packer and bytes a weight (outputs padded to 32).
 CODES = {"q4": ("Q4_1", rowkernel.q4_block, 0.75), "q8": ("Q8_0", rowkernel.q8_block, 1.125)}

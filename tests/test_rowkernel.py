@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import yue
-from yue.decode.costs import decode_layout
 from yue.kernels import prepare, probe, rowkernel
 from yue.kernels.matmuls import StreamedLinear
+from yue.kernels.prepare import decode_layout
 
 
 def needs_row_kernel() -> None:

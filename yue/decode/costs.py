@@ -30,9 +30,7 @@ from pathlib import Path
 
 import torch
 
-from yue.kernels import probe, rowkernel
 from yue.model.gguf import cache_root
-from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD
 from yue.model.masks import decode_mask
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
@@ -211,42 +209,14 @@ def cost_cache_key(model) -> str:
     """Same model shape and precision, device kind, CPU capability and kernels, threads and torch: same
     costs."""
     on_cpu = model.device.type == "cpu"
-    capability = torch.backends.cpu.get_cpu_capability() + probe.describe() if on_cpu else ""
+    capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
     parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
-    parts += [str(model.dtype), str(model.cache_dtype), decode_layout(model)]
+    # The decode path's kernels, named by `yue.kernels.prepare_for_decoding` (CPU kernels probed, matmul
+    # kinds, attention form): a cost measured on one is not another's.
+    parts += [str(model.dtype), str(model.cache_dtype), model.decode_layout]
     parts += [str(torch.get_num_threads()), torch.__version__]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
-
-
-def decode_layout(model) -> str:
-    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
-    attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
-    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR
-    layers' matmuls and whether each is one call): the int4 precision and a large
-    float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
-    attention form is not the other's."""
-    layer = model.model.layers[0]
-    sets = layer.decode_sets
-    children = list(sets[0].children()) if sets is not None else []
-    kinds = [type(m).__name__ for m in children]
-    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`), a head as 8-bit codes
-    # (`rowkernel.q8_block`): same bits, other costs.
-    head = getattr(model.ar_head, "head", model.ar_head)  # a screened head's full one
-    weights = [getattr(m, "blocked", (None,))[0] for m in children]
-    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
-    head_codes = getattr(head, "blocked", (None,))[0]
-    kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
-    attention = []
-    if layer.exact_rows:
-        padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
-        names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
-        attention = [names[sets[0].attend.form]] + (["one call a layer"] if sets[0].blocked is not None else [])
-    # The drafting pass's NAR layers: their matmuls' kind, and whether each is one row-kernel call.
-    nar = next((s[1] for s in (layer.decode_sets for layer in model.model.layers) if s and len(s) > 1), None)
-    drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]
-    drafting += ["drafting one call a layer"] if nar is not None and nar.blocked is not None else []
-    return ",".join([*kinds, type(model.ar_head).__name__, *attention, *drafting])
 
 
 def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:

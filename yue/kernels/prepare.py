@@ -70,6 +70,7 @@ from yue.kernels.matmuls import (
     row_exact,
 )
 from yue.kernels.screen import ScreenedHead
+from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD
 from yue.model.mot import DRAFT_FILL, expand_draft_logits
 
 logger = logging.getLogger(__name__)
@@ -307,6 +308,7 @@ def prepare_for_decoding(
         # than in float32 at a decode step's shapes, 30 calls a step (docs/results-log.md).
         model.cache_dtype = torch.float32
     model.draft_head = draft_head(model, drafting_dtype, row_ops)
+    model.decode_layout = kernels_named(model)
     release_freed_memory()
     return model
 
@@ -523,3 +525,40 @@ def draft_head(model, drafting_dtype: torch.dtype | None, row_kernel: bool = Fal
     sub.weight = nn.Parameter(model.lm_head.weight.detach()[vocab].clone(), requires_grad=False)
     inner = row_adaptive(sub) if drafting_dtype is None else lower(sub)
     return DraftVocabHead(inner, vocab, model.config.vocab_size, row_kernel)
+
+
+def kernels_named(model) -> str:
+    """What a prepared model's step costs are measured for (`decode.costs.cost_cache_key`): the CPU
+    kernels probed (`probe.describe`), and the kernels its rows run (`decode_layout`)."""
+    probed = probe.describe() + "; " if model.device.type == "cpu" else ""
+    return probed + decode_layout(model)
+
+
+def decode_layout(model) -> str:
+    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
+    attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
+    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR
+    layers' matmuls and whether each is one call): the int4 precision and a large
+    float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
+    attention form is not the other's."""
+    layer = model.model.layers[0]
+    sets = layer.decode_sets
+    children = list(sets[0].children()) if sets is not None else []
+    kinds = [type(m).__name__ for m in children]
+    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`), a head as 8-bit codes
+    # (`rowkernel.q8_block`): same bits, other costs.
+    head = getattr(model.ar_head, "head", model.ar_head)  # a screened head's full one
+    weights = [getattr(m, "blocked", (None,))[0] for m in children]
+    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
+    head_codes = getattr(head, "blocked", (None,))[0]
+    kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
+    attention = []
+    if layer.exact_rows:
+        padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
+        names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
+        attention = [names[sets[0].attend.form]] + (["one call a layer"] if sets[0].blocked is not None else [])
+    # The drafting pass's NAR layers: their matmuls' kind, and whether each is one row-kernel call.
+    nar = next((s[1] for s in (layer.decode_sets for layer in model.model.layers) if s and len(s) > 1), None)
+    drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]
+    drafting += ["drafting one call a layer"] if nar is not None and nar.blocked is not None else []
+    return ",".join([*kinds, type(model.ar_head).__name__, *attention, *drafting])

@@ -5,45 +5,9 @@ whatever the step's row count and float32 `verified` == `ar` by construction; an
 way, RMSNorm, the exact layers' attention (`decode_set.ExactAttention`), a whole float32
 decode layer in one call and a step's run of such layers in one call (`stack`).
 
-Why the layer in one call: once the matmuls streamed at memory speed, per-call overhead (~25 torch
-calls a layer and their Python) was a large share of a float32 step; on the kernel, norms, attention
-and then the whole layer in one call made `ar` and `verified` faster, outputs identical.
-
-Why a step's layers in one call (`stack`, `rows_stack`: the same `rows_layer` calls in turn, in C): with
-each layer one call and the layers' weights 4-bit codes, what was left of a step outside the kernel was
-its Python (module calls, views, ctypes a layer): per-call overhead dominated; the stack removed it,
-every output the same.
-
-Why the layers' Q4_1 weights as 4-bit codes (`q4_block`, `rows_matmul_q4`): SmolLM2's float32 values
-are the GGUF's Q4_1 weights dequantized, code * d + m per group of 32 inputs, so 0.75 bytes a weight
-say the same floats as 4; the kernel rebuilds each one exactly and runs the same fmaf chain, so the
-bits are the float32 kernel's and only the bytes change (425 MB of layers a step become 80 MB): a
-memory-bound step reads a fraction of the bytes. The tied head's values are the GGUF's Q8_0 table,
-code * d per group of 32, held alike (`q8_block`, `rows_matmul_q8`): the float32 head's bits from 30 MiB
-instead of 113 MB.
-
-Why a NAR set's int8 layers too (`LayerWeights` of int8 codes with their scales): a drafting pass ran
-~25 torch calls a NAR layer, more than its matmuls cost (per-call overhead); as one call each, a pass
-got cheaper against a one-row step. Their matmuls then widened each code to a float (`rows_matmul_i8`,
-compute-bound); on integer dot products over rows quantized to int8 (`dot_block`, `rows_matmul_i8dot`),
-with the slot entry and the draft head on them too, a pass got cheaper again.
-
-Why the int4 precision on the row kernel (`q4dot_block`, `rows_matmul_q4dot`): float32 from 4-bit codes
-rebuilds each weight and spends a float FMA on it per row, so its one-row step is compute-bound and
-each verifying row costs the FMA units' pace. The int4 precision keeps the GGUF's codes, d and m
-exactly and rounds the activations instead, to int8 per group of 32 (llama.cpp's Q4_1 x Q8_1 scheme),
-multiplying in integer dot products, which is faster at every row count and close to the float
-product; each layer is one row-kernel call and a step's layers one call, as float32's. torch's int4pack
-(bfloat16 activations, `matmuls.Int4Linear`) stays where the row kernel does not build.
-
-Why a kernel of our own: a decode step streams the weights, so its extra verifying rows should cost
-little, but neither of torch's CPU kernels does that for a few rows: MKL's GEMM re-packs the weight
-every call, oneDNN's pre-packed GEMM still costs more per extra row, and MKL's GEMV takes one row. This
-kernel streams the weight once for 1-9 rows, so a verifying step's rows cost little more than one.
-
-Each of these choices was measured in one process (`docs/recipes/row_kernel_ab.py`) and with `yue
-bench`; the figures, with their machines, are in docs/results-log.md ("Figures that were in code
-comments").
+Why each of these exists (the layer and the stack in one call, 4-bit and 8-bit codes, the NAR set's int8
+layers, the int4 precision, a kernel of our own): docs/design.md §10; the figures, with their machines,
+in docs/results-log.md ("Figures that were in code comments").
 
 Design decisions:
 - Built with the C compiler torch's own extensions would use (`$CC`, else `cc`), `-O3 -march=native`

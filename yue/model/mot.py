@@ -331,6 +331,9 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         # count; for slot rows when drafting is lowered. None = the LM head.
         self.ar_head: nn.Module | None = None
         self.draft_head: nn.Module | None = None
+        # The decode path's kernels, named (`yue.kernels.prepare.decode_layout`; "" as trained): the
+        # step costs measured for one layout are not another's (`decode.costs.cost_cache_key`).
+        self.decode_layout = ""
         # KV cache and attention precision (`prepare_for_decoding`); None = the model's dtype.
         self.cache_dtype: torch.dtype | None = None
         self.post_init()
