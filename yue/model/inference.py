@@ -265,6 +265,12 @@ def prepare_for_decoding(
     if model.prepared_for_decoding:
         raise ValueError("the model is already prepared for decoding")
     check_preparable(model, int4)
+    if model.config.layer_routing != "type":
+        # The four-expert experiment (`model/experts.py`) decodes as trained: the fused paths run the
+        # type's own MLP, not the routed mix.
+        logger.info("layer routing %r: decoding on the model as trained", model.config.layer_routing)
+        model.model.prepared = True
+        return
     one_copy = low_memory or streamed_weights(model)
     on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
     rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model

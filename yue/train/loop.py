@@ -30,9 +30,12 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from yue.model.anchors import AnchorHead
+from yue.model.experts import EXPERT_NAMES, N_EXPERTS
 from yue.model.hf import load_model
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import YueTokenizer
+from yue.train.anchor import anchor_loss
 from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, cached_tokens, read_corpus, split_documents
@@ -96,6 +99,9 @@ def build_model(cfg: TrainConfig, tokenizer: YueTokenizer) -> YueForCausalLM:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} tokens, the init model only {model.config.vocab_size}"
             )
+        if cfg.objective == "anchor" and model.anchor_head is None:  # the anchor objective adds its head
+            model.config.anchor_head, model.config.anchor_bias = True, cfg.anchor_bias
+            model.anchor_head = AnchorHead(model.config).to(model.device)
         return model
     torch.manual_seed(cfg.seed)
     return YueForCausalLM(cfg.model_config(tokenizer.vocab_size)).train()
@@ -135,6 +141,20 @@ def evaluate(net, model: YueForCausalLM, val: PackedSequences, cfg: TrainConfig,
     model.train()
     acc = (hits / counts.clamp(min=1)).tolist()
     return EvalResult(ar_sum / max(1, batches), nar_sum / max(1, batches), [round(a, 4) for a in acc])
+
+
+def expert_usage(model: YueForCausalLM) -> dict[str, float]:
+    """Four-expert routing: each expert's share of first choices in the last forward, committed
+    positions and slots apart (`ExpertRoute`); {} for type routing."""
+    route = model.model.last_route
+    if route is None:
+        return {}
+    usage = {}
+    for nar, kind in ((False, "c"), (True, "s")):
+        picks = torch.cat([c.flatten() for n, c in route.choices if n == nar])
+        share = torch.bincount(picks, minlength=N_EXPERTS).float() / max(1, picks.numel())
+        usage |= {f"{kind}_{name}": round(float(v), 3) for name, v in zip(EXPERT_NAMES, share, strict=True)}
+    return usage
 
 
 def check_resume_config(run_dir: Path, cfg: TrainConfig, resume_step: int) -> None:
@@ -256,7 +276,13 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         # 2. Loss, backward, clip, update at this step's learning rate.
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        out = joint_loss(net, x, anchors, cfg.block_size, cfg.loss_weights, cfg.reveal_prob, g)
+        count = None
+        if cfg.objective == "anchor":
+            out, count = anchor_loss(
+                net, model, x, cfg.anchors, cfg.block_size, cfg.loss_weights, cfg.anchor_bias, g
+            )
+        else:
+            out = joint_loss(net, x, anchors, cfg.block_size, cfg.loss_weights, cfg.reveal_prob, g)
         accelerator.backward(out.total)
         grad_norm = accelerator.clip_grad_norm_(
             [p for p in model.parameters() if p.requires_grad], cfg.grad_clip
@@ -275,6 +301,9 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
                 "nar": float(out.nar),
                 "kl": float(out.kl),
             }
+            if count is not None:
+                terms["count"] = float(count)
+            terms |= expert_usage(model)
             bar.set_postfix(
                 {k: f"{v:.3f}" for k, v in terms.items()} | {"tok/s": f"{tok_s:.0f}"}, refresh=False
             )
