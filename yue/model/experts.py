@@ -108,7 +108,6 @@ class ExpertRouter(nn.Module):
         Every expert is computed for every position (dense: simple, and what training needs; at
         inference a sparse gather would save up to half the MLP work, not done in this experiment)."""
         w = self.weights(x, nar, route)  # (B, T, 4)
-        ar, na = ar_mlp(x), nar_mlp(x)
-        fused = 0.5 * (ar + na)
-        experts = torch.stack([ar, na, fused, self.fallback(x)], dim=-1)  # (B, T, D, 4)
-        return (experts * w[..., None, :]).sum(-1)
+        # sum_e w_e E_e(x), the fused expert's half of each set folded into theirs: (B, T, D)
+        w_ar, w_nar = w[..., 0:1] + 0.5 * w[..., 2:3], w[..., 1:2] + 0.5 * w[..., 2:3]
+        return w_ar * ar_mlp(x) + w_nar * nar_mlp(x) + w[..., 3:4] * self.fallback(x)
