@@ -18,6 +18,9 @@ from transformers import PreTrainedConfig
 
 Mode = Literal["ar", "verified", "hybrid", "nar", "anchor", "anchor-verified"]
 MODES: tuple[str, ...] = get_args(Mode)
+# Experiments reachable by name, never a default (issue 47; their numbers: docs/results-log.md).
+EXPERIMENTAL_MODES: tuple[str, ...] = ("anchor", "anchor-verified")
+EXACT_MODES: tuple[str, ...] = ("verified", "anchor-verified")  # greedy output equals `ar`'s by construction
 Drafting = Literal["separate", "fused"]
 LayerRouting = Literal["type", "four-expert"]
 # Modes whose drafting pass always computes the whole block (`nar` commits it; the anchor modes fill
@@ -206,9 +209,13 @@ class YueConfig(PreTrainedConfig):
             ):
                 raise ValueError(f"free_draft_rates[{kind!r}]: a list of rates in [0, 1], got {rates!r}")
         if self.layer_routing not in get_args(LayerRouting):
-            raise ValueError(f"layer_routing must be one of {get_args(LayerRouting)}; got {self.layer_routing!r}")
+            raise ValueError(
+                f"layer_routing must be one of {get_args(LayerRouting)}; got {self.layer_routing!r}"
+            )
         if self.layer_routing == "four-expert" and (self.nar_layers is not None or self.features):
-            raise ValueError("layer_routing 'four-expert' needs a NAR set in every layer of a Llama-shaped stack")
+            raise ValueError(
+                "layer_routing 'four-expert' needs a NAR set in every layer of a Llama-shaped stack"
+            )
         layer_features = self.layer_features
         if layer_features.sliding_layers and len(layer_features.sliding_layers) != self.num_hidden_layers:
             raise ValueError("features.sliding_layers must name every layer")
