@@ -7,7 +7,7 @@ each machine's measured costs or on whether the model runs the fused decode path
 four-expert model does not) and float32 drafts. Per model: verifying forwards per token (drafting
 passes not counted), mean accepted drafts per verifying step, and all forwards per token. Prints JSON.
 
-    PYTHONPATH=. python docs/recipes/issue47_router_compare.py MODEL [MODEL ...] [--tokens 64]
+    PYTHONPATH=. python docs/recipes/issue47_router_compare.py MODEL [MODEL ...] [--tokens 64] [--limit N]
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=None)
     args = ap.parse_args()
     out = []
     for path in args.models:
         engine = yue.load(path, nar_dtype="float32")
         engine.costs = FREE
-        prompts = load_prompts(TEST, engine)
+        prompts = load_prompts(TEST, engine, args.limit)
         out.append(
             {
                 "model": path,
