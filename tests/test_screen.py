@@ -12,7 +12,7 @@ from tests.test_precision import row_stream_model
 from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import decode
-from yue.decode.policies import get_policy
+from yue.decode.modes import get_policy
 from yue.kernels import rowkernel
 from yue.kernels.matmuls import StreamedLinear
 from yue.kernels.screen import ScreenedHead

@@ -99,3 +99,37 @@ def test_demo_page_streams_tokens_coloured_by_path_in_headless_chromium(trained_
     assert shot.stat().st_size > 10_000
     if os.environ.get("YUE_UPDATE_DOCS"):  # refresh the README's screenshot on request only
         shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+
+@pytest.mark.slow
+def test_demo_page_colours_anchors_apart_from_fill_in_headless_chromium(trained_model_dir):
+    """The anchor experiment on the demo page: anchors (the AR path's) and fill (the NAR set's) in
+    colours of their own, counted as AR and NAR tokens."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
+    import yue
+
+    engine = Paced(yue.load(trained_model_dir), delay=0.1)
+    with LiveServer(engine) as srv, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(srv.url + "/")
+            page.fill("#prompt", "def alpha_3(x):\n    return")
+            page.select_option("#mode", "anchor")
+            page.click("#generate")
+            page.wait_for_function(
+                "document.getElementById('status').textContent.startsWith('done')", timeout=30000
+            )
+            spans = page.eval_on_selector_all("#output span[data-source]", "els => els.map(e => e.dataset.source)")
+            assert set(spans) == {"anchor", "fill"}, set(spans)
+            colours = {
+                s: page.eval_on_selector(f"#output span.{s}", "e => getComputedStyle(e).backgroundColor")
+                for s in ("anchor", "fill")
+            }
+            assert colours["anchor"] != colours["fill"]
+            ar, nar = int(page.text_content("#ar-count")), int(page.text_content("#nar-count"))
+            assert ar == spans.count("anchor") and nar == spans.count("fill")
+        finally:
+            browser.close()

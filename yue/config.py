@@ -16,9 +16,16 @@ from typing import Literal, get_args
 
 from transformers import PreTrainedConfig
 
-Mode = Literal["ar", "verified", "hybrid", "nar"]
+Mode = Literal["ar", "verified", "hybrid", "nar", "anchor", "anchor-verified"]
 MODES: tuple[str, ...] = get_args(Mode)
+# Experiments reachable by name, never a default (issue 47; their numbers: docs/results-log.md).
+EXPERIMENTAL_MODES: tuple[str, ...] = ("anchor", "anchor-verified")
+EXACT_MODES: tuple[str, ...] = ("verified", "anchor-verified")  # greedy output equals `ar`'s by construction
 Drafting = Literal["separate", "fused"]
+LayerRouting = Literal["type", "four-expert"]
+# Modes whose drafting pass always computes the whole block (`nar` commits it; the anchor modes fill
+# up to K - 1 tokens a pass), whatever the model's `drafting_slots`.
+UNPLANNED_SLOTS = ("nar", "anchor", "anchor-verified")
 DRAFTINGS: tuple[str, ...] = get_args(Drafting)
 
 
@@ -163,6 +170,18 @@ class YueConfig(PreTrainedConfig):
     # differ from Llama's (`Features.to_dict`; None = Llama's), read by `model/family.py`.
     family: str = "llama"
     features: dict | None = None
+    # Which MLP a position runs in each layer (issue 47): "type" = its type's set (committed: AR,
+    # slots: NAR); "four-expert" = a per-layer top-2 router over AR, NAR, fused and fallback experts
+    # (`model/experts.py`), an experiment trained by `yue train --layer-routing four-expert`.
+    layer_routing: LayerRouting = "type"
+    # four-expert only: the sticky term, added to a position's gate logit for the expert it took first
+    # at the layer below (0 = none).
+    expert_stick: float = 0.0
+    # `anchor` / `anchor-verified` decoding (`decode/anchor.py`): the attention bias added on each
+    # anchor's key for fill slots, per unit of the anchor's confidence (trained with it: `yue train
+    # --objective anchor`); and whether the checkpoint holds the anchor-count head (`AnchorHead`).
+    anchor_bias: float = 0.0
+    anchor_head: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -197,6 +216,14 @@ class YueConfig(PreTrainedConfig):
                 isinstance(c, int | float) and 0 <= c <= 1 for c in rates
             ):
                 raise ValueError(f"free_draft_rates[{kind!r}]: a list of rates in [0, 1], got {rates!r}")
+        if self.layer_routing not in get_args(LayerRouting):
+            raise ValueError(
+                f"layer_routing must be one of {get_args(LayerRouting)}; got {self.layer_routing!r}"
+            )
+        if self.layer_routing == "four-expert" and (self.nar_layers is not None or self.features):
+            raise ValueError(
+                "layer_routing 'four-expert' needs a NAR set in every layer of a Llama-shaped stack"
+            )
         layer_features = self.layer_features
         if layer_features.sliding_layers and len(layer_features.sliding_layers) != self.num_hidden_layers:
             raise ValueError("features.sliding_layers must name every layer")
@@ -407,6 +434,8 @@ class DecodeConfig:
                 "drafting 'fused' needs a NAR set in every layer; this model's slots enter at layer "
                 f"{model_config.nar_start} (use drafting 'separate')"
             )
+        if self.mode.startswith("anchor") and self.drafting != "separate":
+            raise ValueError(f"mode {self.mode!r} fills in a drafting pass: drafting must be 'separate'")
         k = self.block_size if self.block_size is not None else model_config.block_size
         if k > model_config.block_size:
             raise ValueError(
@@ -419,7 +448,7 @@ class DecodeConfig:
             raise ValueError(f"logit_bias: token id {bad[0]} is not in this model's vocabulary [0, {vocab})")
         slots = self.drafting_slots
         if slots is None:
-            slots = k if self.mode == "nar" else min(model_config.drafting_slots or k, k)
+            slots = k if self.mode in UNPLANNED_SLOTS else min(model_config.drafting_slots or k, k)
         # The dial's default is the model's own for the mode (`router_threshold` above).
         default_threshold = model_config.draft_gate if self.mode == "verified" else model_config.hybrid_tolerance
         return replace(

@@ -32,7 +32,7 @@ from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.prefix import PrefixCache
-from yue.decode.types import GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
+from yue.decode.types import NAR_SOURCES, GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.kernels import prepare_for_decoding
 from yue.kernels.matmuls import int4_unavailable
 from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
@@ -396,8 +396,8 @@ class RowStream:
         if tokens and stats.new_tokens == 0:
             stats.ttft_s = time.perf_counter() - self.t0
         stats.new_tokens += len(tokens)
-        stats.nar_tokens += sum(s == "nar" for s in sources)
-        stats.ar_tokens += sum(s == "ar" for s in sources)
+        stats.nar_tokens += sum(s in NAR_SOURCES for s in sources)
+        stats.ar_tokens += len(sources) - sum(s in NAR_SOURCES for s in sources)
         if cfg.mode != "ar":
             drafted, accepted = em.drafted[i], em.accepted[i]
             if drafted:

@@ -39,7 +39,7 @@ from yue.bench import llamacpp, metrics
 from yue.bench.prompts import PromptSet, prompt_sets
 from yue.bench.runners import HFRunner, OurRunner, Sample, Sampling, load_peers
 from yue.bench.summary import JSON_KEYS, Summary, summarise
-from yue.config import MODES
+from yue.config import EXACT_MODES, EXPERIMENTAL_MODES, MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
 from yue.kernels import probe
 from yue.kernels.prepare import resolve_dtype
@@ -47,6 +47,7 @@ from yue.kernels.prepare import resolve_dtype
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
 PEERS = (*HF_PEERS, llamacpp.NAME)
 ALL_MODES: tuple[str, ...] = PEERS + MODES
+DEFAULT_MODES: tuple[str, ...] = tuple(m for m in ALL_MODES if m not in EXPERIMENTAL_MODES)
 DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.4)  # hybrid tolerances: a ratio bound, so small values
 BATCHED_MODES = ("ar", "verified")  # batch sizes > 1 report throughput for these
 __all__ = ["JSON_KEYS", "BenchConfig", "BenchResult", "Entry", "entries", "run_bench"]
@@ -90,7 +91,7 @@ class BenchConfig:
     prompts: str | None = None
     dev_prompts: str | None = None
     max_new_tokens: int = 128
-    modes: tuple[str, ...] = ALL_MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     verified_thresholds: tuple[float, ...] = (1.0,)
     fused_drafts: bool = True
@@ -399,10 +400,10 @@ def _warn_if_verified_parts(todo: list[Entry], result: SetResult, log: Callable[
     measurement log, "A bfloat16 exactness miss")."""
     for e in todo:
         exact = result.summaries[e.name].values.get("exact_match_vs_ar")
-        if e.mode == "verified" and e.batch == 1 and exact is not None and exact < 1.0:
+        if e.mode in EXACT_MODES and e.batch == 1 and exact is not None and exact < 1.0:
             log(
                 f"WARNING {e.name} differs from ar on {round((1 - exact) * result.prompts)} of "
-                f"{result.prompts} prompts of {result.name}: verified is exact by construction, so this "
+                f"{result.prompts} prompts of {result.name}: {e.mode} is exact by construction, so this "
                 "is a bug; docs/recipes/verified_random_drafts.py searches for the step that parts"
             )
 

@@ -58,6 +58,18 @@ def train_cmd(
     nar_only: bool = typer.Option(False, help="Stage 2: train the NAR set only (AR frozen); needs --init."),
     init: Path | None = typer.Option(None, help="Start from this model folder."),
     data: str | None = typer.Option(None, help="Training data for --nar-only (overrides --corpus)."),
+    objective: str = typer.Option(
+        "joint", help="'joint', or 'anchor' (experiment: NAR fills after anchor spans, + the count head)."
+    ),
+    anchor_bias: float = typer.Option(
+        1.0, help="--objective anchor: fill attention bias per unit of confidence."
+    ),
+    layer_routing: str = typer.Option(
+        "type", help="'type', or 'four-expert' (experiment: per-layer top-2 router over 4 MLP experts)."
+    ),
+    expert_stick: float = typer.Option(
+        0.0, help="four-expert: logit bonus for the expert taken at the layer below."
+    ),
 ) -> None:
     """Train a yue model with the joint AR + NAR loss (runs under `accelerate launch` unchanged)."""
     from yue.train.config import TrainConfig
@@ -90,6 +102,10 @@ def train_cmd(
         save_every=save_every,
         seed=seed,
         threads=threads,
+        objective=objective,
+        anchor_bias=anchor_bias,
+        layer_routing=layer_routing,
+        expert_stick=expert_stick,
     )
     typer.echo(f"model: {train(cfg, resume=resume)}")
 

@@ -47,7 +47,8 @@ from yue.config import DecodeConfig
 from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
-from yue.decode.policies import get_policy, rows_at
+from yue.decode.modes import get_policy
+from yue.decode.policies import rows_at
 from yue.decode.prefix import PrefixCache, PrefixHit, feed_chunk, write_hit
 from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.sources import DraftSources, free_sources
@@ -415,7 +416,7 @@ class DecodeBatch:
         B, L = st.fed.shape[0], cache.length
         slots = st.fed.new_full((B, K), model.config.mask_token_id)
         slots[:, 0] = adv.next_fed[:, 0]
-        mask = decode_mask(L, 0, K, cache.key_valid, model.device)
+        mask = self.policy.draft_mask(model, st, decode_mask(L, 0, K, cache.key_valid, model.device), L, K)
         # A top-layer NAR set's slots enter from the anchor's hidden state at their first layer.
         entry = None if out.entry is None else rows_at(out.entry, [k - 1 for k in adv.keep])[:, None]
         positions = cache.positions(self._arange(K))

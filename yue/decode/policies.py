@@ -1,4 +1,5 @@
-"""The four decode policies, chosen by name: `ar`, `verified`, `hybrid`, `nar` (docs/design.md §2).
+"""The four decode policies `ar`, `verified`, `hybrid`, `nar` (docs/design.md §2); `modes.py` names them
+(and `anchor.py`'s two).
 
 Every step of the loop is one forward over `fed` (committed tokens whose K/V are not cached yet), and,
 when the step drafts, a block of K slots anchored at the last kept token. Slot i sits i positions after
@@ -209,6 +210,11 @@ class Policy:
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Use a block anchored at the last kept token (fed[adv.keep - 1]). logits: (B, K, V)."""
         raise NotImplementedError
+
+    def draft_mask(self, model, st: LoopState, base: torch.Tensor | None, start: int, n: int):
+        """The drafting pass's attention mask for its n slots at cache index `start`: `base` (from
+        `decode_mask`), unless the policy shapes the pass's attention (`anchor`'s pull toward anchors)."""
+        return base
 
 
 def rows_at(t: torch.Tensor, index: list[int]) -> torch.Tensor:
@@ -512,13 +518,3 @@ class NARPolicy(Policy):
         adv = commit_unverified(st, adv.next_fed[:, 0], slots[:, 1:])
         adv.routed = (0, slots.shape[1] - 1)
         return adv
-
-
-POLICIES = {p.name: p for p in (ARPolicy, VerifiedPolicy, HybridPolicy, NARPolicy)}
-
-
-def get_policy(mode: str):
-    """The policy object for a mode name."""
-    if mode not in POLICIES:
-        raise ValueError(f"mode must be one of {', '.join(POLICIES)}; got {mode!r}")
-    return POLICIES[mode]()

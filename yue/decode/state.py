@@ -48,6 +48,12 @@ class LoopState:
     counts: torch.Tensor | None = None
     costs: StepCosts | None = None
     drafts: DraftSources = field(default_factory=DraftSources)
+    # `anchor` / `anchor-verified` (`decode/anchor.py`): the gap between anchor spans (planned at the
+    # first step), each row's predicted anchor count (None without a count head), and the confidences
+    # (B,) of the current span's anchors.
+    anchor_gap: int | None = None
+    anchor_counts: list[int] | None = None
+    anchor_conf: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.n_drafts:

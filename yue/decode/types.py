@@ -14,7 +14,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Source = Literal["ar", "nar"]
+# Who wrote a token: the AR path ("ar"; the anchor modes' "anchor") or the NAR set ("nar"; "fill").
+Source = Literal["ar", "nar", "anchor", "fill"]
+NAR_SOURCES = ("nar", "fill")
 FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
 
 

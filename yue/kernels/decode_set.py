@@ -119,7 +119,7 @@ class DecodeSet(nn.Module):
         set is wholly on yue's row kernel (float32 activations; an AR set's exact rows, or a NAR set's
         int8 drafting layers) and the step allows (`one_call_rows`: not a prefill, up to
         `rowkernel.MAX_ROWS` rows); None elsewhere (`MoTLayer._decode` then runs it in parts)."""
-        if self.blocked is None or not one_call_rows(h, start):
+        if self.blocked is None or not one_call_rows(h, start) or not plain_mask(mask):
             return None
         return self.whole_layer(h, cos, sin, kv, kernel_mask(mask, start, h.shape[1], row0), start)
 
@@ -201,6 +201,12 @@ def kernel_mask(mask: torch.Tensor | None, start: int, T: int, row0: int = 0) ->
     if mask is not None:
         return _visible_bytes(mask, start, T, row0)
     return None if T == 1 else _every_key(start, T)
+
+
+def plain_mask(mask: torch.Tensor | None) -> bool:
+    """Whether a step's mask is the row kernel's kind: none, or bool (True = may attend). A float one adds a
+    bias to some keys' scores (`anchor`'s bias toward its anchors, `decode/anchor.py`): torch's SDPA then."""
+    return mask is None or mask.dtype == torch.bool
 
 
 def one_call_rows(h: torch.Tensor, start: int) -> bool:
@@ -337,7 +343,7 @@ class LayerStack:
         h = h_s if self.nar else h_c
         if first >= last or first < self.weights.first or not h.shape[1]:
             return None
-        if (h_c.shape[1] and h_s.shape[1]) or not one_call_rows(h, start):
+        if (h_c.shape[1] and h_s.shape[1]) or not one_call_rows(h, start) or not plain_mask(mask):
             return None
         visible = kernel_mask(mask, start, h.shape[1])  # one set's rows: row0 0, its K/V from `start`
         # The step's RoPE rows may run on past these rows (slots that join above the layers run here).

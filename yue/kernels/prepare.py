@@ -235,10 +235,8 @@ def prepare_for_decoding(
     model, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
 ):
     """Ready a YueForCausalLM for fast decoding, in place, and return it (inference only: a prepared model
-    cannot be saved or trained; see the module docstring).
-
-    The AR set's values are untouched, so `ar` and `verified` output stays what it was; only drafts (and
-    what `hybrid`/`nar` commit of them) can change. `int4` is the exception, a precision of its own.
+    cannot be saved or trained; see the module docstring). The AR set's values are untouched (`int4`, a
+    precision of its own, aside), so `ar` and `verified` output stays what it was.
 
     - Every matmul weight input-major (`input_major`).
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
@@ -271,6 +269,8 @@ def prepare_for_decoding(
     if model.prepared_for_decoding:
         raise ValueError("the model is already prepared for decoding")
     check_preparable(model, int4)
+    if decodes_as_trained(model):
+        return model
     one_copy = low_memory or streamed_weights(model)
     on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
     rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
@@ -311,6 +311,16 @@ def prepare_for_decoding(
     model.decode_layout = kernels_named(model)
     release_freed_memory()
     return model
+
+
+def decodes_as_trained(model) -> bool:
+    """Whether the model decodes as trained, unprepared: the four-expert experiment (`model/experts.py`),
+    whose fused paths would run each position type's own MLP, not the routed mix."""
+    if model.config.layer_routing == "type":
+        return False
+    logger.info("layer routing %r: decoding on the model as trained", model.config.layer_routing)
+    model.model.prepared = True
+    return True
 
 
 def log_one_copy(streamed: bool) -> None:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from yue.config import YueConfig
+from yue.model.experts import ExpertRoute, ExpertRouter
 
 # Row-exact attention (`yue.kernels.decode_set`, `DecodeSet.attend`): queries padded to a multiple of EXACT_QUERY_PAD rows and
 # keys to a multiple of EXACT_KEY_PAD columns (the KV cache's capacity is one, `cache.KVCache`).
@@ -200,6 +201,8 @@ class MoTLayer(nn.Module):
             if self.sandwich:
                 self.nar_pre_feedforward_layernorm = RMSNorm(d, eps, offset)
                 self.nar_post_feedforward_layernorm = RMSNorm(d, eps, offset)
+        # Four-expert routing of the MLP (`model/experts.py`, an experiment); None = by position type.
+        self.experts = ExpertRouter(config) if config.layer_routing == "four-expert" else None
         # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
         self.decode_sets: nn.ModuleList | None = None
 
@@ -238,11 +241,17 @@ class MoTLayer(nn.Module):
             q, k = proj.q_norm(q), proj.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def _finish(self, h: torch.Tensor, o: torch.Tensor, nar: bool) -> torch.Tensor:
-        """Output projection of the attention result o (B, H, T, Dh), residual, norm, MLP, residual."""
+    def _finish(
+        self, h: torch.Tensor, o: torch.Tensor, nar: bool, route: ExpertRoute | None = None
+    ) -> torch.Tensor:
+        """Output projection of the attention result o (B, H, T, Dh), residual, norm, MLP, residual.
+        With four-expert routing the MLP is the routed mix (`ExpertRouter`; `route` carries choices up)."""
         _, proj, norm, mlp = self._sets(nar)
         B, _, T, _ = o.shape
         o = proj.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        if self.experts is not None:
+            h = h + o
+            return h + self.experts(norm(h), self.mlp, self.nar_mlp, nar, route)
         if not self.sandwich:
             h = h + o
             return h + mlp(norm(h))
@@ -252,7 +261,7 @@ class MoTLayer(nn.Module):
         x = getattr(self, prefix + "pre_feedforward_layernorm")(h)
         return h + getattr(self, prefix + "post_feedforward_layernorm")(mlp(x))
 
-    def _decode(self, h, nar, cos, sin, mask, kv, start, row0) -> torch.Tensor:
+    def _decode(self, h, nar, cos, sin, mask, kv, start, row0, route=None) -> torch.Tensor:
         """One parameter set's positions in a cached forward: their K/V land at cache indices
         [start, start + T) and they attend over the cache up to there, under the step's `mask` rows
         [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
@@ -287,7 +296,7 @@ class MoTLayer(nn.Module):
             )
         if cast:
             o = o.to(h.dtype)
-        return self._finish(h, o, nar) if fused is None else fused.finish(h, o)
+        return self._finish(h, o, nar, route) if fused is None else fused.finish(h, o)
 
     def forward(
         self,
@@ -298,6 +307,7 @@ class MoTLayer(nn.Module):
         mask: torch.Tensor | None,
         kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         start: int = 0,
+        route: ExpertRoute | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer over committed positions (AR set) and slots (NAR set), kept as separate tensors so
         the two sets' matmuls run on dense inputs with no gather, split or concatenation.
@@ -310,6 +320,7 @@ class MoTLayer(nn.Module):
                 None means every query may see every key (a single committed token).
             kv: this layer's cache buffers (k, v), each (B, Hkv, T_max, Dh), or None (training).
             start: absolute cache index of h_c's first position; new K/V go to [start, start + T).
+            route: four-expert routing only: the forward's `ExpertRoute` (sticky term, inspection).
         Returns:
             (h_c, h_s), same shapes.
         """
@@ -322,9 +333,11 @@ class MoTLayer(nn.Module):
             # logits. Slots follow, in scratch space past the committed length that the next
             # committed write overwrites.
             if Tc:
-                h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], mask, kv, start, 0)
+                h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], mask, kv, start, 0, route)
             if Ts:
-                h_s = self._decode(h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], mask, kv, start + Tc, Tc)
+                h_s = self._decode(
+                    h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], mask, kv, start + Tc, Tc, route
+                )
             return h_c, h_s
         # Training: committed positions and all blocks in one attention call, under the training mask.
         gqa = self.n_kv != self.n_heads
@@ -334,7 +347,7 @@ class MoTLayer(nn.Module):
         ar = self.decode_sets[0] if self.decode_sets is not None and (not Ts or self.exact_rows) else None
         cos_c, sin_c = cos[..., :Tc, :], sin[..., :Tc, :]
         q_c, k_c, v_c = self._qkv(h_c, False, cos_c, sin_c) if ar is None else ar.qkv_rope(h_c, cos_c, sin_c)
-        finish_c = (lambda h, o: self._finish(h, o, False)) if ar is None else ar.finish
+        finish_c = (lambda h, o: self._finish(h, o, False, route)) if ar is None else ar.finish
         if not Ts:
             o_c = F.scaled_dot_product_attention(
                 q_c, k_c, v_c, attn_mask=mask, scale=self.attn_scale, enable_gqa=gqa
@@ -344,4 +357,4 @@ class MoTLayer(nn.Module):
         q, k, v = (torch.cat(p, dim=2) for p in ((q_c, q_s), (k_c, k_s), (v_c, v_s)))
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.attn_scale, enable_gqa=gqa)
         o_c, o_s = o.split([Tc, Ts], 2)
-        return finish_c(h_c, o_c), self._finish(h_s, o_s, True)
+        return finish_c(h_c, o_c), self._finish(h_s, o_s, True, route)

@@ -29,7 +29,9 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from yue.config import YueConfig
+from yue.model.anchors import AnchorHead
 from yue.model.cache import KVCache
+from yue.model.experts import ExpertRoute
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.masks import decode_mask
 from yue.model.router import Router
@@ -130,7 +132,10 @@ class MoTModel(nn.Module):
         # A drafting pass's final norm on yue's row kernel (set when prepared, on a CPU in float32): torch's
         # per-call overhead dominates there. Committed rows keep torch's, whose bits `ar` has.
         self.slot_norm = None
-        # Whether `prepare.prepare_for_decoding` has run (a layer whose family's features the fused decode
+        # The last forward's `ExpertRoute` (four-expert routing only, else None): its choices and gate
+        # probabilities, read by training's usage log and the tests.
+        self.last_route: ExpertRoute | None = None
+        # Whether `yue.kernels.prepare_for_decoding` has run (a layer whose family's features the fused decode
         # path lacks keeps `decode_sets` None).
         self.prepared = False
 
@@ -261,10 +266,13 @@ class MoTModel(nn.Module):
         stacked = self._stacked(h_c, h_s, cos, sin, mask, cache, start, first, last)
         if stacked is not None:
             return stacked
+        # Four-expert routing: one route per forward, carrying each layer's choices to the next.
+        route = ExpertRoute() if self.layers[first:last] and self.layers[first].experts is not None else None
         for i in range(first, last):
             kv = cache.layer(i) if cache is not None else None
             rows = local if self.layers[i].sliding else (cos, sin, mask)
-            h_c, h_s = self.layers[i](h_c, h_s, *rows, kv, start)
+            h_c, h_s = self.layers[i](h_c, h_s, *rows, kv, start, route)
+        self.last_route = route
         return h_c, h_s
 
     def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
@@ -322,6 +330,8 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         self.model = MoTModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.router = Router(config)
+        # The anchor-count head of `anchor` decoding, where the checkpoint was trained with one.
+        self.anchor_head = AnchorHead(config) if config.anchor_head else None
         # FR-Spec drafting vocabulary: ids of the tokens slot rows may draft (most frequent first).
         if config.draft_vocab_size is not None:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)

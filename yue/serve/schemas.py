@@ -50,7 +50,10 @@ class _Sampling(_Body):
     )
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: str | list[str] | None = None
-    mode: Mode | None = Field(None, description="decode policy: ar | verified | hybrid | nar")
+    mode: Mode | None = Field(
+        None,
+        description="decode policy: ar | verified | hybrid | nar (experiments: anchor | anchor-verified)",
+    )
     router_threshold: float | None = Field(
         None,
         description="the mode's dial in [0, 1]: hybrid's tolerance t (keep a draft when p_AR(draft) >= "

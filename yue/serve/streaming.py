@@ -6,7 +6,8 @@ Design decisions:
   with a chunk of empty content carrying its `finish_reason`; a usage chunk (empty `choices`) follows when
   `stream_options.include_usage`; `data: [DONE]` always ends the stream, after an error chunk too.
 - Text comes from the engine's deltas, which never split a character; `/generate` additionally
-  splits each delta into per-token pieces tagged "ar"/"nar" so the demo page can colour them.
+  splits each delta into per-token pieces tagged "ar"/"nar" (the anchor modes: "anchor"/"fill") so
+  the demo page can colour them.
   The pieces always concatenate to the delta.
 - The engine's "eos" is OpenAI's "stop".
 """

@@ -11,11 +11,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal, get_args
 
-from yue.config import YueConfig
+from yue.config import LayerRouting, YueConfig
 from yue.model.adapters import AR_PROJECTIONS, ar_target_regex
 from yue.train.losses import LossWeights
 
 TrainSet = Literal["all", "nar"]
+Objective = Literal["joint", "anchor"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,15 @@ class TrainConfig:
     beta: float = 0.8
     gamma: float = 0.2
     reveal_prob: float = 0.1
+    # Experiments of issue 47. 'anchor': the NAR blocks fill the gap after an anchor span, everything
+    # else masked, plus the anchor-count head (`train/anchor.py`); anchor_bias: the fill's attention
+    # pull toward the anchors per unit of confidence. layer_routing 'four-expert': the per-layer top-2
+    # router over AR, NAR, fused and fallback MLP experts (`model/experts.py`), random init only;
+    # expert_stick: its sticky term.
+    objective: Objective = "joint"
+    anchor_bias: float = 1.0
+    layer_routing: LayerRouting = "type"
+    expert_stick: float = 0.0
     # Model shape (random init only).
     hidden_size: int = 256
     layers: int = 4
@@ -120,6 +130,20 @@ class TrainConfig:
             raise ValueError(f"heads must divide hidden_size {self.hidden_size}, got {self.heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads must divide heads {self.heads}, got {self.kv_heads}")
+        if self.objective not in get_args(Objective):
+            raise ValueError(f"objective must be one of {get_args(Objective)}, got {self.objective!r}")
+        if self.layer_routing not in get_args(LayerRouting):
+            raise ValueError(
+                f"layer_routing must be one of {get_args(LayerRouting)}, got {self.layer_routing!r}"
+            )
+        if self.layer_routing != "type" and self.init is not None:
+            raise ValueError("layer_routing 'four-expert' trains from a random init (init must be None)")
+        if not (self.anchor_bias >= 0 and self.expert_stick >= 0):
+            raise ValueError("anchor_bias and expert_stick must be >= 0")
+        if self.objective == "anchor" and self.seq_len < 96:
+            raise ValueError(
+                f"objective 'anchor' needs seq_len >= 96 (its count head's window), got {self.seq_len}"
+            )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
 
@@ -139,6 +163,10 @@ class TrainConfig:
             max_position_embeddings=self.max_position_embeddings,
             block_size=self.block_size,
             loss_weights=self.loss_weights.as_dict(),
+            layer_routing=self.layer_routing,
+            expert_stick=self.expert_stick,
+            anchor_head=self.objective == "anchor",
+            anchor_bias=self.anchor_bias if self.objective == "anchor" else 0.0,
         )
 
     def to_json(self) -> str:

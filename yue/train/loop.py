@@ -27,9 +27,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from yue.model.anchors import AnchorHead
+from yue.model.experts import EXPERT_NAMES, N_EXPERTS
 from yue.model.hf import load_model
 from yue.model.mot import YueForCausalLM
 from yue.tokenizer import YueTokenizer
+from yue.train.anchor import anchor_loss
 from yue.train.checkpoint import latest_checkpoint
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, cached_tokens, read_corpus, split_documents
@@ -80,6 +83,9 @@ def build_model(cfg: TrainConfig, tokenizer: YueTokenizer) -> YueForCausalLM:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} tokens, the init model only {model.config.vocab_size}"
             )
+        if cfg.objective == "anchor" and model.anchor_head is None:  # the anchor objective adds its head
+            model.config.anchor_head, model.config.anchor_bias = True, cfg.anchor_bias
+            model.anchor_head = AnchorHead(model.config).to(model.device)
         return model
     torch.manual_seed(cfg.seed)
     return YueForCausalLM(cfg.model_config(tokenizer.vocab_size)).train()
@@ -110,6 +116,20 @@ def evaluate(net, model: YueForCausalLM, val: PackedSequences, cfg: TrainConfig,
     model.train()
     acc = (hits / counts.clamp(min=1)).tolist()
     return EvalResult(ar_sum / max(1, batches), nar_sum / max(1, batches), [round(a, 4) for a in acc])
+
+
+def expert_usage(model: YueForCausalLM) -> dict[str, float]:
+    """Four-expert routing: each expert's share of first choices in the last forward, committed
+    positions and slots apart (`ExpertRoute`); {} for type routing."""
+    route = model.model.last_route
+    if route is None:
+        return {}
+    usage = {}
+    for nar, kind in ((False, "c"), (True, "s")):
+        picks = torch.cat([c.flatten() for n, c in route.choices if n == nar])
+        share = torch.bincount(picks, minlength=N_EXPERTS).float() / max(1, picks.numel())
+        usage |= {f"{kind}_{name}": round(float(v), 3) for name, v in zip(EXPERT_NAMES, share, strict=True)}
+    return usage
 
 
 def check_resume_config(run_dir: Path, cfg: TrainConfig, resume_step: int) -> None:
@@ -236,14 +256,27 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         reveal = draw_reveals(cfg.batch_size, cfg.anchors, cfg.block_size, cfg.reveal_prob, g)
         mine = trainer.rows()
         # 2. Loss (AR mean + slot terms over the global batch's masked slots), one update at this step's lr.
-        out = joint_loss(
-            net,
-            x[mine].to(device),
-            anchors[mine].to(device),
-            cfg.block_size,
-            cfg.loss_weights,
-            reveal=reveal[mine],
-        )
+        count = None
+        if cfg.objective == "anchor":  # its own blocks and reveals (`train/anchor.py`), drawn from g
+            out, count = anchor_loss(
+                net,
+                model,
+                x[mine].to(device),
+                cfg.anchors,
+                cfg.block_size,
+                cfg.loss_weights,
+                cfg.anchor_bias,
+                g,
+            )
+        else:
+            out = joint_loss(
+                net,
+                x[mine].to(device),
+                anchors[mine].to(device),
+                cfg.block_size,
+                cfg.loss_weights,
+                reveal=reveal[mine],
+            )
         slots, _ = trainer.global_mean(out.slot_sum, out.nar_count_per_slot.sum())
         grad_norm = trainer.update(out.ar_term + slots, step)
         done = step + 1
@@ -258,6 +291,9 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
                 "nar": float(out.nar),
                 "kl": float(out.kl),
             }
+            if count is not None:
+                terms["count"] = float(count)
+            terms |= expert_usage(model)
             bar.set_postfix(
                 {k: f"{v:.3f}" for k, v in terms.items()} | {"tok/s": f"{tok_s:.0f}"}, refresh=False
             )

@@ -95,7 +95,8 @@ def set_trainable(model: YueForCausalLM, which: TrainableSet) -> list[nn.Paramet
     """
     trainable = []
     for name, p in model.named_parameters():
-        on = not name.startswith("router.") and (which == "all" or ".nar_" in name)
+        nar_side = ".nar_" in name or name.startswith("anchor_head.")  # the count head plans for the fill
+        on = not name.startswith("router.") and (which == "all" or nar_side)
         p.requires_grad_(on)
         if on:
             trainable.append(p)
@@ -137,6 +138,7 @@ def joint_loss(
     generator: torch.Generator | None = None,
     reveal_first: float | None = None,
     reveal: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> JointLoss:
     """The joint loss on one batch, in one forward.
 
@@ -151,8 +153,11 @@ def joint_loss(
         reveal_first: chance slot 1 is revealed (None: `reveal_prob`, like the other slots). The decode
             loop's drafting pass always reveals slot 1 (the AR path's token, known by then), so
             self-distillation can train mostly on that case.
-        reveal: (B, M, K) bool, the reveals drawn already (`draw_reveals`, e.g. for a global batch of
-            which this is one process's share); None draws them here from `generator`.
+        reveal: (B, M, K) or (B, M*K) bool, the reveals drawn already (`draw_reveals`, e.g. for a global
+            batch of which this is one process's share; the anchor objective's, `train/anchor.py`: a
+            block's anchor slot only); None draws them here from `generator`.
+        bias: (B, M*K, T + M*K) float, added to the slots' attention logits where the mask lets them
+            attend (the anchor objective's pull toward anchor keys); None = none.
     Returns:
         JointLoss with the weighted total and each term.
     """
@@ -177,6 +182,10 @@ def joint_loss(
     inputs = torch.cat([tokens, slot_in], dim=1)  # (B, T + M*K)
     positions = torch.cat([torch.arange(T, device=device).expand(B, T), slot_positions(anchors, K)], dim=1)
     mask = training_mask(T, anchors, K).to(device)  # (B, 1, S, S)
+    if bias is not None:  # additive: -inf where blocked, the slots' rows plus their bias
+        additive = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
+        additive[:, 0, T:] += bias
+        mask = additive
     logits = net(inputs, positions, T, mask).float()  # (B, T + M*K, V)
     ar_logits, slot_logits = logits[:, :T], logits[:, T:]  # (B, T, V), (B, M*K, V)
 
