@@ -121,7 +121,7 @@ class Engine:
     @property
     def has_nar_set(self) -> bool:
         """False for a plain Llama or GGUF loaded as an AR set (`nar_layers=0`): only mode "ar" runs."""
-        return self.model.config.nar_layers != 0
+        return self.model.config.has_nar
 
     @property
     def default_mode(self) -> str:
@@ -396,8 +396,9 @@ class RowStream:
         if tokens and stats.new_tokens == 0:
             stats.ttft_s = time.perf_counter() - self.t0
         stats.new_tokens += len(tokens)
-        stats.nar_tokens += sum(s in NAR_SOURCES for s in sources)
-        stats.ar_tokens += len(sources) - sum(s in NAR_SOURCES for s in sources)
+        nar = sum(s in NAR_SOURCES for s in sources)
+        stats.nar_tokens += nar
+        stats.ar_tokens += len(sources) - nar
         if cfg.mode != "ar":
             drafted, accepted = em.drafted[i], em.accepted[i]
             if drafted:

@@ -31,7 +31,7 @@ def _line_editing() -> Iterator[Path | None]:
     if readline is None or not common.on_terminal(sys.stdin):
         yield None
         return
-    from yue.model.gguf import cache_root
+    from yue.registry import cache_root
 
     history = cache_root() / CHAT_HISTORY
     readline.clear_history()

@@ -93,7 +93,7 @@ def generate(
 
     `echo "Say hello" | yue generate -` reads the prompt from standard input."""
     import json
-    from dataclasses import asdict, replace
+    from dataclasses import asdict
 
     import yue
 
@@ -121,8 +121,6 @@ def generate(
     engine = yue.load(
         model, device=device, dtype=dtype, nar_dtype=draft_dtype, adapter=adapter, low_memory=low_memory
     )
-    if mode is None:
-        cfg = replace(cfg, mode=engine.default_mode)
     if engine.instruct and not raw:
         system_message = [{"role": "system", "content": system}] if system is not None else []
         prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])

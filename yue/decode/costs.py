@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from yue.model.gguf import cache_root
 from yue.model.masks import decode_mask
+from yue.registry import cache_root
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
 

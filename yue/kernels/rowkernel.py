@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from yue.model.gguf import cache_root
+from yue.registry import cache_root
 
 SOURCE = Path(__file__).with_name("rowkernel.c")
 # Rows per pass (`MAX_R` in the source). A second pass costs more than torch's batched GEMM over the
