@@ -121,6 +121,13 @@ class StageTimer:
     marks: dict[str, float] = field(default_factory=dict)
     t: float = field(default_factory=time.perf_counter)
 
+    def __post_init__(self) -> None:
+        self.start = self.t
+
+    def total(self) -> float:
+        """Seconds (1 decimal) since the timer started."""
+        return round(time.perf_counter() - self.start, 1)
+
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         self.marks[name] = round(now - self.t, 1)
