@@ -233,7 +233,7 @@ def train_step(
     return out, count, trainer.update(out.ar_term + slots, step)
 
 
-class RunLog:
+class Progress:
     """The loop's progress bar and its `log.jsonl` records (start, train, eval, done), which only the
     main process writes; tokens/s is measured between two train records."""
 
@@ -253,7 +253,7 @@ class RunLog:
         if self.main:
             append_jsonl(self.run_dir / "log.jsonl", record)
 
-    def start(self, step: int, stats: dict, model: YueForCausalLM, world: int) -> None:
+    def log_start(self, step: int, stats: dict, model: YueForCausalLM, world: int) -> None:
         self.write(
             {
                 "kind": "start",
@@ -267,7 +267,7 @@ class RunLog:
             }
         )
 
-    def train(
+    def log_train(
         self, done: int, out: JointLoss, count: torch.Tensor | None, model: YueForCausalLM, grad_norm: float
     ) -> None:
         now = time.time()
@@ -298,7 +298,7 @@ class RunLog:
             }
         )
 
-    def eval(self, done: int, result: EvalResult) -> None:
+    def log_eval(self, done: int, result: EvalResult) -> None:
         self.write(
             {"kind": "eval", "step": done, **asdict(result), "elapsed_s": round(time.time() - self.t0, 1)}
         )
@@ -308,7 +308,7 @@ class RunLog:
                 f"nar_acc={result.nar_acc_per_slot}"
             )
 
-    def done(self, step: int, final: Path) -> None:
+    def log_done(self, step: int, final: Path) -> None:
         self.write(
             {"kind": "done", "step": step, "wall_s": round(time.time() - self.t0, 1), "model": str(final)}
         )
@@ -346,23 +346,23 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
     )
     start = trainer.resume()["step"] if resume else 0
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
-    run_log = RunLog(run_dir, cfg, start, main, t0)
-    run_log.start(start, stats, model, accelerator.num_processes)
+    progress = Progress(run_dir, cfg, start, main, t0)
+    progress.log_start(start, stats, model, accelerator.num_processes)
     for step in range(start, end):
         out, count, grad_norm = train_step(trainer, model, train_set, cfg, step)
         done = step + 1
         if done % cfg.log_every == 0 or done == end:
-            run_log.train(done, out, count, model, grad_norm)
-        run_log.bar.update(1)
+            progress.log_train(done, out, count, model, grad_norm)
+        progress.bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            run_log.eval(done, evaluate(trainer.net, model, val_set, cfg, accelerator.device))
+            progress.log_eval(done, evaluate(trainer.net, model, val_set, cfg, accelerator.device))
         if done % cfg.save_every == 0 or done == end:
             trainer.save(done, {"seed": cfg.seed})
-    run_log.bar.close()
+    progress.bar.close()
     final = run_dir / "model"
     if end == cfg.steps and main:
         model.config.loss_weights = cfg.loss_weights.as_dict()
         save_final_model(model, tokenizer, final)
-        run_log.done(end, final)
+        progress.log_done(end, final)
     accelerator.wait_for_everyone()
     return final
