@@ -19,13 +19,6 @@ OVER = {
     "cli/distill.py:distill_recipe_cmd": 88,
     "cli/generate.py:generate": 117,
     "cli/train.py:train_cmd": 81,
-    "train/campaign.py:main": 81,
-    "train/finetune.py:finetune": 88,
-    "train/loop.py:train": 148,
-    "train/losses.py:joint_loss": 92,
-    "train/router.py:run_train_router": 105,
-    "train/selfdistill.py:self_distill": 95,
-    "train/topnar_run.py:distill_top_nar": 111,
 }
 
 
