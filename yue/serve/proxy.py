@@ -10,7 +10,8 @@ Design decisions:
 - It reaches the proxy through Ray Serve's hook for proxy middlewares, the environment variable
   `PROXY_CALLBACK_ENV` naming `middlewares` (read as each proxy starts; `replicas.start` sets it for the
   Ray it starts or joins). A cluster whose Serve proxies already run keeps its own.
-- Only this module and `sse.py` load in the proxy: no engine, no torch, no FastAPI.
+- The proxy imports this module (and with it the package, torch included) once, as it starts; the
+  middleware itself is a few checks per message.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 from starlette.middleware import Middleware
 
 from yue.serve.api_error import ApiError
-from yue.serve.sse import DONE, sse
+from yue.serve.streaming import DONE, sse
 
 log = logging.getLogger("yue.serve")
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"

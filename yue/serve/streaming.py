@@ -15,6 +15,7 @@ Design decisions:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,10 +24,14 @@ from yue.decode.types import GenerationStats, StreamEvent, TokenLogprob
 from yue.serve.errors import ApiError
 from yue.serve.metrics import RequestTracker
 from yue.serve.scheduler import Job
-from yue.serve.sse import DONE, sse
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
 
 log = logging.getLogger("yue.serve")
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
 def openai_finish_reason(reason: str) -> str:
