@@ -197,9 +197,9 @@ def apply_adapter(model: YueForCausalLM, adapter_dir: str | Path | None) -> YueF
         return model
     from peft import PeftModel
 
-    folder = check_adapter_folder(adapter_dir)
     if not isinstance(model, YueForCausalLM) or model.consumed:
         raise ValueError("apply_adapter needs the model as loaded, before prepare_for_decoding")
+    folder = check_adapter_folder(adapter_dir)
     check_base(folder, model)
     try:
         peft_model = PeftModel.from_pretrained(model, str(folder), is_trainable=False)

@@ -6,6 +6,8 @@ Design decisions:
   they differ only in the mask (`masks.py`) and whether K/V are written to a cache.
 - `YueForCausalLM.step()` is what the decode loop calls: one forward returning AR logits for the new
   committed positions and NAR logits for the slots, as a dataclass.
+- Decode-time paths are arguments, not state: `step`, `forward`, `new_cache` and the stack take `paths`
+  (`decode_paths.DecodePaths`, None = as trained), which a `PreparedModel` (`prepared.py`) passes.
 - `YueForCausalLM.forward(input_ids, attention_mask, labels, cache)` is the plain AR path with Hugging
   Face's calling convention, so `Trainer`-style code works; with `use_cache` or a `cache` it runs on
   yue's own KVCache (returned as `cache`), so transformers' generate is not quadratic.

@@ -75,11 +75,20 @@ class PreparedModel:
         return self.trained.new_cache(batch_size, capacity, self.paths)
 
     def step(
-        self, tokens, positions, n_committed, mask, cache, n_logits=None, anchor_entry=None, **kw
+        self,
+        tokens,
+        positions,
+        n_committed,
+        mask,
+        cache,
+        n_logits=None,
+        anchor_entry=None,
+        top1: bool = False,
+        ar_entropy: bool = False,
     ) -> StepOutput:
         """`YueForCausalLM.step` on the decode paths (same arguments)."""
         return self.trained.step(
-            tokens, positions, n_committed, mask, cache, n_logits, anchor_entry, paths=self.paths, **kw
+            tokens, positions, n_committed, mask, cache, n_logits, anchor_entry, top1, ar_entropy, self.paths
         )
 
     def hidden_states(self, tokens, positions, n_committed: int, mask) -> torch.Tensor:
