@@ -7,7 +7,7 @@ anchor's position + 1, + 2, ...), and anchors are looked up among every token fe
 so fused multi-block steps and separate drafting passes (anchored at a cached token) both work: the
 stub keeps each fed token and its position in its own KV cache (k holds the token, v the position), so
 rows that accept different counts, leave or join a batch keep their history. It
-implements just what the decode loop calls: config, device, router, new_cache() and step(), and
+implements just what the decode loop calls: config, device, router (router_features), new_cache() and step(), and
 counts its forward passes (drafting passes apart).
 """
 
@@ -51,6 +51,13 @@ class MarkovStub:
         self.router = AcceptAllRouter()
         self.forwards = 0
         self.draft_passes = 0  # forwards with no committed token (separate drafting)
+
+    def router_features(
+        self, hidden_last, ar_logits_last, slot_logits, slot1_revealed=False, ar_entropy=None
+    ):
+        return self.router.features(
+            hidden_last, ar_logits_last, slot_logits, slot1_revealed, ar_entropy=ar_entropy
+        )
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         return KVCache(1, batch_size, 1, 1, capacity, "cpu", torch.float32)

@@ -255,9 +255,9 @@ def head_rows(model, monkeypatch) -> list[torch.Tensor]:
     """The hidden rows the screened AR head reads for its greedy choice, (rows, D) per call, appended
     as decoding runs."""
     seen: list[torch.Tensor] = []
-    top1 = model.ar_head.top1_entropy
+    top1 = model.paths.ar_head.top1_entropy
     monkeypatch.setattr(
-        model.ar_head,
+        model.paths.ar_head,
         "top1_entropy",
         lambda x, entropy: seen.append(x.reshape(-1, x.shape[-1])) or top1(x, entropy),
     )

@@ -18,7 +18,7 @@ from yue.model.router import softmax_stats
 
 
 def nar_sets(model) -> list:
-    return [layer.decode_sets[1] for layer in model.model.layers if layer.has_nar]
+    return [sets[1] for sets in model.paths.layers if len(sets) > 1]
 
 
 def test_row_int8_linear_is_the_linear_within_its_codes_error():
@@ -77,21 +77,22 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
     and cache rows within float32 rounding, over a left-padded batch."""
     needs_row_kernel()
     assert probe.choice().ok("rows-f32"), probe.describe()
-    model = top_model(nar_layers=2)
-    prepare_for_decoding(model, torch.qint8)
+    model = prepare_for_decoding(top_model(nar_layers=2), torch.qint8)
     sets = nar_sets(model)
     assert all(s.blocked is not None and s.blocked[0].dtype == torch.int8 for s in sets)
     assert all(isinstance(m, RowInt8Linear) for s in sets for m in (s.qkv, s.gate_up, *s.shared[1::2]))
     blocked = [s.blocked for s in sets]
-    stacks = model.model.kernel_stacks
-    assert stacks[True].weights.first == model.model.nar_start and len(stacks[True].weights.layers) == 2
+    stacks = model.paths.stacks
+    assert (
+        stacks[True].weights.first == model.trained.model.nar_start and len(stacks[True].weights.layers) == 2
+    )
     n, K, mask_id = 12, model.config.block_size, model.config.mask_token_id
     prompt = torch.randint(4, 96, (batch, n), generator=torch.Generator().manual_seed(batch))
 
     def run(one_call: bool, stacked: bool = True):
         for s, b in zip(sets, blocked, strict=True):
             s.blocked = b if one_call else None
-        model.model.kernel_stacks = stacks if one_call and stacked else {}
+        model.paths.stacks = stacks if one_call and stacked else {}
         cache = model.new_cache(batch, 40)
         cache.set_padding([0, 3][:batch])
         with torch.inference_mode():
@@ -106,7 +107,7 @@ def test_a_drafting_pass_through_one_call_int8_layers_computes_what_their_torch_
 
     (fast, fast_cache), (slow, slow_cache) = run(True), run(False)
     torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(model.trained.model.layers):
         if layer.has_nar:  # the slots' K/V rows, written by the one call and by torch's path
             for a, b in zip(fast_cache.layer(i), slow_cache.layer(i), strict=True):
                 torch.testing.assert_close(a[:, :, : n + K], b[:, :, : n + K], atol=1e-4, rtol=1e-4)
@@ -120,8 +121,7 @@ def test_fused_drafts_after_committed_rows_read_their_own_mask_rows():
     """A full NAR stack with fused drafting: a step's slots follow its committed rows (mask rows from
     row0 = n_committed), through one-call int8 layers as through torch's; and `verified` stays `ar`."""
     needs_row_kernel()
-    model = top_model(nar_layers=4, draft_vocab=None, seed=3)
-    prepare_for_decoding(model, torch.qint8)
+    model = prepare_for_decoding(top_model(nar_layers=4, draft_vocab=None, seed=3), torch.qint8)
     sets = nar_sets(model)
     assert len(sets) == 4 and all(s.blocked is not None for s in sets)
     blocked = [s.blocked for s in sets]
@@ -156,11 +156,10 @@ def test_without_the_row_kernel_int8_drafting_stays_on_torchs_engine():
     """`YUE_KERNELS=no-rows-f32` (or no compiler): the NAR set's int8 matmuls are torch's dynamic ones,
     layer by layer, and drafting still runs."""
     with probe.forced("rows-f32"):
-        model = top_model(nar_layers=2)
-        prepare_for_decoding(model, torch.qint8)
+        model = prepare_for_decoding(top_model(nar_layers=2), torch.qint8)
     sets = nar_sets(model)
     assert all(s.blocked is None and isinstance(s.qkv, Int8Linear) for s in sets)
-    assert model.model.kernel_stacks == {}  # no layer in one call, no stack
+    assert model.paths.stacks == {}  # no layer in one call, no stack
     cfg = DecodeConfig(mode="verified", max_new_tokens=12, ignore_eos=True).resolved(model.config)
     assert len([t for em in decode(model, [[5, 6, 7, 8]], cfg) for t in em.tokens[0]]) == 12
 
@@ -198,18 +197,19 @@ def test_a_prepared_slot_entry_runs_int8_near_its_float_form():
     anchor, emb = torch.randn(2, 1, 64, generator=g), torch.randn(2, 4, 64, generator=g)
     with torch.inference_mode():
         ref = entry(anchor, emb)
-        prepare_for_decoding(model, torch.qint8)
-        assert all(isinstance(m, RowInt8Linear) for m in entry.lowered) and entry.row_norm is not None
-        lowered = entry(anchor, emb)
+        paths = prepare_for_decoding(model, torch.qint8).paths
+        halves = (paths.slot_entry.from_anchor, paths.slot_entry.from_token)
+        assert all(isinstance(m, RowInt8Linear) for m in halves) and paths.slot_entry.norm is not None
+        lowered = entry(anchor, emb, paths.slot_entry)
         h = torch.randn(1, 4, 64, generator=g)
-        torch.testing.assert_close(model.model.slot_norm(h), model.model.norm(h), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(paths.slot_norm(h), model.model.norm(h), atol=1e-6, rtol=1e-5)
     assert entry.proj.weight.shape == (64, 128)  # the float weight stays, as saved
     torch.testing.assert_close(lowered, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
     assert not torch.equal(lowered, ref)
 
 
 def test_the_row_kernels_softmax_stats_are_the_routers():
-    """`rowkernel.softmax_stats` (a prepared router's, `Router.softmax_stats`) gives each row's largest
+    """`rowkernel.softmax_stats` (a prepared model's router statistics, `DecodePaths.softmax_stats`) gives each row's largest
     probability and entropy as `router.softmax_stats` does, within float32 rounding; rows with -inf or a
     reduced vocabulary's fill weigh those logits 0 (torch's entropy is NaN at -inf: 0 * -inf)."""
     needs_row_kernel()
@@ -225,6 +225,5 @@ def test_the_row_kernels_softmax_stats_are_the_routers():
     ref_top, ref_ent = softmax_stats(x[0, 0, 500:])
     torch.testing.assert_close(top[0, 0], ref_top, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ent[0, 0], ref_ent, atol=1e-5, rtol=1e-5)
-    model = top_model(nar_layers=2)
-    prepare_for_decoding(model, torch.qint8)
-    assert model.router.softmax_stats is rowkernel.softmax_stats
+    model = prepare_for_decoding(top_model(nar_layers=2), torch.qint8)
+    assert model.paths.softmax_stats is rowkernel.softmax_stats

@@ -229,3 +229,34 @@ def test_a_model_is_prepared_for_decoding_once(trained_model_dir):
     model = prepare_for_decoding(load_model(trained_model_dir))
     with pytest.raises(ValueError, match="already prepared"):
         prepare_for_decoding(model)
+
+
+def test_preparing_consumes_the_trained_model_and_registers_nothing_on_it(trained_model_dir, tmp_path):
+    """`prepare_for_decoding` returns a PreparedModel holding the trained model and its decode paths: the
+    trained modules gain no state (the same state-dict names as loaded), and the consumed model refuses
+    to run alone, be saved, trained or adapted, while the prepared one computes the loaded model's
+    logits."""
+    import torch
+
+    from yue.model import PreparedModel, load_model
+    from yue.model.adapters import apply_adapter
+
+    loaded, trained = load_model(trained_model_dir), load_model(trained_model_dir)
+    prepared = prepare_for_decoding(trained)
+    assert isinstance(prepared, PreparedModel) and prepared.trained is trained and trained.consumed
+    assert len(prepared.paths.layers) == trained.config.num_hidden_layers
+    assert set(trained.state_dict()) == set(loaded.state_dict())
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for refused in (
+        lambda: trained(ids),
+        lambda: trained.save_pretrained(tmp_path),
+        lambda: trained.train(),
+        lambda: trained.generate(ids, max_new_tokens=2),
+    ):
+        with pytest.raises(ValueError, match="consumed by prepare_for_decoding"):
+            refused()
+    for model in (trained, prepared):
+        with pytest.raises(ValueError, match="before prepare_for_decoding"):
+            apply_adapter(model, tmp_path)
+    with torch.inference_mode():
+        assert torch.allclose(prepared(ids).logits, loaded(ids).logits, atol=1e-4)

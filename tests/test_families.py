@@ -17,6 +17,7 @@ from yue.config import DecodeConfig, Features
 from yue.decode.loop import decode
 from yue.errors import CheckpointError
 from yue.kernels import prepare, prepare_for_decoding
+from yue.model.decode_paths import exact_rows
 from yue.model.hf import from_llama, load_model
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
@@ -68,7 +69,7 @@ def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_
     expected = reference.generate(IDS, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     model = from_llama(reference, block_size=4, nar_layers=1).eval()
     fast = prepare_for_decoding(copy.deepcopy(model), torch.qint8)
-    assert all(layer.exact_rows for layer in fast.model.layers)
+    assert all(exact_rows(sets) for sets in fast.paths.layers)
     assert greedy(fast, "ar") == expected[0, len(PROMPT) :].tolist()
     assert greedy(fast, "verified") == greedy(fast, "ar")
     int4 = prepare_for_decoding(copy.deepcopy(model), torch.qint8, int4=True)

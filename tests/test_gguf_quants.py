@@ -137,8 +137,8 @@ def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar(monkeypatch):
         return [t for em in decode(m, [prompt], cfg) for t in em.tokens[0]]
 
     stored = run(model, "ar")
-    prepare_for_decoding(model, None)
-    assert [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in model.model.layers] == ["q4"] * 4
+    model = prepare_for_decoding(model, None)
+    assert [rowkernel.layout(sets[0].blocked[0]) for sets in model.paths.layers] == ["q4"] * 4
     assert run(model, "ar") == stored and run(model, "verified") == stored
 
 
@@ -152,8 +152,8 @@ def test_a_4_bit_llama_gguf_runs_from_its_codes_with_transformers_tokens(tmp_pat
     monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     reference = write_family_gguf(tmp_path / "m.gguf", "llama3", quant, **SHAPE_256)
     engine = yue.load(tmp_path / "m.gguf")
-    layers = engine.model.model.layers
-    assert [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in layers] == ["q4"] * len(layers)
+    layers = engine.model.paths.layers
+    assert [rowkernel.layout(sets[0].blocked[0]) for sets in layers] == ["q4"] * len(layers)
     ids = engine.encode("Hello, world! How are")
     ours = engine.generate("Hello, world! How are", mode="ar", max_new_tokens=12, ignore_eos=True).token_ids
     expected = reference.generate(

@@ -56,7 +56,7 @@ def test_generate_defaults_to_the_models_mode_and_transformers_max_length(engine
 
 def test_auto_model_from_a_yue_folder_generates_through_the_decode_loop(engine, trained_model_dir):
     model = AutoModelForCausalLM.from_pretrained(trained_model_dir)
-    assert isinstance(model, YueForCausalLM) and not model.prepared_for_decoding
+    assert isinstance(model, YueForCausalLM) and not model.consumed
     ids = engine.encode(PROMPTS[1])
     out = model.generate(torch.tensor([ids]), max_new_tokens=16)
     assert _new(out, len(ids)) == _ar(engine, PROMPTS[1], max_new_tokens=16)

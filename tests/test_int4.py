@@ -18,6 +18,7 @@ from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a 
 from tests.test_topnar import top_model
 from yue.decode.costs import cost_cache_key
 from yue.kernels import prepare_for_decoding, probe, rowkernel
+from yue.kernels.decode_set import decode_layout
 from yue.kernels.matmuls import (
     Int4Linear,
     Lowered,
@@ -27,8 +28,8 @@ from yue.kernels.matmuls import (
     int4_usable,
     quantize_int4,
 )
-from yue.kernels.prepare import decode_layout
 from yue.kernels.screen import ScreenedHead
+from yue.model.decode_paths import exact_rows
 
 needs_int4 = pytest.mark.skipif(
     not probe.choice().int4_rows,
@@ -161,8 +162,10 @@ def int4_model(seed: int = 0):
 def test_int4_model_on_the_row_kernel_holds_its_layers_in_four_bits_as_one_call_and_its_head_float32():
     model = int4_model()
     assert_layers_hold_only(model, RowInt4Linear)
-    assert isinstance(model.ar_head, ScreenedHead) and isinstance(model.ar_head.head, StreamedLinear)
-    assert model.model.kernel_stacks[False] is not None  # the AR layers: one row-kernel call a step
+    assert isinstance(model.paths.ar_head, ScreenedHead) and isinstance(
+        model.paths.ar_head.head, StreamedLinear
+    )
+    assert model.paths.stacks[False] is not None  # the AR layers: one row-kernel call a step
     assert "RowInt4Linear" in decode_layout(model)
     assert cost_cache_key(model) != cost_cache_key(prepare_for_decoding(top_model(2), None))
 
@@ -173,17 +176,17 @@ def test_int4_model_on_torchs_kernel_holds_its_layers_in_four_bits_and_its_head_
         model = int4_model()
     assert_layers_hold_only(model, Int4Linear)
     packed_bf16 = probe.packed_rows(torch.bfloat16)
-    assert isinstance(model.ar_head, Lowered) == packed_bf16
-    assert not packed_bf16 or isinstance(model.ar_head.inner, PackedLinear)
+    assert isinstance(model.paths.ar_head, Lowered) == packed_bf16
+    assert not packed_bf16 or isinstance(model.paths.ar_head.inner, PackedLinear)
     assert cost_cache_key(model) != cost_cache_key(prepare_for_decoding(top_model(2), None))
     # Row-exact attention without padding: yue's row kernel where it builds, else one query per SDPA
     # call (`ExactAttention`: the row kernel's, or per row), named in the step costs' key.
     kernel = probe.choice().ok("rows-f32")
-    assert model.model.layers[0].exact_rows
-    assert model.model.layers[0].decode_sets[0].attend.form == ("kernel" if kernel else "per-row")
+    assert exact_rows(model.paths.layers[0])
+    assert model.paths.layers[0][0].attend.form == ("kernel" if kernel else "per-row")
     assert ("attention row kernel" if kernel else "attention per row") in decode_layout(model)
     with probe.forced("rows-f32"):  # the row kernel off: its int4 off too
-        assert int4_model().model.layers[0].decode_sets[0].attend.form == "per-row"
+        assert int4_model().paths.layers[0][0].attend.form == "per-row"
 
 
 def test_shapes_the_int4_kernel_does_not_take_are_named():
@@ -207,7 +210,7 @@ def test_int4_verified_equals_ar(seed, threshold, torchs):
 def test_int4_engine_generates_and_verified_equals_ar(trained_model_dir):
     engine = yue.load(trained_model_dir, dtype="int4")
     kind = RowInt4Linear if probe.choice().ok("rows-int4") else Int4Linear
-    assert isinstance(engine.model.model.layers[0].decode_sets[0].qkv, kind)
+    assert isinstance(engine.model.paths.layers[0][0].qkv, kind)
     for prompt in ("def add(a, b):", "import os\n"):
         ar = engine.generate(prompt, mode="ar", max_new_tokens=20, ignore_eos=True).token_ids
         assert len(ar) == 20

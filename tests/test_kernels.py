@@ -15,6 +15,7 @@ import yue
 from yue.kernels import matmuls, probe
 from yue.kernels.matmuls import Int8Linear, Lowered, PackedLinear, RowAdaptiveLinear, StreamedLinear
 from yue.kernels.screen import ScreenedHead
+from yue.model.decode_paths import exact_rows
 from yue.model.masks import decode_mask
 
 PROMPTS = ["def alpha_1(x):\n", "def beta", "class "]
@@ -58,18 +59,20 @@ def assert_matches_kernels(engine, choice: probe.KernelChoice) -> None:
             kind = RowAdaptiveLinear
     else:
         kind = PackedLinear if choice.ok("onednn-bf16") else None
-    qkv = model.model.layers[0].decode_sets[0].qkv
+    qkv = model.paths.layers[0][0].qkv
     assert type(qkv) is kind if kind else isinstance(qkv, torch.nn.Linear)
     # A row-kernel head carries its int8 screen for greedy steps (`screen.py`).
-    head = model.ar_head.head if isinstance(model.ar_head, ScreenedHead) else model.ar_head
-    assert isinstance(model.ar_head, ScreenedHead) == (kind is StreamedLinear)
+    ar_head = model.paths.ar_head
+    head = ar_head.head if isinstance(ar_head, ScreenedHead) else ar_head
+    assert isinstance(ar_head, ScreenedHead) == (kind is StreamedLinear)
     assert type(head) is kind if kind else head is None
     # Row-exact layers: bfloat16's packed copy, or float32's row kernel (one kernel for 1-9 rows).
-    assert model.model.layers[0].exact_rows == (kind in (PackedLinear, StreamedLinear))
+    assert exact_rows(model.paths.layers[0]) == (kind in (PackedLinear, StreamedLinear))
     # Int8 drafting's head: on yue's row kernel where it runs (as the NAR layers), else torch's engine.
     row_int8 = matmuls.RowInt8Linear if choice.ok("rows-f32") else Int8Linear
     int8 = row_int8 if model.dtype == torch.float32 else Lowered
-    assert isinstance(model.draft_head, int8) if choice.int8_engine else model.draft_head is None
+    draft_head = model.paths.draft_head
+    assert isinstance(draft_head, int8) if choice.int8_engine else draft_head is None
 
 
 @pytest.mark.parametrize("off", ["onednn-f32", "rows-f32", "onednn-bf16", "int8-x86", "int8", "portable"])
@@ -129,7 +132,7 @@ def test_a_kernel_raising_at_the_probe_falls_back_and_bfloat16_loading_works(
     with probe.forced() as choice:
         assert choice.bfloat16_rows == "F.linear" and "avx_ne_convert" in choice.describe()
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # raised this error before the seam
-    assert not isinstance(engine.model.ar_head, (RowAdaptiveLinear, PackedLinear))
+    assert not isinstance(engine.model.paths.ar_head, (RowAdaptiveLinear, PackedLinear))
     kw = dict(max_new_tokens=20, ignore_eos=True)
     ar = engine.generate(PROMPTS[0], mode="ar", **kw)
     assert engine.generate(PROMPTS[0], mode="verified", **kw).token_ids == ar.token_ids
@@ -156,7 +159,7 @@ def test_a_bad_yue_kernels_value_is_a_clear_error_before_loading(monkeypatch, tr
 
 def test_int8_drafting_without_an_engine_auto_drafts_in_float_and_explicit_int8_is_refused(trained_model_dir):
     with probe.forced("int8"):
-        assert yue.load(trained_model_dir).model.draft_head is None  # "auto"
+        assert yue.load(trained_model_dir).model.paths.draft_head is None  # "auto"
         with pytest.raises(ValueError, match="int8 drafting needs"):
             yue.load(trained_model_dir, nar_dtype="int8")
 

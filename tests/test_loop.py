@@ -562,7 +562,9 @@ class _TrustSlot1Only:
 
     calls = 0
 
-    def features(self, hidden_last, ar_logits_last, slot_logits, slot1_revealed=False, ar_entropy=None):
+    def features(
+        self, hidden_last, ar_logits_last, slot_logits, slot1_revealed=False, ar_entropy=None, stats=None
+    ):
         self.calls += 1
         return torch.zeros(slot_logits.shape[0], slot_logits.shape[1])
 
@@ -594,7 +596,7 @@ class _TrustFirstThree(_TrustSlot1Only):
 def test_router_collapse_warning_counts_block_positions(trained, monkeypatch, caplog, router, collapsed):
     """verified at a mid-range threshold (the router gates its draft lengths): a router that sends
     every block position one way is flagged; one that trusts slots 2..3 and not the rest is not."""
-    monkeypatch.setitem(trained.model._modules, "router", router())  # (a stand-in, not a Module)
+    monkeypatch.setitem(trained.model.trained._modules, "router", router())  # (a stand-in, not a Module)
     # Free drafting (the fixture's FLAT costs): the draft length is the router's gate alone, not the
     # acceptance record's judgement of the drafts, so what the router decides is what is counted.
     assert trained.costs is FLAT

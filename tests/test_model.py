@@ -24,6 +24,7 @@ from yue.kernels.matmuls import (
 )
 from yue.kernels.prepare import input_major
 from yue.model import CheckpointError, YueForCausalLM, export_ar, from_llama, load_model
+from yue.model.decode_paths import exact_rows
 from yue.model.masks import decode_mask, training_mask
 
 
@@ -182,18 +183,20 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
         pytest.skip(f"no int8 engine works here: {probe.describe()}")  # test_kernels forces that path
     engine = yue.load(trained_model_dir, nar_dtype=name)
     plain = yue.load(trained_model_dir, nar_dtype="float32")
-    layer = engine.model.model.layers[0]
+    layer = engine.model.trained.model.layers[0]
     lowered = Lowered if name == "bfloat16" else Int8Linear
     # int8 NAR layers and draft head run on yue's row kernel where it builds (`RowInt8Linear`).
     in_layers = RowInt8Linear if name == "int8" and probe.choice().ok("rows-f32") else lowered
-    assert isinstance(layer.nar_mlp.up_proj, in_layers) and isinstance(engine.model.draft_head, in_layers)
+    assert isinstance(layer.nar_mlp.up_proj, in_layers) and isinstance(
+        engine.model.paths.draft_head, in_layers
+    )
     if in_layers is Int8Linear:  # the lean forward computes what torch's dynamic int8 module computes
         x = torch.randn(2, 5, engine.model.config.hidden_size)
-        head = engine.model.draft_head
+        head = engine.model.paths.draft_head
         assert isinstance(head.quantized, torch.ao.nn.quantized.dynamic.Linear)
         assert torch.equal(head(x), head.quantized(x))
     assert isinstance(layer.mlp.up_proj, torch.nn.Linear) and layer.mlp.up_proj.weight.dtype == torch.float32
-    assert plain.model.draft_head is None
+    assert plain.model.paths.draft_head is None
     drafted = 0
     for prompt in ["def alpha_1(x):\n", "def beta", "class "]:
         ar = engine.generate(prompt, mode="ar", max_new_tokens=40)
@@ -204,7 +207,7 @@ def test_lowered_drafting_changes_drafts_only_verified_still_equals_ar(trained_m
     assert drafted > 0  # the lowered weights really drafted
     h = torch.randn(1, 3, engine.model.config.hidden_size)
     with torch.inference_mode():  # ... and really are of lower precision: close, not equal
-        lowered, full = engine.model.draft_head(h), plain.model.lm_head(h)
+        lowered, full = engine.model.paths.draft_head(h), plain.model.lm_head(h)
     assert not torch.equal(lowered, full) and torch.allclose(lowered, full, atol=0.1, rtol=0.05)
     with pytest.raises(ValueError, match="cannot be saved"):
         engine.model.save_pretrained(tmp_path)
@@ -218,8 +221,8 @@ def test_bfloat16_model_with_int8_drafting_verified_equals_ar(trained_model_dir,
     with probe.forced(*off) as choice:
         engine = yue.load(trained_model_dir, dtype=torch.bfloat16)  # drafting: int8 behind casts
     assert engine.model.dtype == torch.bfloat16
-    assert isinstance(engine.model.ar_head, PackedLinear) == choice.ok("onednn-bf16")
-    assert isinstance(engine.model.draft_head, Lowered) or choice.int8_engine is None
+    assert isinstance(engine.model.paths.ar_head, PackedLinear) == choice.ok("onednn-bf16")
+    assert isinstance(engine.model.paths.draft_head, Lowered) or choice.int8_engine is None
     drafted = 0
     for prompt in ["def alpha_1(x):\n", "class "]:
         kw = dict(max_new_tokens=30, ignore_eos=True)
@@ -334,20 +337,20 @@ def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
     assert f"one copy of each float32 weight: {kernel} (oneDNN's packed one row timed at" in caplog.text
     if copy == "packed":
         assert_layers_hold_only(prepared, PackedLinear)
-        assert isinstance(prepared.ar_head, RowAdaptiveLinear)
+        assert isinstance(prepared.paths.ar_head, RowAdaptiveLinear)
         with pytest.raises(ValueError, match="load_unprepared"):  # its AR layers are gone but for the packing
             export_ar(prepared, tmp_path)
     else:
-        for layer in prepared.model.layers:
-            ar = layer.decode_sets[0]
-            assert not layer.exact_rows
+        for sets in prepared.paths.layers:
+            ar = sets[0]
+            assert not exact_rows(sets)
             assert all(type(m) is torch.nn.Linear for m in (ar.qkv, ar.gate_up, ar.shared[1], ar.shared[3]))
             assert ar.qkv.weight.t().is_contiguous()  # input-major: MKL's GEMV for one row
-        assert prepared.ar_head is None  # AR rows take lm_head itself
+        assert prepared.paths.ar_head is None  # AR rows take lm_head itself
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     assert torch.allclose(prepared(ids).logits, load_model(trained_model_dir)(ids).logits, atol=1e-4)
     engine = yue.load(trained_model_dir, low_memory=low_memory)
-    assert engine.model.model.layers[0].exact_rows == (copy == "packed")
+    assert exact_rows(engine.model.paths.layers[0]) == (copy == "packed")
     for prompt in ("def add(a, b):", "import os\n", "class Stack:"):
         ar = engine.generate(prompt, mode="ar", max_new_tokens=24, ignore_eos=True).token_ids
         assert engine.generate(prompt, mode="verified", max_new_tokens=24, ignore_eos=True).token_ids == ar
@@ -357,16 +360,16 @@ def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model
     """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
     storage, and decode steps give the logits of the model as trained."""
     plain, prepared = load_model(trained_model_dir), prepare_for_decoding(load_model(trained_model_dir))
-    layer = prepared.model.layers[0]
+    layer, sets = prepared.trained.model.layers[0], prepared.paths.layers[0]
     # On a CPU the decode path's float matmuls and the AR head pick their kernel by row count; the
     # two-row step below goes through the packed (oneDNN) kernels, the prefill's last row through MKL
     # (where `kernels` found oneDNN's packing working; test_kernels forces the other case).
     packed = probe.packed_rows(torch.float32)
-    assert isinstance(prepared.ar_head, RowAdaptiveLinear) == packed
-    assert isinstance(layer.decode_sets[0].qkv, RowAdaptiveLinear) == packed
+    assert isinstance(prepared.paths.ar_head, RowAdaptiveLinear) == packed
+    assert isinstance(sets[0].qkv, RowAdaptiveLinear) == packed
     for nar in (False, True):
         _, proj, _, mlp = layer._sets(nar)
-        fused = layer.decode_sets[nar]
+        fused = sets[nar]
         assert proj.q_proj.weight.data_ptr() == fused.qkv.weight.data_ptr()
         assert (
             mlp.up_proj.weight.untyped_storage().data_ptr()

@@ -18,10 +18,11 @@ from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key
 from yue.decode.loop import decode
 from yue.kernels import matmuls, prepare, prepare_for_decoding, probe, rowkernel
-from yue.kernels.decode_set import EXACT_ATTENTION, ExactAttention
+from yue.kernels.decode_set import EXACT_ATTENTION, ExactAttention, decode_layout
 from yue.kernels.matmuls import PackedLinear, packed_matmul
-from yue.kernels.prepare import decode_layout, resolve_dtype
+from yue.kernels.prepare import resolve_dtype
 from yue.model.cache import padded_capacity
+from yue.model.decode_paths import exact_rows
 from yue.model.layers import EXACT_KEY_PAD, MoTLayer
 from yue.model.masks import decode_mask, slot_positions, training_mask
 
@@ -52,9 +53,9 @@ def test_packed_rows_do_not_depend_on_the_row_count(dtype):
 
 def assert_layers_hold_only(model, kind: type) -> None:
     """Every AR layer's decode matmuls are `kind`, row-exact, and the float copies are released."""
-    for layer in model.model.layers:
-        ar = layer.decode_sets[0]
-        assert layer.exact_rows and isinstance(ar.qkv, kind) and isinstance(ar.gate_up, kind)
+    for layer, sets in zip(model.trained.model.layers, model.paths.layers, strict=True):
+        ar = sets[0]
+        assert exact_rows(sets) and isinstance(ar.qkv, kind) and isinstance(ar.gate_up, kind)
         assert layer.self_attn.q_proj.weight.numel() == 0 and layer.mlp.down_proj.weight.numel() == 0
 
 
@@ -62,7 +63,7 @@ def assert_layers_hold_only(model, kind: type) -> None:
 def test_bfloat16_model_holds_one_packed_copy_and_attends_in_float32():
     model = bf16_model()
     assert_layers_hold_only(model, PackedLinear)
-    assert isinstance(model.ar_head, PackedLinear)
+    assert isinstance(model.paths.ar_head, PackedLinear)
     cache = model.new_cache(1, 8)
     assert cache.k.dtype == torch.float32 and model.dtype == torch.bfloat16
 
@@ -103,10 +104,10 @@ def row_stream_model(seed: int, monkeypatch, q4: bool = False, q8_head: bool = F
         model.lm_head.weight.data.copy_(gguf_round_trip(model.lm_head.weight, "Q8_0"))
     with probe.forced(*off):
         model = prepare_for_decoding(model, torch.qint8 if probe.int8_engine() else None)
-    assert isinstance(model.ar_head.head, matmuls.StreamedLinear)  # under its screen (`screen.py`)
-    layouts = [rowkernel.layout(layer.decode_sets[0].blocked[0]) for layer in model.model.layers]
+    assert isinstance(model.paths.ar_head.head, matmuls.StreamedLinear)  # under its screen (`screen.py`)
+    layouts = [rowkernel.layout(sets[0].blocked[0]) for sets in model.paths.layers]
     assert layouts == ["q4" if q4 and "rows-q4" not in off else "float32"] * len(layouts)
-    head = rowkernel.layout(model.ar_head.head.blocked[0])
+    head = rowkernel.layout(model.paths.ar_head.head.blocked[0])
     assert head == ("q8" if q8_head and "rows-q8" not in off else "float32")
     return model
 
@@ -123,9 +124,9 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
         model = bf16_model(seed=seed)
     else:
         model = row_stream_model(seed, monkeypatch, q4=precision.endswith("codes"))
-    assert all(layer.exact_rows for layer in model.model.layers)
+    assert all(exact_rows(sets) for sets in model.paths.layers)
     if precision != "bfloat16":  # the AR layers in one row-kernel call each (`DecodeSet.whole_layer`)
-        assert all(layer.decode_sets[0].blocked is not None for layer in model.model.layers)
+        assert all(sets[0].blocked is not None for sets in model.paths.layers)
     n, k = 11, 8
     prompt = torch.randint(4, 96, (1, n), generator=torch.Generator().manual_seed(1))
     new = torch.randint(4, 96, (1, k), generator=torch.Generator().manual_seed(2))
@@ -161,14 +162,14 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
     model = row_stream_model(0, monkeypatch)
     prompts = torch.randint(4, 96, (batch, 9), generator=torch.Generator().manual_seed(3))
     steps = [torch.randint(4, 96, (batch, t), generator=torch.Generator().manual_seed(t)) for t in (1, 5)]
-    blocked = [layer.decode_sets[0].blocked for layer in model.model.layers]
-    stacks = model.model.kernel_stacks
+    blocked = [sets[0].blocked for sets in model.paths.layers]
+    stacks = model.paths.stacks
     assert stacks[False].weights.first == 0 and len(stacks[False].weights.layers) == model.config.num_hidden_layers
 
     def run(one_call: bool, stacked: bool = True):
-        for layer, b in zip(model.model.layers, blocked, strict=True):
-            layer.decode_sets[0].blocked = b if one_call else None
-        model.model.kernel_stacks = stacks if one_call and stacked else {}
+        for sets, b in zip(model.paths.layers, blocked, strict=True):
+            sets[0].blocked = b if one_call else None
+        model.paths.stacks = stacks if one_call and stacked else {}
         cache = model.new_cache(batch, 32)
         cache.set_padding([0, 3][:batch])
         n = prompts.shape[1]
@@ -290,11 +291,11 @@ def test_forced_fallback_runs_bfloat16_through_plain_linear(caplog):
     with probe.forced("onednn-bf16"), caplog.at_level(logging.WARNING, logger="yue"):
         model = bf16_model()
     assert "bfloat16 on this CPU runs through plain F.linear (forced off)" in caplog.text
-    layer = model.model.layers[0]
-    assert not layer.exact_rows and not isinstance(layer.decode_sets[0].qkv, PackedLinear)
+    layer, sets = model.trained.model.layers[0], model.paths.layers[0]
+    assert not exact_rows(sets) and not isinstance(sets[0].qkv, PackedLinear)
     assert layer.self_attn.q_proj.weight.numel() > 0  # nothing released: plain F.linear reads it
     # Row-major storage, not float32's input-major: F.linear over input-major bfloat16 is ~7x slower.
-    assert layer.decode_sets[0].qkv.weight.is_contiguous() and model.lm_head.weight.is_contiguous()
+    assert sets[0].qkv.weight.is_contiguous() and model.lm_head.weight.is_contiguous()
     assert model.new_cache(1, 8).k.dtype == torch.bfloat16
     cfg = DecodeConfig(mode="ar", max_new_tokens=6, ignore_eos=True).resolved(model.config)
     out = [t for em in decode(model, [[5, 6, 7]], cfg) for t in em.tokens[0]]
@@ -335,10 +336,10 @@ def test_training_forward_with_slots_runs_on_a_prepared_bfloat16_model():
     model = bf16_model()
     T, K, D = 10, model.config.block_size, model.config.hidden_size
     x = torch.randint(4, 96, (1, T), generator=torch.Generator().manual_seed(0))
-    entry = model.model.run_to_entry(x)
+    entry = model.trained.model.run_to_entry(x, model.paths)
     anchors = torch.tensor([[2, 4]])
     slot_anchor = entry.gather(1, anchors.repeat_interleave(K, 1)[:, :, None].expand(1, 2 * K, D))
     positions = torch.cat([torch.arange(T)[None], slot_positions(anchors, K)], 1)
     slots = torch.full((1, 2 * K), model.config.mask_token_id)
-    h = model.model.run_from_entry(entry, slots, slot_anchor, positions, training_mask(T, anchors, K))
+    h = model.trained.model.run_from_entry(entry, slots, slot_anchor, positions, training_mask(T, anchors, K), model.paths)
     assert h.shape[-1] == D and torch.isfinite(h.float()).all()

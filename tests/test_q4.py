@@ -14,7 +14,7 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
 from yue.kernels import prepare_for_decoding, probe, rowkernel
-from yue.kernels.prepare import decode_layout
+from yue.kernels.decode_set import decode_layout
 
 # Each kind of codes: its GGUF quantization, packer and bytes a weight (outputs padded to 32).
 CODES = {"q4": ("Q4_1", rowkernel.q4_block, 0.75), "q8": ("Q8_0", rowkernel.q8_block, 1.125)}
@@ -106,7 +106,7 @@ def test_a_q8_head_gives_the_float32_heads_logits_and_tokens(seed, monkeypatch):
     floats = row_stream_model(seed, monkeypatch, q8_head=True, off=("rows-q8",))
     assert "head 8-bit codes" in decode_layout(coded) and "head 8-bit codes" not in decode_layout(floats)
     x = torch.randn(5, coded.config.hidden_size, generator=torch.Generator().manual_seed(seed))
-    assert torch.equal(coded.ar_head(x), floats.ar_head(x))
+    assert torch.equal(coded.paths.ar_head(x), floats.paths.ar_head(x))
     prompt = torch.randint(4, 96, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
 
     def run(model, mode: str, temperature: float) -> list[int]:

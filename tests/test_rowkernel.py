@@ -13,8 +13,9 @@ import torch
 
 import yue
 from yue.kernels import prepare, probe, rowkernel
+from yue.kernels.decode_set import decode_layout
 from yue.kernels.matmuls import StreamedLinear
-from yue.kernels.prepare import decode_layout
+from yue.model.decode_paths import exact_rows
 
 
 def needs_row_kernel() -> None:
@@ -196,10 +197,14 @@ def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained
     with probe.forced():
         engine = yue.load(trained_model_dir)
     model = engine.model
-    qkv = model.model.layers[0].decode_sets[0].qkv
-    assert isinstance(qkv, StreamedLinear) and isinstance(model.ar_head.head, StreamedLinear)  # screened
-    for layer in model.model.layers:  # one kernel for 1-9 rows
-        assert layer.exact_rows and layer.self_attn.q_proj.weight.numel() == 0
+    qkv = model.paths.layers[0][0].qkv
+    assert isinstance(qkv, StreamedLinear) and isinstance(
+        model.paths.ar_head.head, StreamedLinear
+    )  # screened
+    for layer, sets in zip(
+        model.trained.model.layers, model.paths.layers, strict=True
+    ):  # one kernel for 1-9 rows
+        assert exact_rows(sets) and layer.self_attn.q_proj.weight.numel() == 0
     assert decode_layout(model).startswith("StreamedLinear,")
     kw = dict(max_new_tokens=30, ignore_eos=True)
     drafted = 0
@@ -223,8 +228,8 @@ def test_low_memory_with_the_row_kernel_keeps_the_layers_and_drops_the_heads_sec
         engine = yue.load(trained_model_dir, low_memory=True)
     assert "one copy of each float32 weight: the row kernel's" in caplog.text
     model = engine.model
-    assert isinstance(model.model.layers[0].decode_sets[0].qkv, StreamedLinear)
-    assert model.ar_head is None  # AR rows take lm_head itself
+    assert isinstance(model.paths.layers[0][0].qkv, StreamedLinear)
+    assert model.paths.ar_head is None  # AR rows take lm_head itself
     kw = dict(max_new_tokens=24, ignore_eos=True)
     for prompt in ("def add(a, b):", "class Stack:"):
         ar = engine.generate(prompt, mode="ar", **kw).token_ids

@@ -120,7 +120,7 @@ def test_a_float32_model_writes_the_same_tokens_screened_or_not(seed, monkeypatc
     """A random float32 model on the row kernel: greedy `ar` and `verified` through the screen write
     what the full head gives (log-probs asked, which need it), and the screen really ran."""
     model = row_stream_model(seed, monkeypatch)
-    head = model.ar_head
+    head = model.paths.ar_head
     assert isinstance(head, ScreenedHead) and isinstance(head.head, StreamedLinear)
     calls = []
     top1 = head.top1_entropy
@@ -157,7 +157,7 @@ def test_a_screened_steps_whole_ar_logits_are_the_unscreened_steps(monkeypatch):
     assert screened.screened and not whole.screened
     assert not torch.equal(screened.ar_logits, whole.ar_logits)  # -inf off the candidates
     with torch.inference_mode():  # the step's last 2 of 3 committed rows carry AR logits
-        again = model.ar_head(screened.hidden[:, 1:]).float()
+        again = model.paths.ar_head(screened.hidden[:, 1:]).float()
     assert torch.equal(again, whole.ar_logits)
     assert screened.ar_entropy is None and whole.ar_entropy is None  # not asked
 

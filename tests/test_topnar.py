@@ -94,7 +94,7 @@ def test_training_forward_sees_what_the_drafting_pass_sees():
 def test_top_layer_nar_keeps_verified_equal_to_ar(seed, nar_layers, mode, threshold, prepared):
     model = top_model(nar_layers, seed=seed)
     if prepared:
-        prepare_for_decoding(model, torch.qint8)
+        model = prepare_for_decoding(model, torch.qint8)
     prompt = torch.randint(4, 96, (7,), generator=torch.Generator().manual_seed(seed)).tolist()
 
     def run(m: str, th: float | None) -> list[int]:

@@ -39,6 +39,7 @@ from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
 from yue.model.mot import YueForCausalLM
+from yue.model.prepared import PreparedModel, as_decoded
 from yue.registry import DEFAULT_MODEL, model_name, resolve
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
 
@@ -84,7 +85,8 @@ class Engine:
     """A loaded model ready to generate.
 
     Attributes:
-        model: the YueForCausalLM, in eval mode on `device`.
+        model: the model prepared for decoding (`PreparedModel`: `generate()`, `config`, `device`, the
+            plain AR forward, ...), in eval mode on `device`; a trained YueForCausalLM decodes as trained.
         tokenizer: its YueTokenizer.
         name: model id reported by the CLI and the server (its name, or the folder's / file's).
         chat_template: the Jinja source `chat_prompt` renders: the tokenizer's own (an instruct
@@ -95,13 +97,13 @@ class Engine:
 
     def __init__(
         self,
-        model: YueForCausalLM,
+        model: PreparedModel | YueForCausalLM,
         tokenizer: YueTokenizer,
         name: str = "yue",
         chat_template: str | None = None,
         corpus: CorpusNgrams | None = None,
     ) -> None:
-        self.model = model.eval()
+        self.model = as_decoded(model).eval()
         self.tokenizer = tokenizer
         self.name = name
         self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE
@@ -182,11 +184,10 @@ class Engine:
         x = torch.tensor([ids], device=model.device)  # (1, T)
         T = x.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None, None]
-        hidden = model.model(x, torch.arange(T, device=x.device), T, causal)[0]  # (T, D)
-        head = model.ar_head or model.lm_head
+        hidden = model.hidden_states(x, torch.arange(T, device=x.device), T, causal)[0]  # (T, D)
         out = [TokenLogprob(ids[0], None)]
         for start in range(0, T - 1, SCORE_ROWS):
-            logp = head(hidden[None, start : min(start + SCORE_ROWS, T - 1)])[0].float().log_softmax(-1)  # (n, V)
+            logp = model.ar_logits(hidden[None, start : min(start + SCORE_ROWS, T - 1)])[0].float().log_softmax(-1)  # (n, V)
             targets = ids[start + 1 : start + 1 + logp.shape[0]]
             chosen = logp[torch.arange(len(targets)), torch.tensor(targets, device=x.device)].tolist()
             alts = torch.topk(logp, top) if top else None
@@ -439,12 +440,14 @@ def drafts(cfg: DecodeConfig) -> bool:
 
 
 # The Engine holding each model, for `generate()`; weak both ways, so neither outlives its users here.
-_holders: weakref.WeakKeyDictionary[YueForCausalLM, weakref.ref[Engine]] = weakref.WeakKeyDictionary()
+_holders: weakref.WeakKeyDictionary[PreparedModel, weakref.ref[Engine]] = weakref.WeakKeyDictionary()
 
 
-def _model_generate(model: YueForCausalLM, inputs, generation_config, streamer, mode, kwargs):
-    """`YueForCausalLM.generate` through the decode loop (`decode/hf_generate.py`), with the corpus
-    and step costs of the Engine holding the model, if any (`yue.load`'s), else costs measured for it."""
+def _model_generate(model: PreparedModel | YueForCausalLM, inputs, generation_config, streamer, mode, kwargs):
+    """`generate()` of a PreparedModel or a YueForCausalLM (decoded as trained) through the decode loop
+    (`decode/hf_generate.py`), with the corpus and step costs of the Engine holding the model, if any
+    (`yue.load`'s), else costs measured for it."""
+    model = as_decoded(model)
     holder = _holders.get(model)
     engine = holder() if holder is not None else None
     if engine is not None:
@@ -513,7 +516,7 @@ def load(
     dtype = resolve_dtype(dtype)
     model, tokenizer, files = load_unprepared(path, device, dtype)
     model = apply_adapter(model, adapter)
-    prepare_for_decoding(
+    model = prepare_for_decoding(
         model, drafting if model.config.nar_layers != 0 else None, int4=int4, low_memory=low_memory
     )
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)

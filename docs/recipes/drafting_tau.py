@@ -67,7 +67,7 @@ def drafts_along(model, seq: torch.Tensor, P: int, T: int, K: int) -> tuple[int,
     pos = torch.arange(cache.capacity)
     prefill = model.step(seq, pos[:T], T, decode_mask(0, T, 0, cache.key_valid), cache, 1)
     cache.advance(T)
-    top = model.model.nar_start  # a drafting pass writes K/V in the NAR layers only
+    top = model.trained.model.nar_start  # a drafting pass writes K/V in the NAR layers only
     accepted, blocks, runs = 0, 0, torch.zeros(K - 1)
     for c in range(P, T - 1):
         saved = cache.k[top:, :, :, c : c + K].clone(), cache.v[top:, :, :, c : c + K].clone()

@@ -70,14 +70,15 @@ elif against == "torch-drafting":
         prepare.lower_linear = lower
 else:
     engines = {"row kernel": yue.load("yue-smol", dtype=dtype), against: yue.load("yue-smol", dtype=dtype)}
+paths = engines[against].model.paths  # the decode paths of the engine's PreparedModel
 if against == "full-head":
-    engines[against].model.ar_head = engines[against].model.ar_head.head
+    paths.ar_head = paths.ar_head.head
 elif against == "per-layer":
-    engines[against].model.model.kernel_stacks = {}
+    paths.stacks = {}
 elif against == "torch-layer":
-    engines[against].model.model.kernel_stacks = {}
-    for layer in engines[against].model.model.layers:
-        for decode_set in layer.decode_sets:
+    paths.stacks = {}
+    for sets in paths.layers:
+        for decode_set in sets:
             decode_set.rms_norm, decode_set.blocked = layers.rms_norm, None
             if decode_set.attend.form == "kernel":
                 decode_set.attend.form = "per-row" if dtype == "int4" else "padded"

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from yue.model.masks import decode_mask
+from yue.model.prepared import as_decoded
 from yue.registry import cache_root
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
@@ -102,7 +103,7 @@ def verify_cost_curve(
     `context` tokens.
 
     Args:
-        model: a YueForCausalLM prepared for decoding (as `yue.load` returns it), batch 1.
+        model: a PreparedModel (as `yue.load` returns it; a YueForCausalLM decodes as trained), batch 1.
         context: committed tokens in the cache before the timed steps (capped by the model's context).
         rows: the row counts to time.
         warmup, tries: untimed rounds, then timed rounds (each times every row count and the drafting
@@ -111,6 +112,7 @@ def verify_cost_curve(
     Returns:
         CostCurve with one median per row count (seconds) and per drafting pass's slots.
     """
+    model = as_decoded(model)
     cfg, device = model.config, model.device
     K = cfg.block_size or 1
     context = max(1, min(context, cfg.max_position_embeddings - max(rows) - 2 * K - 2))
@@ -208,13 +210,14 @@ class StepCosts:
 def cost_cache_key(model) -> str:
     """Same model shape and precision, device kind, CPU capability and kernels, threads and torch: same
     costs."""
+    model = as_decoded(model)
     on_cpu = model.device.type == "cpu"
     capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
     parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
     # The decode path's kernels, named by `yue.kernels.prepare_for_decoding` (CPU kernels probed, matmul
     # kinds, attention form): a cost measured on one is not another's.
-    parts += [str(model.dtype), str(model.cache_dtype), model.decode_layout]
+    parts += [str(model.dtype), str(model.paths.cache_dtype), model.paths.layout]
     parts += [str(torch.get_num_threads()), torch.__version__]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 

@@ -1,7 +1,8 @@
 """transformers' `generate()` on a yue model, run by yue's decode loop.
 
 Design decisions:
-- The seam: `YueForCausalLM.generate` asks the class's `decode_generate` hook first. The model layer
+- The seam: `YueForCausalLM.generate` (and `PreparedModel.generate`, the engine's model) asks the
+  class's `decode_generate` hook first. The model layer
   may not import the decode loop (docs/design.md's floors), so the engine installs `generate` here as
   that hook (`engine.py`); a hook answering NotImplemented leaves transformers' own generate (the plain
   AR path, on yue's KV cache: `YueForCausalLM.forward`).

@@ -57,6 +57,7 @@ from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
+from yue.model.prepared import PreparedModel, as_decoded
 from yue.model.router import entropy
 
 
@@ -161,7 +162,8 @@ class DecodeBatch:
     """A running batch that rows join and leave between steps.
 
     Args:
-        model: the MoT model (eval mode).
+        model: the model as it decodes (a `PreparedModel`; a trained YueForCausalLM decodes as trained,
+            `as_decoded`), in eval mode.
         cfg: a config already `resolved()`; its `batch_key` is what every row must share.
         costs: step costs for the router's draft lengths (`decode.costs.measured_costs`); None = defaults.
         max_prefill_tokens: prefill work per step, in prompt tokens at a prompt's start (`chunk_work`:
@@ -175,13 +177,14 @@ class DecodeBatch:
 
     def __init__(
         self,
-        model: YueForCausalLM,
+        model: PreparedModel | YueForCausalLM,
         cfg: DecodeConfig,
         costs: StepCosts | None = None,
         max_prefill_tokens: int | None = None,
         corpus: CorpusNgrams | None = None,
         prefix_cache: PrefixCache | None = None,
     ) -> None:
+        model = as_decoded(model)
         self.model, self.key, self.costs = model, batch_key(cfg), costs
         self.prefix_cache = prefix_cache
         self.corpus = corpus if self.key.corpus_drafts else None
@@ -472,7 +475,7 @@ def _truncate(adv: Advance, rows: list[Row]) -> tuple[list[list[int]], list[list
 
 @torch.inference_mode()
 def decode(
-    model: YueForCausalLM,
+    model: PreparedModel | YueForCausalLM,
     prompts: list[list[int]],
     cfg: DecodeConfig,
     cancel: Callable[[], bool] | None = None,
@@ -484,7 +487,7 @@ def decode(
     Row b is seeded with cfg.seed + b (when seeded), so row 0 samples as a single request would.
 
     Args:
-        model: the MoT model (eval mode).
+        model: the model as it decodes (as `DecodeBatch` takes it), in eval mode.
         prompts: B non-empty token lists.
         cfg: a config already `resolved()` against the model's config.
         cancel: checked before every step; when it returns True the loop stops (rows finish "cancelled").

@@ -246,7 +246,7 @@ def anchor_p_ar(model, st: LoopState, adv: Advance, out: StepOutput, logits: tor
     else:  # screened rows hold their candidates only: their entropy must come with the step
         assert not out.screened, "a screened step asked for the router needs step(..., ar_entropy=True)"
         ar_logits = rows_at(out.ar_logits, adv.anchor_rows)
-    feats = model.router.features(hidden, ar_logits, logits, revealed, ar_entropy=ar_entropy)
+    feats = model.router_features(hidden, ar_logits, logits, revealed, ar_entropy=ar_entropy)
     return 1.0 - Router.log_acceptance(model.router(feats)).exp()[:, : logits.shape[1]]
 
 

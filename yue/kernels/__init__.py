@@ -7,10 +7,11 @@
 - `screen`: the LM head's int8 screen for greedy steps.
 - `decode_set`: a layer's decode-time paths (fused matmuls, row-exact attention, a stack of layers as
   one call).
-- `prepare`: `prepare_for_decoding`, which builds all of these onto a trained model.
+- `prepare`: `prepare_for_decoding`, which builds all of these into the `DecodePaths` of the
+  `PreparedModel` it returns (`yue.model.prepared`), consuming the trained model.
 
-`yue.model` imports nothing from here: a trained model calls its decode paths only through the small
-interface `decode_set` documents.
+`yue.model` imports nothing from here: the trained modules are handed their decode paths as arguments,
+through the small interface `yue.model.decode_paths` names.
 """
 
 from yue.kernels.prepare import prepare_for_decoding

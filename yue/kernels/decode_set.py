@@ -1,9 +1,11 @@
-"""Decode-time layer paths on yue's kernels (`prepare.prepare_for_decoding` builds them; `MoTLayer._decode`
-calls them): a parameter set's fused matmuls (`DecodeSet`), the row-exact attention forms whose rows' bits
-do not depend on a step's row count, and a step's run of layers as one row-kernel call (`LayerStack`).
+"""Decode-time layer paths on yue's kernels (`prepare.prepare_for_decoding` builds them into a
+`DecodePaths`; `MoTLayer._decode` is handed them): a parameter set's fused matmuls (`DecodeSet`), the
+row-exact attention forms whose rows' bits do not depend on a step's row count, a step's run of layers as
+one row-kernel call (`LayerStack`), and the layout's name (`decode_layout`).
 
-The trained modules (`yue.model.layers`) know these only by the small interface they call: `one_call`,
-`qkv_rope`, `exact` with `attend`, `finish`; a stack is called like a function.
+The trained modules (`yue.model.layers`) know these only by the small interface they call
+(`decode_paths.SetPath`): `one_call`, `qkv_rope`, `exact` with `attend`, `finish`; a stack is called like
+a function.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yue.kernels import rowkernel
+from yue.kernels import probe, rowkernel
+from yue.model.decode_paths import exact_rows
 from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD, MoTLayer, RMSNorm, apply_rope, rms_norm, round_up
+from yue.model.prepared import PreparedModel
 
 
 class DecodeSet(nn.Module):
@@ -351,3 +355,42 @@ class LayerStack:
         cos, sin = (cos[..., Tc:, :], sin[..., Tc:, :]) if self.nar else (cos[..., :Tc, :], sin[..., :Tc, :])
         out = rowkernel.stack(h, self.weights, first, last, cos, sin, (cache.k, cache.v), visible, start)
         return (h_c, out) if self.nar else (out, h_s)
+
+
+def kernels_named(model: PreparedModel) -> str:
+    """What a prepared model's step costs are measured for (`decode.costs.cost_cache_key`): the CPU
+    kernels probed (`probe.describe`), and the kernels its rows run (`decode_layout`)."""
+    probed = probe.describe() + "; " if model.device.type == "cpu" else ""
+    return probed + decode_layout(model)
+
+
+def decode_layout(model: PreparedModel) -> str:
+    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
+    attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
+    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR
+    layers' matmuls and whether each is one call): the int4 precision and a large
+    float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
+    attention form is not the other's."""
+    paths = model.paths
+    sets = paths.layers[0]
+    children = list(sets[0].children()) if sets is not None else []
+    kinds = [type(m).__name__ for m in children]
+    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`), a head as 8-bit codes
+    # (`rowkernel.q8_block`): same bits, other costs.
+    head = getattr(paths.ar_head, "head", paths.ar_head)  # a screened head's full one
+    weights = [getattr(m, "blocked", (None,))[0] for m in children]
+    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
+    head_codes = getattr(head, "blocked", (None,))[0]
+    kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
+    attention = []
+    if exact_rows(sets):
+        padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
+        names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
+        attention = [names[sets[0].attend.form]] + (
+            ["one call a layer"] if sets[0].blocked is not None else []
+        )
+    # The drafting pass's NAR layers: their matmuls' kind, and whether each is one row-kernel call.
+    nar = next((s[1] for s in paths.layers if s and len(s) > 1), None)
+    drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]
+    drafting += ["drafting one call a layer"] if nar is not None and nar.blocked is not None else []
+    return ",".join([*kinds, type(paths.ar_head).__name__, *attention, *drafting])

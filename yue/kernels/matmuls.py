@@ -100,7 +100,7 @@ class StreamedLinear(nn.Module):
     """A float32 matmul on one copy of its weight, laid out for yue's row kernel (`rowkernel`): 1-9 rows
     (a one-row AR step, a verifying step's k + 1) through the kernel, which streams the weight once for
     all rows and gives each row the same bits whatever the row count (`row_exact`: with
-    `MoTLayer.exact_rows`, float32 `ar` == `verified` by construction); more rows (a batch, a prefill)
+    `decode_paths.exact_rows`, float32 `ar` == `verified` by construction); more rows (a batch, a prefill)
     through torch's batched GEMM over its column blocks (`rowkernel.blocked_gemm`).
 
     Why: the weight is memory-bound, so streaming it once for all rows makes a verifying step's extra
@@ -173,7 +173,7 @@ class PackedLinear(nn.Module):
     MKL has no fast bfloat16 GEMV: one row through `F.linear` is slower than packed and padded to 4 rows
     (`packed_matmul`; measured on SmolLM2, docs/results-log.md), so one copy serves every
     step, and a one-row step and a verifying row run the same kernel on the same padded shape (with
-    `MoTLayer.exact_rows`, attention too): `ar` and `verified` read the same bits.
+    `decode_paths.exact_rows`, attention too): `ar` and `verified` read the same bits.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -192,7 +192,7 @@ class Int4Linear(nn.Module):
     A quarter of bfloat16's bytes, so a memory-bound step is faster than packed bfloat16 (measured on
     SmolLM2: docs/results-log.md). Each row's
     result is the same bits whatever the call's row count (checked for 1-9 rows in the tests), so with
-    `MoTLayer.exact_rows` a verifying row reads what a one-row AR step would: `ar` == `verified`.
+    `decode_paths.exact_rows` a verifying row reads what a one-row AR step would: `ar` == `verified`.
     """
 
     def __init__(self, linear: nn.Linear) -> None:

@@ -41,8 +41,12 @@ Which of these kernels exist on the running CPU (oneDNN packing per dtype, the i
 decided by `probe.py`, probed once per process; where one is missing the matmul stays a plain
 `F.linear` (or drafting stays float), same values, so `ar`/`verified` token ids do not change.
 
-A prepared model is for inference: it cannot be saved (quantized modules do not serialize to
-safetensors); save, or train, a model before preparing it.
+`prepare_for_decoding` returns a `PreparedModel` (`yue.model.prepared`): the trained model and the
+`DecodePaths` built here (per layer its fused sets, the stacks, heads, slot entry and norm, the router's
+statistics, the layout's name and the cache's precision), which every forward it runs is handed. The
+trained model is consumed: its weights were transformed in place for memory, so it cannot be saved,
+trained or adapted afterwards (quantized modules do not serialize to safetensors either); save, train or
+adapt a model before preparing it.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import torch
 from torch import nn
 
 from yue.kernels import probe, rowkernel
-from yue.kernels.decode_set import DecodeSet, LayerStack
+from yue.kernels.decode_set import DecodeSet, LayerStack, kernels_named
 from yue.kernels.matmuls import (
     INT8,
     StreamedLinear,
@@ -70,8 +74,9 @@ from yue.kernels.matmuls import (
     row_exact,
 )
 from yue.kernels.screen import ScreenedHead
-from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD
-from yue.model.mot import DRAFT_FILL, expand_draft_logits
+from yue.model.decode_paths import DecodePaths, SlotEntryPath, exact_rows
+from yue.model.mot import DRAFT_FILL, YueForCausalLM, expand_draft_logits
+from yue.model.prepared import PreparedModel
 
 logger = logging.getLogger(__name__)
 
@@ -232,25 +237,26 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
 
 
 def prepare_for_decoding(
-    model, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
-):
-    """Ready a YueForCausalLM for fast decoding, in place, and return it (inference only: a prepared model
-    cannot be saved or trained; see the module docstring). The AR set's values are untouched (`int4`, a
-    precision of its own, aside), so `ar` and `verified` output stays what it was.
+    model: YueForCausalLM, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
+) -> PreparedModel:
+    """A `PreparedModel` of `model` for fast decoding: its decode paths built here, its weights
+    transformed in place, so `model` is consumed (it cannot be run alone, saved, trained or adapted
+    afterwards; see the module docstring). The AR set's values are untouched (`int4`, a precision of its
+    own, aside), so `ar` and `verified` output stays what it was.
 
     - Every matmul weight input-major (`input_major`).
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
-    - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `model.ar_head`)
+    - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `DecodePaths.ar_head`)
       on the kernel `kernels` found working for their dtype (`row_adaptive`): float32 one copy for the
       row kernel (`StreamedLinear`) or two, MKL's and oneDNN's (`RowAdaptiveLinear`), as `rows_kernel`
       chooses; the packed copy alone for bfloat16 and for a large float32 model's layers (`PackedLinear`,
       `streamed_weights`). Layers whose matmuls are all row-exact (bfloat16's packed copy, the row
-      kernel, int4) attend in the exact form too (`MoTLayer.exact_rows`) and release their float
+      kernel, int4) attend in the exact form too (`decode_paths.exact_rows`) and release their float
       weights (`release_unpacked`).
     - A float32 row-kernel head (`StreamedLinear`) gets an int8 screen (`screen.ScreenedHead`): greedy
       steps choose the full float32 head's token at a quarter of its bytes (28 MB more for SmolLM2).
     - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
-      (`model.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
+      (`DecodePaths.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and
       `verified` output is the same whatever the drafting precision.
     - With `int4` (the int4 precision, a float32 model on the CPU): the AR layers' matmuls in 4 bits
       (`int4_matmul`): on the row kernel with int8 activations (`RowInt4Linear`; the head for AR rows
@@ -264,13 +270,15 @@ def prepare_for_decoding(
       and the step costs steer drafting by them).
 
     Raises:
-        ValueError: `int4` where the model is not float32 on the CPU, or the kernel does not run here.
+        ValueError: `int4` where the model is not float32 on the CPU, or the kernel does not run here;
+            a model already prepared.
     """
-    if model.prepared_for_decoding:
-        raise ValueError("the model is already prepared for decoding")
+    if isinstance(model, PreparedModel) or model.consumed:
+        raise ValueError("the model is already prepared for decoding (prepare_for_decoding consumes it)")
     check_preparable(model, int4)
+    model.consumed = True
     if decodes_as_trained(model):
-        return model
+        return PreparedModel(model, DecodePaths.as_trained(len(model.model.layers)))
     one_copy = low_memory or streamed_weights(model)
     on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
     rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
@@ -286,31 +294,39 @@ def prepare_for_decoding(
         log_one_copy(streamed)
     input_major(model)
     release_freed_memory()
-    model.model.prepared = True
     if not model.config.layer_features.plain:
         # A family's differences from Llama's layer (`config.Features`) run in torch around the fused
         # matmuls (`DecodeSet`); the row kernel's one-call layer is Llama's only.
         logger.info("%s layers: fused matmuls, each layer in several calls", model.config.family)
-    for layer in model.model.layers:
-        layer.decode_sets = nn.ModuleList(
-            decode_set(layer, nar, drafting_dtype, int4, one_copy and not streamed, rows, row_ops)
-            for nar in (False, True)[: 1 + layer.has_nar]
-        )
-        if layer.exact_rows:
-            release_unpacked(layer)
-        release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
-    model.model.kernel_stacks = kernel_stacks(model.model.layers)
-    prepare_slots(model, drafting_dtype, row_ops)
+    paths = DecodePaths(
+        [layer_paths(layer, drafting_dtype, int4, one_copy and not streamed, rows, row_ops) for layer in model.model.layers]
+    )
+    paths.stacks = kernel_stacks(model.model.layers, paths.layers)
+    prepare_slots(model, paths, drafting_dtype, row_ops)
     head = ar_head(model, int4, one_copy, streamed, rows, row_ops)
-    model.ar_head = head if head is not model.lm_head else None
-    if model.model.layers[0].exact_rows:
+    paths.ar_head = head if head is not model.lm_head else None
+    if exact_rows(paths.layers[0]):
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 is several times slower
         # than in float32 at a decode step's shapes, 30 calls a step (docs/results-log.md).
-        model.cache_dtype = torch.float32
-    model.draft_head = draft_head(model, drafting_dtype, row_ops)
-    model.decode_layout = kernels_named(model)
+        paths.cache_dtype = torch.float32
+    paths.draft_head = draft_head(model, drafting_dtype, row_ops)
+    prepared = PreparedModel(model, paths)
+    paths.layout = kernels_named(prepared)
     release_freed_memory()
-    return model
+    return prepared
+
+
+def layer_paths(layer, drafting_dtype, int4: bool, one_copy: bool, rows: str | None, row_ops: bool) -> tuple:
+    """A layer's decode paths (`DecodePaths.layers`): its AR set's and (where it holds one) its NAR set's
+    `decode_set`; a row-exact layer's float copies released (`release_unpacked`)."""
+    sets = tuple(
+        decode_set(layer, nar, drafting_dtype, int4, one_copy, rows, row_ops)
+        for nar in (False, True)[: 1 + layer.has_nar]
+    )
+    if exact_rows(sets):
+        release_unpacked(layer)
+    release_freed_memory()  # per layer, so the freed copies do not pile up into the peak
+    return sets
 
 
 def decodes_as_trained(model) -> bool:
@@ -319,7 +335,6 @@ def decodes_as_trained(model) -> bool:
     if model.config.layer_routing == "type":
         return False
     logger.info("layer routing %r: decoding on the model as trained", model.config.layer_routing)
-    model.model.prepared = True
     return True
 
 
@@ -334,8 +349,8 @@ def log_one_copy(streamed: bool) -> None:
     )
 
 
-def prepare_slots(model, drafting_dtype: torch.dtype | None, row_ops: bool) -> None:
-    """The drafting pass's own parts (`prepare_for_decoding`): the slot entry lowered to
+def prepare_slots(model, paths: DecodePaths, drafting_dtype: torch.dtype | None, row_ops: bool) -> None:
+    """The drafting pass's own parts, into `paths` (`prepare_for_decoding`): the slot entry lowered to
     `drafting_dtype` (if any), and the slot norm and the router's softmax statistics on yue's row kernel
     where `row_ops` (and the model's final norm has no offset)."""
     entry = model.model.slot_entry
@@ -345,11 +360,26 @@ def prepare_slots(model, drafting_dtype: torch.dtype | None, row_ops: bool) -> N
             if row_ops
             else None
         )
-        entry.lower(functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops), norm)
+        lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops)
+        paths.slot_entry = SlotEntryPath(*slot_entry_halves(entry, lower), norm)
     if row_ops and not model.model.norm.offset:
         norm = model.model.norm
-        model.model.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
-        model.router.softmax_stats = rowkernel.softmax_stats
+        paths.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
+        paths.softmax_stats = rowkernel.softmax_stats
+
+
+def slot_entry_halves(entry, lower) -> tuple[nn.Module, nn.Module]:
+    """The slot entry's W (D, 2D) as its anchor and token halves (D -> D each), as `lower` makes them (int8
+    drafting: `matmuls.RowInt8Linear`). Why: in float32 these two matmuls are a sizeable, memory-bound
+    share of a drafting pass (caches cold between decode steps); int8 reads a quarter of the bytes
+    (docs/results-log.md)."""
+    d = entry.norm.weight.shape[0]
+    halves = []
+    for half in (entry.proj.weight[:, :d], entry.proj.weight[:, d:]):
+        linear = nn.Linear(d, d, bias=False, device=half.device, dtype=half.dtype)
+        linear.weight = nn.Parameter(half.detach().clone(), requires_grad=False)
+        halves.append(lower(linear))
+    return halves[0], halves[1]
 
 
 def check_preparable(model, int4: bool) -> None:
@@ -446,19 +476,20 @@ def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None,
     return head
 
 
-def kernel_stacks(layers) -> dict:
+def kernel_stacks(layers, sets: list) -> dict:
     """Per parameter set (False: AR, True: NAR), its layers' one-call weights as one stack
-    (`rowkernel.StackWeights` in a `LayerStack`, which `MoTModel._stacked` calls) where every layer holding the set is one row-kernel
-    call (`DecodeSet.one_layer`) and they share their sizes and kind; no entry elsewhere.
+    (`rowkernel.StackWeights` in a `LayerStack`, which `MoTModel._stacked` calls) where every layer holding
+    the set is one row-kernel call (`DecodeSet.one_layer`) and they share their sizes and kind; no entry
+    elsewhere. sets: each layer's decode sets (`DecodePaths.layers`).
 
     Why: with each layer one call, per-call overhead dominated what was left of a step (module calls,
     views, ctypes a layer; measured: docs/results-log.md)."""
     stacks = {}
-    if any(layer.decode_sets is None for layer in layers):
+    if any(s is None for s in sets):
         return stacks
     for nar in (False, True):
-        held = [layer for layer in layers if not nar or layer.has_nar]
-        ones = [layer.decode_sets[nar].one_layer for layer in held]
+        held = [i for i, layer in enumerate(layers) if not nar or layer.has_nar]
+        ones = [sets[i][nar].one_layer for i in held]
         if held and all(one is not None for one in ones):
             stack = rowkernel.StackWeights.of([one.layers[0] for one in ones], first=len(layers) - len(held))
             if stack is not None:
@@ -535,40 +566,3 @@ def draft_head(model, drafting_dtype: torch.dtype | None, row_kernel: bool = Fal
     sub.weight = nn.Parameter(model.lm_head.weight.detach()[vocab].clone(), requires_grad=False)
     inner = row_adaptive(sub) if drafting_dtype is None else lower(sub)
     return DraftVocabHead(inner, vocab, model.config.vocab_size, row_kernel)
-
-
-def kernels_named(model) -> str:
-    """What a prepared model's step costs are measured for (`decode.costs.cost_cache_key`): the CPU
-    kernels probed (`probe.describe`), and the kernels its rows run (`decode_layout`)."""
-    probed = probe.describe() + "; " if model.device.type == "cpu" else ""
-    return probed + decode_layout(model)
-
-
-def decode_layout(model) -> str:
-    """The kernels a prepared model's AR rows run (matmul module types of a layer and the head, and the
-    attention form of row-exact layers: padded, one query per call or yue's row kernel, and whether a
-    layer is one row-kernel call; row-kernel weights held as 4-bit codes, the head as 8-bit ones; the NAR
-    layers' matmuls and whether each is one call): the int4 precision and a large
-    float32 model's one-copy layers cost otherwise than two-copy float32, and a cost measured with one
-    attention form is not the other's."""
-    layer = model.model.layers[0]
-    sets = layer.decode_sets
-    children = list(sets[0].children()) if sets is not None else []
-    kinds = [type(m).__name__ for m in children]
-    # Row-kernel weights held as 4-bit codes (`rowkernel.q4_block`), a head as 8-bit codes
-    # (`rowkernel.q8_block`): same bits, other costs.
-    head = getattr(model.ar_head, "head", model.ar_head)  # a screened head's full one
-    weights = [getattr(m, "blocked", (None,))[0] for m in children]
-    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
-    head_codes = getattr(head, "blocked", (None,))[0]
-    kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
-    attention = []
-    if layer.exact_rows:
-        padded = f"attention padded {EXACT_QUERY_PAD}x{EXACT_KEY_PAD}"
-        names = {"padded": padded, "per-row": "attention per row", "kernel": "attention row kernel"}
-        attention = [names[sets[0].attend.form]] + (["one call a layer"] if sets[0].blocked is not None else [])
-    # The drafting pass's NAR layers: their matmuls' kind, and whether each is one row-kernel call.
-    nar = next((s[1] for s in (layer.decode_sets for layer in model.model.layers) if s and len(s) > 1), None)
-    drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]
-    drafting += ["drafting one call a layer"] if nar is not None and nar.blocked is not None else []
-    return ",".join([*kinds, type(model.ar_head).__name__, *attention, *drafting])

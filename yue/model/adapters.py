@@ -166,11 +166,7 @@ def check_adapter_folder(adapter_dir: str | Path) -> Path:
 
 def draft_state(model: YueForCausalLM) -> dict[str, torch.Tensor]:
     """The NAR set and router tensors (what `drafts.safetensors` holds), contiguous, on the CPU."""
-    return {
-        k: v.detach().cpu().contiguous()
-        for k, v in model.state_dict().items()
-        if is_nar_or_router(k) and not k.startswith("draft_head.") and ".decode_sets." not in k
-    }
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if is_nar_or_router(k)}
 
 
 def apply_drafts(model: YueForCausalLM, file: Path) -> None:
@@ -201,9 +197,9 @@ def apply_adapter(model: YueForCausalLM, adapter_dir: str | Path | None) -> YueF
         return model
     from peft import PeftModel
 
-    folder = check_adapter_folder(adapter_dir)
-    if model.prepared_for_decoding:
+    if not isinstance(model, YueForCausalLM) or model.consumed:
         raise ValueError("apply_adapter needs the model as loaded, before prepare_for_decoding")
+    folder = check_adapter_folder(adapter_dir)
     check_base(folder, model)
     try:
         peft_model = PeftModel.from_pretrained(model, str(folder), is_trainable=False)

@@ -34,6 +34,7 @@ from yue.errors import CheckpointError
 from yue.model.family import FAMILIES, yue_fields
 from yue.model.gguf import convert_gguf, source_sha256
 from yue.model.mot import YueForCausalLM
+from yue.model.prepared import PreparedModel
 from yue.registry import ar_source
 
 AutoConfig.register("yue", YueConfig, exist_ok=True)
@@ -41,13 +42,9 @@ AutoModelForCausalLM.register(YueConfig, YueForCausalLM, exist_ok=True)
 
 
 def is_nar_or_router(name: str) -> bool:
-    """Entries outside the AR set's checkpoint: the NAR set, the router, and what
-    `prepare_for_decoding` adds (fused decode matmuls, a lowered drafting head)."""
-    return (
-        name.startswith(("router.", "draft_head.", "draft_vocab", "model.slot_entry."))
-        or ".nar_" in name
-        or ".decode_sets." in name
-    )
+    """Entries outside the AR set's checkpoint: the NAR set, the router, the slot entry and the
+    drafting vocabulary."""
+    return name.startswith(("router.", "draft_vocab", "model.slot_entry.")) or ".nar_" in name
 
 
 def check_checkpoint(path: str | Path) -> Path:
@@ -359,15 +356,19 @@ def ar_state_dict(model: YueForCausalLM) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not is_nar_or_router(k)}
 
 
-def export_ar(model: YueForCausalLM, out_dir: str | Path, tokenizer_file: str | Path | None = None) -> Path:
-    """Write the AR set as a plain `LlamaForCausalLM` checkpoint (safetensors) to `out_dir`.
+def export_ar(
+    model: YueForCausalLM | PreparedModel, out_dir: str | Path, tokenizer_file: str | Path | None = None
+) -> Path:
+    """Write the AR set as a plain `LlamaForCausalLM` checkpoint (safetensors) to `out_dir`; a
+    PreparedModel's trained weights (same values, whatever their storage).
 
     Raises:
         ValueError: a model prepared for decoding whose AR layers are held only packed
             (`prepare.release_unpacked`): export the model as loaded (`engine.load_unprepared`).
     """
     out_dir = Path(out_dir)
-    if any(layer.exact_rows for layer in model.model.layers):
+    model = model.trained if isinstance(model, PreparedModel) else model
+    if any(w.numel() == 0 for w in ar_state_dict(model).values()):  # released (`release_unpacked`)
         raise ValueError(
             "this model was prepared for decoding and holds its AR layers only packed; "
             "export the AR set from the model as stored (yue.engine.load_unprepared)"

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from yue.config import YueConfig
+from yue.model.decode_paths import LayerPaths, exact_rows
 from yue.model.experts import ExpertRoute, ExpertRouter
 
 # Row-exact attention (`yue.kernels.decode_set`, `DecodeSet.attend`): queries padded to a multiple of EXACT_QUERY_PAD rows and
@@ -203,14 +204,6 @@ class MoTLayer(nn.Module):
                 self.nar_post_feedforward_layernorm = RMSNorm(d, eps, offset)
         # Four-expert routing of the MLP (`model/experts.py`, an experiment); None = by position type.
         self.experts = ExpertRouter(config) if config.layer_routing == "four-expert" else None
-        # (AR, NAR) decode paths once the model is prepared for decoding (`DecodeSet`); None = as trained.
-        self.decode_sets: nn.ModuleList | None = None
-
-    @property
-    def exact_rows(self) -> bool:
-        """Whether a verifying step's committed rows compute, bit for bit, what one-row AR steps would
-        (`DecodeSet.exact`: row-exact matmuls and attention, `DecodeSet.attend`)."""
-        return self.decode_sets is not None and self.decode_sets[0].exact
 
     def _sets(self, nar: bool) -> tuple[RMSNorm, AttentionProjections, RMSNorm, MLP]:
         """One parameter set's modules: input norm, attention projections, post-attention norm, MLP."""
@@ -261,20 +254,21 @@ class MoTLayer(nn.Module):
         x = getattr(self, prefix + "pre_feedforward_layernorm")(h)
         return h + getattr(self, prefix + "post_feedforward_layernorm")(mlp(x))
 
-    def _decode(self, h, nar, cos, sin, mask, kv, start, row0, route=None) -> torch.Tensor:
+    def _decode(self, h, nar, cos, sin, mask, kv, start, row0, route=None, path=None) -> torch.Tensor:
         """One parameter set's positions in a cached forward: their K/V land at cache indices
         [start, start + T) and they attend over the cache up to there, under the step's `mask` rows
         [row0, row0 + T) (the step's mask itself is passed, so that row-exact layers can pad it once a
         step, `DecodeSet.attend`), or None (every key). A parameter set wholly on yue's row kernel
         (float32 activations; an AR set's exact rows, or a NAR set's int8 drafting layers) takes its rows
-        of a step (a prefill, start 0, is torch's) in one call (`DecodeSet.one_call`)."""
-        fused = None if self.decode_sets is None else self.decode_sets[nar]
+        of a step (a prefill, start 0, is torch's) in one call (`DecodeSet.one_call`). `path`: the layer's
+        decode paths (`decode_paths.LayerPaths`), None = as trained."""
+        fused = None if path is None else path[nar]
         whole = None if fused is None else fused.one_call(h, cos, sin, mask, kv, start, row0)
         if whole is not None:
             return whole
         q, k, v = self._qkv(h, nar, cos, sin) if fused is None else fused.qkv_rope(h, cos, sin)
         k_buf, v_buf = kv
-        cast = k_buf.dtype != q.dtype  # attention in the cache's precision (`YueForCausalLM.cache_dtype`)
+        cast = k_buf.dtype != q.dtype  # attention in the cache's precision (`DecodePaths.cache_dtype`)
         if cast:
             q = q.to(k_buf.dtype)
         S = start + h.shape[1]
@@ -308,6 +302,7 @@ class MoTLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         start: int = 0,
         route: ExpertRoute | None = None,
+        path: LayerPaths | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer over committed positions (AR set) and slots (NAR set), kept as separate tensors so
         the two sets' matmuls run on dense inputs with no gather, split or concatenation.
@@ -321,6 +316,7 @@ class MoTLayer(nn.Module):
             kv: this layer's cache buffers (k, v), each (B, Hkv, T_max, Dh), or None (training).
             start: absolute cache index of h_c's first position; new K/V go to [start, start + T).
             route: four-expert routing only: the forward's `ExpertRoute` (sticky term, inspection).
+            path: this layer's decode paths where the model is prepared (`DecodePaths.layers`), else None.
         Returns:
             (h_c, h_s), same shapes.
         """
@@ -333,10 +329,12 @@ class MoTLayer(nn.Module):
             # logits. Slots follow, in scratch space past the committed length that the next
             # committed write overwrites.
             if Tc:
-                h_c = self._decode(h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], mask, kv, start, 0, route)
+                h_c = self._decode(
+                    h_c, False, cos[..., :Tc, :], sin[..., :Tc, :], mask, kv, start, 0, route, path
+                )
             if Ts:
                 h_s = self._decode(
-                    h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], mask, kv, start + Tc, Tc, route
+                    h_s, True, cos[..., Tc:, :], sin[..., Tc:, :], mask, kv, start + Tc, Tc, route, path
                 )
             return h_c, h_s
         # Training: committed positions and all blocks in one attention call, under the training mask.
@@ -344,7 +342,7 @@ class MoTLayer(nn.Module):
         # A prepared model's committed rows go through its AR decode path: always for a plain AR forward
         # (scoring), and with slots too where the packed weights are the only copy left
         # (`yue.kernels.prepare.release_unpacked`).
-        ar = self.decode_sets[0] if self.decode_sets is not None and (not Ts or self.exact_rows) else None
+        ar = path[0] if path is not None and (not Ts or exact_rows(path)) else None
         cos_c, sin_c = cos[..., :Tc, :], sin[..., :Tc, :]
         q_c, k_c, v_c = self._qkv(h_c, False, cos_c, sin_c) if ar is None else ar.qkv_rope(h_c, cos_c, sin_c)
         finish_c = (lambda h, o: self._finish(h, o, False, route)) if ar is None else ar.finish

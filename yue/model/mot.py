@@ -6,6 +6,8 @@ Design decisions:
   they differ only in the mask (`masks.py`) and whether K/V are written to a cache.
 - `YueForCausalLM.step()` is what the decode loop calls: one forward returning AR logits for the new
   committed positions and NAR logits for the slots, as a dataclass.
+- Decode-time paths are arguments, not state: `step`, `forward`, `new_cache` and the stack take `paths`
+  (`decode_paths.DecodePaths`, None = as trained), which a `PreparedModel` (`prepared.py`) passes.
 - `YueForCausalLM.forward(input_ids, attention_mask, labels, cache)` is the plain AR path with Hugging
   Face's calling convention, so `Trainer`-style code works; with `use_cache` or a `cache` it runs on
   yue's own KVCache (returned as `cache`), so transformers' generate is not quadratic.
@@ -31,10 +33,18 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from yue.config import YueConfig
 from yue.model.anchors import AnchorHead
 from yue.model.cache import KVCache
+from yue.model.decode_paths import DecodePaths, SlotEntryPath
 from yue.model.experts import ExpertRoute
 from yue.model.layers import MoTLayer, RMSNorm, RotaryTable
 from yue.model.masks import decode_mask
 from yue.model.router import Router
+
+# Why a model consumed by `prepare_for_decoding` may not run, be saved, trained or adapted.
+CONSUMED = (
+    "this model was consumed by prepare_for_decoding (its weights now serve the PreparedModel it returned: "
+    "fused, maybe lowered or released); decode with that PreparedModel, and save, train or adapt a model "
+    "as loaded (yue.model.load_model, yue.engine.load_unprepared)"
+)
 
 # Logit of tokens outside a reduced drafting vocabulary: finite (entropies stay defined), never drafted.
 DRAFT_FILL = -1e9
@@ -64,36 +74,22 @@ class SlotEntry(nn.Module):
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.proj = nn.Linear(2 * d, d, bias=False)
         self.slot_embed = nn.Parameter(torch.zeros(config.block_size, d))
-        # Set when prepared for decoding (`lower`): W's two halves lowered to the drafting precision, and
-        # the norm's function; a tuple, so nothing is registered or saved twice.
-        self.lowered: tuple[nn.Module, nn.Module] | None = None
-        self.row_norm = None
 
-    def lower(self, lower, row_norm=None) -> None:
-        """For drafting passes (`yue.kernels.prepare`): W's anchor and token halves as `lower` makes them
-        (int8 drafting: `matmuls.RowInt8Linear`), the norm as `row_norm` (x -> normed x, yue's row kernel's
-        on a CPU in float32) where given. Why: in float32 these two matmuls are a sizeable, memory-bound share of a drafting
-        pass (caches cold between decode steps); int8 reads a quarter of the bytes (docs/results-log.md)."""
-        d = self.norm.weight.shape[0]
-        halves = []
-        for half in (self.proj.weight[:, :d], self.proj.weight[:, d:]):
-            linear = nn.Linear(d, d, bias=False, device=half.device, dtype=half.dtype)
-            linear.weight = nn.Parameter(half.detach().clone(), requires_grad=False)
-            halves.append(lower(linear))
-        self.lowered = (halves[0], halves[1])
-        self.row_norm = row_norm
-
-    def forward(self, anchor: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, anchor: torch.Tensor, token_emb: torch.Tensor, lowered: SlotEntryPath | None = None
+    ) -> torch.Tensor:
         """anchor: (B, 1|n, D) hidden state entering the first NAR layer at each slot's anchor;
-        token_emb: (B, n, D) the slots' input embeddings, n a multiple of K (whole blocks). -> (B, n, D)."""
+        token_emb: (B, n, D) the slots' input embeddings, n a multiple of K (whole blocks). -> (B, n, D).
+        lowered: a prepared model's W halves and norm for drafting passes (`DecodePaths.slot_entry`)."""
         n, d = token_emb.shape[1:]
         index = torch.arange(n, device=token_emb.device) % self.block_size  # (n,) slot index in its block
         # W [norm(h_t); e(x_i)] as two matmuls, the anchor's half once per anchor row, not once per slot
         # (a drafting pass's 8 slots share one, so the pass does an eighth of that matmul's rows).
-        if self.lowered is not None:
-            from_anchor, from_token = self.lowered
-            normed = (self.row_norm or self.norm)(anchor)
-            return anchor + from_anchor(normed) + from_token(token_emb) + self.slot_embed[index]
+        if lowered is not None:
+            normed = (lowered.norm or self.norm)(anchor)
+            return (
+                anchor + lowered.from_anchor(normed) + lowered.from_token(token_emb) + self.slot_embed[index]
+            )
         w = self.proj.weight  # (D, 2D)
         from_anchor = F.linear(self.norm(anchor), w[:, :d])  # (B, 1|n, D)
         return anchor + from_anchor + F.linear(token_emb, w[:, d:]) + self.slot_embed[index]
@@ -126,18 +122,9 @@ class MoTModel(nn.Module):
         self.window = feats.sliding_window if any(layer.sliding for layer in self.layers) else None
         local_theta = feats.local_rope_theta
         self.local_rope = None if local_theta is None else RotaryTable(config.head_dim, local_theta, rope_len)
-        # Per parameter set (False: AR, True: NAR), its layers as one row-kernel call where each is one
-        # (`yue.kernels.decode_set.LayerStack`, set when prepared for decoding); not a buffer or a parameter.
-        self.kernel_stacks: dict[bool, Callable] = {}
-        # A drafting pass's final norm on yue's row kernel (set when prepared, on a CPU in float32): torch's
-        # per-call overhead dominates there. Committed rows keep torch's, whose bits `ar` has.
-        self.slot_norm = None
         # The last forward's `ExpertRoute` (four-expert routing only, else None): its choices and gate
         # probabilities, read by training's usage log and the tests.
         self.last_route: ExpertRoute | None = None
-        # Whether `yue.kernels.prepare_for_decoding` has run (a layer whose family's features the fused decode
-        # path lacks keeps `decode_sets` None).
-        self.prepared = False
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings (B, T) -> (B, T, D), scaled where the family scales them (Gemma)."""
@@ -175,9 +162,10 @@ class MoTModel(nn.Module):
         mask: torch.Tensor | None,
         cache: KVCache | None = None,
         start: int = 0,
+        paths: DecodePaths | None = None,
     ) -> torch.Tensor:
         """Run the stack; see `run`. Returns (B, T, D) hidden states after the final norm."""
-        return self.run(tokens, positions, n_committed, mask, cache, start)[0]
+        return self.run(tokens, positions, n_committed, mask, cache, start, paths=paths)[0]
 
     def run(
         self,
@@ -188,6 +176,7 @@ class MoTModel(nn.Module):
         cache: KVCache | None = None,
         start: int = 0,
         anchor_entry: torch.Tensor | None = None,
+        paths: DecodePaths | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the stack.
 
@@ -201,6 +190,8 @@ class MoTModel(nn.Module):
             anchor_entry: top-layer NAR sets only, when there are slots: (B, 1|T - n_committed, D), the
                 hidden state of each slot's anchor entering layer `nar_start` (`entry` of the step that
                 fed the anchor).
+            paths: a prepared model's decode paths (`decode_paths.DecodePaths`), each layer handed its
+                own; None = as trained.
         Returns:
             hidden: (B, T, D) after the final norm.
             entry: (B, n_committed, D) the committed positions' hidden states entering layer `nar_start`
@@ -211,29 +202,32 @@ class MoTModel(nn.Module):
         if self.slot_entry is None:
             h = self.embed(tokens)
             h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
-            h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, 0, local=local)
-            return self._final(h_c, h_s), None
+            h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, 0, local=local, paths=paths)
+            return self._final(h_c, h_s, paths), None
         # Top-layer NAR set: committed positions run from the embedding; slots join at nar_start.
         h_c = self.embed(tokens[:, :n_committed])
         h_s = h_c[:, :0]
         first = 0 if n_committed else self.nar_start  # a drafting pass has no committed rows below
-        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, first, self.nar_start, local)
+        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, first, self.nar_start, local, paths)
         entry = h_c
         if tokens.shape[1] > n_committed:
-            h_s = self.slot_entry(anchor_entry, self.embed(tokens[:, n_committed:]))
-        h_c, h_s = self._layers(h_c, h_s, cos, sin, mask, cache, start, self.nar_start, local=local)
-        return self._final(h_c, h_s), entry
+            lowered = None if paths is None else paths.slot_entry
+            h_s = self.slot_entry(anchor_entry, self.embed(tokens[:, n_committed:]), lowered)
+        h_c, h_s = self._layers(
+            h_c, h_s, cos, sin, mask, cache, start, self.nar_start, local=local, paths=paths
+        )
+        return self._final(h_c, h_s, paths), entry
 
-    def run_to_entry(self, tokens: torch.Tensor) -> torch.Tensor:
+    def run_to_entry(self, tokens: torch.Tensor, paths: DecodePaths | None = None) -> torch.Tensor:
         """The AR path's hidden states entering layer nar_start (the features a top-layer NAR set is
-        trained on), uncached, causal. tokens: (B, T) -> (B, T, D)."""
+        trained on), uncached, causal; through `paths` where given. tokens: (B, T) -> (B, T, D)."""
         T = tokens.shape[1]
         positions = torch.arange(T, device=tokens.device)
         cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
         mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()[None, None]
         local = self._local(positions, self.embed_tokens.weight.dtype, mask, 0)
         h = self.embed(tokens)
-        return self._layers(h, h[:, :0], cos, sin, mask, None, 0, 0, self.nar_start, local)[0]
+        return self._layers(h, h[:, :0], cos, sin, mask, None, 0, 0, self.nar_start, local, paths)[0]
 
     def run_from_entry(
         self,
@@ -242,6 +236,7 @@ class MoTModel(nn.Module):
         slot_anchor: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
+        paths: DecodePaths | None = None,
     ) -> torch.Tensor:
         """Training forward of a top-layer NAR set from cached features: only layers nar_start.. run.
 
@@ -251,19 +246,21 @@ class MoTModel(nn.Module):
             slot_anchor: (B, n, D) each slot's anchor's row of `entry`.
             positions: (B|1, T + n) RoPE positions, committed then slots.
             mask: (B, 1, T + n, T + n) from `masks.training_mask`.
+            paths: a prepared model's decode paths (its committed rows through them), else None.
         Returns:
             (B, T + n, D) hidden states after the final norm, committed rows then slots.
         """
         cos, sin = self.rope.lookup(positions, entry.dtype)
         local = self._local(positions, entry.dtype, mask, 0)
         h_s = self.slot_entry(slot_anchor, self.embed(slot_tokens))
-        return self._final(*self._layers(entry, h_s, cos, sin, mask, None, 0, self.nar_start, local=local))
+        h_c, h_s = self._layers(entry, h_s, cos, sin, mask, None, 0, self.nar_start, local=local, paths=paths)
+        return self._final(h_c, h_s, paths)
 
-    def _layers(self, h_c, h_s, cos, sin, mask, cache, start, first, last=None, local=None):
+    def _layers(self, h_c, h_s, cos, sin, mask, cache, start, first, last=None, local=None, paths=None):
         """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D); sliding-window
-        layers take `local`'s (cos, sin, mask) (`_local`)."""
+        layers take `local`'s (cos, sin, mask) (`_local`); each layer its own entry of `paths`, if any."""
         last = len(self.layers) if last is None else last
-        stacked = self._stacked(h_c, h_s, cos, sin, mask, cache, start, first, last)
+        stacked = self._stacked(h_c, h_s, cos, sin, mask, cache, start, first, last, paths)
         if stacked is not None:
             return stacked
         # Four-expert routing: one route per forward, carrying each layer's choices to the next.
@@ -271,23 +268,25 @@ class MoTModel(nn.Module):
         for i in range(first, last):
             kv = cache.layer(i) if cache is not None else None
             rows = local if self.layers[i].sliding else (cos, sin, mask)
-            h_c, h_s = self.layers[i](h_c, h_s, *rows, kv, start, route)
+            path = None if paths is None else paths.layers[i]
+            h_c, h_s = self.layers[i](h_c, h_s, *rows, kv, start, route, path)
         self.last_route = route
         return h_c, h_s
 
-    def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
+    def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last, paths):
         """`_layers` in one call where the prepared model has its set's layers as one stack
-        (`kernel_stacks`: a decode step's rows all of one parameter set); None where it does not apply."""
-        stack = self.kernel_stacks.get(h_s.shape[1] > 0)
+        (`DecodePaths.stacks`: a decode step's rows all of one parameter set); None where it does not apply."""
+        stack = None if paths is None else paths.stacks.get(h_s.shape[1] > 0)
         return (
             None
             if stack is None or cache is None
             else stack(h_c, h_s, cos, sin, mask, cache, start, first, last)
         )
 
-    def _final(self, h_c: torch.Tensor, h_s: torch.Tensor) -> torch.Tensor:
+    def _final(self, h_c: torch.Tensor, h_s: torch.Tensor, paths: DecodePaths | None = None) -> torch.Tensor:
         if not h_c.shape[1]:
-            return (self.slot_norm or self.norm)(h_s)
+            slot_norm = None if paths is None else paths.slot_norm
+            return (slot_norm or self.norm)(h_s)
         if not h_s.shape[1]:
             return self.norm(h_c)
         return self.norm(torch.cat([h_c, h_s], dim=1))
@@ -337,15 +336,10 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
         else:
             self.draft_vocab = None
-        # Decode-time heads (`prepare_for_decoding`): for AR rows, the LM head with a kernel per row
-        # count; for slot rows when drafting is lowered. None = the LM head.
-        self.ar_head: nn.Module | None = None
-        self.draft_head: nn.Module | None = None
-        # The decode path's kernels, named (`yue.kernels.prepare.decode_layout`; "" as trained): the
-        # step costs measured for one layout are not another's (`decode.costs.cost_cache_key`).
-        self.decode_layout = ""
-        # KV cache and attention precision (`prepare_for_decoding`); None = the model's dtype.
-        self.cache_dtype: torch.dtype | None = None
+        # Set by `yue.kernels.prepare_for_decoding`, which transforms the weights in place for the
+        # `PreparedModel` it returns (`model/prepared.py`): this model may then no longer run on its own,
+        # be saved, trained or adapted (`CONSUMED`).
+        self.consumed = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -357,21 +351,23 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    @property
-    def prepared_for_decoding(self) -> bool:
-        """Whether `yue.kernels.prepare_for_decoding` has run (the layers then hold their decode paths)."""
-        return self.model.prepared
-
     def save_pretrained(self, *args, **kwargs):
-        if self.prepared_for_decoding:
-            raise ValueError(
-                "this model was prepared for decoding (prepare_for_decoding: fused, maybe lowered "
-                "weights) and cannot be saved; save the model as loaded (yue.model.load_model) instead"
-            )
+        if self.consumed:
+            raise ValueError(f"cannot be saved: {CONSUMED}")
         return super().save_pretrained(*args, **kwargs)
 
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
-        """A KV cache for this model, on its device and dtype."""
+    def train(self, mode: bool = True):
+        if mode and self.consumed:
+            raise ValueError(f"cannot be trained: {CONSUMED}")
+        return super().train(mode)
+
+    def check_runs(self, paths: DecodePaths | None) -> None:
+        """Raise where a consumed model is run without the paths it was prepared with."""
+        if paths is None and self.consumed:
+            raise ValueError(CONSUMED)
+
+    def new_cache(self, batch_size: int, capacity: int, paths: DecodePaths | None = None) -> KVCache:
+        """A KV cache for this model, on its device, in the paths' cache precision (else its dtype)."""
         c = self.config
         return KVCache(
             c.num_hidden_layers,
@@ -380,7 +376,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             c.head_dim,
             capacity,
             self.device,
-            self.cache_dtype or self.dtype,
+            (None if paths is None else paths.cache_dtype) or self.dtype,
         )
 
     def step(
@@ -394,6 +390,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         anchor_entry: torch.Tensor | None = None,
         top1: bool = False,
         ar_entropy: bool = False,
+        paths: DecodePaths | None = None,
     ) -> StepOutput:
         """One decode forward at cache index `cache.length`; the cache pointer is not moved.
 
@@ -411,20 +408,23 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
                 they may be its largest, -inf elsewhere (the same argmax, a quarter of the head's bytes).
             ar_entropy: with a screened head, also each AR row's entropy over its screened logits
                 (`StepOutput.ar_entropy`): the router's AR feature, where a request asks the router.
+            paths: a prepared model's decode paths (`PreparedModel.step` passes its own); None = as trained.
         Returns:
             StepOutput with ar_logits (B, n_logits, V), slot_logits (B, T - n_committed, V), hidden
             (B, T, D), entry (B, n_committed, D) or None.
         """
+        self.check_runs(paths)
         hidden, entry = self.model.run(
-            tokens, positions, n_committed, mask, cache, cache.length, anchor_entry
+            tokens, positions, n_committed, mask, cache, cache.length, anchor_entry, paths
         )
         first = 0 if n_logits is None else n_committed - n_logits
         n_ar = n_committed - first
-        head = self.ar_head or self.lm_head
+        head = self._ar_head(paths)
         screened = top1 and hasattr(head, "top1_entropy")  # an int8 screen (`ScreenedHead`)
         # Logits leave in float32 whatever the precision: the choice is the same, and torch's CPU argmax
         # and softmax over bfloat16 are several times slower (measured: docs/results-log.md).
-        if self.draft_head is None and self.draft_vocab is None and not screened:
+        draft_head = None if paths is None else paths.draft_head
+        if draft_head is None and self.draft_vocab is None and not screened:
             logits = head(hidden[:, first:]).float()  # (B, T - first, V): one matmul for all rows
             return StepOutput(logits[:, :n_ar], logits[:, n_ar:], hidden, entry)
         # Screened, lowered or reduced drafting: AR rows through the LM head as loaded (or its screen),
@@ -441,16 +441,20 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         slot_logits = (
             ar_logits[:, :0]  # no slots: an empty (B, 0, V), without a head call
             if hidden.shape[1] == n_committed
-            else self.slot_logits(hidden[:, n_committed:])
+            else self.slot_logits(hidden[:, n_committed:], paths)
         )
         return StepOutput(ar_logits, slot_logits, hidden, entry, screened, entropy)
 
-    def slot_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Slot rows' logits over the whole vocabulary, (B, n, D) -> (B, n, V): the draft head when the
-        model is prepared, else the LM head (restricted to `draft_vocab`, if any: tokens outside it read
+    def _ar_head(self, paths: DecodePaths | None) -> nn.Module:
+        """The head AR rows go through: the paths' decode head (`DecodePaths.ar_head`), else the LM head."""
+        return (None if paths is None else paths.ar_head) or self.lm_head
+
+    def slot_logits(self, hidden: torch.Tensor, paths: DecodePaths | None = None) -> torch.Tensor:
+        """Slot rows' logits over the whole vocabulary, (B, n, D) -> (B, n, V): the paths' draft head
+        where prepared, else the LM head (restricted to `draft_vocab`, if any: tokens outside it read
         DRAFT_FILL, never drafted)."""
-        if self.draft_head is not None:
-            return self.draft_head(hidden)
+        if paths is not None and paths.draft_head is not None:
+            return paths.draft_head(hidden)
         if self.draft_vocab is None:
             return self.lm_head(hidden)
         sub = F.linear(hidden, self.lm_head.weight[self.draft_vocab])  # (B, n, Vd)
@@ -463,6 +467,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         labels: torch.Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool | None = None,
+        paths: DecodePaths | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Plain AR forward in Hugging Face's convention (every position committed).
@@ -473,14 +478,16 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
                 (left) padding, which only the first call (the prefill) may hold.
             labels: (B, T) next-token targets as in `LlamaForCausalLM` (shifted inside; -100 ignored).
             cache: yue's KVCache from an earlier call's output; `use_cache` without one starts one.
+            paths: a prepared model's decode paths (`PreparedModel.__call__`); None = as trained.
         Returns:
             logits (B, T, V), the loss with labels, and the cache (advanced by T) when one is used.
         """
+        self.check_runs(paths)
         if cache is None and not use_cache:
-            return self._forward_uncached(input_ids, attention_mask, labels)
+            return self._forward_uncached(input_ids, attention_mask, labels, paths)
         B, T = input_ids.shape
         if cache is None:
-            cache = self.new_cache(B, T)
+            cache = self.new_cache(B, T, paths)
             if attention_mask is not None:
                 cache.set_padding((attention_mask.shape[1] - attention_mask.long().sum(-1)).tolist())
         cache.make_room(T)
@@ -488,12 +495,12 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         offsets = torch.arange(T, device=input_ids.device)
         positions = cache.positions(offsets, padded=cache.key_valid is not None and start == 0)
         mask = decode_mask(start, T, 0, cache.key_valid, input_ids.device)
-        hidden = self.model(input_ids, positions, T, mask, cache, start)
+        hidden = self.model(input_ids, positions, T, mask, cache, start, paths)
         cache.advance(T)
-        logits = (self.ar_head or self.lm_head)(hidden)
+        logits = self._ar_head(paths)(hidden)
         return CausalLMOutputWithPast(loss=self._loss(logits, labels), logits=logits, cache=cache)
 
-    def _forward_uncached(self, input_ids, attention_mask, labels) -> CausalLMOutputWithPast:
+    def _forward_uncached(self, input_ids, attention_mask, labels, paths) -> CausalLMOutputWithPast:
         """The whole sequence at once, no cache (training)."""
         B, T = input_ids.shape
         causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
@@ -506,8 +513,8 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             mask = causal[None, None] & valid[:, None, None, :]
             # A fully padded query row would make SDPA return NaN; let it see itself.
             mask = mask | torch.eye(T, dtype=torch.bool, device=input_ids.device)[None, None]
-        hidden = self.model(input_ids, positions, T, mask)
-        logits = (self.ar_head or self.lm_head)(hidden)
+        hidden = self.model(input_ids, positions, T, mask, paths=paths)
+        logits = self._ar_head(paths)(hidden)
         return CausalLMOutputWithPast(loss=self._loss(logits, labels), logits=logits)
 
     @staticmethod
@@ -530,9 +537,10 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
         return cache
 
     def prepare_inputs_for_generation(
-        self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs
+        self, input_ids, attention_mask=None, cache=None, use_cache=None, paths=None, **kwargs
     ):
-        """transformers' generate, step by step: the tokens the cache has not seen (all of them at first)."""
+        """transformers' generate, step by step: the tokens the cache has not seen (all of them at first);
+        `paths` where a `PreparedModel` runs it."""
         if cache is not None:
             input_ids = input_ids[:, cache.length :]
         return {
@@ -540,6 +548,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             "attention_mask": attention_mask,
             "cache": cache,
             "use_cache": use_cache,
+            "paths": paths,
         }
 
     def generate(self, inputs=None, generation_config=None, streamer=None, mode: str | None = None, **kwargs):
@@ -551,8 +560,13 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
             out = hook(self, inputs, generation_config, streamer, mode, kwargs)
             if out is not NotImplemented:
                 return out
+        self.check_mode_without_loop(mode)
+        return super().generate(inputs, generation_config, streamer=streamer, **kwargs)
+
+    @staticmethod
+    def check_mode_without_loop(mode: str | None) -> None:
+        """Raise where transformers' generate (the plain AR path) is asked for a mode only yue's loop runs."""
         if mode not in (None, "ar"):
             raise ValueError(
                 f"mode {mode!r} needs yue's decode loop, which `import yue` installs; here only 'ar'"
             )
-        return super().generate(inputs, generation_config, streamer=streamer, **kwargs)

@@ -14,6 +14,8 @@ Design decisions:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,10 +59,6 @@ class Router(nn.Module):
         n_in = config.hidden_size + 1 + 3 * config.block_size
         self.fc1 = nn.Linear(n_in, config.router_hidden_size)
         self.fc2 = nn.Linear(config.router_hidden_size, config.block_size)
-        # `softmax_stats`, or where prepared on a CPU in float32 yue's row kernel's (`rowkernel.softmax_stats`:
-        # through torch a drafting step's features over SmolLM2's 49,152 logits a row cost a sizeable share
-        # of the step with the caches cold; measured: docs/results-log.md).
-        self.softmax_stats = softmax_stats
 
     def features(
         self,
@@ -69,6 +67,7 @@ class Router(nn.Module):
         slot_logits: torch.Tensor,
         slot1_revealed: bool = False,
         ar_entropy: torch.Tensor | None = None,
+        stats: Callable | None = None,
     ) -> torch.Tensor:
         """Assemble router inputs.
 
@@ -81,14 +80,17 @@ class Router(nn.Module):
                 `revealed_slot1`'s logits give to float precision) and its logits are not computed on.
             ar_entropy: (B,) the AR logits' entropy where the step had it already (a screened greedy
                 step's, `StepOutput.ar_entropy`), else None.
+            stats: `softmax_stats`'s stand-in (a prepared model's `DecodePaths.softmax_stats`, yue's row
+                kernel's), else None (`softmax_stats`).
         Returns:
             (B, D + 1 + 3K) float32 features; slots past n are zero with their "present" flag off.
         """
         B, n, _ = slot_logits.shape
         K, r = self.block_size, int(slot1_revealed)
+        stats = stats or softmax_stats
         if ar_entropy is None:
-            ar_entropy = self.softmax_stats(ar_logits_last)[1]  # (B,)
-        top, ent = self.softmax_stats(slot_logits[:, r:])  # (B, n - r): the slots computed on
+            ar_entropy = stats(ar_logits_last)[1]  # (B,)
+        top, ent = stats(slot_logits[:, r:])  # (B, n - r): the slots computed on
         per_slot = torch.zeros(B, 3, K, device=slot_logits.device)
         per_slot[:, 0, :r] = 1.0
         per_slot[:, 0, r:n] = top  # max probability

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from yue.model.anchors import ANCHOR_SPAN, MAX_ANCHORS, MIN_ANCHORS, PLAN_HORIZON
 from yue.model.mot import YueForCausalLM
+from yue.model.prepared import PreparedModel, as_decoded
 from yue.train.losses import JointLoss, LossWeights, joint_loss
 
 KEY_SURPRISAL = 2.0  # nats: a token the AR path gives less than e^-2 = 0.135 counts as a key token
@@ -27,12 +28,13 @@ COUNT_SAMPLES = 4  # prompt ends per sequence for the count head
 
 
 @torch.no_grad()
-def ar_pass(model: YueForCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Surprisal (B, T) of each token under the AR path (0 at position 0) and hidden states (B, T, D)."""
+def ar_pass(model: YueForCausalLM | PreparedModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Surprisal (B, T) of each token under the AR path (0 at position 0) and hidden states (B, T, D);
+    a prepared model's through its decode paths."""
     B, T = tokens.shape
     positions = torch.arange(T, device=tokens.device)
     mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()[None, None]
-    hidden = model.model(tokens, positions, T, mask)
+    hidden = as_decoded(model).hidden_states(tokens, positions, T, mask)
     logp = model.lm_head(hidden).float().log_softmax(-1)  # (B, T, V)
     s = torch.zeros(B, T, device=tokens.device)
     s[:, 1:] = -logp[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]

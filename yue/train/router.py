@@ -37,6 +37,7 @@ from yue.kernels import prepare_for_decoding
 from yue.kernels.prepare import dtype_name, resolve_drafting_dtype
 from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
+from yue.model.prepared import PreparedModel, as_decoded
 from yue.model.router import Router, revealed_slot1
 from yue.train.router_eval import RouterExamples, evaluate_router
 from yue.train.trainer import StageTimer, adamw
@@ -66,7 +67,7 @@ def acceptance_labels(slot_tokens: torch.Tensor, targets: torch.Tensor, must_ar:
 
 @torch.no_grad()
 def block_examples(
-    model: YueForCausalLM,
+    model: PreparedModel | YueForCausalLM,
     x: torch.Tensor,
     anchors: torch.Tensor,
     must_ar: torch.Tensor | None = None,
@@ -95,15 +96,18 @@ def block_examples(
     slots[:, :, 0] = x.gather(1, anchors + 1)
     tokens = torch.cat([x, slots.flatten(1)], dim=1)
     positions = torch.cat([torch.arange(T, device=device).expand(B, T), slot_positions(anchors, K)], dim=1)
-    hidden = model.model(tokens, positions, T, training_mask(T, anchors, K).to(device))  # (B, T+MK, D)
+    model = as_decoded(model)  # a drafter's decode paths (prepared), else the model as trained
+    hidden = model.hidden_states(
+        tokens, positions, T, training_mask(T, anchors, K).to(device)
+    )  # (B, T+MK, D)
     D = hidden.shape[-1]
     # 2. What a decode step anchored at t sees: hidden[t], AR logits at t, and the block's slot logits.
     h_anchor = hidden[:, :T].gather(1, anchors[:, :, None].expand(B, M, D))  # (B, M, D)
     ar_logits = model.lm_head(h_anchor)  # (B, M, V)
-    head = model.draft_head or model.lm_head  # slot rows' head, lowered when drafting is
+    head = model.paths.draft_head or model.lm_head  # slot rows' head, lowered when drafting is
     slot_logits = head(hidden[:, T:]).view(B, M, K, -1)  # (B, M, K, V)
     slot_logits = revealed_slot1(slot_logits, slots[:, :, :1])
-    feats = model.router.features(
+    feats = model.router_features(
         h_anchor.flatten(0, 1), ar_logits.flatten(0, 1), slot_logits.flatten(0, 1), slot1_revealed=True
     )
     # 3. Labels: slot i of the block at t must equal x[t+i].
