@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -83,3 +84,108 @@ def test_the_command_line_loads_no_web_framework_until_the_server_starts():
     code = "import sys, yue.cli; print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# The commands' own options, from their configs: every field offered, parsed into the config, checked by it.
+
+
+def _options(command: str) -> set[str]:
+    """The parameter names of one `yue` command."""
+    from yue.cli import app
+
+    return {p.name for p in typer.main.get_command(app).commands[command].params}
+
+
+def _fields(config_cls: type) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(config_cls)}
+
+
+def test_every_decode_setting_is_an_option_of_generate_and_chat():
+    from yue.config import DecodeConfig
+
+    # Left out: generate prints text, not log-probabilities; chat prints replies, not traces.
+    assert _fields(DecodeConfig) - {"logprobs"} <= _options("generate")
+    assert _fields(DecodeConfig) - {"logprobs", "trace"} <= _options("chat")
+
+
+class _Engine:
+    """Stands in for a loaded model: records the DecodeConfig each generation gets."""
+
+    instruct, name, default_mode = False, "stub", "ar"
+
+    def __init__(self) -> None:
+        self.configs: list = []
+
+    def generate(self, prompt, config):
+        from types import SimpleNamespace
+
+        self.configs.append(config)
+        return SimpleNamespace(text="done", trace=[], stats=None)
+
+
+def _stub_engine(monkeypatch) -> _Engine:
+    import importlib
+
+    engine = _Engine()
+    for module in ("yue.cli.generate", "yue.cli.chat"):
+        monkeypatch.setattr(importlib.import_module(module), "load_engine", lambda *a: engine)
+    return engine
+
+
+def test_generate_builds_its_decode_config_from_its_options(monkeypatch):
+    from yue.cli import app
+    from yue.config import DecodeConfig
+
+    engine = _stub_engine(monkeypatch)
+    assert CliRunner().invoke(app, ["generate", "x"]).exit_code == 0
+    given = ["--mode", "verified", "--top-k", "3", "--presence-penalty", "0.5", "--block-size", "4"]
+    given += ["--logit-bias", "5:-100", "--logit-bias", "7:2.5", "--stop", "a", "--stop", "END"]
+    result = CliRunner().invoke(app, ["generate", "x", *given, "--no-prompt-lookup", "--ignore-eos"])
+    assert result.exit_code == 0, result.output
+    assert engine.configs == [
+        DecodeConfig(),
+        DecodeConfig(
+            mode="verified",
+            top_k=3,
+            presence_penalty=0.5,
+            block_size=4,
+            logit_bias=((5, -100.0), (7, 2.5)),
+            stop=("a", "END"),
+            prompt_lookup=False,
+            ignore_eos=True,
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--temperature", "3", "temperature must be in [0, 2]"),
+        ("--mode", "fast", "mode must be one of"),
+        ("--drafting", "both", "drafting must be one of"),
+        ("--top-p", "0", "top_p must be in (0, 1]"),
+        ("--logit-bias", "5", "logit_bias: expected int:float, got '5'"),
+        ("--logit-bias", "x:1", "logit_bias: expected int:float, got 'x:1'"),
+    ],
+)
+def test_a_bad_decode_setting_is_refused_naming_the_field_before_a_model_loads(
+    monkeypatch, option, value, message
+):
+    from yue.cli import app
+
+    engine = _stub_engine(monkeypatch)
+    result = CliRunner().invoke(app, ["generate", "x", option, value])
+    assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
+    assert not engine.configs
+
+
+def test_chat_keeps_its_own_reply_length_default(monkeypatch):
+    from yue.cli import app
+
+    seen = []
+    _stub_engine(monkeypatch)
+    monkeypatch.setattr("yue.cli.chat._converse", lambda engine, config, messages: seen.append(config))
+    assert CliRunner().invoke(app, ["chat", "--top-k", "2"], input="").exit_code == 0
+    assert (seen[0].max_new_tokens, seen[0].top_k, seen[0].mode) == (512, 2, "ar")
