@@ -189,3 +189,29 @@ def test_chat_keeps_its_own_reply_length_default(monkeypatch):
     monkeypatch.setattr("yue.cli.chat._converse", lambda engine, config, messages: seen.append(config))
     assert CliRunner().invoke(app, ["chat", "--top-k", "2"], input="").exit_code == 0
     assert (seen[0].max_new_tokens, seen[0].top_k, seen[0].mode) == (512, 2, "ar")
+
+
+def test_every_bench_setting_is_an_option_of_bench_parsed_into_its_config(monkeypatch):
+    from yue.bench import harness, report
+    from yue.bench.harness import BenchConfig
+    from yue.cli import app
+
+    assert _fields(BenchConfig) <= _options("bench")
+    seen = []
+    monkeypatch.setattr(harness, "run_bench", lambda config, log: seen.append(config))
+    monkeypatch.setattr(report, "print_report", lambda result: "{}")
+    args = ["bench", "--modes", "ar,verified", "--thresholds", "0.3", "--verified-thresholds", ""]
+    result = CliRunner().invoke(app, [*args, "--batch-sizes", "1, 4", "--no-memory", "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    assert seen == [
+        BenchConfig(
+            modes=("ar", "verified"),
+            thresholds=(0.3,),
+            verified_thresholds=(),
+            batch_sizes=(1, 4),
+            memory=False,
+            limit=2,
+        )
+    ]
+    bad = CliRunner().invoke(app, ["bench", "--batch-sizes", "1,two"])
+    assert bad.exit_code == 2 and "error: batch_sizes: expected comma-separated ints, got '1,two'" in bad.output

@@ -2,106 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
-from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
+from yue.bench.harness import BenchConfig
+from yue.cli.common import MODEL_HELP, app, user_errors
+from yue.cli.options import config_options
 
 
 @app.command("bench")
 @user_errors
+@config_options(
+    BenchConfig,
+    csv=("modes", "thresholds", "verified_thresholds", "batch_sizes"),
+    helps={"model": MODEL_HELP},
+)
 def bench_cmd(
-    model: str | None = typer.Option(None, help=MODEL_HELP),
     adapter: Path | None = typer.Option(
         None, help="A `yue finetune` adapter folder: the bench runs the merged model (peers too)."
     ),
-    prompts: Path | None = typer.Option(
-        None,
-        help='Held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role", "content"}]} '
-        '(+ "reference"?); messages go through the model\'s chat template for every entry alike. Default: a chat '
-        "model's shipped chat_test + chat_calibration sets; gemma-3-270m (base) the held-out text_test set, raw; "
-        "else the held-out code_test set (third-party packages) + the code development set.",
-    ),
-    dev_prompts: Path | None = typer.Option(
-        None, help="A development (calibration) prompt set, reported after the held-out one and labelled dev."
-    ),
-    max_new_tokens: int = typer.Option(128, help="Tokens generated per prompt, by every mode."),
-    modes: str = typer.Option(
-        "hf-greedy,hf-prompt-lookup,llamacpp-greedy,ar,verified,hybrid,nar",
-        help="Comma-separated entries to compare. llamacpp-greedy needs a model with a GGUF source and "
-        "llama-cpp-python (in the repository: pip install '.\\[llamacpp]'); else it is skipped, saying why.",
-    ),
-    thresholds: str = typer.Option(
-        "0.05,0.1,0.2,0.4", help="hybrid sweep (tolerances): adds hybrid@T entries."
-    ),
-    verified_thresholds: str = typer.Option(
-        "1", help="Adds verified@T entries (1 = the router unasked); empty for none."
-    ),
-    fused_drafts: bool = typer.Option(
-        True, help="Add verified+fused entries (drafts in the verifying forward, a block per draft position)."
-    ),
-    batch_sizes: str = typer.Option("1", help="Sizes > 1 add ar/verified throughput entries (ar@bN)."),
-    repeats: int = typer.Option(1, help="Timed passes over the prompts."),
-    limit: int | None = typer.Option(None, help="Use only the first N prompts."),
-    threads: int = typer.Option(1, help="torch threads, the same for every mode."),
-    memory: bool = typer.Option(True, help="Measure peak RSS per mode, each in its own process."),
-    device: str = typer.Option("cpu", help="cpu | cuda (ours and the transformers peers; llama.cpp: cpu)."),
-    cost_curve: bool = typer.Option(
-        True, help="Time a verifying forward over 1..9 rows and a drafting pass (ratios to a 1-row step)."
-    ),
-    dtype: str = typer.Option(
-        "float32",
-        help=DTYPE_HELP + " Ours and the transformers peers alike (int4: ours only, the peers float32).",
-    ),
-    low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP + " Ours only."),
-    temperature: float = typer.Option(
-        0.0, help="0 = greedy. Every entry and peer alike (ours: speculative sampling in the drafting modes)."
-    ),
-    top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1], every entry and peer alike."),
-    seed: int = typer.Option(0, help="Prompt i is sampled with seed + i on every side: runs repeat."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
     plot: Path | None = typer.Option(None, help="Write the speed vs fidelity plot (PNG) here."),
+    config: BenchConfig | None = None,
 ) -> None:
     """Compare the decode modes with transformers and llama.cpp on the same weights; JSON on the last line."""
     from rich.console import Console
 
-    from yue.bench.harness import BenchConfig, run_bench
+    from yue.bench.harness import run_bench
     from yue.bench.report import plot as write_plot
     from yue.bench.report import print_report
 
-    def csv(text: str, kind: type, name: str) -> tuple:
-        try:
-            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise ValueError(f"{name}: expected comma-separated {kind.__name__}s, got {text!r}") from None
-
     if adapter is not None:  # every entry, the peers included, runs the adapted weights
-        model = _merged_for_bench(model, adapter)
-    cfg = BenchConfig(
-        model=model,
-        prompts=str(prompts) if prompts is not None else None,
-        dev_prompts=str(dev_prompts) if dev_prompts is not None else None,
-        max_new_tokens=max_new_tokens,
-        modes=csv(modes, str, "modes"),
-        thresholds=csv(thresholds, float, "thresholds"),
-        verified_thresholds=csv(verified_thresholds, float, "verified_thresholds"),
-        fused_drafts=fused_drafts,
-        batch_sizes=csv(batch_sizes, int, "batch_sizes"),
-        repeats=repeats,
-        limit=limit,
-        threads=threads,
-        memory=memory,
-        device=device,
-        cost_curve=cost_curve,
-        dtype=dtype,
-        low_memory=low_memory,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-    )
+        config = replace(config, model=_merged_for_bench(config.model, adapter))
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    result = run_bench(cfg, log=lambda s: err.print(f"[bench] {s}", markup=False))
+    result = run_bench(config, log=lambda s: err.print(f"[bench] {s}", markup=False))
     if plot is not None:
         err.print(f"[bench] plot written to {write_plot(result, plot)}", markup=False)
     line = print_report(result)

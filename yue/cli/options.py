@@ -107,11 +107,7 @@ def _tuple_form(name: str, kind, csv: bool) -> _Form:
         f"comma-separated {item.__name__}s",
         lambda text: tuple(item(x.strip()) for x in text.split(",") if x.strip()),
     )
-    return _Form(
-        str,
-        items,
-        lambda d: ",".join(_text(x) for x in d),
-    )
+    return _Form(str, items, lambda d: ",".join(_text(x) for x in d), metavar=f"{item.__name__.upper()},...")
 
 
 def _form(name: str, kind, *, csv: bool, zero_is_none: bool) -> _Form:
