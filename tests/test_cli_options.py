@@ -215,3 +215,25 @@ def test_every_bench_setting_is_an_option_of_bench_parsed_into_its_config(monkey
     ]
     bad = CliRunner().invoke(app, ["bench", "--batch-sizes", "1,two"])
     assert bad.exit_code == 2 and "error: batch_sizes: expected comma-separated ints, got '1,two'" in bad.output
+
+
+def test_every_training_setting_is_an_option_of_train_parsed_into_its_config(monkeypatch, tmp_path):
+    from yue.cli import app
+    from yue.train import loop
+    from yue.train.config import TrainConfig
+
+    assert _fields(TrainConfig) - {"train_set"} <= _options("train")  # --nar-only writes train_set
+    seen = []
+    monkeypatch.setattr(loop, "train", lambda config, resume: seen.append((config, resume)) or "m")
+    out, init = str(tmp_path / "run"), str(tmp_path / "model")
+    args = ["train", "--out", out, "--steps", "3", "--betas", "0.8,0.9", "--threads", "1"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    stage2 = ["train", "--out", out, "--nar-only", "--init", init, "--data", "a.jsonl", "--resume"]
+    result = CliRunner().invoke(app, stage2)
+    assert result.exit_code == 0 and result.output == "model: m\n", result.output
+    assert seen == [
+        (TrainConfig(out=out, steps=3, betas=(0.8, 0.9), threads=1), False),
+        (TrainConfig(out=out, train_set="nar", init=init, corpus="a.jsonl"), True),
+    ]
+    bad = CliRunner().invoke(app, ["train", "--out", out, "--betas", "0.9"])
+    assert bad.exit_code == 2 and "error: betas must be two numbers" in bad.output

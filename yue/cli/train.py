@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from yue.cli.common import MODEL_HELP, app, command_line, user_errors
+from yue.cli.options import config_options
+from yue.train.config import TrainConfig
 
 
 @app.command("train-tokenizer")
@@ -27,87 +30,28 @@ def train_tokenizer_cmd(
 
 @app.command("train")
 @user_errors
+@config_options(
+    TrainConfig,
+    exclude=("train_set",),  # --nar-only sets it
+    required=("out",),
+    csv=("betas",),
+)
 def train_cmd(
-    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
-    out: Path = typer.Option(..., help="Run folder: checkpoints, log.jsonl, final model in OUT/model."),
-    tokenizer: Path | None = typer.Option(None, help="tokenizer.json (default: trained on the corpus)."),
-    vocab_size: int = typer.Option(8192, help="Vocabulary size when the tokenizer is trained here."),
-    steps: int = typer.Option(1000, help="Optimizer steps."),
-    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
-    batch_size: int = typer.Option(
-        16, help="Sequences per step, over all processes (each takes an equal share)."
-    ),
-    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine)."),
-    warmup_steps: int = typer.Option(100, help="Linear warm-up steps."),
-    block_size: int = typer.Option(8, help="K: slots per NAR block."),
-    anchors: int = typer.Option(8, help="M: NAR blocks per sequence."),
-    alpha: float = typer.Option(1.0, help="Weight of the AR cross-entropy."),
-    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
-    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
-    reveal_prob: float = typer.Option(0.1, help="Chance a slot sees its true token (mask-predict)."),
-    hidden_size: int = typer.Option(256, help="Model width."),
-    layers: int = typer.Option(4, help="Transformer layers."),
-    heads: int = typer.Option(8, help="Attention heads."),
-    kv_heads: int = typer.Option(4, help="Key/value heads (grouped-query attention)."),
-    intermediate_size: int = typer.Option(688, help="MLP width."),
-    eval_every: int = typer.Option(200, help="Evaluate every N steps."),
-    save_every: int = typer.Option(200, help="Checkpoint every N steps."),
-    seed: int = typer.Option(0, help="Seed for init, data order, anchors."),
-    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
     resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUT."),
     nar_only: bool = typer.Option(False, help="Stage 2: train the NAR set only (AR frozen); needs --init."),
-    init: Path | None = typer.Option(None, help="Start from this model folder."),
     data: str | None = typer.Option(None, help="Training data for --nar-only (overrides --corpus)."),
-    objective: str = typer.Option(
-        "joint", help="'joint', or 'anchor' (experiment: NAR fills after anchor spans, + the count head)."
-    ),
-    anchor_bias: float = typer.Option(
-        1.0, help="--objective anchor: fill attention bias per unit of confidence."
-    ),
-    layer_routing: str = typer.Option(
-        "type", help="'type', or 'four-expert' (experiment: per-layer top-2 router over 4 MLP experts)."
-    ),
-    expert_stick: float = typer.Option(
-        0.0, help="four-expert: logit bonus for the expert taken at the layer below."
-    ),
+    config: TrainConfig | None = None,
 ) -> None:
     """Train a yue model with the joint AR + NAR loss (runs under `accelerate launch` unchanged)."""
-    from yue.train.config import TrainConfig
     from yue.train.loop import train
 
-    cfg = TrainConfig(
-        corpus=data if data is not None else corpus,
-        out=str(out),
-        tokenizer=str(tokenizer) if tokenizer else None,
-        vocab_size=vocab_size,
-        init=str(init) if init else None,
-        train_set="nar" if nar_only else "all",
-        steps=steps,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        block_size=block_size,
-        anchors=anchors,
-        alpha=alpha,
-        beta=beta,
-        gamma=gamma,
-        reveal_prob=reveal_prob,
-        hidden_size=hidden_size,
-        layers=layers,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate_size=intermediate_size,
-        eval_every=eval_every,
-        save_every=save_every,
-        seed=seed,
-        threads=threads,
-        objective=objective,
-        anchor_bias=anchor_bias,
-        layer_routing=layer_routing,
-        expert_stick=expert_stick,
-    )
-    typer.echo(f"model: {train(cfg, resume=resume)}")
+    if nar_only or data is not None:
+        config = replace(
+            config,
+            train_set="nar" if nar_only else config.train_set,
+            corpus=data if data is not None else config.corpus,
+        )
+    typer.echo(f"model: {train(config, resume=resume)}")
 
 
 @app.command("self-distill")

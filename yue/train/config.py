@@ -21,36 +21,76 @@ Objective = Literal["joint", "anchor"]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. Shapes of the model are only used when no `init` model is given."""
+    """One training run (`yue train`'s options). Shapes of the model are only used when no `init` model is given.
 
-    corpus: str = "stdlib"  # 'stdlib', a .jsonl/.txt file or a folder of source files
-    out: str = "runs/yue"  # run folder: checkpoints, logs, token cache, final model
-    tokenizer: str | None = None  # tokenizer.json; None = train one on the train split
-    vocab_size: int = 8192  # only when training the tokenizer here
-    init: str | None = None  # start from this model folder (stage 2); None = random init
-    train_set: TrainSet = "all"  # 'all' = stage 1 joint; 'nar' = NAR set only, AR frozen (stage 2)
+    Attributes:
+        corpus: 'stdlib', a .jsonl / text file, or a folder of source files.
+        out: run folder: checkpoints, log.jsonl, token cache, final model in OUT/model.
+        tokenizer: tokenizer.json (default: trained on the corpus's train split).
+        vocab_size: vocabulary size when the tokenizer is trained here.
+        init: start from this model folder (stage 2); default: a random init.
+        train_set: 'all' = stage 1, joint; 'nar' = stage 2, the NAR set only, the AR set frozen.
+        steps: optimizer steps.
+        seq_len: tokens per training sequence.
+        batch_size: sequences per step, over all processes (each takes an equal share).
+        lr: peak learning rate (warm-up, then cosine).
+        min_lr_ratio: the cosine decays to lr * min_lr_ratio.
+        warmup_steps: linear warm-up steps.
+        weight_decay: AdamW's weight decay.
+        grad_clip: gradients clipped to this global norm.
+        betas: AdamW's (beta1, beta2).
+        block_size: K: slots per NAR block.
+        anchors: M: NAR blocks per sequence.
+        alpha: weight of the AR cross-entropy (docs/design.md §3).
+        beta: weight of the NAR cross-entropy.
+        gamma: weight of KL(sg(p_AR) || p_NAR).
+        reveal_prob: chance a slot sees its true token (mask-predict).
+        objective: 'joint', or 'anchor' (experiment of issue 47: the NAR blocks fill the gap after an
+            anchor span, everything else masked, plus the anchor-count head, `train/anchor.py`).
+        anchor_bias: objective 'anchor': the fill's attention pull toward the anchors per unit of confidence.
+        layer_routing: 'type', or 'four-expert' (experiment of issue 47: a per-layer top-2 router over AR,
+            NAR, fused and fallback MLP experts, `model/experts.py`; random init only).
+        expert_stick: four-expert: logit bonus for the expert taken at the layer below.
+        hidden_size: model width (random init only, as the shapes below).
+        layers: transformer layers.
+        heads: attention heads.
+        kv_heads: key/value heads (grouped-query attention).
+        intermediate_size: MLP width.
+        max_position_embeddings: longest sequence the model takes.
+        val_fraction: share of files held out, split by hash of the file name.
+        eval_every: evaluate every N steps.
+        eval_batches: validation batches per evaluation.
+        save_every: checkpoint every N steps.
+        log_every: log every N steps.
+        keep_checkpoints: checkpoints kept in OUT (the latest ones).
+        seed: seed for init, data order, anchors.
+        threads: torch intra-op threads (default: torch's choice).
+    """
+
+    corpus: str = "stdlib"
+    out: str = "runs/yue"
+    tokenizer: str | None = None
+    vocab_size: int = 8192
+    init: str | None = None
+    train_set: TrainSet = "all"
     # Optimisation.
     steps: int = 1000
     seq_len: int = 256
-    batch_size: int = 16  # sequences per step, over all processes (each takes an equal share)
-    lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    batch_size: int = 16
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
     warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     betas: tuple[float, float] = (0.9, 0.95)
     # Joint loss (docs/design.md §3).
-    block_size: int = 8  # K
-    anchors: int = 8  # M blocks per sequence
+    block_size: int = 8
+    anchors: int = 8
     alpha: float = 1.0
     beta: float = 0.8
     gamma: float = 0.2
     reveal_prob: float = 0.1
-    # Experiments of issue 47. 'anchor': the NAR blocks fill the gap after an anchor span, everything
-    # else masked, plus the anchor-count head (`train/anchor.py`); anchor_bias: the fill's attention
-    # pull toward the anchors per unit of confidence. layer_routing 'four-expert': the per-layer top-2
-    # router over AR, NAR, fused and fallback MLP experts (`model/experts.py`), random init only;
-    # expert_stick: its sticky term.
+    # Experiments of issue 47.
     objective: Objective = "joint"
     anchor_bias: float = 1.0
     layer_routing: LayerRouting = "type"
@@ -63,14 +103,14 @@ class TrainConfig:
     intermediate_size: int = 688
     max_position_embeddings: int = 1024
     # Bookkeeping.
-    val_fraction: float = 0.02  # share of files held out, split by hash of the file name
+    val_fraction: float = 0.02
     eval_every: int = 200
     eval_batches: int = 8
     save_every: int = 200
     log_every: int = 10
     keep_checkpoints: int = 2
     seed: int = 0
-    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
