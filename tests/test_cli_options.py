@@ -237,3 +237,26 @@ def test_every_training_setting_is_an_option_of_train_parsed_into_its_config(mon
     ]
     bad = CliRunner().invoke(app, ["train", "--out", out, "--betas", "0.9"])
     assert bad.exit_code == 2 and "error: betas must be two numbers" in bad.output
+
+
+def test_every_recipe_setting_is_an_option_of_distill_recipe_checked_before_any_work(monkeypatch, tmp_path):
+    from yue.cli import app
+    from yue.train import recipe
+    from yue.train.recipe import RecipeConfig
+
+    assert _fields(RecipeConfig) <= _options("distill-recipe")
+    seen = []
+    monkeypatch.setattr(recipe, "distill_recipe", lambda base, out, config: seen.append(config) or {"x": 1})
+    base = ["distill-recipe", "--base", "b", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, [*base, "--steps", "5", "--extra-sequences", "a.json"])
+    assert result.exit_code == 0 and result.output == '{"x": 1}\n', result.output
+    assert seen == [RecipeConfig(steps=5, extra_sequences=("a.json",))]
+    assert seen[0].every_layer().nar.steps == 5
+    for bad, message in (
+        (["--nar-layers", "2", "--held-out", "1"], "held_out must be >= 2"),
+        (["--new-tokens", "8"], "new_tokens must exceed block_size"),
+        (["--lr", "2"], "lr must be in (0, 1)"),
+    ):
+        result = CliRunner().invoke(app, [*base, *bad])
+        assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
+    assert len(seen) == 1  # refused before the recipe ran
