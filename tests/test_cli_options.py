@@ -214,7 +214,9 @@ def test_every_bench_setting_is_an_option_of_bench_parsed_into_its_config(monkey
         )
     ]
     bad = CliRunner().invoke(app, ["bench", "--batch-sizes", "1,two"])
-    assert bad.exit_code == 2 and "error: batch_sizes: expected comma-separated ints, got '1,two'" in bad.output
+    assert (
+        bad.exit_code == 2 and "error: batch_sizes: expected comma-separated ints, got '1,two'" in bad.output
+    )
 
 
 def test_every_training_setting_is_an_option_of_train_parsed_into_its_config(monkeypatch, tmp_path):
@@ -260,3 +262,27 @@ def test_every_recipe_setting_is_an_option_of_distill_recipe_checked_before_any_
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
     assert len(seen) == 1  # refused before the recipe ran
+
+
+def test_every_finetune_and_self_distill_setting_is_an_option(monkeypatch, tmp_path):
+    from yue.cli import app
+    from yue.train import finetune
+    from yue.train.config import FinetuneConfig
+    from yue.train.selfdistill import NARFinetuneConfig
+
+    assert _fields(FinetuneConfig) <= _options("finetune")
+    assert _fields(NARFinetuneConfig) <= _options("self-distill")
+    seen = []
+    monkeypatch.setattr(
+        finetune, "finetune", lambda model, data, out, config, **kw: seen.append(config) or {}
+    )
+    args = ["finetune", "--data", str(tmp_path), "--out", str(tmp_path / "a"), "--warmup-steps", "3"]
+    result = CliRunner().invoke(app, [*args, "--target-modules", "q_proj", "--target-modules", "v_proj"])
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert seen == [
+        FinetuneConfig(warmup_steps=3, target_modules=("q_proj", "v_proj")),
+        FinetuneConfig(warmup_steps=3),
+    ]
+    bad = CliRunner().invoke(app, [*args, "--target-modules", "lm_head"])
+    assert bad.exit_code == 2 and "lm_head" in bad.output and len(seen) == 2

@@ -185,9 +185,7 @@ def config_options(
         return inspect.Parameter(
             f.name,
             inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(
-                default, flag, help=text, envvar=envvars.get(f.name), metavar=form.metavar
-            ),
+            default=typer.Option(default, flag, help=text, envvar=envvars.get(f.name), metavar=form.metavar),
             annotation=form.annotation,
         )
 

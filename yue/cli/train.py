@@ -9,7 +9,8 @@ import typer
 
 from yue.cli.common import MODEL_HELP, app, command_line, user_errors
 from yue.cli.options import config_options
-from yue.train.config import TrainConfig
+from yue.train.config import FinetuneConfig, TrainConfig
+from yue.train.selfdistill import NARFinetuneConfig
 
 
 @app.command("train-tokenizer")
@@ -56,6 +57,7 @@ def train_cmd(
 
 @app.command("self-distill")
 @user_errors
+@config_options(NARFinetuneConfig)
 def self_distill_cmd(
     ctx: typer.Context,
     model: Path = typer.Option(..., help="Stage-1 model folder (its AR set stays frozen)."),
@@ -68,40 +70,18 @@ def self_distill_cmd(
     ),
     prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
     new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),
-    steps: int = typer.Option(300, help="NAR fine-tuning steps."),
-    batch_size: int = typer.Option(8, help="Sequences per step."),
-    anchors: int = typer.Option(16, help="NAR blocks per sequence (anchored in the continuation)."),
-    lr: float = typer.Option(1e-3, help="Peak learning rate."),
-    warmup_steps: int = typer.Option(20, help="Linear warm-up steps."),
-    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
-    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
-    reveal_first: float | None = typer.Option(
-        None,
-        help="Chance slot 1 shows its true token, as the drafting pass shows it (default: 0.1, as any slot).",
-    ),
-    seed: int = typer.Option(0, help="Seed for prompts, anchors and reveals."),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    config: NARFinetuneConfig | None = None,
 ) -> None:
     """Stage 2: fine-tune the NAR set on the AR path's own greedy outputs (self-distillation)."""
     import json
 
     import torch
 
-    from yue.train.selfdistill import NARFinetuneConfig, self_distill
+    from yue.train.selfdistill import self_distill
 
     if threads is not None:
         torch.set_num_threads(threads)
-    cfg = NARFinetuneConfig(
-        steps=steps,
-        batch_size=batch_size,
-        anchors=anchors,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        beta=beta,
-        gamma=gamma,
-        reveal_first=reveal_first,
-        seed=seed,
-    )
     report = self_distill(
         model,
         out,
@@ -110,7 +90,7 @@ def self_distill_cmd(
         prompt_len,
         new_tokens,
         sequences_file=sequences_file,
-        cfg=cfg,
+        cfg=config,
         extra_sequences=extra_sequences,
         command=command_line(ctx),
     )
@@ -188,6 +168,7 @@ def train_router_cmd(
 
 @app.command("finetune")
 @user_errors
+@config_options(FinetuneConfig)
 def finetune_cmd(
     ctx: typer.Context,
     model: str | None = typer.Option(None, help=MODEL_HELP),
@@ -195,44 +176,13 @@ def finetune_cmd(
     out: Path = typer.Option(
         ..., help="Adapter folder: peft files, drafts.safetensors, finetune_report.json."
     ),
-    steps: int = typer.Option(150, help="LoRA optimizer steps."),
-    lr: float = typer.Option(2e-3, help="Peak LoRA learning rate (warm-up, then cosine)."),
-    batch_size: int = typer.Option(8, help="Windows per step."),
-    seq_len: int = typer.Option(256, help="Tokens per window."),
-    lora_r: int = typer.Option(8, help="LoRA rank."),
-    lora_alpha: float = typer.Option(16.0, help="LoRA scale numerator (scale = alpha / r)."),
-    target_modules: list[str] = typer.Option(
-        [],
-        help="AR-set projection to adapt (repeatable): q_proj k_proj v_proj o_proj gate_proj up_proj "
-        "down_proj (default: all seven). The NAR set's `nar_` modules are never targeted.",
-    ),
-    refresh_steps: int = typer.Option(
-        100, help="NAR self-distillation steps on the adapted model's outputs (0: keep the old drafts)."
-    ),
-    refresh_sequences: int = typer.Option(48, help="AR-greedy sequences the refresh trains on."),
-    save_every: int = typer.Option(50, help="Checkpoint every N LoRA steps."),
-    seed: int = typer.Option(0, help="Seed for LoRA init, windows, prompts and the refresh."),
-    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
     resume: bool = typer.Option(False, help="Continue the LoRA steps from the last checkpoint in OUT/run."),
+    config: FinetuneConfig | None = None,
 ) -> None:
     """LoRA-fine-tune the AR set on your text, then refresh the drafts for it (report: JSON)."""
     import json
 
-    from yue.train.finetune import FinetuneConfig, finetune
+    from yue.train.finetune import finetune
 
-    cfg = FinetuneConfig(
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lora_r=lora_r,
-        lora_alpha=lora_alpha,
-        refresh_steps=refresh_steps,
-        refresh_sequences=refresh_sequences,
-        save_every=save_every,
-        seed=seed,
-        threads=threads,
-        **({"target_modules": tuple(target_modules)} if target_modules else {}),
-    )
-    report = finetune(model, data, out, cfg, resume=resume, command=command_line(ctx))
+    report = finetune(model, data, out, config, resume=resume, command=command_line(ctx))
     typer.echo(json.dumps({k: v for k, v in report.items() if k not in ("config", "refresh")}))

@@ -221,29 +221,56 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """One `yue finetune` run. Defaults: a few minutes on one CPU core for yue-code-mini."""
+    """One `yue finetune` run (its options). Defaults: a few minutes on one CPU core for yue-code-mini.
 
-    steps: int = 150  # LoRA optimizer steps
-    lr: float = 2e-3  # peak; LoRA's B starts at 0, so the adapted model starts as the base
+    Attributes:
+        steps: LoRA optimizer steps.
+        lr: peak LoRA learning rate (warm-up, then cosine); LoRA's B starts at 0, so the adapted model
+            starts as the base.
+        batch_size: windows per step.
+        seq_len: tokens per window (shorter data: the whole stream).
+        warmup_steps: linear warm-up steps.
+        min_lr_ratio: the cosine decays to lr * min_lr_ratio.
+        weight_decay: AdamW's weight decay.
+        grad_clip: gradients clipped to this global norm.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scale numerator (scale = alpha / r).
+        target_modules: AR-set projections to adapt (Llama names; repeatable on the command line): q_proj
+            k_proj v_proj o_proj gate_proj up_proj down_proj (default: all seven). The NAR set's `nar_`
+            modules are never targeted.
+        refresh_steps: NAR self-distillation steps on the adapted model's outputs (0: keep the old drafts).
+        refresh_sequences: AR-greedy sequences the refresh trains on.
+        prompt_len: prompt tokens of those sequences and of the measuring prompts.
+        new_tokens: greedy tokens per refresh sequence.
+        router_epochs: router fine-tuning epochs on the refreshed drafts' labels.
+        measure_prompts: prompts for the accepted-drafts figures.
+        measure_tokens: tokens generated per measuring prompt.
+        save_every: checkpoint every N LoRA steps.
+        seed: seed for LoRA init, windows, prompts and the refresh.
+        threads: torch intra-op threads (default: torch's choice).
+    """
+
+    steps: int = 150
+    lr: float = 2e-3
     batch_size: int = 8
-    seq_len: int = 256  # window length (shorter data: the whole stream)
+    seq_len: int = 256
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     lora_r: int = 8
     lora_alpha: float = 16.0
-    target_modules: tuple[str, ...] = AR_PROJECTIONS  # Llama names; only the AR set's are targeted
-    refresh_steps: int = 100  # NAR self-distillation steps after the adapter; 0 = no refresh
-    refresh_sequences: int = 48  # AR-greedy sequences the refresh trains on
-    prompt_len: int = 32  # prompt tokens of those sequences and of the measuring prompts
-    new_tokens: int = 96  # greedy tokens per refresh sequence
-    router_epochs: int = 10  # router fine-tuning epochs on the refreshed drafts' labels
-    measure_prompts: int = 8  # prompts for the accepted-drafts figures
-    measure_tokens: int = 64  # tokens generated per measuring prompt
-    save_every: int = 50  # checkpoint every N LoRA steps
+    target_modules: tuple[str, ...] = AR_PROJECTIONS
+    refresh_steps: int = 100
+    refresh_sequences: int = 48
+    prompt_len: int = 32
+    new_tokens: int = 96
+    router_epochs: int = 10
+    measure_prompts: int = 8
+    measure_tokens: int = 64
+    save_every: int = 50
     seed: int = 0
-    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_modules", tuple(self.target_modules))
