@@ -286,3 +286,21 @@ def test_every_finetune_and_self_distill_setting_is_an_option(monkeypatch, tmp_p
     ]
     bad = CliRunner().invoke(app, [*args, "--target-modules", "lm_head"])
     assert bad.exit_code == 2 and "lm_head" in bad.output and len(seen) == 2
+
+
+def test_every_serve_bench_setting_is_an_option_of_bench_serve_checked_before_a_model_loads(monkeypatch):
+    import yue
+    from yue.bench.serving import ServeBenchConfig
+    from yue.cli import app
+
+    assert _fields(ServeBenchConfig) <= _options("bench-serve")
+    loads = []
+    monkeypatch.setattr(yue, "load", lambda *a, **kw: loads.append(a))
+    for bad, message in (
+        (["--clients", "1,0"], "clients must be integers >= 1, got [1, 0]"),
+        (["--batch-sizes", "1,x"], "batch_sizes: expected comma-separated ints, got '1,x'"),
+        (["--mode", "fast"], "mode must be one of"),
+    ):
+        result = CliRunner().invoke(app, ["bench-serve", *bad])
+        assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
+    assert not loads

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from yue.bench.harness import BenchConfig
+from yue.bench.serving import ServeBenchConfig
 from yue.cli.common import MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
 
@@ -47,36 +48,19 @@ def bench_cmd(
 
 @app.command("bench-serve")
 @user_errors
+@config_options(ServeBenchConfig, csv=("batch_sizes", "clients"))
 def bench_serve_cmd(
     model: str | None = typer.Option("yue-code-mini", help=MODEL_HELP),
-    batch_sizes: str = typer.Option(
-        "1,16", help="--max-batch-size values to compare (the first is the base)."
-    ),
-    clients: str = typer.Option("1,4,16,32", help="Concurrent client counts."),
-    max_tokens: int = typer.Option(64, help="Tokens per completion."),
-    mode: str = typer.Option(
-        "verified", help="Decode mode of every request (exact modes allow the output check)."
-    ),
-    requests_per_client: int = typer.Option(2, help="Requests each client sends (at least 8 per level)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
+    config: ServeBenchConfig | None = None,
 ) -> None:
     """Tokens/s and time to first token of `yue serve` under concurrent streamed clients; JSON last."""
     import yue
     from yue.bench.serving import bench_serve, report
 
-    sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
-    levels = tuple(int(x) for x in clients.split(",") if x.strip())
     engine = yue.load(model)
-    result = bench_serve(
-        engine,
-        batch_sizes=sizes,
-        clients=levels,
-        max_tokens=max_tokens,
-        mode=mode,
-        requests_per_client=requests_per_client,
-        log=lambda s: typer.echo(f"[bench-serve] {s}", err=True),
-    )
-    text = report(result, sizes[0], sizes[-1])
+    result = bench_serve(engine, config, log=lambda s: typer.echo(f"[bench-serve] {s}", err=True))
+    text = report(result, config.batch_sizes[0], config.batch_sizes[-1])
     typer.echo(text)
     if json_out is not None:
         json_out.write_text(text.splitlines()[-1] + "\n")
