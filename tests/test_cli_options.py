@@ -304,3 +304,26 @@ def test_every_serve_bench_setting_is_an_option_of_bench_serve_checked_before_a_
         result = CliRunner().invoke(app, ["bench-serve", *bad])
         assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
     assert not loads
+
+
+def test_every_router_setting_but_reinit_is_an_option_of_train_router(monkeypatch):
+    from yue.cli import app
+    from yue.train import router
+    from yue.train.router import RouterTrainConfig
+
+    assert _fields(RouterTrainConfig) - {"reinit"} <= _options("train-router")  # --user-labels decides it
+    seen = []
+
+    def stub(model, out, *, cfg, seed, **kw):  # records what the command built, then stops it
+        seen.append((cfg, seed))
+        raise ValueError("stopped after the config")
+
+    monkeypatch.setattr(router, "run_train_router", stub)
+    args = ["train-router", "--model", "m", "--epochs", "3", "--seed", "4"]
+    for extra in ([], ["--user-labels", "labels.jsonl"]):
+        result = CliRunner().invoke(app, [*args, *extra])
+        assert result.exit_code == 2 and "stopped after the config" in result.output, result.output
+    assert seen == [
+        (RouterTrainConfig(epochs=3, seed=4), 4),
+        (RouterTrainConfig(epochs=3, seed=4, reinit=False), 4),  # fine-tunes the current router
+    ]

@@ -10,6 +10,7 @@ import typer
 from yue.cli.common import MODEL_HELP, app, command_line, user_errors
 from yue.cli.options import config_options
 from yue.train.config import FinetuneConfig, TrainConfig
+from yue.train.router import RouterTrainConfig
 from yue.train.selfdistill import NARFinetuneConfig
 
 
@@ -99,6 +100,7 @@ def self_distill_cmd(
 
 @app.command("train-router")
 @user_errors
+@config_options(RouterTrainConfig, exclude=("reinit",))  # --user-labels decides it
 def train_router_cmd(
     model: Path = typer.Option(..., help="Model folder; its towers stay frozen."),
     out: Path | None = typer.Option(
@@ -113,9 +115,6 @@ def train_router_cmd(
     user_labels: Path | None = typer.Option(
         None, help='JSONL {"text", "ar_spans"}: fine-tune on must-AR spans.'
     ),
-    epochs: int = typer.Option(30, help="Router training epochs."),
-    lr: float = typer.Option(3e-3, help="Router learning rate."),
-    seed: int = typer.Option(0, help="Seed for prompts, anchors, init and the held-out split."),
     table: bool = typer.Option(True, help="Decode the dev set at several thresholds and print the table."),
     table_prompts: int = typer.Option(20, help="Dev-set prompts for the threshold table."),
     thresholds: str = typer.Option(
@@ -125,6 +124,7 @@ def train_router_cmd(
         "auto", help="Draft in this precision when collecting features, as decoding will (auto: int8 on CPU)."
     ),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    config: RouterTrainConfig | None = None,
 ) -> None:
     """Stage 3: train the router on acceptance labels (or fine-tune it on user must-AR spans)."""
     import json
@@ -132,7 +132,7 @@ def train_router_cmd(
     import torch
 
     from yue.bench.devset import load_devset
-    from yue.train.router import RouterTrainConfig, run_train_router
+    from yue.train.router import run_train_router
     from yue.train.router_eval import format_report, format_threshold_table, threshold_table
 
     if threads is not None:
@@ -140,7 +140,6 @@ def train_router_cmd(
     ths = [float(t) for t in thresholds.split(",") if t.strip()]
     if any(not 0.0 <= t <= 1.0 for t in ths):
         raise ValueError(f"thresholds must be in [0, 1], got {thresholds}")
-    cfg = RouterTrainConfig(epochs=epochs, lr=lr, reinit=user_labels is None, seed=seed)
     report = run_train_router(
         model,
         out,
@@ -151,8 +150,8 @@ def train_router_cmd(
         new_tokens=new_tokens,
         anchors_per_seq=anchors,
         user_labels=user_labels,
-        cfg=cfg,
-        seed=seed,
+        cfg=replace(config, reinit=user_labels is None),
+        seed=config.seed,
         drafting_dtype=draft_dtype,
     )
     typer.echo("router on held-out blocks (a_i vs acceptance label; conf = raw slot max-probability):")
