@@ -84,6 +84,7 @@ def _scalar(kind) -> type:
 
 
 def _tuple_form(name: str, kind, csv: bool) -> _Form:
+    """A tuple field's form: repeatable `A:B` pairs, a repeatable option, or one comma-separated value."""
     args = [a for a in typing.get_args(kind) if a is not Ellipsis]
     if typing.get_origin(args[0]) is tuple:  # pairs: a repeatable A:B
         a, b = typing.get_args(args[0])
@@ -133,11 +134,23 @@ def _form(name: str, kind, *, csv: bool, zero_is_none: bool) -> _Form:
 
 
 def _default(f: dataclasses.Field, defaults: dict):
+    """The field's default on this command: the command's own where it gives one, else the config's."""
     if f.name in defaults:
         return defaults[f.name]
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
+
+
+def _parameter(
+    name: str, form: _Form, default, text: str, flag: str | None, envvar: str | None
+) -> inspect.Parameter:
+    """Field `name`'s keyword parameter of the command, as Typer reads it: `--name` (a bool:
+    `--name/--no-name`) unless the command names the flag."""
+    dashed = name.replace("_", "-")
+    flag = flag or (f"--{dashed}/--no-{dashed}" if form.annotation is bool else f"--{dashed}")
+    option = typer.Option(default, flag, help=text, envvar=envvar, metavar=form.metavar)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=form.annotation)
 
 
 def config_options(
@@ -175,19 +188,11 @@ def config_options(
     }
 
     def option(f: dataclasses.Field) -> inspect.Parameter:
-        form = forms[f.name]
         text = helps.get(f.name, "")
         if f.name in zero_is_none:
             text = text.replace("None = ", "0 = ")
-        default = ... if f.name in required else form.to_cli(_default(f, defaults))
-        name = f.name.replace("_", "-")
-        flag = flags.get(f.name, f"--{name}/--no-{name}" if form.annotation is bool else f"--{name}")
-        return inspect.Parameter(
-            f.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(default, flag, help=text, envvar=envvars.get(f.name), metavar=form.metavar),
-            annotation=form.annotation,
-        )
+        default = ... if f.name in required else forms[f.name].to_cli(_default(f, defaults))
+        return _parameter(f.name, forms[f.name], default, text, flags.get(f.name), envvars.get(f.name))
 
     def decorate(fn):
         own_hints = typing.get_type_hints(fn)  # resolved here: Typer reads them in this module's globals
