@@ -327,3 +327,18 @@ def test_every_router_setting_but_reinit_is_an_option_of_train_router(monkeypatc
         (RouterTrainConfig(epochs=3, seed=4), 4),
         (RouterTrainConfig(epochs=3, seed=4, reinit=False), 4),  # fine-tunes the current router
     ]
+
+
+def test_every_eval_setting_is_an_option_of_eval_checked_before_a_model_loads(monkeypatch):
+    from yue.cli import app
+    from yue.train import evaluate
+    from yue.train.evaluate import EvalConfig
+
+    assert _fields(EvalConfig) <= _options("eval")
+    seen = []
+    monkeypatch.setattr(evaluate, "evaluate_model", lambda model, config: seen.append(config) or {})
+    args = ["eval", "--model", "yue-code-mini", "--corpus", "c.txt", "--seq-len", "32"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    bad = CliRunner().invoke(app, [*args, "--batches", "0"])
+    assert bad.exit_code == 2 and "error: batches must be >= 1, got 0" in bad.output
+    assert seen == [EvalConfig(corpus="c.txt", seq_len=32)]

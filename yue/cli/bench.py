@@ -11,6 +11,7 @@ from yue.bench.harness import BenchConfig
 from yue.bench.serving import ServeBenchConfig
 from yue.cli.common import MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
+from yue.train.evaluate import EvalConfig
 
 
 @app.command("bench")
@@ -83,12 +84,10 @@ def _merged_for_bench(model: str | None, adapter: Path) -> Path:
 
 @app.command("eval")
 @user_errors
+@config_options(EvalConfig)
 def eval_cmd(
     model: str | None = typer.Option(None, help=MODEL_HELP),
-    corpus: str = typer.Option("stdlib", help="'stdlib', a .txt/.jsonl file or a folder of sources."),
-    batches: int = typer.Option(8, help="Validation batches to score."),
-    batch_size: int = typer.Option(8, help="Sequences per batch."),
-    seq_len: int = typer.Option(256, help="Tokens per sequence."),
+    config: EvalConfig | None = None,
 ) -> None:
     """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON); for a
     top-layer NAR set (yue-smol) or a plain Llama/GGUF, the AR loss."""
@@ -97,5 +96,4 @@ def eval_cmd(
     from yue.registry import resolve
     from yue.train.evaluate import evaluate_model
 
-    result = evaluate_model(resolve(model), corpus, batches, batch_size, seq_len)
-    typer.echo(json.dumps(result))
+    typer.echo(json.dumps(evaluate_model(resolve(model), config)))
