@@ -157,6 +157,21 @@ def test_verified_output_equals_ar_output_and_it_really_drafted(bench_run):
     assert modes["ar"]["exact_match_vs_ar"] == 1.0 and modes["ar"]["nll_ratio_vs_ar"] == 1.0
 
 
+def test_every_entry_of_ours_reports_who_wrote_its_tokens_as_shares_summing_to_one(bench_run):
+    result, _ = bench_run
+    modes = json.loads(result.stdout.strip().splitlines()[-1])["modes"]
+    for name, row in modes.items():
+        shares = row["token_sources"]
+        if name.startswith("hf-"):
+            assert shares is None, name  # a peer's tokens have no draft sources
+            continue
+        assert set(shares) == {"nar", "copy", "corpus", "ar"}, name
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3), name  # rounded to 4 places
+    assert modes["ar"]["token_sources"]["ar"] == 1.0 and modes["ar@b2"]["token_sources"]["ar"] == 1.0
+    assert modes["nar"]["token_sources"]["nar"] > 0
+    assert "share of output tokens by writer: prompts (held-out)" in result.stdout
+
+
 def test_hf_greedy_and_prompt_lookup_write_our_ar_tokens(bench_run):
     modes = json.loads(bench_run[0].stdout.strip().splitlines()[-1])["modes"]
     assert modes["hf-greedy"]["exact_match_vs_ar"] == 1.0

@@ -240,7 +240,7 @@ def test_free_drafts_come_from_the_source_whose_record_for_its_match_promises_mo
         st = LoopState(cfg, [None], torch.tensor([[6]]), costs=FLAT)
         st.drafts = DraftSources(free=sources, contexts=[NgramIndex([5, 6, 7, 1, 5, 6])])
         st.drafts.block.ar_stretch = 1  # no NAR pass competes
-        adv = Advance([1], [[6]], [["ar"]], torch.tensor([[6]]))
+        adv = Advance([1], [[6]], [["ar"]], [["ar"]], torch.tensor([[6]]))
         assert VerifiedPolicy().copy(None, st, adv)
         records.update({(s.name, key): r for s in sources for key, r in s.records.items()})
         assert set(records) == {("copy", 2), ("corpus", 4)}  # one record per source and match length

@@ -7,7 +7,6 @@ whole module. Skipped only when Ray is not installed (`pip install 'yue[ray]'`).
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -79,6 +78,11 @@ def _text(response: httpx.Response, stream: bool) -> str:
     return "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
 
 
+def _joined(events: list) -> str:
+    """The text of a stream's events (`parse_sse`), its error and [DONE] events left out."""
+    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e.get("choices"))
+
+
 def test_two_replicas_answer_and_name_themselves(replicas_url):
     seen = set()
     with httpx.Client(base_url=replicas_url, timeout=60) as http:
@@ -122,8 +126,9 @@ def test_replicas_answer_as_the_single_process_server(replicas_url, tiny_model_d
 
 def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, tiny_model_dir):
     """Streamed requests record their replica (`x-yue-replica`, sent before the first token); one replica
-    is killed mid-load: its in-flight streams end cut off (no [DONE]), every other request completes with
-    the single-process output, new requests succeed, and Ray starts a replacement."""
+    is killed mid-load: its in-flight streams end with OpenAI's error event then [DONE], its non-streamed
+    requests with a 503 OpenAI error body; every other request completes with the single-process output,
+    new requests succeed, and Ray starts a replacement."""
     engine = yue.load(tiny_model_dir)
     expected = {
         p: engine.generate(p, mode="verified", max_new_tokens=48, temperature=0.0).text for p in PROMPTS
@@ -131,26 +136,31 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, t
     results, lock, started, replica_of = [], threading.Lock(), threading.Semaphore(0), {}
 
     def ask(prompt: str) -> None:
-        parts, done = [], False
+        body, events = _body(prompt, True, 48), []
         try:
-            body = _body(prompt, True, 48)
             with httpx.stream("POST", f"{replicas_url}/v1/completions", json=body, timeout=60) as resp:
                 replica_of[prompt] = resp.headers["x-yue-replica"]
                 started.release()
                 for line in resp.iter_lines():
-                    if line == "data: [DONE]":
-                        done = True
-                    elif line.startswith("data: "):
-                        parts += [c["text"] for c in json.loads(line[6:])["choices"]]
-        except httpx.HTTPError:
-            pass  # the killed replica's streams: the connection ends mid-body
+                    if line.startswith("data: "):
+                        events += parse_sse(line + "\n\n")
+        except httpx.HTTPError as error:  # a stream cut off mid-body (what the proxy did before)
+            events.append(f"cut off: {error!r}")
         with lock:
-            results.append((prompt, replica_of.get(prompt), done, "".join(parts)))
+            results.append((prompt, replica_of[prompt], events))
+
+    whole = []  # non-streamed: (prompt, status, body)
+
+    def ask_whole(prompt: str) -> None:
+        resp = httpx.post(f"{replicas_url}/v1/completions", json=_body(prompt, False, 48), timeout=60)
+        with lock:
+            whole.append((prompt, resp.status_code, resp.json()))
 
     threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
+    threads += [threading.Thread(target=ask_whole, args=(p,)) for p in PROMPTS]
     for t in threads:
         t.start()
-    for _ in PROMPTS:  # every request is running on a replica (its headers came)
+    for _ in PROMPTS:  # every streamed request is running on a replica (its headers came)
         assert started.acquire(timeout=60)
     victim_id = replica_of[PROMPTS[0]]
     assert len(set(replica_of.values())) == 2, "Ray put every request on one replica"
@@ -158,10 +168,23 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, t
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     for t in threads:
         t.join(120)
-    lost = [res for res in results if res[1] != victim_id and not (res[2] and res[3] == expected[res[0]])]
+    lost = [
+        res
+        for res in results
+        if res[1] != victim_id and not (res[2][-1] == "[DONE]" and _joined(res[2]) == expected[res[0]])
+    ]
     cut = [res for res in results if res[1] == victim_id]
     assert not lost, lost
-    assert cut and all(not done for _, _, done, _ in cut), cut
+    assert cut, "no stream ran on the killed replica"
+    for _, _, events in cut:  # an OpenAI error event, then [DONE]
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "replica_lost", events
+    assert len(whole) == len(PROMPTS)
+    for prompt, status, body in whole:  # answered in full, or failed with the OpenAI error
+        if status == 200:
+            assert body["choices"][0]["text"] == expected[prompt]
+        else:
+            assert status == 503 and body["error"]["code"] == "replica_lost", (status, body)
+    assert any(status == 503 for _, status, _ in whole), "no non-streamed request ran on the killed replica"
     with httpx.Client(base_url=replicas_url, timeout=60) as http:  # new requests go to the live replica
         for p in PROMPTS[:4]:
             assert _text(http.post("/v1/completions", json=_body(p, False, 48)), False) == expected[p]

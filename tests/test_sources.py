@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+import yue
 from tests.stubs import chain_stub
 from yue.config import DecodeConfig
 from yue.decode import loop
@@ -112,3 +113,70 @@ def test_a_new_free_source_is_drafted_verified_and_recorded(mode, monkeypatch):
     assert got == ar
     assert stub.forwards <= math.ceil(N / K) + 2  # K - 1 walk drafts + the AR token per step
     assert walk.record(1).reached and walk.record(1).held[0] == walk.record(1).reached[0]
+
+
+# Which source wrote each output token (`GenerationStats.token_sources`, `StepEmission.writers`).
+REPEATS = "def alpha_1(x):\n    return beta(x) + 1\n\n" * 2 + "def alpha_1(x):\n"
+
+
+@pytest.mark.parametrize("mode", ["ar", "verified", "hybrid", "nar"])
+def test_token_sources_sum_to_the_output_length(trained_model_dir, mode):
+    """Per request, ended by EOS or by the budget, alone or in a batch: every token is counted once."""
+    engine = yue.load(trained_model_dir)
+    runs = [engine.generate("def alpha_1(x):\n", mode=mode, max_new_tokens=48)]  # ends at EOS
+    runs += engine.generate([REPEATS, "class Point:\n"], mode=mode, max_new_tokens=40, ignore_eos=True)
+    assert any(r.finish_reason == "eos" for r in runs) and any(r.finish_reason == "length" for r in runs)
+    for r in runs:
+        s = r.stats
+        assert sum(s.token_sources.values()) == s.new_tokens == len(r.token_ids)
+        assert sum(s.token_shares.values()) == pytest.approx(1.0)
+        # An accepted NAR draft is the NAR set's on both counts; `hybrid` labels kept free drafts "nar"
+        # too (they may not be the AR path's choice), but counts them for their source.
+        drafted = s.new_tokens - s.token_sources["ar"]
+        if mode == "hybrid":
+            assert drafted == s.nar_tokens
+        else:
+            assert s.token_sources["nar"] == s.nar_tokens
+    if mode == "ar":
+        assert all(r.stats.token_sources["ar"] == r.stats.new_tokens for r in runs)
+    if mode == "nar":
+        assert all(r.stats.token_sources["nar"] > 0 for r in runs)
+
+
+def test_without_nar_drafts_the_nar_share_is_zero_and_copies_write_the_repeats(trained_model_dir):
+    """`drafting_slots=1` runs no NAR drafting pass; on a prompt that repeats itself, context copies
+    write tokens, and the output is `ar`'s."""
+    engine = yue.load(trained_model_dir)
+    kw = dict(max_new_tokens=48, ignore_eos=True)
+    ar = engine.generate(REPEATS, mode="ar", **kw)
+    r = engine.generate(REPEATS, mode="verified", drafting_slots=1, **kw)
+    assert r.token_ids == ar.token_ids
+    assert r.stats.token_sources["nar"] == 0 and r.stats.token_sources["copy"] > 0
+    assert r.stats.token_sources["copy"] + r.stats.token_sources["ar"] == 48
+    off = engine.generate(REPEATS, mode="verified", drafting_slots=1, prompt_lookup=False, **kw)
+    assert off.stats.token_sources == {"nar": 0, "copy": 0, "corpus": 0, "ar": 48}
+
+
+def test_corpus_drafts_are_counted_for_the_corpus_and_a_new_source_by_its_name(monkeypatch):
+    """The chain stub's NAR drafts never hold: with a corpus of its walk, the kept drafts are the
+    corpus's; with a new source listed, its own. Each step's writers line up with its tokens."""
+    V, K, N = 12, 4, 40
+    path = [(1 + i) % (V - 1) for i in range(1, N + 1)]  # the stub's greedy walk after token 1
+    walk_corpus = CorpusNgrams.build([([0, *path], 1)], V, min_count=1, min_share=0.0)
+    cfg = DecodeConfig(
+        mode="verified", max_new_tokens=N, router_threshold=1.0, block_size=K, prompt_lookup=False
+    )
+
+    def writers(corpus=None) -> list[str]:
+        out = []
+        for em in loop.decode(chain_stub(V=V, K=K, slots_match=False), [[1]], cfg, corpus=corpus):
+            assert [len(w) for w in em.writers] == [len(t) for t in em.tokens]
+            out += em.writers[0]
+        return out
+
+    got = writers(walk_corpus)
+    assert len(got) == N and got.count("corpus") > N / 2 and "nar" not in got and "copy" not in got
+    walk = Walk(V)
+    monkeypatch.setattr(loop, "free_sources", lambda *args: [walk])
+    got = writers()
+    assert got.count("walk") > N / 2 and set(got) == {"walk", "ar"}

@@ -252,6 +252,7 @@ class Batcher:
             em,
             tokens=[tokens[n:]],
             sources=[em.sources[i][n:]],
+            writers=[em.writers[i][n:]],
             finished=[em.finished[i]],
             drafted=[em.drafted[i]],
             accepted=[em.accepted[i]],
@@ -341,4 +342,4 @@ class Batcher:
 
 def _ended(reason: str) -> StepEmission:
     """The emission a cancelled (or failed) row folds as its last: no tokens, no forward."""
-    return StepEmission([[]], [[]], [reason], None, [0], [0], "cancelled", 0)
+    return StepEmission([[]], [[]], [[]], [reason], None, [0], [0], "cancelled", 0)

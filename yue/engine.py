@@ -399,6 +399,8 @@ class RowStream:
         nar = sum(s in NAR_SOURCES for s in sources)
         stats.nar_tokens += nar
         stats.ar_tokens += len(sources) - nar
+        for writer in em.writers[i]:
+            stats.token_sources[writer] = stats.token_sources.get(writer, 0) + 1
         if cfg.mode != "ar":
             drafted, accepted = em.drafted[i], em.accepted[i]
             if drafted:

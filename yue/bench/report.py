@@ -1,6 +1,6 @@
-"""Reporting a bench run: per prompt set a table and the accept-length histograms (held-out set first,
-a dev set labelled as such), the verify cost curve, what was skipped and why, a speed/fidelity plot,
-one JSON line.
+"""Reporting a bench run: per prompt set a table, the accept-length histograms and who wrote the output
+tokens (held-out set first, a dev set labelled as such), the verify cost curve, what was skipped and
+why, a speed/fidelity plot, one JSON line.
 
 Design decisions:
 - The table shows more than the JSON (p10/p90, warm-up, base RSS, histograms); the JSON carries
@@ -22,6 +22,7 @@ from rich.table import Table
 
 from yue.bench.harness import PEERS, BenchResult, SetResult
 from yue.bench.prompts import SPLIT_LABELS
+from yue.decode.types import WRITERS
 from yue.errors import require
 
 
@@ -127,6 +128,22 @@ def histogram_table(result: BenchResult, s: SetResult | None = None) -> Table | 
         t.add_column(str(a), justify="right")
     for name, h in rows.items():
         t.add_row(name, *[str(h.get(a, 0)) for a in range(top + 1)])
+    return t
+
+
+def sources_table(result: BenchResult, s: SetResult | None = None) -> Table | None:
+    """Each entry of ours by who wrote its output tokens (`summary.token_shares`): the NAR set, context
+    copies, the corpus table, the AR path, as shares (None when no entry is ours)."""
+    s = s or result.sets[0]
+    rows = {n: m.values["token_sources"] for n, m in s.summaries.items() if m.values["token_sources"]}
+    if not rows:
+        return None
+    t = Table(title=f"share of output tokens by writer: {s.name} ({s.split})", title_justify="left")
+    t.add_column("entry")
+    for w in WRITERS:
+        t.add_column(w, justify="right")
+    for name, shares in rows.items():
+        t.add_row(name, *[f"{shares.get(w, 0.0):.3f}" for w in WRITERS])
     return t
 
 
@@ -239,9 +256,9 @@ def print_report(result: BenchResult, console: Console | None = None) -> str:
     console = console or Console(highlight=False, width=200, soft_wrap=False)
     for s in result.sets:
         console.print(table(result, s))
-        hist = histogram_table(result, s)
-        if hist is not None:
-            console.print(hist)
+        for extra in (histogram_table(result, s), sources_table(result, s)):
+            if extra is not None:
+                console.print(extra)
     costs = cost_table(result)
     if costs is not None:
         console.print(costs)

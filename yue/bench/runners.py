@@ -25,6 +25,7 @@ Design decisions:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +77,16 @@ class Prompt:
 
 @dataclass
 class Sample:
-    """One timed call: rows[i] = (prompt index, generated tokens, text); counters for the call."""
+    """One timed call: rows[i] = (prompt index, generated tokens, text); counters for the call;
+    token_sources: its rows' tokens by the source that wrote them (`GenerationStats.token_sources`;
+    None for a peer)."""
 
     rows: list[tuple[int, list[int], str]]
     wall_s: float
     ttft_s: float | None
     forwards: int
     accept_lengths: list[int]
+    token_sources: dict[str, int] | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -122,7 +126,10 @@ class OurRunner:
             # acceptance (no lockstep minimum), so every row's accept lengths count.
             forwards = max(r.stats.forwards for r in results)
             lengths = [a for r in results for a in r.stats.accept_lengths]
-            return Sample(rows, wall, results[0].stats.ttft_s, forwards, lengths)
+            written = Counter()
+            for r in results:
+                written.update(r.stats.token_sources)
+            return Sample(rows, wall, results[0].stats.ttft_s, forwards, lengths, dict(written))
         (i, p), ttft, tokens, parts, stats = batch[0], None, [], [], None
         t0 = time.perf_counter()
         for ev in self.engine.stream(p.text, seed=seed, **self.kw):
@@ -132,7 +139,10 @@ class OurRunner:
             parts.append(ev.delta)
             stats = ev.stats or stats
         wall = time.perf_counter() - t0
-        return Sample([(i, tokens, "".join(parts))], wall, ttft, stats.forwards, list(stats.accept_lengths))
+        row = (i, tokens, "".join(parts))
+        return Sample(
+            [row], wall, ttft, stats.forwards, list(stats.accept_lengths), dict(stats.token_sources)
+        )
 
 
 class Recorder:

@@ -6,11 +6,14 @@ Design decisions:
   (`metrics.ar_nll`, memoised per distinct output), exact match with `ar`'s tokens, chrF against the
   references, repetition. An entry's first output per prompt is the one scored (greedy outputs repeat).
 - Speed is the median of per-call tokens/s (p10/p90 beside it); ratios divide medians of one run.
+- Who wrote the output (`token_sources`): each source's share of all the entry's generated tokens
+  (NAR set, context copies, corpus table, AR path), summed over its calls; none for a peer.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 from yue.bench import metrics
@@ -29,6 +32,7 @@ JSON_KEYS = (
     "repetition",
     "peak_rss_mb",
     "speedup_vs_llamacpp_greedy",
+    "token_sources",
 )
 
 
@@ -47,6 +51,18 @@ class Summary:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def token_shares(samples: list[Sample]) -> dict[str, float] | None:
+    """Each source's share of the samples' generated tokens, {"nar", "copy", "corpus", "ar"} summing to
+    1 (None for a peer's samples, or no tokens)."""
+    if not samples or any(s.token_sources is None for s in samples):
+        return None
+    written = Counter()
+    for s in samples:
+        written.update(s.token_sources)
+    total = sum(written.values())
+    return {w: round(n / total, 4) for w, n in written.items()} if total else None
 
 
 def summarise(
@@ -102,6 +118,7 @@ def summarise(
                 "chrf": metrics.chrf([outputs[i][1] for i in order], [prompts[i].reference for i in order]),
                 "repetition": metrics.repetition_rate([outputs[i][0] for i in order]),
                 "peak_rss_mb": mem.get("peak_rss_mb"),
+                "token_sources": token_shares(ss),
             },
             tokens_per_s_p10=metrics.percentile(tps, 10),
             tokens_per_s_p90=metrics.percentile(tps, 90),

@@ -122,8 +122,9 @@ class AnchorVerifiedPolicy(AnchorPlan, VerifiedPolicy):
             for row, d, n, t in zip(fed, st.n_drafts, n_acc, token.tolist(), strict=True)
         ]
         sources = [["fill"] * n + ["anchor"] for n in n_acc]
+        writers = [["nar"] * n + ["ar"] for n in n_acc]  # a fill is the NAR set's, an anchor the AR path's
         keep = [W - d + n for d, n in zip(st.n_drafts, n_acc, strict=True)]
-        adv = Advance(keep, emitted, sources, token[:, None], mode="FILL" if k else "ANCHOR")
+        adv = Advance(keep, emitted, sources, writers, token[:, None], mode="FILL" if k else "ANCHOR")
         adv.drafted, adv.accepted = list(st.n_drafts), n_acc
         adv.ar_first = [k - d for d in st.n_drafts]
         adv.ar_count = [n + 1 for n in n_acc]

@@ -66,6 +66,7 @@ class StepEmission:
 
     Attributes:
         tokens/sources: per row (empty for rows that had already finished).
+        writers: per row, per token, the draft source that wrote it or "ar" (`types.Writer`).
         finished: per row, why it stopped, or None while it runs.
         step: the trace record (row 0's counts) when `cfg.trace`.
         drafted/accepted: per row, draft tokens verified (or committed unverified) and kept.
@@ -78,6 +79,7 @@ class StepEmission:
 
     tokens: list[list[int]]
     sources: list[list[str]]
+    writers: list[list[str]]
     finished: list[str | None]
     step: Step | None
     drafted: list[int]
@@ -373,7 +375,7 @@ class DecodeBatch:
         # 4. Advance: bookkeeping for the next step.
         st.fed, st.draft_logprobs = adv.next_fed, adv.next_draft_logprobs
         st.n_drafts = adv.next_drafts or [0] * B
-        toks, srcs = _truncate(adv, g.rows)
+        toks, srcs, writers = _truncate(adv, g.rows)
         logprobs = _logprobs(g.rows, adv, toks, out.ar_logits)
         if st.seen is not None:
             for b, t in enumerate(toks):
@@ -396,6 +398,7 @@ class DecodeBatch:
         return StepEmission(
             toks,
             srcs,
+            writers,
             finished,
             step,
             adv.drafted,
@@ -449,20 +452,22 @@ def _logprobs(rows: list[Row], adv: Advance, toks: list[list[int]], ar_logits: t
     return out
 
 
-def _truncate(adv: Advance, rows: list[Row]) -> tuple[list[list[int]], list[list[str]]]:
-    """Cut each row's emitted tokens at EOS and at its max_new_tokens budget; mark finished rows."""
-    toks, srcs = [], []
-    for row, t, s in zip(rows, adv.emitted, adv.sources, strict=True):
-        cut = next((i for i, x in enumerate(t) if x in row.eos_ids), None)
-        if cut is not None:
-            t, s = t[:cut], s[:cut]
+def _truncate(adv: Advance, rows: list[Row]) -> tuple[list[list[int]], list[list[str]], list[list[str]]]:
+    """Cut each row's emitted tokens (with their sources and writers) at EOS and at its max_new_tokens
+    budget; mark finished rows."""
+    toks, srcs, writers = [], [], []
+    for row, t, s, w in zip(rows, adv.emitted, adv.sources, adv.writers, strict=True):
+        end = next((i for i, x in enumerate(t) if x in row.eos_ids), None)
+        if end is not None:
             row.finish = "eos"
-        if len(t) >= row.budget:
-            t, s = t[: row.budget], s[: row.budget]
+        else:
+            end = len(t)
+        if end >= row.budget:
+            end = row.budget
             row.finish = row.finish or "length"
-        row.budget -= len(t)
-        toks.append(t), srcs.append(s)
-    return toks, srcs
+        row.budget -= end
+        toks.append(t[:end]), srcs.append(s[:end]), writers.append(w[:end])
+    return toks, srcs, writers
 
 
 @torch.inference_mode()
@@ -498,20 +503,22 @@ def decode(
         if cancel is not None and cancel():
             finished = [f or "cancelled" for f in finished]
             empty = [[] for _ in range(B)]
-            yield StepEmission(empty, empty, finished, None, [0] * B, [0] * B, "cancelled", 0)
+            yield StepEmission(empty, empty, empty, finished, None, [0] * B, [0] * B, "cancelled", 0)
             return
         for em in batch.step():
-            tokens, sources = [[] for _ in range(B)], [[] for _ in range(B)]
+            tokens, sources, writers = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
             drafted, accepted = [0] * B, [0] * B
             logprobs = None if em.logprobs is None else [None] * B
             for i, row in enumerate(em.rows):
                 tokens[row], sources[row], finished[row] = em.tokens[i], em.sources[i], em.finished[i]
+                writers[row] = em.writers[i]
                 drafted[row], accepted[row] = em.drafted[i], em.accepted[i]
                 if logprobs is not None:
                     logprobs[row] = em.logprobs[i]
             yield StepEmission(
                 tokens,
                 sources,
+                writers,
                 list(finished),
                 em.step,
                 drafted,

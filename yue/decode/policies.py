@@ -113,7 +113,8 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
     B, m = extra.shape
     emitted = [[t] + e for t, e in zip(token.tolist(), extra.tolist(), strict=True)]
     next_fed = torch.cat([token[:, None], extra], dim=1)
-    adv = Advance([st.fed.shape[1]] * B, emitted, [["ar"] + ["nar"] * m for _ in emitted], next_fed)
+    paths = [["ar"] + ["nar"] * m for _ in emitted]  # the slots are the NAR set's, by path and source
+    adv = Advance([st.fed.shape[1]] * B, emitted, paths, [list(p) for p in paths], next_fed)
     adv.mode, adv.drafted, adv.accepted = ("NAR" if m else "AR"), [m] * B, [m] * B
     adv.ar_first, adv.ar_count = [st.max_drafts] * B, [1] * B  # the AR token: the last verifying row
     return adv
@@ -380,8 +381,10 @@ class VerifiedPolicy(Policy):
         # NAR set did); `hybrid`'s tolerance may keep ones the AR path did not choose: drafts, as the NAR's.
         free_are_ar = drafts.in_flight is not None and self.tolerance(st) == 0
         sources = [["ar" if free_are_ar else "nar"] * n + ["ar"] for n in n_acc]
+        # Counted by who proposed them, whatever the path (`GenerationStats.token_sources`).
+        writers = [[drafts.verifying.source] * n + ["ar"] for n in n_acc]
         keep = [W - k + n for k, n in zip(st.n_drafts, n_acc, strict=True)]  # prefill: the whole prompt
-        adv = Advance(keep, emitted, sources, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
+        adv = Advance(keep, emitted, sources, writers, nxt[:, None], mode="NAR" if st.max_drafts else "AR")
         adv.drafted, adv.accepted = list(st.n_drafts), n_acc
         adv.ar_first = [st.max_drafts - k for k in st.n_drafts]
         adv.ar_count = [n + 1 for n in n_acc]

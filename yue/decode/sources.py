@@ -67,9 +67,12 @@ class AcceptanceRecord:
         predicted / accepted: the router's expected accepted drafts and the accepted ones, summed.
         pending: the router's expectation for the drafts now in flight (None: not the router's).
         prior: per draft position, the prior mean of c_j where measured (past its end, c_{j-1}).
+        source: the name of the source whose drafts it judges (`DraftSource.name`), which the tokens
+            they write are counted by (`GenerationStats.token_sources`); "" for a record made by hand.
     """
 
     prior: tuple[float, ...] = ()
+    source: str = ""
     reached: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     predicted: float = 0.0
@@ -124,7 +127,8 @@ class DraftSource:
     def record(self, key: int = 0) -> AcceptanceRecord:
         """The record of this source's drafts proposed under `key`, started from its prior when new."""
         if key not in self.records:
-            self.records[key] = AcceptanceRecord(tuple(self.rates.get(f"{self.name}:{key}", ())))
+            prior = tuple(self.rates.get(f"{self.name}:{key}", ()))
+            self.records[key] = AcceptanceRecord(prior, source=self.name)
         return self.records[key]
 
 
@@ -250,9 +254,14 @@ class DraftSources:
     contexts: list[NgramIndex] | None = None
     in_flight: AcceptanceRecord | None = None
 
+    @property
+    def verifying(self) -> AcceptanceRecord:
+        """The record of the drafts fed to the step now verifying them (free drafts, else the block's)."""
+        return self.block.record() if self.in_flight is None else self.in_flight
+
     def observe(self, drafted: int, accepted: int) -> None:
         """Fold a verifying step into the record of the drafts it verified (the batch's mean counts)."""
-        (self.block.record() if self.in_flight is None else self.in_flight).observe(drafted, accepted)
+        self.verifying.observe(drafted, accepted)
 
     def extend(self, emitted: list[list[int]]) -> None:
         """Append each row's committed tokens to its context."""

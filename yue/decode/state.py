@@ -68,11 +68,13 @@ class LoopState:
 @dataclass
 class Advance:
     """What one step decided, per row: emitted/sources in order; keep: fed positions whose K/V stay;
-    drafted/accepted: draft tokens verified (or committed unverified) and kept."""
+    drafted/accepted: draft tokens verified (or committed unverified) and kept; writers: per emitted
+    token, the draft source that wrote it or "ar" (`types.Writer`)."""
 
     keep: list[int]
     emitted: list[list[int]]
     sources: list[list[str]]
+    writers: list[list[str]]
     next_fed: torch.Tensor
     next_drafts: list[int] | None = None  # None: no drafts
     next_draft_logprobs: torch.Tensor | None = None

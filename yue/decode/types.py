@@ -6,6 +6,10 @@ Design decisions:
 - Token provenance ("ar" or "nar") travels with every streamed chunk so the demo page and the
   metrics can show who wrote what. In `verified` mode an accepted draft token counts as "nar" (the NAR
   set wrote it, the AR path only checked it); the AR path's own bonus/correction token is "ar".
+- Apart from that path, each token is counted by the draft source that wrote it (`Writer`: the NAR set,
+  context copies, the corpus table, or the AR path): an accepted draft is its proposer's, even a free
+  draft that `verified` labels "ar" (the AR path would have written it, but a copy did, at no step's
+  cost). `GenerationStats.token_sources` sums them per request (integers).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Literal
 # Who wrote a token: the AR path ("ar"; the anchor modes' "anchor") or the NAR set ("nar"; "fill").
 Source = Literal["ar", "nar", "anchor", "fill"]
 NAR_SOURCES = ("nar", "fill")
+# Which draft source wrote a committed token (`decode/sources.py`'s names), or the AR path.
+Writer = Literal["nar", "copy", "corpus", "ar"]
+WRITERS: tuple[Writer, ...] = ("nar", "copy", "corpus", "ar")
 FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
 
 
@@ -60,6 +67,9 @@ class GenerationStats:
             others are steps, each verifying and emitting.
         new_tokens: tokens generated.
         ar_tokens / nar_tokens: generated tokens by the path that wrote them.
+        token_sources: generated tokens by the source that wrote them (`WRITERS`): an accepted draft
+            counts for the source that proposed it, every token the AR path chose for "ar"; they sum
+            to new_tokens.
         drafted / accepted: draft tokens proposed for verification (or unverified commit) and kept.
         accepted_per_pos: accepted_per_pos[i] counts steps whose (i+1)-th draft token was accepted.
         accept_lengths: per drafting step, the number of draft tokens accepted (for histograms).
@@ -74,6 +84,7 @@ class GenerationStats:
     new_tokens: int = 0
     ar_tokens: int = 0
     nar_tokens: int = 0
+    token_sources: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WRITERS, 0))
     drafted: int = 0
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
@@ -92,6 +103,11 @@ class GenerationStats:
         """Generated tokens per verifying forward (drafting passes not counted)."""
         steps = self.forwards - self.draft_passes
         return self.new_tokens / steps if steps else 0.0
+
+    @property
+    def token_shares(self) -> dict[str, float]:
+        """`token_sources` as shares of the generated tokens (all 0 when none)."""
+        return {w: n / self.new_tokens if self.new_tokens else 0.0 for w, n in self.token_sources.items()}
 
     def to_dict(self) -> dict:
         d = asdict(self)

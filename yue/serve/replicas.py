@@ -12,6 +12,9 @@ Design decisions:
 - A replica takes at most `max_batch_size + max_queue` requests at once (`max_ongoing_requests`); Ray's
   proxy queues the rest, so a replica's own 503 "overloaded" is reached only past Ray's queue.
   Autoscaling (`MIN:MAX`) aims at `max_batch_size` ongoing requests per replica: a full batch.
+- A replica that dies mid-request is replaced by Ray; its requests end with OpenAI's error (a stream
+  with an error event then `[DONE]`, a response not started with a 503), written by a middleware in
+  Ray's proxy (`proxy.py`), since the replica that would have written them is gone.
 - Ray is imported here only; the single-process server never imports this module (`pip install
   'yue[ray]'` brings Ray).
 """
@@ -31,6 +34,7 @@ from ray import serve
 
 from yue.serve.app import create_app
 from yue.serve.config import ServeConfig
+from yue.serve.proxy import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 log = logging.getLogger("yue.serve")
 APP_NAME = "yue"
@@ -153,7 +157,15 @@ def start(
         chat_template: Jinja source overriding the model's.
     """
     if not ray.is_initialized():
-        ray.init(address=replicas.address, include_dashboard=False, logging_level=logging.WARNING)
+        # Ray Serve's proxies, started below, wrap themselves in `proxy.middlewares` (a user's own
+        # callback, set in the environment, is kept).
+        env = {PROXY_CALLBACK_ENV: os.environ.get(PROXY_CALLBACK_ENV, PROXY_CALLBACK)}
+        ray.init(
+            address=replicas.address,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            runtime_env={"env_vars": env},
+        )
     serve.start(http_options={"host": config.host, "port": config.port})
     app = Replica.options(**deployment_options(config, replicas)).bind(
         load, config, replicas.threads_per_replica, chat_template

@@ -30,6 +30,7 @@ Chunks written elsewhere (a GPU round's answers) join with `import_sequences`.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import logging
@@ -62,7 +63,9 @@ from yue.train.topnar_run import (
     load_nar_tensors,
     read_chat_prompts,
     save_nar_folder,
+    top_nar_base,
 )
+from yue.train.trainer import append_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -432,8 +435,7 @@ class Campaign:
     def _log(self, record: dict) -> None:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
         log.info("campaign: %s", json.dumps(record))
-        with open(self.dir / "log.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(self.dir / "log.jsonl", record)
 
 
 def _recipe_of(folder: str | Path) -> TopNARRecipe:
@@ -485,13 +487,8 @@ def export_chunks(campaign: Campaign, dest: str | Path, parts: int = 1, first: i
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m yue.train.campaign --dir D --base X.gguf --init yue/assets/yue-smol [...]`: start or
-    resume a campaign (the same command resumes it)."""
-    import argparse
-
-    from yue.train.topnar_run import top_nar_base
-
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """`main`'s command line."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--dir", required=True, help="campaign folder (created, or resumed)")
     ap.add_argument("--base", required=True, help="the AR set: a .gguf file or a model whose AR set is one")
@@ -521,12 +518,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--max-new-tokens", type=int, default=CampaignConfig.max_new_tokens)
     ap.add_argument("--long-new-tokens", type=int, default=CampaignConfig.long_new_tokens)
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(a.threads)
-    t0 = time.perf_counter()
-    evals = dict(e.split("=", 1) for e in a.eval)
-    cfg = CampaignConfig(
+    return ap.parse_args(argv)
+
+
+def _config(a: argparse.Namespace) -> CampaignConfig:
+    """The campaign's settings from its command line: a round trains at a constant learning rate after
+    a short warm-up, and evaluates once, at its end."""
+    return CampaignConfig(
         chunk_prompts=a.chunk_prompts,
         gen_batch_size=a.gen_batch,
         window=a.window,
@@ -543,6 +541,17 @@ def main(argv: list[str] | None = None) -> None:
             eval_every=a.steps,
         ),
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m yue.train.campaign --dir D --base X.gguf --init yue/assets/yue-smol [...]`: start or
+    resume a campaign (the same command resumes it)."""
+    a = _arguments(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    evals = dict(e.split("=", 1) for e in a.eval)
+    cfg = _config(a)
     base, _ = top_nar_base(a.base)
     if a.adopt:
         Path(a.dir).mkdir(parents=True, exist_ok=True)

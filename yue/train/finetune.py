@@ -27,12 +27,13 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from accelerate import PartialState
+from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -50,7 +51,14 @@ from yue.train.checkpoint import latest_checkpoint
 from yue.train.config import FinetuneConfig
 from yue.train.finetune_data import TokenStream, read_finetune_data
 from yue.train.finetune_drafts import accepted_drafts, measuring_prompts, refresh_drafts
-from yue.train.trainer import Trainer, lr_at, make_accelerator
+from yue.train.trainer import (
+    StageTimer,
+    Trainer,
+    append_jsonl,
+    check_resume_settings,
+    lr_at,
+    make_accelerator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +136,8 @@ def wrap_lora(model: YueForCausalLM, cfg: FinetuneConfig):
 
 def check_resume_config(run_dir: Path, cfg: FinetuneConfig) -> None:
     """A resumed run must train with the same settings, or it would not reach the same adapter."""
-    file = run_dir / "finetune_config.json"
-    if not file.is_file():
-        return
-    saved, now = json.loads(file.read_text()), json.loads(json.dumps(asdict(cfg)))
-    diff = [k for k in now if k not in RESUME_FREE_FIELDS and saved.get(k) != now[k]]
-    if diff:
-        raise ValueError(f"--resume with settings that differ from the run in {run_dir}: {', '.join(diff)}")
+    now = json.loads(json.dumps(asdict(cfg)))
+    check_resume_settings(run_dir / "finetune_config.json", now, RESUME_FREE_FIELDS)
 
 
 class LoraObjective(nn.Module):
@@ -197,8 +200,7 @@ def train_lora(
         bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{tok_s:.0f}", refresh=False)
         bar.update(1)
         if trainer.is_main:
-            with (run_dir / "log.jsonl").open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_jsonl(run_dir / "log.jsonl", rec)
         if done % cfg.save_every == 0 or done == cfg.steps:
             trainer.save(done, {"seed": cfg.seed})
     bar.close()
@@ -231,15 +233,25 @@ def load_base(model: str | Path | None) -> tuple[YueForCausalLM, YueTokenizer, P
     return net, tokenizer, files.yue_dir or files.tokenizer_dir
 
 
-@dataclass
-class _Timer:
-    marks: dict[str, float] = field(default_factory=dict)
-    t: float = field(default_factory=time.perf_counter)
+def save_drafts(model: YueForCausalLM, out_dir: Path, base_digest: str) -> None:
+    """The refreshed drafts (NAR set and router, `adapters.draft_state`) as `drafts.safetensors`,
+    tagged with the digest of the base they were trained for, replaced atomically (temp file, rename)."""
+    tmp = out_dir / f".tmp-{DRAFTS_FILE}"
+    save_file(draft_state(model), str(tmp), metadata={"base": base_digest})
+    tmp.replace(out_dir / DRAFTS_FILE)
 
-    def mark(self, name: str) -> None:
-        now = time.perf_counter()
-        self.marks[name] = round(now - self.t, 1)
-        self.t = now
+
+def refreshed_over_base(accepted: dict) -> dict[str, float | None]:
+    """Mean accepted drafts with the refreshed drafts over the base's, drafting every slot and as the
+    router chooses (None where either was not measured or the base accepted none)."""
+    base, refreshed = accepted["base"], accepted["adapter_refreshed"]
+
+    def ratio(label: str) -> float | None:
+        if refreshed is None or base is None or not base[label]["mean_accepted"]:
+            return None
+        return round(refreshed[label]["mean_accepted"] / base[label]["mean_accepted"], 4)
+
+    return {label: ratio(label) for label in ("every_slot", "router")}
 
 
 def finetune(
@@ -258,7 +270,7 @@ def finetune(
         torch.set_num_threads(cfg.threads)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    timer = _Timer()
+    timer = StageTimer()
     base, tokenizer, folder = load_base(model)
     stream = TokenStream.build(read_finetune_data(data, ChatTemplate(find_chat_template(folder))), tokenizer)
     prompts = measuring_prompts(stream, cfg, tokenizer.eos_id)
@@ -272,7 +284,7 @@ def finetune(
 
     # 1. The base, on the user's data.
     loss_before = eval_loss(base, stream, cfg.seq_len)
-    acc_base = measure(base)
+    accepted = {"base": measure(base)}
     timer.mark("measure_base_s")
     # 2-3. LoRA, saved, merged, measured with the old drafts.
     peft_model = wrap_lora(base, cfg)
@@ -284,27 +296,17 @@ def finetune(
     if main:
         save_adapter(peft_model, out_dir, identity)
     adapted = peft_model.merge_and_unload().eval()
-    acc_adapter = measure(adapted)
+    accepted["adapter_no_refresh"] = measure(adapted)
     timer.mark("measure_adapter_s")
     # 4. Refresh the drafts for the adapted model.
-    refresh, acc_refreshed = None, None
+    refresh = accepted["adapter_refreshed"] = None
     if cfg.refresh_steps > 0 and has_drafts:
         refresh = refresh_drafts(adapted, stream, cfg, progress)
         if main:
-            tmp = out_dir / f".tmp-{DRAFTS_FILE}"
-            from safetensors.torch import save_file
-
-            save_file(draft_state(adapted), str(tmp), metadata={"base": identity["digest"]})
-            tmp.replace(out_dir / DRAFTS_FILE)
+            save_drafts(adapted, out_dir, identity["digest"])
         timer.mark("refresh_s")
-        acc_refreshed = measure(adapted)
+        accepted["adapter_refreshed"] = measure(adapted)
         timer.mark("measure_refreshed_s")
-
-    def recovery(label: str) -> float | None:
-        if acc_refreshed is None or acc_base is None or not acc_base[label]["mean_accepted"]:
-            return None
-        return round(acc_refreshed[label]["mean_accepted"] / acc_base[label]["mean_accepted"], 4)
-
     report = {
         "model": str(folder),
         "base_digest": identity["digest"],
@@ -318,12 +320,8 @@ def finetune(
         "first_step_loss": history[0]["loss"] if history else None,
         "last_step_loss": history[-1]["loss"] if history else None,
         "measure": {"prompts": len(prompts), "new_tokens": cfg.measure_tokens, "mode": "verified, greedy"},
-        "accepted_drafts": {
-            "base": acc_base,
-            "adapter_no_refresh": acc_adapter,
-            "adapter_refreshed": acc_refreshed,
-        },
-        "refreshed_over_base": {k: recovery(k) for k in ("every_slot", "router")},
+        "accepted_drafts": accepted,
+        "refreshed_over_base": refreshed_over_base(accepted),
         "refresh": refresh,
         "timings": timer.marks,
     }

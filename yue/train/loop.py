@@ -36,8 +36,22 @@ from yue.train.anchor import anchor_loss
 from yue.train.checkpoint import latest_checkpoint
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, cached_tokens, read_corpus, split_documents
-from yue.train.losses import TrainingForward, draw_reveals, joint_loss, sample_anchors, set_trainable
-from yue.train.trainer import Trainer, lr_at, make_accelerator, step_generator
+from yue.train.losses import (
+    JointLoss,
+    TrainingForward,
+    draw_reveals,
+    joint_loss,
+    sample_anchors,
+    set_trainable,
+)
+from yue.train.trainer import (
+    Trainer,
+    append_jsonl,
+    check_resume_settings,
+    lr_at,
+    make_accelerator,
+    step_generator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,20 +152,16 @@ def check_resume_config(run_dir: Path, cfg: TrainConfig, resume_step: int) -> No
     One exception: `steps` may change while the checkpoint is still inside the warm-up, because the
     learning rates used so far (`lr_at` for step < warmup_steps) do not depend on `steps`.
     """
-    saved_file = run_dir / "train_config.json"
-    if not saved_file.is_file():
-        return
-    saved = json.loads(saved_file.read_text())
-    now = json.loads(cfg.to_json())
     free = RESUME_FREE_FIELDS | ({"steps"} if resume_step <= cfg.warmup_steps else set())
-    diff = [k for k in now if k not in free and saved.get(k) != now[k]]
-    if diff:
-        raise ValueError(f"--resume with settings that differ from the run in {run_dir}: {', '.join(diff)}")
+    check_resume_settings(run_dir / "train_config.json", json.loads(cfg.to_json()), free)
 
 
-def write_log(run_dir: Path, record: dict) -> None:
-    with open(run_dir / "log.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
+def start_run_dir(run_dir: Path, cfg: TrainConfig, resume: bool) -> None:
+    """Create the run folder, check a resumed run's settings against its own, and write them."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume and (ckpt := latest_checkpoint(run_dir)) is not None:
+        check_resume_config(run_dir, cfg, json.loads((ckpt / "state.json").read_text())["step"])
+    (run_dir / "train_config.json").write_text(cfg.to_json())
 
 
 def save_final_model(model: YueForCausalLM, tokenizer: YueTokenizer, out_dir: Path) -> Path:
@@ -187,6 +197,123 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> tuple[YueTokenizer, PackedSequ
     return tokenizer, train, val, stats
 
 
+def train_step(
+    trainer: Trainer, model: YueForCausalLM, data: PackedSequences, cfg: TrainConfig, step: int
+) -> tuple[JointLoss, torch.Tensor | None, float]:
+    """One update: (this process's loss terms, the anchor objective's count loss or None, grad norm)."""
+    # 1. The global batch, anchors and reveals: pure functions of (seed, step); this process's rows.
+    g = step_generator(cfg.seed, step)
+    x = data.batch(step, cfg.batch_size)
+    anchors = sample_anchors(cfg.batch_size, cfg.seq_len, cfg.anchors, cfg.block_size, g)
+    reveal = draw_reveals(cfg.batch_size, cfg.anchors, cfg.block_size, cfg.reveal_prob, g)
+    mine, device = trainer.rows(), trainer.accelerator.device
+    # 2. Loss (AR mean + slot terms over the global batch's masked slots), one update at this step's lr.
+    count = None
+    if cfg.objective == "anchor":  # its own blocks and reveals (`train/anchor.py`), drawn from g
+        out, count = anchor_loss(
+            trainer.net,
+            model,
+            x[mine].to(device),
+            cfg.anchors,
+            cfg.block_size,
+            cfg.loss_weights,
+            cfg.anchor_bias,
+            g,
+        )
+    else:
+        out = joint_loss(
+            trainer.net,
+            x[mine].to(device),
+            anchors[mine].to(device),
+            cfg.block_size,
+            cfg.loss_weights,
+            reveal=reveal[mine],
+        )
+    slots, _ = trainer.global_mean(out.slot_sum, out.nar_count_per_slot.sum())
+    return out, count, trainer.update(out.ar_term + slots, step)
+
+
+class Progress:
+    """The loop's progress bar and its `log.jsonl` records (start, train, eval, done), which only the
+    main process writes; tokens/s is measured between two train records."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, start: int, main: bool, t0: float) -> None:
+        self.run_dir, self.cfg, self.main, self.t0 = run_dir, cfg, main, t0
+        self.bar = tqdm(
+            total=cfg.steps,
+            initial=start,
+            disable=not main,
+            mininterval=5.0,
+            dynamic_ncols=True,
+            desc="train",
+        )
+        self.t_last, self.step_last = time.time(), start
+
+    def write(self, record: dict) -> None:
+        if self.main:
+            append_jsonl(self.run_dir / "log.jsonl", record)
+
+    def log_start(self, step: int, stats: dict, model: YueForCausalLM, world: int) -> None:
+        self.write(
+            {
+                "kind": "start",
+                "step": step,
+                "argv": sys.argv,
+                "data": stats,
+                "params": sum(p.numel() for p in model.parameters()),
+                "world": world,
+                "threads": torch.get_num_threads(),
+                "time": time.time(),
+            }
+        )
+
+    def log_train(
+        self, done: int, out: JointLoss, count: torch.Tensor | None, model: YueForCausalLM, grad_norm: float
+    ) -> None:
+        now = time.time()
+        tokens = self.cfg.batch_size * self.cfg.seq_len * (done - self.step_last)
+        tok_s = tokens / max(now - self.t_last, 1e-9)
+        self.t_last, self.step_last = now, done
+        terms = {
+            "loss": float(out.total.detach()),
+            "ar": float(out.ar),
+            "nar": float(out.nar),
+            "kl": float(out.kl),
+        }
+        if count is not None:
+            terms["count"] = float(count)
+        terms |= expert_usage(model)
+        self.bar.set_postfix(
+            {k: f"{v:.3f}" for k, v in terms.items()} | {"tok/s": f"{tok_s:.0f}"}, refresh=False
+        )
+        self.write(
+            {
+                "kind": "train",
+                "step": done,
+                **terms,
+                "lr": lr_at(done - 1, self.cfg),
+                "grad_norm": float(grad_norm),
+                "tok_s": round(tok_s, 1),
+                "elapsed_s": round(now - self.t0, 1),
+            }
+        )
+
+    def log_eval(self, done: int, result: EvalResult) -> None:
+        self.write(
+            {"kind": "eval", "step": done, **asdict(result), "elapsed_s": round(time.time() - self.t0, 1)}
+        )
+        if self.main:
+            self.bar.write(
+                f"[eval] step {done}: ar_loss={result.ar_loss:.4f} nar_loss={result.nar_loss:.4f} "
+                f"nar_acc={result.nar_acc_per_slot}"
+            )
+
+    def log_done(self, step: int, final: Path) -> None:
+        self.write(
+            {"kind": "done", "step": step, "wall_s": round(time.time() - self.t0, 1), "model": str(final)}
+        )
+
+
 def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) -> Path:
     """Run (or resume) training; returns the final model folder (`<out>/model`).
 
@@ -198,22 +325,14 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     accelerator = make_accelerator()
-    main = accelerator.is_main_process
-    run_dir = Path(cfg.out)
+    main, run_dir = accelerator.is_main_process, Path(cfg.out)
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if resume and (ckpt := latest_checkpoint(run_dir)) is not None:
-            check_resume_config(run_dir, cfg, json.loads((ckpt / "state.json").read_text())["step"])
-        (run_dir / "train_config.json").write_text(cfg.to_json())
+        start_run_dir(run_dir, cfg, resume)
     accelerator.wait_for_everyone()
-
     t0 = time.time()
-    tokenizer, train_set, val_set, stats = load_data(cfg, run_dir) if main else (None, None, None, None)
-    accelerator.wait_for_everyone()
-    if not main:  # the main process wrote the tokenizer and token cache; the others read them
+    with accelerator.main_process_first():  # the main process writes the tokenizer and token cache
         tokenizer, train_set, val_set, stats = load_data(cfg, run_dir)
     model = build_model(cfg, tokenizer)
-    world = accelerator.num_processes
     trainer = Trainer(
         TrainingForward(model),
         set_trainable(model, cfg.train_set),
@@ -226,112 +345,24 @@ def train(cfg: TrainConfig, resume: bool = False, stop_at: int | None = None) ->
         accelerator=accelerator,
     )
     start = trainer.resume()["step"] if resume else 0
-    net, device = trainer.net, accelerator.device
-    if main:
-        write_log(
-            run_dir,
-            {
-                "kind": "start",
-                "step": start,
-                "argv": sys.argv,
-                "data": stats,
-                "params": sum(p.numel() for p in model.parameters()),
-                "world": world,
-                "threads": torch.get_num_threads(),
-                "time": time.time(),
-            },
-        )
-
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    bar = tqdm(
-        total=cfg.steps, initial=start, disable=not main, mininterval=5.0, dynamic_ncols=True, desc="train"
-    )
-    t_last, step_last = time.time(), start
+    progress = Progress(run_dir, cfg, start, main, t0)
+    progress.log_start(start, stats, model, accelerator.num_processes)
     for step in range(start, end):
-        # 1. The global batch, anchors and reveals: pure functions of (seed, step); this process's rows.
-        g = step_generator(cfg.seed, step)
-        x = train_set.batch(step, cfg.batch_size)
-        anchors = sample_anchors(cfg.batch_size, cfg.seq_len, cfg.anchors, cfg.block_size, g)
-        reveal = draw_reveals(cfg.batch_size, cfg.anchors, cfg.block_size, cfg.reveal_prob, g)
-        mine = trainer.rows()
-        # 2. Loss (AR mean + slot terms over the global batch's masked slots), one update at this step's lr.
-        count = None
-        if cfg.objective == "anchor":  # its own blocks and reveals (`train/anchor.py`), drawn from g
-            out, count = anchor_loss(
-                net,
-                model,
-                x[mine].to(device),
-                cfg.anchors,
-                cfg.block_size,
-                cfg.loss_weights,
-                cfg.anchor_bias,
-                g,
-            )
-        else:
-            out = joint_loss(
-                net,
-                x[mine].to(device),
-                anchors[mine].to(device),
-                cfg.block_size,
-                cfg.loss_weights,
-                reveal=reveal[mine],
-            )
-        slots, _ = trainer.global_mean(out.slot_sum, out.nar_count_per_slot.sum())
-        grad_norm = trainer.update(out.ar_term + slots, step)
+        out, count, grad_norm = train_step(trainer, model, train_set, cfg, step)
         done = step + 1
-        # 3. Progress, logs, evaluation, checkpoints.
         if done % cfg.log_every == 0 or done == end:
-            now = time.time()
-            tok_s = tokens_per_step * (done - step_last) / max(now - t_last, 1e-9)
-            t_last, step_last = now, done
-            terms = {
-                "loss": float(out.total.detach()),
-                "ar": float(out.ar),
-                "nar": float(out.nar),
-                "kl": float(out.kl),
-            }
-            if count is not None:
-                terms["count"] = float(count)
-            terms |= expert_usage(model)
-            bar.set_postfix(
-                {k: f"{v:.3f}" for k, v in terms.items()} | {"tok/s": f"{tok_s:.0f}"}, refresh=False
-            )
-            if main:
-                write_log(
-                    run_dir,
-                    {
-                        "kind": "train",
-                        "step": done,
-                        **terms,
-                        "lr": lr_at(step, cfg),
-                        "grad_norm": float(grad_norm),
-                        "tok_s": round(tok_s, 1),
-                        "elapsed_s": round(now - t0, 1),
-                    },
-                )
-        bar.update(1)
+            progress.log_train(done, out, count, model, grad_norm)
+        progress.bar.update(1)
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            result = evaluate(net, model, val_set, cfg, device)
-            if main:
-                write_log(
-                    run_dir,
-                    {"kind": "eval", "step": done, **asdict(result), "elapsed_s": round(time.time() - t0, 1)},
-                )
-                bar.write(
-                    f"[eval] step {done}: ar_loss={result.ar_loss:.4f} nar_loss={result.nar_loss:.4f} "
-                    f"nar_acc={result.nar_acc_per_slot}"
-                )
+            progress.log_eval(done, evaluate(trainer.net, model, val_set, cfg, accelerator.device))
         if done % cfg.save_every == 0 or done == end:
             trainer.save(done, {"seed": cfg.seed})
-    bar.close()
-
+    progress.bar.close()
     final = run_dir / "model"
     if end == cfg.steps and main:
         model.config.loss_weights = cfg.loss_weights.as_dict()
         save_final_model(model, tokenizer, final)
-        write_log(
-            run_dir, {"kind": "done", "step": end, "wall_s": round(time.time() - t0, 1), "model": str(final)}
-        )
+        progress.log_done(end, final)
     accelerator.wait_for_everyone()
     return final

@@ -179,39 +179,13 @@ def joint_loss(
     slot_in = torch.where(reveal, targets, torch.full_like(targets, inner.config.mask_token_id))
 
     # 3. One forward: committed tokens then the slots, with the training mask.
-    inputs = torch.cat([tokens, slot_in], dim=1)  # (B, T + M*K)
-    positions = torch.cat([torch.arange(T, device=device).expand(B, T), slot_positions(anchors, K)], dim=1)
-    mask = training_mask(T, anchors, K).to(device)  # (B, 1, S, S)
-    if bias is not None:  # additive: -inf where blocked, the slots' rows plus their bias
-        additive = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
-        additive[:, 0, T:] += bias
-        mask = additive
-    logits = net(inputs, positions, T, mask).float()  # (B, T + M*K, V)
+    logits = _slots_forward(net, tokens, slot_in, anchors, K, bias)  # (B, T + M*K, V)
     ar_logits, slot_logits = logits[:, :T], logits[:, T:]  # (B, T, V), (B, M*K, V)
 
-    # 4. AR: next-token cross-entropy.
-    zero = logits.new_zeros(())
-    ar = F.cross_entropy(ar_logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()) if weights.ar else zero
-
-    # 5. NAR: cross-entropy on masked slots only.
+    # 4-6. The terms: AR, NAR on masked slots, KL to the AR path's distribution.
     keep = ~reveal  # (B, M*K)
-    n_keep = keep.sum().clamp(min=1)
-    slot_logp = F.log_softmax(slot_logits, dim=-1)  # (B, M*K, V)
-    nll = -slot_logp.gather(-1, targets[..., None]).squeeze(-1)  # (B, M*K)
-    nll_sum = (nll * keep).sum()
-    nar = nll_sum / n_keep
-
-    # 6. KL(sg(p_AR) || p_NAR): AR distribution at t+i-1 predicts the same token x[t+i] as slot i.
-    kl = kl_sum = zero
-    if weights.kl:
-        ar_at = ar_logits.detach().gather(1, (target_idx - 1)[..., None].expand(-1, -1, ar_logits.shape[-1]))
-        ar_logp = F.log_softmax(ar_at, dim=-1)  # (B, M*K, V)
-        kl_per = (ar_logp.exp() * (ar_logp - slot_logp)).sum(-1)  # (B, M*K)
-        kl_sum = (kl_per * keep).sum()
-        kl = kl_sum / n_keep
-
+    ar, nar, kl, slot_sum = _loss_terms(ar_logits, slot_logits, tokens, target_idx, targets, keep, weights)
     total = weights.ar * ar + weights.nar * nar + weights.kl * kl
-    slot_sum = weights.nar * nll_sum + weights.kl * kl_sum
 
     # 7. Per-slot accuracy of the argmax, over masked slots. slot index = position within block.
     with torch.no_grad():
@@ -220,3 +194,61 @@ def joint_loss(
         count = keep.view(B, M, K).sum((0, 1)).float()  # (K,)
         acc = hits / count.clamp(min=1)
     return JointLoss(total, ar.detach(), nar.detach(), kl.detach(), acc, count, weights.ar * ar, slot_sum)
+
+
+def _slots_forward(
+    net: nn.Module,
+    tokens: torch.Tensor,
+    slot_in: torch.Tensor,
+    anchors: torch.Tensor,
+    K: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """Logits (B, T + M*K, V), float32, of the committed tokens (B, T) then the slots' inputs
+    (B, M*K), with the training mask (plus `bias` on the slots' rows, see `joint_loss`)."""
+    B, T = tokens.shape
+    device = tokens.device
+    inputs = torch.cat([tokens, slot_in], dim=1)  # (B, T + M*K)
+    positions = torch.cat([torch.arange(T, device=device).expand(B, T), slot_positions(anchors, K)], dim=1)
+    mask = training_mask(T, anchors, K).to(device)  # (B, 1, S, S)
+    if bias is not None:  # additive: -inf where blocked, the slots' rows plus their bias
+        additive = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
+        additive[:, 0, T:] += bias
+        mask = additive
+    return net(inputs, positions, T, mask).float()
+
+
+def _loss_terms(
+    ar_logits: torch.Tensor,
+    slot_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    target_idx: torch.Tensor,
+    targets: torch.Tensor,
+    keep: torch.Tensor,
+    weights: LossWeights,
+) -> tuple[torch.Tensor, ...]:
+    """(CE_AR, CE_NAR, KL, β·ΣCE_NAR + γ·ΣKL): the NAR and KL terms are means (and the last one a sum)
+    over the masked slots `keep` (B, M*K); a term whose weight is 0 is skipped where it can be (0).
+
+    Args:
+        ar_logits: (B, T, V); slot_logits: (B, M*K, V); tokens: (B, T);
+        target_idx, targets: (B, M*K) each slot's target position and token.
+    """
+    zero = ar_logits.new_zeros(())
+    # 4. AR: next-token cross-entropy.
+    ar = F.cross_entropy(ar_logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()) if weights.ar else zero
+    # 5. NAR: cross-entropy on masked slots only.
+    n_keep = keep.sum().clamp(min=1)
+    slot_logp = F.log_softmax(slot_logits, dim=-1)  # (B, M*K, V)
+    nll = -slot_logp.gather(-1, targets[..., None]).squeeze(-1)  # (B, M*K)
+    nll_sum = (nll * keep).sum()
+    nar = nll_sum / n_keep
+    # 6. KL(sg(p_AR) || p_NAR): AR distribution at t+i-1 predicts the same token x[t+i] as slot i.
+    kl = kl_sum = zero
+    if weights.kl:
+        ar_at = ar_logits.detach().gather(1, (target_idx - 1)[..., None].expand(-1, -1, ar_logits.shape[-1]))
+        ar_logp = F.log_softmax(ar_at, dim=-1)  # (B, M*K, V)
+        kl_per = (ar_logp.exp() * (ar_logp - slot_logp)).sum(-1)  # (B, M*K)
+        kl_sum = (kl_per * keep).sum()
+        kl = kl_sum / n_keep
+    return ar, nar, kl, weights.nar * nll_sum + weights.kl * kl_sum

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from yue.model.masks import slot_positions, training_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.router import Router, revealed_slot1
 from yue.train.router_eval import RouterExamples, evaluate_router
-from yue.train.trainer import adamw
+from yue.train.trainer import StageTimer, adamw
 
 log = logging.getLogger(__name__)
 
@@ -349,12 +348,8 @@ def run_train_router(
     Args:
         model_dir: a yue model folder; its towers stay frozen.
         out_dir: where to save the model with its new router (default: `model_dir` itself).
-        data: an AR-greedy sequence file (`selfdistill.GreedySequences`); if None, `n_sequences` are
-            generated from the *validation* split of `corpus` (text the towers never trained on, like the
-            text the router meets at decode time) and saved to `out_dir/data/router_sequences.safetensors`.
-        user_labels: JSONL of must-AR spans; then the current router is fine-tuned on those texts instead
-            of trained afresh, mixed with AR-greedy examples (from `data`, else from the sequences an
-            earlier `train-router` saved in `model_dir/data/`, if any) so it keeps what it knew.
+        data, corpus, n_sequences, prompt_len, new_tokens, anchors_per_seq, user_labels, val_fraction:
+            where the examples come from (`collect_router_examples`).
         held_out: share of source sequences held out for the AUC/ECE report.
         drafting_dtype: collect the features from drafts in this precision, as `yue.load` will draft
             ("auto": int8 on a CPU with torch's int8 engine; "int8", "bfloat16", "float32").
@@ -363,14 +358,9 @@ def run_train_router(
     """
     from yue.model.hf import load_model
     from yue.tokenizer import YueTokenizer
-    from yue.train.selfdistill import (
-        GreedySequences,
-        build_greedy_sequences,
-        corpus_documents,
-        save_model_folder,
-    )
+    from yue.train.selfdistill import save_model_folder
 
-    t0 = time.perf_counter()
+    timer = StageTimer()
     out_dir = Path(out_dir) if out_dir is not None else Path(model_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(model_dir)
@@ -382,6 +372,57 @@ def run_train_router(
     drafter = prepare_for_decoding(copy.deepcopy(model), lowered)
     tokenizer = YueTokenizer.load(model_dir)
     cfg = cfg or RouterTrainConfig(reinit=user_labels is None, seed=seed)
+    examples = collect_router_examples(
+        model, drafter, tokenizer.tokenizer, model_dir, out_dir, data=data, user_labels=user_labels,
+        corpus=corpus, n_sequences=n_sequences, prompt_len=prompt_len, new_tokens=new_tokens,
+        anchors_per_seq=anchors_per_seq, val_fraction=val_fraction, seed=seed,
+    )  # fmt: skip
+    timer.mark("collect_s")
+    fit = fit_and_evaluate(model.router, examples, held_out, cfg, seed, timer)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
+    report = {
+        "mode": "user-label fine-tune" if user_labels is not None else "acceptance labels (AR-greedy)",
+        "features": f"separate drafting pass (slot 1 revealed), drafts in {dtype_name(lowered)}",
+        "model": str(model_dir),
+        **fit,
+    }
+    (out_dir / "router_report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def collect_router_examples(
+    model: YueForCausalLM,
+    drafter: YueForCausalLM,
+    tokenizer,
+    model_dir: str | Path,
+    out_dir: Path,
+    *,
+    data: str | Path | None,
+    user_labels: str | Path | None,
+    corpus: str,
+    n_sequences: int,
+    prompt_len: int,
+    new_tokens: int,
+    anchors_per_seq: int,
+    val_fraction: float,
+    seed: int,
+) -> RouterExamples:
+    """The router's examples: acceptance labels on AR-greedy sequences, and/or on user-labelled texts.
+
+    Args:
+        model: the frozen towers, which write the greedy sequences; drafter: the same model prepared
+            for decoding, whose drafting pass gives the features and labels.
+        tokenizer: a `tokenizers.Tokenizer`.
+        data: an AR-greedy sequence file (`selfdistill.GreedySequences`); if None, `n_sequences` are
+            generated from the *validation* split of `corpus` (text the towers never trained on, like the
+            text the router meets at decode time) and saved to `out_dir/data/router_sequences.safetensors`.
+        user_labels: JSONL of must-AR spans; then the current router is fine-tuned on those texts instead
+            of trained afresh, mixed with AR-greedy examples (from `data`, else from the sequences an
+            earlier `train-router` saved in `model_dir/data/`, if any) so it keeps what it knew.
+    """
+    from yue.train.selfdistill import GreedySequences, build_greedy_sequences, corpus_documents
 
     replay = Path(model_dir) / "data" / "router_sequences.safetensors"
     if user_labels is not None and data is None and replay.is_file():
@@ -391,7 +432,7 @@ def run_train_router(
         if data is not None:
             seqs = GreedySequences.load(data)
         else:
-            docs = corpus_documents(corpus, tokenizer.tokenizer, "validation", val_fraction)
+            docs = corpus_documents(corpus, tokenizer, "validation", val_fraction)
             seqs = build_greedy_sequences(model, docs, n_sequences, prompt_len, new_tokens, seed=seed)
             seqs.save(
                 out_dir / "data" / "router_sequences.safetensors",
@@ -401,35 +442,35 @@ def run_train_router(
             )
         parts.append(greedy_examples(drafter, seqs.tokens, seqs.prompt_len, anchors_per_seq, seed=seed))
     if user_labels is not None:
-        user = user_label_examples(drafter, tokenizer.tokenizer, load_user_labels(user_labels))
+        user = user_label_examples(drafter, tokenizer, load_user_labels(user_labels))
         user.group += 1_000_000  # keep group ids distinct from the greedy sequences'
         parts.append(user)
-    examples = RouterExamples.cat(parts)
-    collect_s = time.perf_counter() - t0
+    return RouterExamples.cat(parts)
 
+
+def fit_and_evaluate(
+    router: Router,
+    examples: RouterExamples,
+    held_out: float,
+    cfg: RouterTrainConfig,
+    seed: int,
+    timer: StageTimer,
+) -> dict:
+    """Train the router on the examples of all but a `held_out` share of their source sequences (split
+    by group); report the blocks, the stage's times (`timer`, plus "train_s"), the epoch losses and
+    AUC/ECE on the held-out share before and after (all examples when none is held out)."""
     train, held = examples.split_by_group(held_out, seed=seed)
     if len(held) == 0:
         held = train
-    before = evaluate_router(model.router, held)
-    t1 = time.perf_counter()
-    history = train_router(model.router, train, cfg)
-    train_s = time.perf_counter() - t1
-    after = evaluate_router(model.router, held)
-
-    for p in model.parameters():
-        p.requires_grad_(True)
-    save_model_folder(model, tokenizer.tokenizer, out_dir, src_dir=model_dir)
-    report = {
-        "mode": "user-label fine-tune" if user_labels is not None else "acceptance labels (AR-greedy)",
-        "features": f"separate drafting pass (slot 1 revealed), drafts in {dtype_name(lowered)}",
-        "model": str(model_dir),
+    before = evaluate_router(router, held)
+    timer.restart()
+    history = train_router(router, train, cfg)
+    timer.mark("train_s")
+    return {
         "train_blocks": len(train),
         "held_out_blocks": len(held),
-        "collect_s": round(collect_s, 1),
-        "train_s": round(train_s, 1),
+        **timer.marks,
         "epoch_losses": [round(v, 5) for v in history],
         "before": before,
-        "held_out": after,
+        "held_out": evaluate_router(router, held),
     }
-    (out_dir / "router_report.json").write_text(json.dumps(report, indent=2))
-    return report

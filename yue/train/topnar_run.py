@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
@@ -40,7 +40,7 @@ from yue.train.topnar import (
     train_top_nar,
     vocabulary_coverage,
 )
-from yue.train.trainer import make_accelerator
+from yue.train.trainer import StageTimer, make_accelerator
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +205,64 @@ def distill_top_nar(
     device = str(accelerator.device)  # under a launch: this process's GPU
     out, work = Path(out_dir), Path(out_dir) / "work"
     work.mkdir(parents=True, exist_ok=True)
-    t0, times = time.perf_counter(), {}
+    timer = StageTimer()
     model = build_model(base_dir, recipe).to(device)
     if init_from is not None:
         load_nar_tensors(model, init_from)
-    # 1. Greedy answers (saved: generation is the costly part on a CPU). The main process goes first;
-    # the others then find its file.
-    seq_file = work / "sequences.json"
+    # 1. Greedy answers (saved: generation is the costly part on a CPU).
+    seqs = greedy_answers_once(model, base_dir, chats, recipe, work / "sequences.json", accelerator, progress)
+    timer.mark("greedy_answers_s")
+    train, held = seqs.split(recipe.held_out)
+    for file in extra_sequences:
+        more = ChatSequences.load(file)
+        train = ChatSequences(train.ids + more.ids, train.prompt_lens + more.prompt_lens)
+    # 2. Drafting vocabulary from the training answers, unless continuing a model's.
+    if init_from is None:
+        set_drafting_vocabulary(model, train, recipe.draft_vocab_size)
+    vocab = model.draft_vocab.cpu()
+    # 3. Entry features.
+    timer.restart()
+    train_feats = entry_features(model, train, progress=progress)
+    held_feats = entry_features(model, held, progress=progress)
+    timer.mark("features_s")
+    # 4. Training, resumable.
+    before = held_out_tau(model, held, held_feats)
+    history = train_top_nar(
+        model, train, train_feats, held, held_feats, recipe.train, work,
+        progress=progress, accelerator=accelerator,
+    )  # fmt: skip
+    timer.mark("training_s")
+    # 5. Router on held-out blocks.
+    router_report = fit_router(model, held, held_feats, recipe)
+    timer.mark("router_s")
+    report = {
+        **data_summary(recipe, chats, train, held, vocab),
+        "held_out_before": before,
+        "history": history,
+        "router": router_report,
+        "times_s": timer.marks,
+        "wall_s": timer.total(),
+        "hardware": hardware(device, accelerator.num_processes),
+    }
+    if accelerator.is_main_process:  # the same weights on every process: one writes them
+        save_nar_folder(model, out, ar_source or {"base": str(base_dir)}, max_shard_bytes)
+        # 6. The n-gram table of the training answers, for `verified`'s corpus drafts (seconds).
+        report["ngrams"] = save_ngrams(model, train, out)
+        (out / "topnar_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def greedy_answers_once(
+    model: YueForCausalLM,
+    base_dir: str | Path,
+    chats: list[list[dict]],
+    recipe: TopNARRecipe,
+    seq_file: Path,
+    accelerator: Accelerator,
+    progress: bool,
+) -> ChatSequences:
+    """The base's greedy answers to `chats`, generated once and kept in `seq_file`: the main process
+    goes first; the others, and every rerun, read its file."""
     with accelerator.main_process_first():
         if seq_file.is_file():
             seqs = ChatSequences.load(seq_file)
@@ -220,71 +271,52 @@ def distill_top_nar(
             prompts = tokenize_chats(base_dir, chats)
             seqs = greedy_answers(model, prompts, recipe.max_new_tokens, recipe.gen_batch_size, progress)
             seqs.save(seq_file)
-    times["greedy_answers_s"] = time.perf_counter() - t0
-    train, held = seqs.split(recipe.held_out)
-    for file in extra_sequences:
-        more = ChatSequences.load(file)
-        train = ChatSequences(train.ids + more.ids, train.prompt_lens + more.prompt_lens)
-    # 2. Drafting vocabulary from the training answers (EOS always in), unless continuing a model's.
+    return seqs
+
+
+def set_drafting_vocabulary(model: YueForCausalLM, train: ChatSequences, size: int) -> None:
+    """The drafting vocabulary: the `size` tokens most frequent in the training answers, EOS always in."""
     eos = model.config.eos_token_id
-    if init_from is None:
-        vocab = drafting_vocabulary(
-            train, recipe.draft_vocab_size, always=[eos] if isinstance(eos, int) else eos
-        )
-        model.draft_vocab.copy_(vocab.to(model.draft_vocab.device))
-    vocab = model.draft_vocab.cpu()
-    # 3. Entry features.
-    t = time.perf_counter()
-    train_feats = entry_features(model, train, progress=progress)
-    held_feats = entry_features(model, held, progress=progress)
-    times["features_s"] = time.perf_counter() - t
-    # 4. Training, resumable.
-    t = time.perf_counter()
-    before = held_out_tau(model, held, held_feats)
-    history = train_top_nar(
-        model,
-        train,
-        train_feats,
-        held,
-        held_feats,
-        recipe.train,
-        work,
-        progress=progress,
-        accelerator=accelerator,
-    )
-    times["training_s"] = time.perf_counter() - t
-    # 5. Router on held-out blocks (its own held-out fifth for the report).
-    t = time.perf_counter()
+    vocab = drafting_vocabulary(train, size, always=[eos] if isinstance(eos, int) else eos)
+    model.draft_vocab.copy_(vocab.to(model.draft_vocab.device))
+
+
+def fit_router(
+    model: YueForCausalLM, held: ChatSequences, held_feats: torch.Tensor, recipe: TopNARRecipe
+) -> dict:
+    """Train the router on the held-out sequences' blocks; its report on its own held-out fifth of them."""
     examples = router_examples(model, held, held_feats)
     fit, check = examples.split_by_group(0.2, seed=recipe.train.seed)
     train_router(model.router, fit, recipe.router)
-    router_report = evaluate_router(model.router, check if len(check) else fit)
-    times["router_s"] = time.perf_counter() - t
-    report = {
+    return evaluate_router(model.router, check if len(check) else fit)
+
+
+def data_summary(
+    recipe: TopNARRecipe,
+    chats: list[list[dict]],
+    train: ChatSequences,
+    held: ChatSequences,
+    vocab: torch.Tensor,
+) -> dict:
+    """The report's opening: the recipe, the data's sizes, and the held-out answers' drafting-vocabulary
+    coverage."""
+    return {
         "recipe": asdict(recipe),
         "prompts": len(chats),
         "sequences": {"train": len(train), "held_out": len(held)},
         "answer_tokens": {"train": train.answer_tokens(), "held_out": held.answer_tokens()},
         "draft_vocab_coverage_held_out": vocabulary_coverage(held, vocab),
-        "held_out_before": before,
-        "history": history,
-        "router": router_report,
-        "times_s": {k: round(v, 1) for k, v in times.items()},
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "hardware": {
-            "device": torch.cuda.get_device_name()
-            if device.startswith("cuda")
-            else platform.processor() or "cpu",
-            "threads": torch.get_num_threads(),
-            "processes": accelerator.num_processes,
-        },
     }
-    if not accelerator.is_main_process:  # the same weights on every process: one writes them
-        return report
-    save_nar_folder(model, out, ar_source or {"base": str(base_dir)}, max_shard_bytes)
-    # 6. The n-gram table of the training answers, for `verified`'s corpus drafts (seconds).
+
+
+def hardware(device: str, processes: int) -> dict:
+    """What the stage ran on: the GPU's or CPU's name, torch's threads, the processes."""
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
+    return {"device": name, "threads": torch.get_num_threads(), "processes": processes}
+
+
+def save_ngrams(model: YueForCausalLM, train: ChatSequences, out: Path) -> dict:
+    """The n-gram table of the training answers (`NGRAMS_FILE` in `out`); returns its size."""
     ngrams = CorpusNgrams.build(train.pairs(), model.config.vocab_size)
     ngrams.save(out / NGRAMS_FILE, source=f"{len(train)} training answers of {out.name}")
-    report["ngrams"] = {"entries": len(ngrams), "sequences": len(train)}
-    (out / "topnar_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return {"entries": len(ngrams), "sequences": len(train)}

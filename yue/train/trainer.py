@@ -20,12 +20,19 @@ Design decisions:
   step, the data position in global samples and the world size that wrote it. No per-process random
   state is needed (every draw comes from a generator seeded by the step), so a run saved by N processes
   resumes on M, as long as the global batch is the same.
+- The small chores the stages share live here too: a run's `log.jsonl` (`append_jsonl`), the check
+  that a resumed run keeps its settings (`check_resume_settings`), and the wall time of a stage's
+  phases for its report (`StageTimer`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
@@ -84,6 +91,51 @@ def adamw(
     else:
         groups = [{"params": list(params), "weight_decay": weight_decay if decay else 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False)
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Append one record to a JSONL log (a run's `log.jsonl`)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def check_resume_settings(saved_file: Path, now: dict, free: Iterable[str] = ()) -> None:
+    """A resumed run must train with the settings it started with, or it would not reach the same
+    weights: raise naming each field outside `free` where `now` differs from `saved_file`'s JSON (the
+    settings the run wrote when it started; nothing to check when there is none)."""
+    if not saved_file.is_file():
+        return
+    saved, free = json.loads(saved_file.read_text()), set(free)
+    diff = [k for k in now if k not in free and saved.get(k) != now[k]]
+    if diff:
+        raise ValueError(
+            f"--resume with settings that differ from the run in {saved_file.parent}: {', '.join(diff)}"
+        )
+
+
+@dataclass
+class StageTimer:
+    """Wall time of a stage's phases, for its report: `mark(name)` records the seconds (1 decimal)
+    since the previous mark, or since the timer started."""
+
+    marks: dict[str, float] = field(default_factory=dict)
+    t: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.start = self.t
+
+    def total(self) -> float:
+        """Seconds (1 decimal) since the timer started."""
+        return round(time.perf_counter() - self.start, 1)
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.marks[name] = round(now - self.t, 1)
+        self.t = now
+
+    def restart(self) -> None:
+        """Leave the time since the previous mark out of the next one."""
+        self.t = time.perf_counter()
 
 
 def make_accelerator(cpu: bool | None = None) -> Accelerator:
