@@ -46,11 +46,11 @@ def test_eval_of_an_ar_only_gguf_gives_the_ar_loss_transformers_gives(tiny_gguf,
 
     from yue.engine import load_unprepared
     from yue.train.data import PackedSequences, encode_documents, read_corpus
-    from yue.train.evaluate import evaluate_model
+    from yue.train.evaluate import EvalConfig, evaluate_model
 
     text = tmp_path / "notes.txt"
     text.write_text("Hello, world! How are you today? " * 40)
-    out = evaluate_model(tiny_gguf.path, str(text), batches=1, batch_size=2, seq_len=16)
+    out = evaluate_model(tiny_gguf.path, EvalConfig(corpus=str(text), batches=1, batch_size=2, seq_len=16))
     assert (out["nar_loss"], out["nar_acc_per_slot"], out["nar"]) == (None, None, "no NAR set")
     tokenizer = load_unprepared(tiny_gguf.path)[1]
     x = PackedSequences(encode_documents(read_corpus(text), tokenizer, 0), 16, 0).data[:2]

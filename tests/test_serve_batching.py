@@ -259,11 +259,10 @@ def test_a_request_of_more_choices_than_free_slots_is_refused_whole(trained):
 
 
 def test_bench_serve_measures_every_level_and_checks_outputs(trained):
-    from yue.bench.serving import bench_serve, report
+    from yue.bench.serving import ServeBenchConfig, bench_serve, report
 
-    result = bench_serve(
-        trained, batch_sizes=(1, 4), clients=(1, 4), max_tokens=6, prompts=PROMPTS[:3], requests_per_client=1
-    )
+    cfg = ServeBenchConfig(batch_sizes=(1, 4), clients=(1, 4), max_tokens=6, requests_per_client=1)
+    result = bench_serve(trained, cfg, prompts=PROMPTS[:3])
     assert [(lv.max_batch_size, lv.clients) for lv in result.levels] == [(1, 1), (4, 1), (1, 4), (4, 4)]
     assert all(lv.identical == lv.requests == 8 and lv.tokens_per_s > 0 for lv in result.levels)
     text = report(result, 1, 4)

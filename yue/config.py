@@ -285,7 +285,8 @@ class DecodeConfig:
     Attributes:
         mode: decode policy by name (docs/design.md §2): `ar` (reference), `verified` (lossless drafting),
             `hybrid` (drafts kept within a tolerance of the AR path's choice), `nar` (whole blocks, lowest fidelity);
-            None = the model's default (`YueConfig.decode_mode`, filled by `resolved`).
+            None (not given) = the model's `default_mode` (verified for yue-smol, hybrid for yue-code-mini;
+            ar without a NAR set: `YueConfig.decode_mode`, filled by `resolved`).
         max_new_tokens: hard cap on generated tokens.
         temperature: in [0, 2] (OpenAI's range); 0 means greedy (argmax), decided in one place (`decode.sampling`).
         top_k: keep the k most likely tokens (0 = off).

@@ -55,36 +55,44 @@ __all__ = ["JSON_KEYS", "BenchConfig", "BenchResult", "Entry", "entries", "run_b
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to benchmark. Validated once; bad values raise ValueError naming the field.
+    """What to benchmark (`yue bench`'s options). Validated once; bad values raise ValueError naming the field.
 
     Attributes:
         model: a model name (`yue-smol`, `yue-code-mini`) or path; None = the default model.
-        prompts: the held-out JSONL prompt file, reported first (`prompts.py` has the line forms).
-        dev_prompts: a development (calibration) prompt file, reported after it and labelled as such.
-            Neither given: the model's default sets (`prompts.default_files`).
-        max_new_tokens: tokens per generation (all entries alike).
-        modes: entries to run, from ALL_MODES; "hybrid" runs at the model's default threshold.
-        thresholds: the hybrid sweep; each adds a "hybrid@T" entry (only when "hybrid" is in modes).
+        prompts: held-out prompts, reported first: JSONL of {"prompt": ...} or {"messages": [{"role",
+            "content"}]} (+ "reference"?); messages go through the model's chat template for every entry
+            alike (`prompts.py`). Default: a chat model's shipped chat_test + chat_calibration sets;
+            gemma-3-270m (base) the held-out text_test set, raw; else the held-out code_test set
+            (third-party packages) + the code development set (`prompts.default_files`).
+        dev_prompts: a development (calibration) prompt set, reported after the held-out one and labelled dev.
+        max_new_tokens: tokens generated per prompt, by every entry alike.
+        modes: entries to compare, from ALL_MODES; "hybrid" runs at the model's default threshold.
+            llamacpp-greedy needs a model with a GGUF source and llama-cpp-python (the `llamacpp`
+            extra); else it is skipped, saying why.
+        thresholds: the hybrid sweep (tolerances); each adds a "hybrid@T" entry (only when "hybrid" is in modes).
         verified_thresholds: each adds a "verified@T" entry (only when "verified" is in modes); at 1
-            the router is not asked (draft lengths follow the request's acceptance record).
+            the router is not asked (draft lengths follow the request's acceptance record); empty: none.
         fused_drafts: add "verified+fused" entries (default threshold and each verified threshold):
             drafts computed in the verifying forward, a block per draft position
             (`DecodeConfig.drafting="fused"`; plain `verified` entries draft in a separate pass).
         batch_sizes: sizes > 1 add "ar@bN" / "verified@bN" throughput entries.
         repeats: timed passes over the prompts (medians pool all of them).
         limit: use only the first `limit` prompts.
-        threads: torch intra-op threads for every entry (and every memory probe).
-        memory: measure peak RSS per mode in separate processes (seconds per mode).
+        threads: torch intra-op threads, the same for every entry (and every memory probe).
+        memory: measure peak RSS per mode, each in its own process (seconds per mode).
         device: "cpu" or "cuda[:N]" for ours and the transformers peers (llama.cpp: CPU only).
-        cost_curve: time a verifying forward over 1..9 rows and the drafting pass (`costs.py`).
+        cost_curve: time a verifying forward over 1..9 rows and a drafting pass, as ratios to a 1-row
+            step (`costs.py`).
         dtype: the precision of ours and the transformers peers ("float32" or "bfloat16",
             `prepare.resolve_dtype`; "int4" is ours only, the peers run float32, the values it
             quantizes); llama.cpp runs the GGUF's own. Below float32, every set also gets
             a float32 reference (`float32_reference`): our float32 `ar` on the same prompts (untimed),
             and the float32 AR path's NLL of `ar`'s outputs in this precision against its own.
-        low_memory: ours hold each float32 layer weight once (`yue.load(low_memory=True)`).
-        temperature, top_p, seed: the sampling of every entry and peer alike (`Sampling`); temperature 0
-            (the default) is greedy for all of them.
+        low_memory: ours (not the peers) hold each float32 layer weight once (`yue.load(low_memory=True)`).
+        temperature: 0 = greedy; every entry and peer alike (`Sampling`; ours: speculative sampling in
+            the drafting modes).
+        top_p: nucleus mass in (0, 1], every entry and peer alike.
+        seed: prompt i is sampled with seed + i on every side, so runs repeat.
     """
 
     model: str | None = None

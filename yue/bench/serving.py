@@ -29,6 +29,7 @@ import torch
 
 from yue.bench.metrics import percentile
 from yue.bench.prompts import CODE_TEST
+from yue.config import MODES
 from yue.jsonl import iter_jsonl
 
 
@@ -125,30 +126,58 @@ def _level(
     return time.perf_counter() - t0, results
 
 
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """What `bench_serve` measures (`yue bench-serve`'s options). Bad values raise ValueError naming the field.
+
+    Attributes:
+        batch_sizes: `--max-batch-size` values to compare, one server each (the first is the base).
+        clients: concurrent client counts.
+        max_tokens: tokens per completion.
+        mode: decode mode of every request (exact modes allow the output check).
+        n_prompts: the first N held-out code prompts, cycled through.
+        requests_per_client: requests each client sends (at least 8 per level).
+        max_queue: each server's queue bound (`ServeConfig.max_queue`).
+    """
+
+    batch_sizes: tuple[int, ...] = (1, 16)
+    clients: tuple[int, ...] = (1, 4, 16, 32)
+    max_tokens: int = 64
+    mode: str = "verified"
+    n_prompts: int = 16
+    requests_per_client: int = 2
+    max_queue: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "clients"):
+            if not getattr(self, name) or any(n < 1 for n in getattr(self, name)):
+                raise ValueError(f"{name} must be integers >= 1, got {list(getattr(self, name))}")
+        for name in ("max_tokens", "n_prompts", "requests_per_client", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+
+
 def bench_serve(
     engine,
+    cfg: ServeBenchConfig = ServeBenchConfig(),
     *,
-    batch_sizes: tuple[int, ...] = (1, 16),
-    clients: tuple[int, ...] = (1, 4, 16, 32),
-    max_tokens: int = 64,
-    mode: str = "verified",
-    n_prompts: int = 16,
     prompts: list[str] | None = None,
-    requests_per_client: int = 2,
-    max_queue: int = 256,
     log: Callable[[str], None] = lambda s: None,
 ) -> ServeBench:
     """Measure the server at each max_batch_size and client count (see the module docstring); one server
     per size, all started first, idle while another is measured.
 
-    Each level sends max(8, clients * requests_per_client) requests over the first `n_prompts` held-out
-    code prompts (cycled), or over `prompts` when given.
+    Each level sends max(8, clients * requests_per_client) requests over the first `cfg.n_prompts`
+    held-out code prompts (cycled), or over `prompts` when given.
     """
     from yue.serve import ServeConfig
     from yue.serve.server import LocalServer
 
+    mode, max_tokens = cfg.mode, cfg.max_tokens
     if prompts is None:
-        prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][:n_prompts]
+        prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][: cfg.n_prompts]
     log(f"single-request references for {len(prompts)} prompts ({mode}, {max_tokens} tokens)")
     refs = [engine.generate(p, mode=mode, max_new_tokens=max_tokens, temperature=0.0).text for p in prompts]
     result = ServeBench(
@@ -157,7 +186,8 @@ def bench_serve(
     result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
     with contextlib.ExitStack() as stack:  # every server started is stopped, even if a later one fails
         servers = [
-            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=max_queue)) for size in batch_sizes
+            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=cfg.max_queue))
+            for size in cfg.batch_sizes
         ]
         urls = [stack.enter_context(server).url for server in servers]
         for url in urls:  # warm-up, not reported
@@ -165,9 +195,9 @@ def bench_serve(
                 _complete(http, url, prompts[0], mode, max_tokens)
         # Levels interleaved by client count (every size at 1 client, then at 4, ...), so drift in a
         # shared machine's load hits the sizes alike.
-        for n in clients:
-            for size, url in zip(batch_sizes, urls, strict=True):
-                n_requests = max(8, n * requests_per_client)
+        for n in cfg.clients:
+            for size, url in zip(cfg.batch_sizes, urls, strict=True):
+                n_requests = max(8, n * cfg.requests_per_client)
                 wall, rows = _level(url, prompts, refs, n, n_requests, mode, max_tokens)
                 ttfts = [r[0] * 1e3 for r in rows]
                 tokens = sum(r[1] for r in rows)

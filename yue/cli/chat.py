@@ -11,7 +11,9 @@ import typer
 
 from yue.cli import common
 from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
-from yue.cli.generate import _sampling
+from yue.cli.generate import load_engine
+from yue.cli.options import config_options
+from yue.config import DecodeConfig
 
 CHAT_HISTORY = "chat_history"  # file under the yue cache folder ($YUE_CACHE_DIR or ~/.cache/yue)
 
@@ -52,41 +54,31 @@ def _line_editing() -> Iterator[Path | None]:
 
 @app.command()
 @user_errors
+@config_options(
+    DecodeConfig,
+    exclude=("trace", "logprobs"),  # a conversation prints replies only
+    defaults={"max_new_tokens": 512},  # a reply, not a completion
+)
 def chat(
     model: str | None = typer.Option(None, help=MODEL_HELP),
-    mode: str | None = typer.Option(
-        None,
-        help="ar | verified | hybrid | nar (default: the model's default_mode: verified for yue-smol, hybrid for yue-code-mini; ar without a NAR set).",
-    ),
     system: str | None = typer.Option(None, help="A system message opening the conversation."),
-    max_new_tokens: int = typer.Option(512, help="Longest reply, in tokens."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(1.0, help="Nucleus mass in (0, 1]."),
-    repetition_penalty: float = typer.Option(1.0, help="> 1 discourages repeats."),
-    seed: int | None = typer.Option(None, help="Random seed for sampling."),
-    stop: list[str] = typer.Option([], help="Stop string ending a reply (repeatable)."),
     draft_dtype: str = typer.Option("auto", help="Drafting weights: auto | int8 | bfloat16 | float32."),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
     dtype: str = typer.Option("float32", help=DTYPE_HELP),
     low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
     adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
+    config: DecodeConfig | None = None,
 ) -> None:
     """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF
     ends. Ctrl-C stops a reply (kept as far as it got) and ends the session at the prompt."""
     from dataclasses import replace
 
-    import yue
-
-    cfg = _sampling(mode, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop)
-    engine = yue.load(
-        model, device=device, dtype=dtype, nar_dtype=draft_dtype, adapter=adapter, low_memory=low_memory
-    )
-    cfg = replace(cfg, mode=mode or engine.default_mode)
+    engine = load_engine(model, device, dtype, draft_dtype, low_memory, adapter)
+    config = replace(config, mode=config.mode or engine.default_mode)
     messages = [{"role": "system", "content": system}] if system else []
-    typer.echo(f"{engine.name} ({cfg.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
+    typer.echo(f"{engine.name} ({config.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
     with _line_editing():
-        _converse(engine, cfg, messages)
+        _converse(engine, config, messages)
 
 
 def _converse(engine, cfg, messages: list[dict]) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 
 from yue.cli.common import MODEL_HELP, app, user_errors
+from yue.cli.options import config_options
+from yue.train.ngrams import NgramConfig
 
 
 @app.command("models")
@@ -46,6 +48,7 @@ def export_ar_cmd(
 
 @app.command("build-ngrams")
 @user_errors
+@config_options(NgramConfig)
 def build_ngrams_cmd(
     model_dir: Path = typer.Argument(..., help="yue model folder: ngrams.safetensors is written into it."),
     sequences: list[Path] = typer.Option(
@@ -54,39 +57,15 @@ def build_ngrams_cmd(
         help="The model's own greedy answers: a `yue distill-recipe --nar-layers` run's work/sequences.json "
         "(or .json.gz); repeatable. Prompts repeated across files count once.",
     ),
-    min_count: int = typer.Option(2, help="Keep a continuation seen at least this many times."),
-    min_share: float = typer.Option(0.3, help="... and in at least this share of its context's occurrences."),
-    max_order: int = typer.Option(4, help="Longest context looked up (tokens)."),
-    extend: bool = typer.Option(
-        False, help="Keep the folder's table and add only the contexts it lacks (new answers, old ones gone)."
-    ),
+    config: NgramConfig | None = None,
 ) -> None:
     """Build the n-gram table of a model's own answers, from which `verified` drafts where the context
     has no copy (decode/corpus.py). The output stays `ar`'s; only speed changes."""
-    from yue.config import YueConfig
-    from yue.decode.corpus import CorpusNgrams, load_ngrams
     from yue.model.hf import NGRAMS_FILE
-    from yue.train.topnar import ChatSequences
+    from yue.train.ngrams import build_model_ngrams
 
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"not a model folder (no config.json): {model_dir}")
-    vocab = YueConfig.from_pretrained(str(model_dir)).vocab_size
-    old = load_ngrams(model_dir, vocab) if extend else None  # read (and checked) before the build
-    if extend and old is None:
-        raise FileNotFoundError(f"--extend: {model_dir} has no {NGRAMS_FILE} to extend")
-    pairs, seen = [], set()
-    for file in sequences:
-        for ids, p in ChatSequences.load(file).pairs():
-            if (prompt := tuple(ids[:p])) not in seen:
-                seen.add(prompt)
-                pairs.append((ids, p))
-    table = CorpusNgrams.build(pairs, vocab, max_order=max_order, min_count=min_count, min_share=min_share)
-    source = f"{len(pairs)} answers from " + ", ".join(str(f) for f in sequences)
-    if old is not None:
-        source = f"{old.source}; extended with {source}"
-        table = old.extended(table)
-    table.save(model_dir / NGRAMS_FILE, source=source)
-    typer.echo(f"wrote {model_dir / NGRAMS_FILE}: {len(table):,} contexts from {len(pairs):,} answers")
+    contexts, answers = build_model_ngrams(model_dir, sequences, config)
+    typer.echo(f"wrote {model_dir / NGRAMS_FILE}: {contexts:,} contexts from {answers:,} answers")
 
 
 @app.command("merge")

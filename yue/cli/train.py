@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from yue.cli.common import MODEL_HELP, app, command_line, user_errors
+from yue.cli.options import config_options
+from yue.train.config import FinetuneConfig, TrainConfig
+from yue.train.router import RouterTrainConfig
+from yue.train.selfdistill import NARFinetuneConfig
 
 
 @app.command("train-tokenizer")
@@ -27,91 +32,33 @@ def train_tokenizer_cmd(
 
 @app.command("train")
 @user_errors
+@config_options(
+    TrainConfig,
+    exclude=("train_set",),  # --nar-only sets it
+    required=("out",),
+    csv=("betas",),
+)
 def train_cmd(
-    corpus: str = typer.Option("stdlib", help="'stdlib', a .jsonl / text file, or a folder of source files."),
-    out: Path = typer.Option(..., help="Run folder: checkpoints, log.jsonl, final model in OUT/model."),
-    tokenizer: Path | None = typer.Option(None, help="tokenizer.json (default: trained on the corpus)."),
-    vocab_size: int = typer.Option(8192, help="Vocabulary size when the tokenizer is trained here."),
-    steps: int = typer.Option(1000, help="Optimizer steps."),
-    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
-    batch_size: int = typer.Option(
-        16, help="Sequences per step, over all processes (each takes an equal share)."
-    ),
-    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine)."),
-    warmup_steps: int = typer.Option(100, help="Linear warm-up steps."),
-    block_size: int = typer.Option(8, help="K: slots per NAR block."),
-    anchors: int = typer.Option(8, help="M: NAR blocks per sequence."),
-    alpha: float = typer.Option(1.0, help="Weight of the AR cross-entropy."),
-    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
-    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
-    reveal_prob: float = typer.Option(0.1, help="Chance a slot sees its true token (mask-predict)."),
-    hidden_size: int = typer.Option(256, help="Model width."),
-    layers: int = typer.Option(4, help="Transformer layers."),
-    heads: int = typer.Option(8, help="Attention heads."),
-    kv_heads: int = typer.Option(4, help="Key/value heads (grouped-query attention)."),
-    intermediate_size: int = typer.Option(688, help="MLP width."),
-    eval_every: int = typer.Option(200, help="Evaluate every N steps."),
-    save_every: int = typer.Option(200, help="Checkpoint every N steps."),
-    seed: int = typer.Option(0, help="Seed for init, data order, anchors."),
-    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
     resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUT."),
     nar_only: bool = typer.Option(False, help="Stage 2: train the NAR set only (AR frozen); needs --init."),
-    init: Path | None = typer.Option(None, help="Start from this model folder."),
     data: str | None = typer.Option(None, help="Training data for --nar-only (overrides --corpus)."),
-    objective: str = typer.Option(
-        "joint", help="'joint', or 'anchor' (experiment: NAR fills after anchor spans, + the count head)."
-    ),
-    anchor_bias: float = typer.Option(
-        1.0, help="--objective anchor: fill attention bias per unit of confidence."
-    ),
-    layer_routing: str = typer.Option(
-        "type", help="'type', or 'four-expert' (experiment: per-layer top-2 router over 4 MLP experts)."
-    ),
-    expert_stick: float = typer.Option(
-        0.0, help="four-expert: logit bonus for the expert taken at the layer below."
-    ),
+    config: TrainConfig | None = None,
 ) -> None:
     """Train a yue model with the joint AR + NAR loss (runs under `accelerate launch` unchanged)."""
-    from yue.train.config import TrainConfig
     from yue.train.loop import train
 
-    cfg = TrainConfig(
-        corpus=data if data is not None else corpus,
-        out=str(out),
-        tokenizer=str(tokenizer) if tokenizer else None,
-        vocab_size=vocab_size,
-        init=str(init) if init else None,
-        train_set="nar" if nar_only else "all",
-        steps=steps,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        block_size=block_size,
-        anchors=anchors,
-        alpha=alpha,
-        beta=beta,
-        gamma=gamma,
-        reveal_prob=reveal_prob,
-        hidden_size=hidden_size,
-        layers=layers,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate_size=intermediate_size,
-        eval_every=eval_every,
-        save_every=save_every,
-        seed=seed,
-        threads=threads,
-        objective=objective,
-        anchor_bias=anchor_bias,
-        layer_routing=layer_routing,
-        expert_stick=expert_stick,
-    )
-    typer.echo(f"model: {train(cfg, resume=resume)}")
+    if nar_only or data is not None:
+        config = replace(
+            config,
+            train_set="nar" if nar_only else config.train_set,
+            corpus=data if data is not None else config.corpus,
+        )
+    typer.echo(f"model: {train(config, resume=resume)}")
 
 
 @app.command("self-distill")
 @user_errors
+@config_options(NARFinetuneConfig)
 def self_distill_cmd(
     ctx: typer.Context,
     model: Path = typer.Option(..., help="Stage-1 model folder (its AR set stays frozen)."),
@@ -124,40 +71,18 @@ def self_distill_cmd(
     ),
     prompt_len: int = typer.Option(64, help="Prompt tokens per sequence."),
     new_tokens: int = typer.Option(192, help="Greedy tokens per sequence."),
-    steps: int = typer.Option(300, help="NAR fine-tuning steps."),
-    batch_size: int = typer.Option(8, help="Sequences per step."),
-    anchors: int = typer.Option(16, help="NAR blocks per sequence (anchored in the continuation)."),
-    lr: float = typer.Option(1e-3, help="Peak learning rate."),
-    warmup_steps: int = typer.Option(20, help="Linear warm-up steps."),
-    beta: float = typer.Option(0.8, help="Weight of the NAR cross-entropy."),
-    gamma: float = typer.Option(0.2, help="Weight of KL(sg(p_AR) || p_NAR)."),
-    reveal_first: float | None = typer.Option(
-        None,
-        help="Chance slot 1 shows its true token, as the drafting pass shows it (default: 0.1, as any slot).",
-    ),
-    seed: int = typer.Option(0, help="Seed for prompts, anchors and reveals."),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    config: NARFinetuneConfig | None = None,
 ) -> None:
     """Stage 2: fine-tune the NAR set on the AR path's own greedy outputs (self-distillation)."""
     import json
 
     import torch
 
-    from yue.train.selfdistill import NARFinetuneConfig, self_distill
+    from yue.train.selfdistill import self_distill
 
     if threads is not None:
         torch.set_num_threads(threads)
-    cfg = NARFinetuneConfig(
-        steps=steps,
-        batch_size=batch_size,
-        anchors=anchors,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        beta=beta,
-        gamma=gamma,
-        reveal_first=reveal_first,
-        seed=seed,
-    )
     report = self_distill(
         model,
         out,
@@ -166,7 +91,7 @@ def self_distill_cmd(
         prompt_len,
         new_tokens,
         sequences_file=sequences_file,
-        cfg=cfg,
+        cfg=config,
         extra_sequences=extra_sequences,
         command=command_line(ctx),
     )
@@ -175,6 +100,7 @@ def self_distill_cmd(
 
 @app.command("train-router")
 @user_errors
+@config_options(RouterTrainConfig, exclude=("reinit",))  # --user-labels decides it
 def train_router_cmd(
     model: Path = typer.Option(..., help="Model folder; its towers stay frozen."),
     out: Path | None = typer.Option(
@@ -189,9 +115,6 @@ def train_router_cmd(
     user_labels: Path | None = typer.Option(
         None, help='JSONL {"text", "ar_spans"}: fine-tune on must-AR spans.'
     ),
-    epochs: int = typer.Option(30, help="Router training epochs."),
-    lr: float = typer.Option(3e-3, help="Router learning rate."),
-    seed: int = typer.Option(0, help="Seed for prompts, anchors, init and the held-out split."),
     table: bool = typer.Option(True, help="Decode the dev set at several thresholds and print the table."),
     table_prompts: int = typer.Option(20, help="Dev-set prompts for the threshold table."),
     thresholds: str = typer.Option(
@@ -201,6 +124,7 @@ def train_router_cmd(
         "auto", help="Draft in this precision when collecting features, as decoding will (auto: int8 on CPU)."
     ),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    config: RouterTrainConfig | None = None,
 ) -> None:
     """Stage 3: train the router on acceptance labels (or fine-tune it on user must-AR spans)."""
     import json
@@ -208,7 +132,7 @@ def train_router_cmd(
     import torch
 
     from yue.bench.devset import load_devset
-    from yue.train.router import RouterTrainConfig, run_train_router
+    from yue.train.router import run_train_router
     from yue.train.router_eval import format_report, format_threshold_table, threshold_table
 
     if threads is not None:
@@ -216,7 +140,6 @@ def train_router_cmd(
     ths = [float(t) for t in thresholds.split(",") if t.strip()]
     if any(not 0.0 <= t <= 1.0 for t in ths):
         raise ValueError(f"thresholds must be in [0, 1], got {thresholds}")
-    cfg = RouterTrainConfig(epochs=epochs, lr=lr, reinit=user_labels is None, seed=seed)
     report = run_train_router(
         model,
         out,
@@ -227,8 +150,8 @@ def train_router_cmd(
         new_tokens=new_tokens,
         anchors_per_seq=anchors,
         user_labels=user_labels,
-        cfg=cfg,
-        seed=seed,
+        cfg=replace(config, reinit=user_labels is None),
+        seed=config.seed,
         drafting_dtype=draft_dtype,
     )
     typer.echo("router on held-out blocks (a_i vs acceptance label; conf = raw slot max-probability):")
@@ -244,6 +167,7 @@ def train_router_cmd(
 
 @app.command("finetune")
 @user_errors
+@config_options(FinetuneConfig)
 def finetune_cmd(
     ctx: typer.Context,
     model: str | None = typer.Option(None, help=MODEL_HELP),
@@ -251,44 +175,13 @@ def finetune_cmd(
     out: Path = typer.Option(
         ..., help="Adapter folder: peft files, drafts.safetensors, finetune_report.json."
     ),
-    steps: int = typer.Option(150, help="LoRA optimizer steps."),
-    lr: float = typer.Option(2e-3, help="Peak LoRA learning rate (warm-up, then cosine)."),
-    batch_size: int = typer.Option(8, help="Windows per step."),
-    seq_len: int = typer.Option(256, help="Tokens per window."),
-    lora_r: int = typer.Option(8, help="LoRA rank."),
-    lora_alpha: float = typer.Option(16.0, help="LoRA scale numerator (scale = alpha / r)."),
-    target_modules: list[str] = typer.Option(
-        [],
-        help="AR-set projection to adapt (repeatable): q_proj k_proj v_proj o_proj gate_proj up_proj "
-        "down_proj (default: all seven). The NAR set's `nar_` modules are never targeted.",
-    ),
-    refresh_steps: int = typer.Option(
-        100, help="NAR self-distillation steps on the adapted model's outputs (0: keep the old drafts)."
-    ),
-    refresh_sequences: int = typer.Option(48, help="AR-greedy sequences the refresh trains on."),
-    save_every: int = typer.Option(50, help="Checkpoint every N LoRA steps."),
-    seed: int = typer.Option(0, help="Seed for LoRA init, windows, prompts and the refresh."),
-    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
     resume: bool = typer.Option(False, help="Continue the LoRA steps from the last checkpoint in OUT/run."),
+    config: FinetuneConfig | None = None,
 ) -> None:
     """LoRA-fine-tune the AR set on your text, then refresh the drafts for it (report: JSON)."""
     import json
 
-    from yue.train.finetune import FinetuneConfig, finetune
+    from yue.train.finetune import finetune
 
-    cfg = FinetuneConfig(
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lora_r=lora_r,
-        lora_alpha=lora_alpha,
-        refresh_steps=refresh_steps,
-        refresh_sequences=refresh_sequences,
-        save_every=save_every,
-        seed=seed,
-        threads=threads,
-        **({"target_modules": tuple(target_modules)} if target_modules else {}),
-    )
-    report = finetune(model, data, out, cfg, resume=resume, command=command_line(ctx))
+    report = finetune(model, data, out, config, resume=resume, command=command_line(ctx))
     typer.echo(json.dumps({k: v for k, v in report.items() if k not in ("config", "refresh")}))

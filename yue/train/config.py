@@ -21,36 +21,76 @@ Objective = Literal["joint", "anchor"]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. Shapes of the model are only used when no `init` model is given."""
+    """One training run (`yue train`'s options). Shapes of the model are only used when no `init` model is given.
 
-    corpus: str = "stdlib"  # 'stdlib', a .jsonl/.txt file or a folder of source files
-    out: str = "runs/yue"  # run folder: checkpoints, logs, token cache, final model
-    tokenizer: str | None = None  # tokenizer.json; None = train one on the train split
-    vocab_size: int = 8192  # only when training the tokenizer here
-    init: str | None = None  # start from this model folder (stage 2); None = random init
-    train_set: TrainSet = "all"  # 'all' = stage 1 joint; 'nar' = NAR set only, AR frozen (stage 2)
+    Attributes:
+        corpus: 'stdlib', a .jsonl / text file, or a folder of source files.
+        out: run folder: checkpoints, log.jsonl, token cache, final model in OUT/model.
+        tokenizer: tokenizer.json (default: trained on the corpus's train split).
+        vocab_size: vocabulary size when the tokenizer is trained here.
+        init: start from this model folder (stage 2); default: a random init.
+        train_set: 'all' = stage 1, joint; 'nar' = stage 2, the NAR set only, the AR set frozen.
+        steps: optimizer steps.
+        seq_len: tokens per training sequence.
+        batch_size: sequences per step, over all processes (each takes an equal share).
+        lr: peak learning rate (warm-up, then cosine).
+        min_lr_ratio: the cosine decays to lr * min_lr_ratio.
+        warmup_steps: linear warm-up steps.
+        weight_decay: AdamW's weight decay.
+        grad_clip: gradients clipped to this global norm.
+        betas: AdamW's (beta1, beta2).
+        block_size: K: slots per NAR block.
+        anchors: M: NAR blocks per sequence.
+        alpha: weight of the AR cross-entropy (docs/design.md §3).
+        beta: weight of the NAR cross-entropy.
+        gamma: weight of KL(sg(p_AR) || p_NAR).
+        reveal_prob: chance a slot sees its true token (mask-predict).
+        objective: 'joint', or 'anchor' (experiment of issue 47: the NAR blocks fill the gap after an
+            anchor span, everything else masked, plus the anchor-count head, `train/anchor.py`).
+        anchor_bias: objective 'anchor': the fill's attention pull toward the anchors per unit of confidence.
+        layer_routing: 'type', or 'four-expert' (experiment of issue 47: a per-layer top-2 router over AR,
+            NAR, fused and fallback MLP experts, `model/experts.py`; random init only).
+        expert_stick: four-expert: logit bonus for the expert taken at the layer below.
+        hidden_size: model width (random init only, as the shapes below).
+        layers: transformer layers.
+        heads: attention heads.
+        kv_heads: key/value heads (grouped-query attention).
+        intermediate_size: MLP width.
+        max_position_embeddings: longest sequence the model takes.
+        val_fraction: share of files held out, split by hash of the file name.
+        eval_every: evaluate every N steps.
+        eval_batches: validation batches per evaluation.
+        save_every: checkpoint every N steps.
+        log_every: log every N steps.
+        keep_checkpoints: checkpoints kept in OUT (the latest ones).
+        seed: seed for init, data order, anchors.
+        threads: torch intra-op threads (default: torch's choice).
+    """
+
+    corpus: str = "stdlib"
+    out: str = "runs/yue"
+    tokenizer: str | None = None
+    vocab_size: int = 8192
+    init: str | None = None
+    train_set: TrainSet = "all"
     # Optimisation.
     steps: int = 1000
     seq_len: int = 256
-    batch_size: int = 16  # sequences per step, over all processes (each takes an equal share)
-    lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    batch_size: int = 16
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
     warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     betas: tuple[float, float] = (0.9, 0.95)
     # Joint loss (docs/design.md §3).
-    block_size: int = 8  # K
-    anchors: int = 8  # M blocks per sequence
+    block_size: int = 8
+    anchors: int = 8
     alpha: float = 1.0
     beta: float = 0.8
     gamma: float = 0.2
     reveal_prob: float = 0.1
-    # Experiments of issue 47. 'anchor': the NAR blocks fill the gap after an anchor span, everything
-    # else masked, plus the anchor-count head (`train/anchor.py`); anchor_bias: the fill's attention
-    # pull toward the anchors per unit of confidence. layer_routing 'four-expert': the per-layer top-2
-    # router over AR, NAR, fused and fallback MLP experts (`model/experts.py`), random init only;
-    # expert_stick: its sticky term.
+    # Experiments of issue 47.
     objective: Objective = "joint"
     anchor_bias: float = 1.0
     layer_routing: LayerRouting = "type"
@@ -63,14 +103,14 @@ class TrainConfig:
     intermediate_size: int = 688
     max_position_embeddings: int = 1024
     # Bookkeeping.
-    val_fraction: float = 0.02  # share of files held out, split by hash of the file name
+    val_fraction: float = 0.02
     eval_every: int = 200
     eval_batches: int = 8
     save_every: int = 200
     log_every: int = 10
     keep_checkpoints: int = 2
     seed: int = 0
-    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -181,29 +221,56 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """One `yue finetune` run. Defaults: a few minutes on one CPU core for yue-code-mini."""
+    """One `yue finetune` run (its options). Defaults: a few minutes on one CPU core for yue-code-mini.
 
-    steps: int = 150  # LoRA optimizer steps
-    lr: float = 2e-3  # peak; LoRA's B starts at 0, so the adapted model starts as the base
+    Attributes:
+        steps: LoRA optimizer steps.
+        lr: peak LoRA learning rate (warm-up, then cosine); LoRA's B starts at 0, so the adapted model
+            starts as the base.
+        batch_size: windows per step.
+        seq_len: tokens per window (shorter data: the whole stream).
+        warmup_steps: linear warm-up steps.
+        min_lr_ratio: the cosine decays to lr * min_lr_ratio.
+        weight_decay: AdamW's weight decay.
+        grad_clip: gradients clipped to this global norm.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scale numerator (scale = alpha / r).
+        target_modules: AR-set projections to adapt (Llama names; repeatable on the command line): q_proj
+            k_proj v_proj o_proj gate_proj up_proj down_proj (default: all seven). The NAR set's `nar_`
+            modules are never targeted.
+        refresh_steps: NAR self-distillation steps on the adapted model's outputs (0: keep the old drafts).
+        refresh_sequences: AR-greedy sequences the refresh trains on.
+        prompt_len: prompt tokens of those sequences and of the measuring prompts.
+        new_tokens: greedy tokens per refresh sequence.
+        router_epochs: router fine-tuning epochs on the refreshed drafts' labels.
+        measure_prompts: prompts for the accepted-drafts figures.
+        measure_tokens: tokens generated per measuring prompt.
+        save_every: checkpoint every N LoRA steps.
+        seed: seed for LoRA init, windows, prompts and the refresh.
+        threads: torch intra-op threads (default: torch's choice).
+    """
+
+    steps: int = 150
+    lr: float = 2e-3
     batch_size: int = 8
-    seq_len: int = 256  # window length (shorter data: the whole stream)
+    seq_len: int = 256
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     lora_r: int = 8
     lora_alpha: float = 16.0
-    target_modules: tuple[str, ...] = AR_PROJECTIONS  # Llama names; only the AR set's are targeted
-    refresh_steps: int = 100  # NAR self-distillation steps after the adapter; 0 = no refresh
-    refresh_sequences: int = 48  # AR-greedy sequences the refresh trains on
-    prompt_len: int = 32  # prompt tokens of those sequences and of the measuring prompts
-    new_tokens: int = 96  # greedy tokens per refresh sequence
-    router_epochs: int = 10  # router fine-tuning epochs on the refreshed drafts' labels
-    measure_prompts: int = 8  # prompts for the accepted-drafts figures
-    measure_tokens: int = 64  # tokens generated per measuring prompt
-    save_every: int = 50  # checkpoint every N LoRA steps
+    target_modules: tuple[str, ...] = AR_PROJECTIONS
+    refresh_steps: int = 100
+    refresh_sequences: int = 48
+    prompt_len: int = 32
+    new_tokens: int = 96
+    router_epochs: int = 10
+    measure_prompts: int = 8
+    measure_tokens: int = 64
+    save_every: int = 50
     seed: int = 0
-    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_modules", tuple(self.target_modules))

@@ -7,6 +7,7 @@ by file that training used), so the numbers are comparable with a training log's
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,17 +18,38 @@ from yue.train.data import PackedSequences, encode_documents, read_corpus, split
 from yue.train.loop import evaluate
 
 
-def evaluate_model(
-    model_dir: str | Path | None,
-    corpus: str = "stdlib",
-    batches: int = 8,
-    batch_size: int = 8,
-    seq_len: int = 256,
-    anchors: int = 8,
-    val_fraction: float = 0.02,
-    seed: int = 0,
-) -> dict:
-    """Validation metrics of a model on `corpus`'s validation split.
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `evaluate_model` scores (`yue eval`'s options). Bad values raise ValueError naming the field.
+
+    Attributes:
+        corpus: 'stdlib', a .txt/.jsonl file or a folder of sources.
+        batches: validation batches to score.
+        batch_size: sequences per batch.
+        seq_len: tokens per sequence.
+        anchors: NAR blocks per sequence, as in training.
+        val_fraction: share of files held out, split by hash of the file name as training splits them.
+        seed: seed for the sequences' order and the NAR blocks' anchors.
+    """
+
+    corpus: str = "stdlib"
+    batches: int = 8
+    batch_size: int = 8
+    seq_len: int = 256
+    anchors: int = 8
+    val_fraction: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "batch_size", "seq_len", "anchors"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+def evaluate_model(model_dir: str | Path | None, cfg: EvalConfig = EvalConfig()) -> dict:
+    """Validation metrics of a model on `cfg.corpus`'s validation split.
 
     Args:
         model_dir: a model as `yue.load` takes it (a shipped name, a folder, a GGUF; None: the default).
@@ -36,24 +58,25 @@ def evaluate_model(
         and "nar_acc_per_slot" None, with "nar" saying why, for a model whose NAR set is not scored here.
     """
     model, tokenizer, files = load_unprepared(model_dir)
-    cfg = TrainConfig(
+    corpus, batch_size, seq_len, seed = cfg.corpus, cfg.batch_size, cfg.seq_len, cfg.seed
+    train_cfg = TrainConfig(
         corpus=corpus,
         out=str(files.yue_dir or files.tokenizer_dir),
         seq_len=seq_len,
         batch_size=batch_size,
-        anchors=anchors,
+        anchors=cfg.anchors,
         block_size=model.config.block_size,
-        eval_batches=batches,
-        val_fraction=val_fraction,
+        eval_batches=cfg.batches,
+        val_fraction=cfg.val_fraction,
         seed=seed,
     )
     docs = read_corpus(corpus)
-    _, val_docs = split_documents(docs, val_fraction)
+    _, val_docs = split_documents(docs, cfg.val_fraction)
     split = "validation"
     if not val_docs:  # one document (a .txt file): no split to hold out, and this command trains nothing
         val_docs, split = docs, "all (a one-document corpus has no validation split)"
     val = PackedSequences(encode_documents(val_docs, tokenizer, seed), seq_len, seed)
-    sequences = min(len(val), batches * batch_size)
+    sequences = min(len(val), cfg.batches * batch_size)
     out = {"sequences": sequences, "split": split}
     if model.config.nar_start > 0 or not model.config.has_nar:
         # A top-layer NAR set (yue-smol) trains on the model's own answers from cached entry features
@@ -64,7 +87,7 @@ def evaluate_model(
             "a top-layer NAR set: see its distillation report" if model.config.has_nar else "no NAR set"
         )
     else:
-        result = evaluate(model, model, val, cfg, model.device)
+        result = evaluate(model, model, val, train_cfg, model.device)
         ar, nar, acc = result.ar_loss, result.nar_loss, result.nar_acc_per_slot
     return {"ar_loss": ar, "ar_perplexity": math.exp(ar), "nar_loss": nar, "nar_acc_per_slot": acc} | out
 

@@ -259,13 +259,22 @@ def unstandardise_inputs(router: Router, mean: torch.Tensor, std: torch.Tensor) 
 
 @dataclass(frozen=True)
 class RouterTrainConfig:
-    """Router optimisation. Defaults: seconds on a CPU for ~10^4-10^5 blocks."""
+    """Router optimisation (`yue train-router`'s options). Defaults: seconds on a CPU for ~10^4-10^5 blocks.
+
+    Attributes:
+        epochs: router training epochs.
+        batch_size: labelled blocks per optimizer step.
+        lr: router learning rate.
+        weight_decay: AdamW's weight decay.
+        reinit: a fresh router (stage 3); False fine-tunes the current one (on user labels).
+        seed: seed for init and batch order (`yue train-router`: also prompts, anchors and the held-out split).
+    """
 
     epochs: int = 30
     batch_size: int = 512
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    reinit: bool = True  # fresh router (stage 3); False fine-tunes the current one (user labels)
+    reinit: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -189,20 +189,37 @@ def build_greedy_sequences(
 
 @dataclass(frozen=True)
 class NARFinetuneConfig:
-    """Stage-2 knobs. Defaults: a few minutes on 2 CPU cores for the default model."""
+    """Stage-2 knobs (`yue self-distill`'s options). Defaults: a few minutes on 2 CPU cores for the default model.
 
-    steps: int = 300  # optimizer steps
-    batch_size: int = 8  # sequences per step
-    anchors: int = 16  # M blocks per sequence, anchored in the continuation
-    lr: float = 1e-3  # peak; NAR set already trained in stage 1, so lower than stage 1's
+    Attributes:
+        steps: NAR fine-tuning steps.
+        batch_size: sequences per step.
+        anchors: M: NAR blocks per sequence, anchored in the continuation.
+        lr: peak learning rate; the NAR set is already trained in stage 1, so lower than stage 1's.
+        warmup_steps: linear warm-up steps.
+        min_lr_ratio: the cosine decays to lr * min_lr_ratio.
+        weight_decay: AdamW's weight decay (0: a short fine-tune pulls no trained weight toward 0).
+        grad_clip: gradients clipped to this global norm.
+        beta: weight of the NAR cross-entropy (the AR loss's is 0: the AR set is frozen).
+        gamma: weight of KL(sg(p_AR) || p_NAR).
+        reveal_prob: chance a slot shows its true token (mask-predict).
+        reveal_first: chance slot 1 shows its true token, as the drafting pass shows it (default:
+            reveal_prob, as any slot).
+        seed: seed for prompts, anchors and reveals.
+    """
+
+    steps: int = 300
+    batch_size: int = 8
+    anchors: int = 16
+    lr: float = 1e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0  # short fine-tune: no decay toward 0 of a trained set
+    weight_decay: float = 0.0
     grad_clip: float = 1.0
-    beta: float = 0.8  # NAR cross-entropy weight (α = 0: the AR set is frozen)
-    gamma: float = 0.2  # KL(sg(p_AR) || p_NAR) weight
+    beta: float = 0.8
+    gamma: float = 0.2
     reveal_prob: float = 0.1
-    reveal_first: float | None = None  # slot 1's reveal chance (None: reveal_prob); decoding reveals it
+    reveal_first: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
