@@ -83,7 +83,7 @@ MODEL_HELP = (
 
 
 DTYPE_HELP = (
-    "float32 (the GGUF's values) | bfloat16: a named precision, ~1.5x faster on a CPU with AVX512-BF16 "
+    "float32 (the GGUF's values) | bfloat16: a named precision, faster where the CPU has AVX512-BF16 "
     "or AMX | int4 (CPU): the AR layers in 4 bits (a Q4_1 GGUF's own codes) on int8 activations, "
     "as llama.cpp runs them, the fastest; ar and verified stay exact against each other in each."
 )
