@@ -181,6 +181,44 @@ def test_a_bad_decode_setting_is_refused_naming_the_field_before_a_model_loads(
     assert not engine.configs
 
 
+def test_every_load_setting_is_an_option_of_generate_chat_and_serve_parsed_into_its_config(monkeypatch):
+    """`--model/--adapter/--device/--dtype/--draft-dtype/--low-memory` are LoadConfig's fields, the one
+    value `load_engine` gets; a bad precision is refused naming the field before anything loads."""
+    import importlib
+
+    from yue.cli import app
+    from yue.config import LoadConfig
+
+    for command in ("generate", "chat", "serve"):
+        assert _fields(LoadConfig) <= _options(command), command
+    loads = []
+    monkeypatch.setattr(
+        importlib.import_module("yue.cli.generate"),
+        "load_engine",
+        lambda load: loads.append(load) or _Engine(),
+    )
+    given = [
+        "--model",
+        "m.gguf",
+        "--dtype",
+        "int4",
+        "--draft-dtype",
+        "float32",
+        "--low-memory",
+        "--device",
+        "auto",
+    ]
+    assert CliRunner().invoke(app, ["generate", "x", *given]).exit_code == 0
+    assert loads == [
+        LoadConfig(model="m.gguf", device="auto", dtype="int4", draft_dtype="float32", low_memory=True)
+    ]
+    for option, value in (("--dtype", "int3"), ("--draft-dtype", "int2")):
+        result = CliRunner().invoke(app, ["generate", "x", option, value])
+        field = option[2:].replace("-", "_")
+        assert result.exit_code == 2 and f"error: {field} must be one of" in result.output, result.output
+    assert len(loads) == 1
+
+
 def test_chat_keeps_its_own_reply_length_default(monkeypatch):
     from yue.cli import app
 

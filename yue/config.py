@@ -483,3 +483,39 @@ def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
                 f"logit_bias: each bias must be a number in [-100, 100], got {b!r} for token {t}"
             )
     return tuple(sorted((int(t), float(b)) for t, b in dict(pairs).items()))
+
+
+Precision = Literal["float32", "bfloat16", "int4"]
+DraftPrecision = Literal["auto", "int8", "bfloat16", "float32"]
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Which model `yue.load` loads, where and in what precision, as one value (`engine.load_from`: the
+    loading options of `yue generate`, `chat` and `serve`). The device is checked at load.
+
+    Attributes:
+        model: A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the
+            default model).
+        adapter: A `yue finetune` adapter folder for this model.
+        device: cpu | cuda | cuda:N | auto (CUDA when available).
+        dtype: float32 (the GGUF's values) | bfloat16: a named precision, faster where the CPU has
+            AVX512-BF16 or AMX | int4 (CPU): the AR layers in 4 bits (a Q4_1 GGUF's own codes) on int8
+            activations, as llama.cpp runs them, the fastest; ar and verified stay exact against each
+            other in each.
+        draft_dtype: Drafting weights: auto (int8 on a CPU) | int8 | bfloat16 | float32; ar and verified
+            output is the same whichever.
+        low_memory: float32 on a CPU: each weight held once (less memory, slower verifying rows).
+    """
+
+    model: str | None = None
+    adapter: str | None = None
+    device: str = "cpu"
+    dtype: Precision = "float32"
+    draft_dtype: DraftPrecision = "auto"
+    low_memory: bool = False
+
+    def __post_init__(self) -> None:
+        for name, kind in (("dtype", Precision), ("draft_dtype", DraftPrecision)):
+            if getattr(self, name) not in get_args(kind):
+                raise ValueError(f"{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
-from yue.config import DecodeConfig, YueConfig
+from yue.config import DecodeConfig, LoadConfig, YueConfig
 from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import StepCosts, measured_costs
@@ -522,6 +522,18 @@ def load(
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
     corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
     return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)
+
+
+def load_from(config: LoadConfig) -> Engine:
+    """`load` with its options as one `LoadConfig` (the CLI's loading options)."""
+    return load(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        nar_dtype=config.draft_dtype,
+        adapter=config.adapter,
+        low_memory=config.low_memory,
+    )
 
 
 def load_unprepared(

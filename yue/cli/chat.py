@@ -10,10 +10,10 @@ from pathlib import Path
 import typer
 
 from yue.cli import common
-from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
+from yue.cli.common import app, user_errors
 from yue.cli.generate import load_engine
 from yue.cli.options import config_options
-from yue.config import DecodeConfig
+from yue.config import DecodeConfig, LoadConfig
 
 CHAT_HISTORY = "chat_history"  # file under the yue cache folder ($YUE_CACHE_DIR or ~/.cache/yue)
 
@@ -59,21 +59,17 @@ def _line_editing() -> Iterator[Path | None]:
     exclude=("trace", "logprobs"),  # a conversation prints replies only
     defaults={"max_new_tokens": 512},  # a reply, not a completion
 )
+@config_options(LoadConfig, argument="load")
 def chat(
-    model: str | None = typer.Option(None, help=MODEL_HELP),
     system: str | None = typer.Option(None, help="A system message opening the conversation."),
-    draft_dtype: str = typer.Option("auto", help="Drafting weights: auto | int8 | bfloat16 | float32."),
-    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
-    dtype: str = typer.Option("float32", help=DTYPE_HELP),
-    low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
-    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
+    load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
     """Chat in the terminal: replies stream as they are written, the conversation is kept; /exit or EOF
     ends. Ctrl-C stops a reply (kept as far as it got) and ends the session at the prompt."""
     from dataclasses import replace
 
-    engine = load_engine(model, device, dtype, draft_dtype, low_memory, adapter)
+    engine = load_engine(load)
     config = replace(config, mode=config.mode or engine.default_mode)
     messages = [{"role": "system", "content": system}] if system else []
     typer.echo(f"{engine.name} ({config.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)

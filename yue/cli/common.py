@@ -80,17 +80,3 @@ def command_line(ctx: typer.Context) -> str:
 MODEL_HELP = (
     "A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the default model)."
 )
-
-
-DTYPE_HELP = (
-    "float32 (the GGUF's values) | bfloat16: a named precision, faster where the CPU has AVX512-BF16 "
-    "or AMX | int4 (CPU): the AR layers in 4 bits (a Q4_1 GGUF's own codes) on int8 activations, "
-    "as llama.cpp runs them, the fastest; ar and verified stay exact against each other in each."
-)
-
-
-LOW_MEMORY_HELP = (
-    "float32 on a CPU: each weight held once. With yue's row kernel the layers hold one copy anyway "
-    "and this drops the head's (yue-smol: ~0.1 GB less, slower verifying rows); without it, ~0.4 GB "
-    "less, slower verifying rows (AVX2) or one-row steps (AVX512)."
-)

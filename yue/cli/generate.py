@@ -10,18 +10,16 @@ from pathlib import Path
 import typer
 
 from yue.cli import common
-from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
+from yue.cli.common import app, user_errors
 from yue.cli.options import config_options
-from yue.config import DecodeConfig
+from yue.config import DecodeConfig, LoadConfig
 
 
-def load_engine(model: str | None, device: str, dtype: str, draft_dtype: str, low_memory: bool, adapter):
-    """`generate`'s and `chat`'s model, loaded with their shared options."""
-    import yue
+def load_engine(load: LoadConfig):
+    """`generate`'s and `chat`'s model (the engine's module, and torch, load only when a command runs)."""
+    from yue.engine import load_from
 
-    return yue.load(
-        model, device=device, dtype=dtype, nar_dtype=draft_dtype, adapter=adapter, low_memory=low_memory
-    )
+    return load_from(load)
 
 
 @app.command()
@@ -31,31 +29,24 @@ def load_engine(model: str | None, device: str, dtype: str, draft_dtype: str, lo
     exclude=("logprobs",),  # the command prints text, not log-probabilities
     helps={"trace": "Print the router's per-step trace to stderr."},
 )
+@config_options(LoadConfig, argument="load")
 def generate(
     prompt: str = typer.Argument(
         ..., help="Text to continue, or an instruct model's user message; - reads it from standard input."
     ),
-    model: str | None = typer.Option(None, help=MODEL_HELP),
     system: str | None = typer.Option(
         None, help="A system message before PROMPT (an instruct model's chat template; not with --raw)."
     ),
     raw: bool = typer.Option(
         False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
     ),
-    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
-    draft_dtype: str = typer.Option(
-        "auto",
-        help="Drafting weights: auto (int8 on CPU) | int8 | bfloat16 | float32. ar/verified output is the same.",
-    ),
-    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
-    dtype: str = typer.Option("float32", help=DTYPE_HELP),
-    low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
     stream: bool | None = typer.Option(
         None,
         "--stream/--no-stream",
         help="Print text as it is generated (default: on when standard output is a terminal).",
     ),
     trace_json: Path | None = typer.Option(None, help="Write the per-step trace as JSON to this file."),
+    load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
     """Continue PROMPT and print the completion (an instruct model answers it through its chat template).
@@ -70,7 +61,7 @@ def generate(
     show_trace = config.trace
     if trace_json is not None:  # the file needs the steps recorded
         config = replace(config, trace=True)
-    engine = load_engine(model, device, dtype, draft_dtype, low_memory, adapter)
+    engine = load_engine(load)
     if engine.instruct and not raw:
         system_message = [{"role": "system", "content": system}] if system is not None else []
         prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])

@@ -164,8 +164,10 @@ def config_options(
     required: tuple[str, ...] = (),
     defaults: dict[str, typing.Any] | None = None,
     helps: dict[str, str] | None = None,
+    argument: str = "config",
 ):
-    """Decorate a Typer command `fn(..., config)` with an option per field of `config_cls`.
+    """Decorate a Typer command `fn(..., config)` with an option per field of `config_cls`; a command
+    that takes two configs names the second one's parameter (`argument="load"`).
 
     Args:
         config_cls: a dataclass whose fields are the options.
@@ -177,6 +179,7 @@ def config_options(
         required: fields the command line must give (no default).
         defaults: a field's default where the command's differs from the config's (a chat reply's length).
         helps: a field's help where the command shares one text with other commands (`--model`).
+        argument: the command's parameter that receives the built config.
     """
     flags, envvars, defaults = flags or {}, envvars or {}, defaults or {}
     hints = typing.get_type_hints(config_cls)
@@ -199,13 +202,13 @@ def config_options(
         own = [
             p.replace(annotation=own_hints[name])
             for name, p in inspect.signature(fn).parameters.items()
-            if name != "config"
+            if name != argument
         ]
 
         @functools.wraps(fn)
         def command(**kwargs):
             values = {f.name: forms[f.name].to_config(kwargs.pop(f.name)) for f in fields}
-            return fn(config=config_cls(**values), **kwargs)
+            return fn(**{argument: config_cls(**values)}, **kwargs)
 
         params = [*own, *(option(f) for f in fields)]
         command.__signature__ = inspect.Signature(params)

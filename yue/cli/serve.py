@@ -7,8 +7,9 @@ from pathlib import Path
 
 import typer
 
-from yue.cli.common import DTYPE_HELP, LOW_MEMORY_HELP, MODEL_HELP, app, user_errors
+from yue.cli.common import app, user_errors
 from yue.cli.options import config_options
+from yue.config import LoadConfig
 from yue.serve.config import ServeConfig
 
 
@@ -21,12 +22,8 @@ from yue.serve.config import ServeConfig
     zero_is_none=("max_batch_tokens", "max_prompt_tokens"),
     envvars={"api_key": "YUE_API_KEY"},
 )
+@config_options(LoadConfig, argument="load")
 def serve_cmd(
-    model: str | None = typer.Option(None, help=MODEL_HELP),
-    adapter: Path | None = typer.Option(None, help="A `yue finetune` adapter folder for this model."),
-    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
-    dtype: str = typer.Option("float32", help=DTYPE_HELP),
-    low_memory: bool = typer.Option(False, help=LOW_MEMORY_HELP),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     threads: int | None = typer.Option(
         None, help="torch threads (per replica with --replicas; default: the cores divided among them)."
@@ -41,27 +38,26 @@ def serve_cmd(
         None,
         help="Join this Ray cluster (e.g. auto) with --replicas/--autoscale; default: start a local one.",
     ),
+    load: LoadConfig | None = None,
     config: ServeConfig | None = None,
 ) -> None:
     """Serve over HTTP: OpenAI-compatible /v1 API, /generate, /health, /metrics and a demo page at /."""
-    import yue
-    from yue.kernels.prepare import resolve_dtype
+    from yue.engine import load_from
     from yue.model.adapters import check_adapter_folder
     from yue.registry import ar_source, resolve
     from yue.serve import serve
 
-    resolve_dtype(dtype)  # a bad name fails here, before the server starts
-    folder = resolve(model)  # an unknown name or a missing package fails here, before the server starts
+    # LoadConfig checked the precisions' names; an unknown model name or a missing package fails here,
+    # before the server starts.
+    folder = resolve(load.model)
     if folder.is_dir():
         ar_source(folder)
     # The model loads in the background while /health answers 503; a load failure exits with status 1.
-    if adapter is not None:
-        check_adapter_folder(adapter)  # missing files fail here, not in the background load
+    if load.adapter is not None:
+        check_adapter_folder(Path(load.adapter))  # missing files fail here, not in the background load
 
     # Chat requests use the model's own template (`Engine.chat_prompt`). Picklable: Ray replicas run it.
-    load = functools.partial(
-        yue.load, model, device=device, dtype=dtype, adapter=adapter, low_memory=low_memory
-    )
+    load = functools.partial(load_from, load)
     if replicas is None and autoscale is None and address is None:
         if threads is not None:
             if threads < 1:
