@@ -270,7 +270,8 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monk
     """Prompts of several lengths decoded together: every hidden row the head reads alone is, bit for
     bit, one it reads in the batch (each prompt prefilled without padding, `DecodeBatch._buckets`; decode
     steps attending past the batch's holes as alone, `rows_attention`; a step of more rows than one
-    row-kernel call takes, 11 here, in calls of at most 9, `YueForCausalLM._step_by_rows`). Tokens
+    row-kernel pass takes, 11 here, in one `rowkernel.stack` call whose matmuls take them in passes,
+    4-bit codes rebuilt once for all of them, `rows_matmul_q4`). Tokens
     alone would not show it: float32's differences were ~1e-5, which the int4 precision's rounded
     activations grew into other tokens on SmolLM2. (bfloat16's batches are not exact: docs/serve.md.)"""
     model = exact_batch_model(precision, monkeypatch)
