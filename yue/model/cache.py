@@ -25,6 +25,8 @@ Design decisions:
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from yue.model.layers import EXACT_KEY_PAD, round_up
@@ -141,7 +143,7 @@ class KVCache:
         """Keep only these rows (a gather on the batch dimension): rows that left stop costing compute.
         A lone row left is compacted: without holes it decodes without a mask (the batch-1 fast path)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
-        if all(a < b for a, b in zip(rows, rows[1:])) and rows[-1] < self.batch_size:
+        if all(a < b for a, b in itertools.pairwise(rows)) and rows[-1] < self.batch_size:
             # Ascending (rows leaving): close up in place; row j's source rows[j] >= j is never a row
             # already written. Columns past the pointer are scratch (the next write's), not copied.
             n = self.length
