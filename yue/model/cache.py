@@ -138,29 +138,30 @@ class KVCache:
             )
         return self.key_valid
 
-    @torch.inference_mode()  # rows move in place; a batch may drop rows outside its step
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (a gather on the batch dimension): rows that left stop costing compute.
         A lone row left is compacted: without holes it decodes without a mask (the batch-1 fast path)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
-        if all(a < b for a, b in itertools.pairwise(rows)) and rows[-1] < self.batch_size:
-            # Ascending (rows leaving): close up in place; row j's source rows[j] >= j is never a row
-            # already written. Columns past the pointer are scratch (the next write's), not copied.
-            n = self.length
-            for j, r in enumerate(rows):
-                if r != j:
-                    self.k[:, j, :, :n] = self.k[:, r, :, :n]
-                    self.v[:, j, :, :n] = self.v[:, r, :, :n]
-            self._rows(len(rows))
-        else:  # a reordering (beam search's `_reorder_cache`): a gathered copy
-            self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
-            self._buffers = (self.k, self.v)
-        self.seq_lens = self.seq_lens.index_select(0, index)
-        if self.key_valid is not None:
-            self.key_valid = self.key_valid.index_select(0, index)
-            self._drop_mask_if_whole()
-        if len(rows) == 1 and self.key_valid is not None:
-            self.compact()
+        # Rows move in place: buffers made in inference mode (a decode step) take writes only there.
+        with torch.inference_mode(self.k.is_inference()):
+            index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
+            if all(a < b for a, b in itertools.pairwise(rows)) and rows[-1] < self.batch_size:
+                # Ascending (rows leaving): close up in place; row j's source rows[j] >= j is never a row
+                # already written. Columns past the pointer are scratch (the next write's), not copied.
+                n = self.length
+                for j, r in enumerate(rows):
+                    if r != j:
+                        self.k[:, j, :, :n] = self.k[:, r, :, :n]
+                        self.v[:, j, :, :n] = self.v[:, r, :, :n]
+                self._rows(len(rows))
+            else:  # a reordering (beam search's `_reorder_cache`): a gathered copy
+                self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+                self._buffers = (self.k, self.v)
+            self.seq_lens = self.seq_lens.index_select(0, index)
+            if self.key_valid is not None:
+                self.key_valid = self.key_valid.index_select(0, index)
+                self._drop_mask_if_whole()
+            if len(rows) == 1 and self.key_valid is not None:
+                self.compact()
 
     def make_room(self, n: int) -> None:
         """Ensure n columns can be written at the pointer: compact the holes away, then grow if needed."""
@@ -216,28 +217,29 @@ class KVCache:
             valid[:, :n] = self.key_valid[:, :n]
             self.key_valid = valid
 
-    @torch.inference_mode()  # rows move in place; a batch may drop rows outside its step
     def join(self, other: KVCache) -> None:
         """Append other's rows below this cache's, both committed up to their own pointers.
 
         The pointer becomes the larger of the two; a row's columns between its cache's old pointer and
         the new one are holes. Positions stay per row (`seq_lens`), so nothing needs shifting.
         """
-        length = max(self.length, other.length)
-        capacity = max(self.capacity, other.capacity)
-        B, n = self.batch_size, other.batch_size
-        parts = []
-        for c in (self, other):  # (B|n, capacity): holes between a cache's pointer and the new one
-            valid = torch.ones(c.batch_size, capacity, dtype=torch.bool, device=c.k.device)
-            valid[:, : c.capacity] = c._valid()
-            valid[:, c.length : length] = False
-            parts.append(valid)
-        if self.capacity < capacity or self._buffers[0].shape[1] < B + n:
-            # No room: new buffers with spare rows (doubled), so the joins that follow copy only theirs.
-            self._resize(capacity, max(B + n, 2 * self._buffers[0].shape[1]))
-        self._rows(B + n)
-        cols = other.length  # its columns past its pointer are scratch
-        self.k[:, B:, :, :cols], self.v[:, B:, :, :cols] = other.k[:, :, :, :cols], other.v[:, :, :, :cols]
-        self.key_valid = torch.cat(parts, dim=0)
-        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
-        self.length = length
+        with torch.inference_mode(self.k.is_inference()):  # as `select`
+            length = max(self.length, other.length)
+            capacity = max(self.capacity, other.capacity)
+            B, n = self.batch_size, other.batch_size
+            parts = []
+            for c in (self, other):  # (B|n, capacity): holes between a cache's pointer and the new one
+                valid = torch.ones(c.batch_size, capacity, dtype=torch.bool, device=c.k.device)
+                valid[:, : c.capacity] = c._valid()
+                valid[:, c.length : length] = False
+                parts.append(valid)
+            if self.capacity < capacity or self._buffers[0].shape[1] < B + n:
+                # No room: new buffers with spare rows (doubled), so the joins that follow copy only theirs.
+                self._resize(capacity, max(B + n, 2 * self._buffers[0].shape[1]))
+            self._rows(B + n)
+            cols = other.length  # its columns past its pointer are scratch
+            self.k[:, B:, :, :cols] = other.k[:, :, :, :cols]
+            self.v[:, B:, :, :cols] = other.v[:, :, :, :cols]
+            self.key_valid = torch.cat(parts, dim=0)
+            self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
+            self.length = length
