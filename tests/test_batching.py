@@ -194,6 +194,36 @@ def test_compaction_gathers_each_rows_valid_columns_in_order():
     assert cache.key_valid[:, 4:].all()  # past the pointer: written by later steps
 
 
+def test_rows_leave_and_join_in_place_keeping_each_rows_keys_and_values():
+    """Leaves close up in place and joins fill spare rows (the buffers are allocated only when a join
+    needs more rows, then with spares); every row keeps its committed columns, and a reordering (beam
+    search's) still gathers."""
+
+    def cache_of(rows: list[float], length: int) -> KVCache:
+        c = KVCache(2, len(rows), 1, 1, 8, "cpu", torch.float32)
+        for b, value in enumerate(rows):
+            c.k[:, b, 0, :length, 0], c.v[:, b, 0, :length, 0] = value, -value
+        c.advance(length)
+        return c
+
+    def rows_of(c: KVCache) -> list[list[float]]:
+        return [c.k[1, b, 0, : c.length, 0].tolist() for b in range(c.batch_size)]
+
+    cache = cache_of([1.0, 2.0], 3)
+    cache.join(cache_of([3.0], 2))  # 3 rows: new buffers, with a spare row
+    buffer = cache.k.untyped_storage().data_ptr()
+    assert cache.length == 3 and rows_of(cache) == [[1, 1, 1], [2, 2, 2], [3, 3, 0]]
+    assert cache.key_valid[:, :3].tolist() == [[True] * 3, [True] * 3, [True, True, False]]
+    cache.join(cache_of([4.0], 3))  # into the spare row: no new buffer
+    assert cache.k.untyped_storage().data_ptr() == buffer and cache.batch_size == 4
+    cache.select([1, 3])  # rows 0 and 2 leave: 1 and 3 close up, in place
+    assert cache.k.untyped_storage().data_ptr() == buffer
+    assert rows_of(cache) == [[2, 2, 2], [4, 4, 4]] and cache.v[1, 1, 0, :3, 0].tolist() == [-4] * 3
+    assert cache.seq_lens.tolist() == [3, 3] and cache.key_valid is None
+    cache.select([1, 0, 0])  # a reordering: a gathered copy
+    assert rows_of(cache) == [[4, 4, 4], [2, 2, 2], [2, 2, 2]]
+
+
 def test_a_sampled_group_without_drafts_merges_with_one_drafting():
     """A group whose acceptance record stopped drafting carries no draft log-probs; merged with a
     group that drafts, its rows get unused (zero) entries, aligned to the tail like every row's."""
