@@ -194,6 +194,36 @@ def test_compaction_gathers_each_rows_valid_columns_in_order():
     assert cache.key_valid[:, 4:].all()  # past the pointer: written by later steps
 
 
+def test_rows_leave_and_join_in_place_keeping_each_rows_keys_and_values():
+    """Leaves close up in place and joins fill spare rows (the buffers are allocated only when a join
+    needs more rows, then with spares); every row keeps its committed columns, and a reordering (beam
+    search's) still gathers."""
+
+    def cache_of(rows: list[float], length: int) -> KVCache:
+        c = KVCache(2, len(rows), 1, 1, 8, "cpu", torch.float32)
+        for b, value in enumerate(rows):
+            c.k[:, b, 0, :length, 0], c.v[:, b, 0, :length, 0] = value, -value
+        c.advance(length)
+        return c
+
+    def rows_of(c: KVCache) -> list[list[float]]:
+        return [c.k[1, b, 0, : c.length, 0].tolist() for b in range(c.batch_size)]
+
+    cache = cache_of([1.0, 2.0], 3)
+    cache.join(cache_of([3.0], 2))  # 3 rows: new buffers, with a spare row
+    buffer = cache.k.untyped_storage().data_ptr()
+    assert cache.length == 3 and rows_of(cache) == [[1, 1, 1], [2, 2, 2], [3, 3, 0]]
+    assert cache.key_valid[:, :3].tolist() == [[True] * 3, [True] * 3, [True, True, False]]
+    cache.join(cache_of([4.0], 3))  # into the spare row: no new buffer
+    assert cache.k.untyped_storage().data_ptr() == buffer and cache.batch_size == 4
+    cache.select([1, 3])  # rows 0 and 2 leave: 1 and 3 close up, in place
+    assert cache.k.untyped_storage().data_ptr() == buffer
+    assert rows_of(cache) == [[2, 2, 2], [4, 4, 4]] and cache.v[1, 1, 0, :3, 0].tolist() == [-4] * 3
+    assert cache.seq_lens.tolist() == [3, 3] and cache.key_valid is None
+    cache.select([1, 0, 0])  # a reordering: a gathered copy
+    assert rows_of(cache) == [[4, 4, 4], [2, 2, 2], [2, 2, 2]]
+
+
 def test_a_sampled_group_without_drafts_merges_with_one_drafting():
     """A group whose acceptance record stopped drafting carries no draft log-probs; merged with a
     group that drafts, its rows get unused (zero) entries, aligned to the tail like every row's."""
@@ -270,7 +300,8 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monk
     """Prompts of several lengths decoded together: every hidden row the head reads alone is, bit for
     bit, one it reads in the batch (each prompt prefilled without padding, `DecodeBatch._buckets`; decode
     steps attending past the batch's holes as alone, `rows_attention`; a step of more rows than one
-    row-kernel call takes, 11 here, in calls of at most 9, `YueForCausalLM._step_by_rows`). Tokens
+    row-kernel pass takes, 11 here, in one `rowkernel.stack` call whose matmuls take them in passes,
+    4-bit codes rebuilt once for all of them, `rows_matmul_q4`). Tokens
     alone would not show it: float32's differences were ~1e-5, which the int4 precision's rounded
     activations grew into other tokens on SmolLM2. (bfloat16's batches are not exact: docs/serve.md.)"""
     model = exact_batch_model(precision, monkeypatch)

@@ -38,7 +38,7 @@ def test_codes_give_the_float_kernels_bits_for_every_row_count(kind, out, inp):
     assert packed.numel() == -(-out // 32) * 32 * inp * size
     full = rowkernel.block(w)
     g = torch.Generator().manual_seed(1)
-    for rows in (*range(1, 10), 10, 13, 20):  # past 9 rows: further passes, as a prefill
+    for rows in (*range(1, 10), 10, 13, 20, 64):  # past 9 rows: a float tile, several passes (a prefill)
         x = torch.randn(rows, inp, generator=g)
         assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
         torch.testing.assert_close(rowkernel.matmul(x, packed, out), x @ w.t(), atol=1e-5, rtol=1e-5)

@@ -953,9 +953,45 @@ typedef void (*q4_block_fn)(const float *, long, const unsigned char *, float *,
 static const q4_block_fn Q4_BLOCKS[Q4_MAX_R + 1] = {0, q4_one_row, q4_pairs_2, q4_pairs_3, q4_pairs_4, q4_pairs_5, q4_pairs_6 PAIRS_7_TO_9_LIST(q4_pairs_)};
 static const int Q4_STREAMS[MAX_R + 1] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}; /* one column block a call */
 
-/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q4_block's layout (in a multiple of Q4_GROUP). */
+/* A column block's weights rebuilt from its 4-bit codes into `tile` (in, BLK) floats, rowkernel.block's
+ * layout: each value as Q4_REBUILD makes it (code * d + m, one rounding), so the same floats. */
+static void q4_tile(const unsigned char *w, long in, float *tile) {
+    const long groups = in / Q4_GROUP;
+    for (int p = 0; p < VB / 2; p++)
+        for (long g = 0; g < groups; g++) {
+            const unsigned char *rec = w + g * Q4_GROUP_BYTES;
+            Q4_SETUP
+            for (int i = 0; i < Q4_GROUP; i++) {
+                vf w0, w1;
+                Q4_REBUILD
+                float *t = tile + (g * Q4_GROUP + i) * BLK + p * 2 * LANES;
+                *(vf *)t = w0, *(vf *)(t + LANES) = w1;
+            }
+        }
+}
+
+/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q4_block's layout (in a multiple of Q4_GROUP).
+ * More rows than a pass takes (a prefill, a large batch's step): each column block is rebuilt once into a
+ * float tile (in L2: 72-196 KB for SmolLM2) and the float32 kernel's passes run over it, so the
+ * rebuilding, a pass's fixed cost, is paid once a block, not once a pass; the floats and the fmaf chain
+ * are the same, so are the bits (the tests check them against fewer rows). */
 void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    MATMUL_PASSES(Q4_BLOCKS, Q4_BLOCKS, Q4_STREAMS, Q4_MAX_R, in / Q4_GROUP * Q4_GROUP_BYTES)
+    if (rows <= Q4_MAX_R) {
+        MATMUL_PASSES(Q4_BLOCKS, Q4_BLOCKS, Q4_STREAMS, Q4_MAX_R, in / Q4_GROUP * Q4_GROUP_BYTES)
+        return;
+    }
+    const long blocks = (out + BLK - 1) / BLK, bs = in / Q4_GROUP * Q4_GROUP_BYTES;
+    _Pragma("omp parallel num_threads(threads) if (threads > 1)") {
+        float *tile = aligned_alloc(64, in * BLK * sizeof(float)); /* in * BLK * 4 is a multiple of 64 */
+        _Pragma("omp for schedule(static)") for (long b = 0; b < blocks; b++) {
+            q4_tile(w + b * bs, in, tile);
+            for (long r0 = 0; r0 < rows; r0 += MAX_R) {
+                const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
+                SINGLES[R](x + r0 * in, in, tile, y + r0 * out, out, b);
+            }
+        }
+        free(tile);
+    }
 }
 
 /* f rounded to 11 significant bits, to nearest even: a float16 value where f is in float16's normal range. */

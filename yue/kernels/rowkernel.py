@@ -469,11 +469,6 @@ def attention(
     return o.transpose(1, 2)
 
 
-def _batch_rows(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    """Batch rows of a (1|B, ...) input of `stack`: one shared by the batch (1, ...) as it is."""
-    return x if x is None or x.shape[0] == 1 else x[rows]
-
-
 @dataclass(frozen=True)
 class LayerWeights:
     """What `rows_stack` takes of one layer unchanged from step to step, checked and converted to ctypes
@@ -541,27 +536,13 @@ def stack(
     start: int,
 ) -> torch.Tensor:
     """Float32 decode layers [first, last) (model layers) of `weights` over rows h (B, T, D), T <=
-    MAX_ROWS, in one call (`rows_stack`, each layer `rows_layer`) where B x T <= MAX_ROWS, else one per
-    group of whole batch rows: the layers' norms and matmuls, RoPE
+    MAX_ROWS, in one call (`rows_stack`, each layer `rows_layer`), each row computing its solo bits
+    whatever B x T (the matmuls take more rows than a pass in further passes, and 4-bit codes rebuild
+    each weight once for all of them: `rows_matmul_q4`): the layers' norms and matmuls, RoPE
     rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start, start + T), `visible`
     as `attention`'s. kv: the cache's (L, B, Hkv, capacity, Dh) key and value buffers, indexed by model
     layer. Returns the last layer's output (B, T, D)."""
     B, T, D = h.shape
-    if B * T > MAX_ROWS:
-        # A batch's step of more rows than one call takes (10 `ar` rows, 3 verifying 3 drafts each): calls
-        # of whole batch rows, each row computing its solo bits. torch's layer by layer path, taken
-        # before, rounds otherwise: a batch of 6 in int4 gave 3 rows a `verified` answer other than
-        # alone (the rounded activations grow such bits into other tokens). As fast as that path within
-        # noise (one-process A/B: docs/results-log.md).
-        assert T <= MAX_ROWS
-        parts = []
-        for i in range(0, B, MAX_ROWS // T):
-            rows = slice(i, i + MAX_ROWS // T)
-            c, s, vis = (_batch_rows(x, rows) for x in (cos, sin, visible))
-            parts.append(
-                stack(h[rows], weights, first, last, c, s, (kv[0][:, rows], kv[1][:, rows]), vis, start)
-            )
-        return torch.cat(parts)
     k, v = kv
     eps, F, kind, (H, Hkv, Dh) = weights.layers[0].shape
     assert weights.first <= first < last <= weights.first + len(weights.layers)

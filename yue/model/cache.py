@@ -2,8 +2,12 @@
 
 Design decisions:
 - One (L, B, Hkv, T_max, Dh) buffer for keys and one for values; a decode step never allocates cache
-  memory. Only a batch that changes shape (rows joining: `join`; leaving: `select`) or outgrows its
-  buffer (`make_room`) copies it.
+  memory. `k`, `v` are the first B rows of buffers that may hold spare rows: rows leaving (`select`)
+  close up in place, moving only the rows behind a leaver, and rows joining (`join`) are copied into
+  spare rows; only a join past the spare rows (which then doubles them) or a buffer outgrown
+  (`make_room`) allocates and copies the whole cache. Why: a continuous batch's rows come and go all
+  the time, and copying the whole cache each time (46 KiB a token for SmolLM2) cost a batched server
+  a sizeable share of its steps (measured: docs/results-log.md, issue 46).
 - `length` is the write pointer shared by every row: a step writes its new tokens (and its slots, as
   scratch) at columns [length, length + T); committing advances it; whatever lies beyond `length` is
   overwritten by the next write.
@@ -21,6 +25,8 @@ Design decisions:
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from yue.model.layers import EXACT_KEY_PAD, round_up
@@ -36,7 +42,8 @@ class KVCache:
     """Preallocated keys/values for every layer.
 
     Attributes:
-        k, v: (L, B, Hkv, T_max, Dh) buffers.
+        k, v: (L, B, Hkv, T_max, Dh), the first B rows of the buffers (each layer's (B, Hkv, T_max, Dh)
+            contiguous).
         length: columns written and committed, shared by every row (the write pointer).
         key_valid: (B, T_max) bool, False on left padding and holes; None when every column < length
             holds a token of every row.
@@ -56,6 +63,7 @@ class KVCache:
         shape = (n_layers, batch_size, n_kv_heads, padded_capacity(capacity), head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self._buffers = (self.k, self.v)  # (L, rows >= B, Hkv, T_max, Dh): k, v are their first B rows
         self.length = 0
         self.key_valid: torch.Tensor | None = None
         self.seq_lens = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -133,14 +141,27 @@ class KVCache:
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (a gather on the batch dimension): rows that left stop costing compute.
         A lone row left is compacted: without holes it decodes without a mask (the batch-1 fast path)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
-        self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
-        self.seq_lens = self.seq_lens.index_select(0, index)
-        if self.key_valid is not None:
-            self.key_valid = self.key_valid.index_select(0, index)
-            self._drop_mask_if_whole()
-        if len(rows) == 1 and self.key_valid is not None:
-            self.compact()
+        # Rows move in place: buffers made in inference mode (a decode step) take writes only there.
+        with torch.inference_mode(self.k.is_inference()):
+            index = torch.tensor(rows, dtype=torch.long, device=self.k.device)
+            if all(a < b for a, b in itertools.pairwise(rows)) and rows[-1] < self.batch_size:
+                # Ascending (rows leaving): close up in place; row j's source rows[j] >= j is never a row
+                # already written. Columns past the pointer are scratch (the next write's), not copied.
+                n = self.length
+                for j, r in enumerate(rows):
+                    if r != j:
+                        self.k[:, j, :, :n] = self.k[:, r, :, :n]
+                        self.v[:, j, :, :n] = self.v[:, r, :, :n]
+                self._rows(len(rows))
+            else:  # a reordering (beam search's `_reorder_cache`): a gathered copy
+                self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+                self._buffers = (self.k, self.v)
+            self.seq_lens = self.seq_lens.index_select(0, index)
+            if self.key_valid is not None:
+                self.key_valid = self.key_valid.index_select(0, index)
+                self._drop_mask_if_whole()
+            if len(rows) == 1 and self.key_valid is not None:
+                self.compact()
 
     def make_room(self, n: int) -> None:
         """Ensure n columns can be written at the pointer: compact the holes away, then grow if needed."""
@@ -176,15 +197,21 @@ class KVCache:
         if self.key_valid is not None and bool(self.key_valid[:, : self.length].all()):
             self.key_valid = None
 
-    def _resize(self, capacity: int) -> None:
-        """Copy into buffers of a new capacity (>= length); new columns are valid (written later)."""
+    def _rows(self, n: int) -> None:
+        """k, v as the buffers' first n rows."""
+        self.k, self.v = self._buffers[0][:, :n], self._buffers[1][:, :n]
+
+    def _resize(self, capacity: int, rows: int | None = None) -> None:
+        """Copy into buffers of a new capacity (>= length) and `rows` rows (>= B; None: B); new columns
+        are valid (written later)."""
         L, B, H, T, D = self.k.shape
         capacity = padded_capacity(capacity)
-        k = self.k.new_zeros(L, B, H, capacity, D)
-        v = self.v.new_zeros(L, B, H, capacity, D)
+        k = self.k.new_zeros(L, rows or B, H, capacity, D)
+        v = self.v.new_zeros(L, rows or B, H, capacity, D)
         n = min(T, capacity)
-        k[:, :, :, :n], v[:, :, :, :n] = self.k[:, :, :, :n], self.v[:, :, :, :n]
-        self.k, self.v = k, v
+        k[:, :B, :, :n], v[:, :B, :, :n] = self.k[:, :, :, :n], self.v[:, :, :, :n]
+        self._buffers = (k, v)
+        self._rows(B)
         if self.key_valid is not None:
             valid = torch.ones(B, capacity, dtype=torch.bool, device=k.device)
             valid[:, :n] = self.key_valid[:, :n]
@@ -196,17 +223,23 @@ class KVCache:
         The pointer becomes the larger of the two; a row's columns between its cache's old pointer and
         the new one are holes. Positions stay per row (`seq_lens`), so nothing needs shifting.
         """
-        length = max(self.length, other.length)
-        capacity = max(self.capacity, other.capacity)
-        parts = []
-        for c in (self, other):
-            if c.capacity < capacity:
-                c._resize(capacity)
-            valid = c._valid().clone()
-            valid[:, c.length : length] = False
-            parts.append(valid)
-        self.k = torch.cat([self.k, other.k], dim=1)
-        self.v = torch.cat([self.v, other.v], dim=1)
-        self.key_valid = torch.cat(parts, dim=0)
-        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
-        self.length = length
+        with torch.inference_mode(self.k.is_inference()):  # as `select`
+            length = max(self.length, other.length)
+            capacity = max(self.capacity, other.capacity)
+            B, n = self.batch_size, other.batch_size
+            parts = []
+            for c in (self, other):  # (B|n, capacity): holes between a cache's pointer and the new one
+                valid = torch.ones(c.batch_size, capacity, dtype=torch.bool, device=c.k.device)
+                valid[:, : c.capacity] = c._valid()
+                valid[:, c.length : length] = False
+                parts.append(valid)
+            if self.capacity < capacity or self._buffers[0].shape[1] < B + n:
+                # No room: new buffers with spare rows (doubled), so the joins that follow copy only theirs.
+                self._resize(capacity, max(B + n, 2 * self._buffers[0].shape[1]))
+            self._rows(B + n)
+            cols = other.length  # its columns past its pointer are scratch
+            self.k[:, B:, :, :cols] = other.k[:, :, :, :cols]
+            self.v[:, B:, :, :cols] = other.v[:, :, :, :cols]
+            self.key_valid = torch.cat(parts, dim=0)
+            self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
+            self.length = length
