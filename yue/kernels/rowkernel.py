@@ -387,7 +387,8 @@ def screen(
 def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """`matmul` for more rows than one pass takes (a batch, a prefill): torch's batched GEMM over the
     column blocks, (blocks, rows, BLK), laid back to (..., out). Level with oneDNN's packed GEMM at these
-    row counts and faster than MKL's GEMM below ~64 rows (SmolLM2's figures: docs/results-log.md)."""
+    row counts and faster than MKL's GEMM up to a few tens of rows (SmolLM2's figures:
+    docs/results-log.md)."""
     flat = x.reshape(-1, x.shape[-1])
     y = torch.matmul(flat, blocked).permute(1, 0, 2).reshape(flat.shape[0], -1)[:, :out]
     return y.reshape(*x.shape[:-1], out)

@@ -15,7 +15,8 @@ So |A_j - F_j| <= r_j = |x|_1 (e_j + g max|w_j| + 127 g s_j), widened by 0.1%. T
 is at least M = max_j (A_j - r_j), so every token with F_j >= M, the argmax and its ties among them,
 has A_j + r_j >= M: those candidates get their exact F_j (`rowkernel.screen`: the same fmaf chain over
 the token's row of the weight as the head's column), the rest -inf, all in one C call (torch's ops
-over the (rows, V) bounds cost a sizeable share of a step). A row of a SmolLM2 step keeps 1-6 candidates.
+over the (rows, V) bounds cost a sizeable share of a step). A row of a SmolLM2 step keeps a few
+candidates (counts: docs/results-log.md).
 
 Used by the decode loop where the AR logits serve only their argmax (`policies.argmax_only`: greedy,
 no repetition penalty, no log-probs or trace); `forward` is the full head, for everything else. Where a
