@@ -461,19 +461,7 @@ void rows_stack(float *h, int B, int T, long D, int n, const void *const *layers
 
 int rows_layer_ptrs(void) { return LAYER_PTRS; }
 
-/* ---- The LM head's greedy choice: an int8 screen, then exact float32 logits where it leaves doubt ----
- *
- * Why: the head is a fifth of a float32 step's bytes (SmolLM2: 49,152 x 576 floats, 113 MB streamed every step),
- * yet a greedy step needs only its largest logit. rows_matmul_i8 reads the head as int8 codes, a quarter
- * of the bytes, and rows_screen computes, for the few tokens whose screened logit could still be the
- * largest (yue/model/screen.py bounds the screen's error), the float32 logit exactly as rows_matmul
- * does: one fmaf chain over the inputs in order from 0, so the same bits.
- *
- * The int8 loop is rows_matmul's with the codes widened to floats once per input for all rows, and
- * prefetched as far ahead in bytes (an int8 block row is 32 bytes, a float one 128). It is a macro of
- * its own, not BLOCKS_FN with a weight type: the widening copy in the float loop's form made the float
- * kernel slower (docs/results-log.md). */
-#define PREFETCH_I8 1024
+/* ---- Helpers of the 4-bit and 8-bit float32 matmuls below ---- */
 #define VB (BLK / LANES) /* vectors per block row */
 
 /* LANES int8 codes from p widened to floats: one sign extension and one conversion where the compiler
@@ -505,7 +493,7 @@ static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
 #endif
 }
 
-/* 2-9 rows (a verifying step) in the int8 and 4-bit matmuls: a pair of vectors of a column block at a
+/* 2-9 rows (a verifying step) in the 4-bit and 8-bit matmuls: a pair of vectors of a column block at a
  * time, so that R x 2 sums and the pair's weight vectors stay in registers: AVX512's 32 hold 9 rows,
  * AVX2's 16 six; more rows take another pass. */
 #if defined(__AVX512F__)
@@ -545,104 +533,10 @@ static inline __attribute__((always_inline)) vf splat(float x) {
 #endif
 }
 
-#define I8_BLOCKS_FN(NAME, R, NB)                                                                           \
-    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
-        vf acc[R][NB][VB];                                                                                  \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int k = 0; k < NB; k++)                                                                    \
-                for (int v = 0; v < VB; v++) acc[r][k][v] = (vf){0};                                        \
-        for (long i = 0; i < in; i++) {                                                                     \
-            for (int k = 0; k < NB; k++) {                                                                  \
-                const signed char *wi = w + k * in * BLK + i * BLK;                                         \
-                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
-                vf wf[VB];                                                                                  \
-                for (int v = 0; v < VB; v++) wf[v] = widen(wi + v * LANES);                                 \
-                for (int r = 0; r < R; r++) {                                                               \
-                    const vf xr = splat(x[r * in + i]);                                                     \
-                    for (int v = 0; v < VB; v++) acc[r][k][v] += xr * wf[v];                                \
-                }                                                                                           \
-            }                                                                                               \
-        }                                                                                                   \
-        for (int k = 0; k < NB; k++) {                                                                      \
-            long n = out - (b + k) * BLK < BLK ? out - (b + k) * BLK : BLK;                                 \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (long j = 0; j < n; j++) y[r * out + (b + k) * BLK + j] = acc[r][k][j / LANES][j % LANES]; \
-        }                                                                                                   \
-    }
-
-/* 1-2 rows: all VB vectors of two column blocks per input. 3+ rows: by pairs of vectors (PAIR_FMAS; the
- * block's second pair read again from cache). Chosen on SmolLM2's head codes with AVX2: from 3 rows all
- * vectors per row spill (4 rows a pass) and pairs are faster, while 2 rows are faster as blocks; not
- * measured with AVX512 (timings: docs/results-log.md). */
-#define I8_PAIRS_FN(NAME, R)                                                                                \
-    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
-        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
-        for (int p = 0; p < VB / 2; p++) {                                                                  \
-            vf acc[R][2];                                                                                   \
-            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
-            for (long i = 0; i < in; i++) {                                                                 \
-                const signed char *wi = w + i * BLK + p * 2 * LANES;                                        \
-                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
-                const vf w0 = widen(wi), w1 = widen(wi + LANES);                                            \
-                PAIR_FMAS(R, x, in, i, w0, w1)                                                              \
-            }                                                                                               \
-            PAIR_STORE(R, p)                                                                                \
-        }                                                                                                   \
-    }
-
-/* 7-9 rows where a pass of pairs takes 6 (AVX2's 16 registers): one vector of a column block at a time,
- * R sums, the vector and a broadcast in registers, the block's vectors read again from cache, so that a
- * NAR drafting pass's 8 slots take one pass over the weights, not 6 + 2: faster than two passes on a NAR
- * layer's four matmuls with AVX2, while from 3 to 6 rows pairs win (timings: docs/results-log.md). */
-#define I8_VECS_FN(NAME, R)                                                                                 \
-    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
-        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
-        for (int v = 0; v < VB; v++) {                                                                      \
-            vf acc[R];                                                                                      \
-            for (int r = 0; r < R; r++) acc[r] = (vf){0};                                                   \
-            for (long i = 0; i < in; i++) {                                                                 \
-                const signed char *wi = w + i * BLK + v * LANES;                                            \
-                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
-                const vf wv = widen(wi);                                                                    \
-                for (int r = 0; r < R; r++) acc[r] = vfma(splat(x[r * in + i]), wv, acc[r]);               \
-            }                                                                                               \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (long j = v * LANES; j < n && j < (v + 1) * LANES; j++)                                 \
-                    y[r * out + b * BLK + j] = acc[r][j % LANES];                                           \
-        }                                                                                                   \
-    }
-
-static const int I8_STREAMS[MAX_R + 1] = {0, 2, 2, 1, 1, 1, 1, 1, 1, 1};
-I8_BLOCKS_FN(i8_block_1, 1, 2)
-I8_BLOCKS_FN(i8_block_2, 2, 2)
-I8_BLOCKS_FN(i8_single_1, 1, 1)
-I8_BLOCKS_FN(i8_single_2, 2, 1)
-I8_PAIRS_FN(i8_pairs_3, 3)
-I8_PAIRS_FN(i8_pairs_4, 4)
-I8_PAIRS_FN(i8_pairs_5, 5)
-I8_PAIRS_FN(i8_pairs_6, 6)
-#if PAIR_MAX_R == 9
-PAIRS_7_TO_9(I8_PAIRS_FN, i8_pairs_)
-#define I8_7_TO_9 PAIRS_7_TO_9_LIST(i8_pairs_)
-#else
-I8_VECS_FN(i8_vecs_7, 7)
-I8_VECS_FN(i8_vecs_8, 8)
-I8_VECS_FN(i8_vecs_9, 9)
-#define I8_7_TO_9 , i8_vecs_7, i8_vecs_8, i8_vecs_9
-#endif
-typedef void (*i8_block_fn)(const float *, long, const signed char *, float *, long, long);
-static const i8_block_fn I8_BLOCKS[MAX_R + 1] = {0, i8_block_1, i8_block_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_7_TO_9};
-static const i8_block_fn I8_SINGLES[MAX_R + 1] = {0, i8_single_1, i8_single_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_7_TO_9};
-
-/* y (rows, out) = x (rows, in) @ codes.t(), codes in rowkernel.block's layout as int8. */
-void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
-    MATMUL_PASSES(I8_BLOCKS, I8_SINGLES, I8_STREAMS, MAX_R, in * BLK)
-}
-
 /* ---- A drafting set's int8 matmul on integer dot products: activations quantized per row ----
  *
- * Why: a NAR set's drafting pass ran its int8 codes through rows_matmul_i8, which widens each code to a
- * float and spends a float FMA on it: a few slots over SmolLM2's 4 NAR layers (14 MB of codes) were
+ * Why: a NAR set's drafting pass ran its int8 codes through a float loop (each code widened to a float,
+ * a float FMA spent on it): a few slots over SmolLM2's 4 NAR layers (14 MB of codes) were
  * compute-bound, well below memory speed. Here each row of x is quantized to int8 (symmetric, scale
  * max |x| / 127) and multiplied by the codes in integer arithmetic, 32 products per three AVX2
  * instructions (sign, maddubs, madd; two with AVX512-VNNI: sign, dpbusd): faster at every row count, 4
@@ -1261,36 +1155,182 @@ int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned c
 
 int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
 
-/* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen
- * of yue/model/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
- * int8 codes in rowkernel.block's layout, scale[j] their column scales, slack[j] the bound's radius per
- * unit of |x|_1; w the float32 head (out, in) at strides (sc, si), e.g. a tied head's input-major
- * storage (sc 1, si out): a kept logit is one fmaf chain over the inputs in order from 0, rows_matmul's
- * bits. The bound's arithmetic is in double. Returns 1 (y undefined) where a row is not finite, else 0.
- * entropy (rows floats, or NULL): each row's softmax entropy over its logits as screened, the kept ones
- * exact and the rest their screened value s_j c_j (within the bound of theirs): what the router reads of
- * the AR path (yue/model/router.py) without streaming the whole head again for that row. */
-int rows_screen(const float *x, long rows, long in, const signed char *codes, const double *scale,
-                const double *slack, const float *w, long sc, long si, float *y, long out, float *entropy,
+/* ---- The LM head's greedy choice: an integer screen, then exact float32 logits where it leaves doubt ----
+ *
+ * Why: the head is a fifth of a float32 step's bytes (SmolLM2: 49,152 x 576 floats, 113 MB streamed every
+ * step), yet a greedy step needs only its largest logit. The screen reads the head as int8 codes, a
+ * quarter of the bytes, in integer dot products (each extra verifying row costs its products, as in
+ * the int4 layers), and computes, for the few tokens whose screened logit could still be the largest
+ * (yue/kernels/screen.py derives the bound), the float32 logit exactly as rows_matmul does: one fmaf
+ * chain over the inputs in order from 0, so the same bits.
+ *
+ * The screened logit of token j for a row x: x quantized to 16-bit integers xq (symmetric, scale
+ * sx = max |x| / XQ_MAX), held as two int8 digits in -127..127 (xq = 255 hi + lo, so that each digit
+ * goes through the int8 dot products of rows_matmul_i8dot: sign, then dpbusd or maddubs and madd);
+ * the head's int8 codes q with a float scale d per group of Q4_GROUP inputs (a GGUF Q8_0 head's own
+ * codes and scales: screen.py); per group the exact integer S = 255 (hi . q) + lo . q, then the sum
+ * over groups of S d in float (one fmaf a group, in order), times sx in double. Why 16 bits and not
+ * 8: a hidden state's few outlier channels set max |x|, and 8-bit activations left a bound that kept
+ * thousands of candidates a row (docs/results-log.md).
+ *
+ * Layout (rowkernel.screen_block): per column block of DOT_BLK tokens, per group, one SCREEN_BYTES
+ * record: d (DOT_BLK floats), then per quad of the group's inputs each token's 4 codes side by side
+ * (dot_block's layout), inputs zero-padded to whole groups.
+ *
+ * Exactness: the integer sums are exact and the float arithmetic the same in every build (the plain
+ * loop computes the same values), so every build keeps the same candidates; the argmax's exactness
+ * rests on the bound alone. */
+#define XQ_MAX 32512 /* 255 x 127 + 127: the largest two balanced int8 digits hold */
+#define SCREEN_BYTES (DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK)
+#define SCREEN_QUADS (Q4_GROUP / 4) /* quads of inputs a group */
+
+/* R rows over one column block of the screen: sums (R, DOT_BLK) = per token sum_g fl(S_g) d_g, in order
+ * (kept in `sums` between groups: the rows' integer sums fill the registers). xd: the rows' digits, per
+ * quad of inputs (at stride `stride` ints) per row its hi quad and its lo quad (one int each), so that
+ * one pointer reaches every row's. With VNNI the digits come offset by 128 (unsigned
+ * bytes, screen_digits), the codes' signed bytes are dpbusd's other operand as they are, and the
+ * offset's share, 128 (255 + 1) Q_g with Q_g the group's code sum (one more dpbusd a quad, for all
+ * rows), is taken off: no sign instruction a row. Without VNNI maddubs would saturate on such bytes: |code| times
+ * the digit with the code's sign, as rows_matmul_i8dot. */
+#if defined(__AVX2__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define SCREEN_OFFSET 128
+#define SCREEN_DOTS(R, wv, xq)                                                                              \
+    qs = DPBUSD(qs, _mm256_set1_epi8(1), wv);                                                               \
+    for (int r = 0; r < R; r++) {                                                                           \
+        sh[r] = DPBUSD(sh[r], _mm256_set1_epi32(xq[2 * r]), wv);                                            \
+        sl[r] = DPBUSD(sl[r], _mm256_set1_epi32(xq[2 * r + 1]), wv);                                        \
+    }
+#else
+#define SCREEN_OFFSET 0
+#define SCREEN_DOTS(R, wv, xq)                                                                              \
+    const __m256i aw = _mm256_abs_epi8(wv);                                                                 \
+    for (int r = 0; r < R; r++) {                                                                           \
+        sh[r] = DPBUSD(sh[r], aw, _mm256_sign_epi8(_mm256_set1_epi32(xq[2 * r]), wv));                      \
+        sl[r] = DPBUSD(sl[r], aw, _mm256_sign_epi8(_mm256_set1_epi32(xq[2 * r + 1]), wv));                  \
+    }
+#endif
+#define SCREEN_FN(NAME, R)                                                                                  \
+    static void NAME(const int *xd, long stride, long quads, const unsigned char *w, float *sums) {         \
+        __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
+        for (int j = 0; j < R * DOT_BLK; j++) sums[j] = 0.f;                                                \
+        for (long g = 0; g < quads / SCREEN_QUADS; g++) {                                                   \
+            const unsigned char *rec = w + g * SCREEN_BYTES;                                                \
+            for (int k = 0; k < SCREEN_BYTES; k += 64) __builtin_prefetch(rec + 2 * SCREEN_BYTES + k, 0, 0); \
+            __m256i sh[R], sl[R], qs = _mm256_setzero_si256();                                              \
+            for (int r = 0; r < R; r++) sh[r] = sl[r] = _mm256_setzero_si256();                             \
+            _Pragma("GCC unroll 8") for (int k = 0; k < SCREEN_QUADS; k++) {                               \
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 32 * k)); \
+                const int *xq = xd + (g * SCREEN_QUADS + k) * stride;                                       \
+                SCREEN_DOTS(R, wv, xq)                                                                      \
+            }                                                                                               \
+            const __m256 d = _mm256_loadu_ps((const float *)rec);                                           \
+            const __m256i off = _mm256_slli_epi32(qs, 15);                                                  \
+            for (int r = 0; r < R; r++) {                                                                   \
+                __m256i s = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(sh[r], 8), sh[r]), sl[r]);  \
+                if (SCREEN_OFFSET) s = _mm256_sub_epi32(s, off);                                            \
+                _mm256_storeu_ps(sums + r * DOT_BLK, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, _mm256_loadu_ps(sums + r * DOT_BLK))); \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+#else
+#define SCREEN_OFFSET 0
+#define SCREEN_FN(NAME, R)                                                                                  \
+    static void NAME(const int *xd, long stride, long quads, const unsigned char *w, float *sums) {         \
+        for (int r = 0; r < R; r++) {                                                                       \
+            for (int j = 0; j < DOT_BLK; j++) {                                                             \
+                float acc = 0.f;                                                                            \
+                for (long g = 0; g < quads / SCREEN_QUADS; g++) {                                           \
+                    const unsigned char *rec = w + g * SCREEN_BYTES;                                        \
+                    const signed char *q = (const signed char *)rec + DOT_BLK * sizeof(float);              \
+                    int s = 0;                                                                              \
+                    for (int i = 0; i < Q4_GROUP; i++) {                                                    \
+                        const signed char *x = (const signed char *)(xd + (g * SCREEN_QUADS + i / 4) * stride + 2 * r); \
+                        s += (255 * x[i % 4] + x[4 + i % 4]) * q[(i / 4 * DOT_BLK + j) * 4 + i % 4];        \
+                    }                                                                                       \
+                    acc = fmaf((float)s, ((const float *)rec)[j], acc);                                     \
+                }                                                                                           \
+                sums[r * DOT_BLK + j] = acc;                                                                \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+#endif
+SCREEN_FN(screen_1, 1)
+SCREEN_FN(screen_2, 2)
+SCREEN_FN(screen_3, 3)
+SCREEN_FN(screen_4, 4)
+SCREEN_FN(screen_5, 5)
+SCREEN_FN(screen_6, 6)
+SCREEN_FN(screen_7, 7)
+SCREEN_FN(screen_8, 8)
+SCREEN_FN(screen_9, 9)
+typedef void (*screen_fn)(const int *, long, long, const unsigned char *, float *);
+static const screen_fn SCREENS[MAX_R + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6, screen_7, screen_8, screen_9};
+
+/* A row x (in floats) as the screen's digits: input i's hi at hi[i / 4 * stride + i % 4], its lo 4 bytes
+ * further (the caller's zero padding left as it is); its scale *sx, and what the bound reads of it: *n1 = |x|_1 + |delta|_1 and *n2 = |delta|_2,
+ * delta = x - sx xq (in double: sx xq is exact there). Returns 1 where a value is not finite. The bound
+ * holds for any xq; rounding to nearest makes it small. */
+static int screen_digits(const float *x, long in, signed char *hi, long stride, float *sx, double *n1, double *n2) {
+    float amax = 0.f;
+    double l1 = 0.0, d1 = 0.0, d2 = 0.0;
+    for (long i = 0; i < in; i++) {
+        const float a = fabsf(x[i]);
+        if (!(a < INFINITY)) return 1; /* inf or NaN */
+        amax = a > amax ? a : amax, l1 += a;
+    }
+    const float s = amax / XQ_MAX, inv = amax > 0.f && XQ_MAX / amax < INFINITY ? XQ_MAX / amax : 0.f;
+    for (long i = 0; i < in; i++) {
+        const float t = nearbyintf(x[i] * inv);
+        const int q = t > XQ_MAX ? XQ_MAX : t < -XQ_MAX ? -XQ_MAX : (int)t;
+        const int h = (q + (q >= 0 ? 127 : -127)) / 255; /* round(q / 255): |q - 255 h| <= 127 */
+        signed char *at = hi + i / 4 * stride + i % 4;
+        at[0] = (signed char)(h + SCREEN_OFFSET), at[4] = (signed char)(q - 255 * h + SCREEN_OFFSET);
+        const double delta = (double)x[i] - (double)s * q;
+        d1 += fabs(delta), d2 += delta * delta;
+    }
+    *sx = s, *n1 = l1 + d1, *n2 = sqrt(d2);
+    return 0;
+}
+
+/* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen of
+ * yue/kernels/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
+ * codes and scales in rowkernel.screen_block's layout; the bound's radius of token j is
+ * n1 slack[j] + n2 wnorm[j] (screen_digits' n1, n2); w the float32 head (out, in) at strides (sc, si),
+ * e.g. a tied head's input-major storage (sc 1, si out): a kept logit is one fmaf chain over the inputs
+ * in order from 0, rows_matmul's bits. The bound's arithmetic is in double. Returns 1 (y undefined)
+ * where a row is not finite, else 0. entropy (rows floats, or NULL): each row's softmax entropy over its
+ * logits as screened, the kept ones exact and the rest their screened values (within the bound of
+ * theirs): what the router reads of the AR path (yue/model/router.py) without streaming the whole head
+ * again for that row. */
+int rows_screen(const float *x, long rows, long in, const unsigned char *codes, const double *slack,
+                const double *wnorm, const float *w, long sc, long si, float *y, long out, float *entropy,
                 int threads) {
-    rows_matmul_i8(x, rows, in, codes, y, out, threads);
+    const long groups = (in + Q4_GROUP - 1) / Q4_GROUP, quads = groups * SCREEN_QUADS;
+    const long blocks = (out + DOT_BLK - 1) / DOT_BLK;
+    int *xd = calloc(quads * rows * 2, sizeof(int)); /* (quads, rows, 2): screen_digits' layout */
+    float *sx = malloc(rows * sizeof(float));
+    double *n1 = malloc(rows * sizeof(double)), *n2 = malloc(rows * sizeof(double));
     float *seen = entropy ? malloc(out * sizeof(float)) : NULL; /* a row's logits as screened, for its entropy */
-    for (long r = 0; r < rows; r++) {
+    int failed = 0;
+    for (long r = 0; r < rows && !failed; r++)
+        failed = screen_digits(x + r * in, in, (signed char *)(xd + 2 * r), 8 * rows, sx + r, n1 + r, n2 + r);
+    if (!failed) {
+        DOT_PASSES(float, SCREENS[R](xd + 2 * r0, 2 * rows, quads, codes + b * groups * SCREEN_BYTES, sums),
+                   sums[r * DOT_BLK + j])
+    }
+    for (long r = 0; r < rows && !failed; r++) {
         const float *xr = x + r * in;
         float *yr = y + r * out;
-        double norm = 0.0, floor = -INFINITY;
-        for (long i = 0; i < in; i++) norm += fabs((double)xr[i]);
-        if (!isfinite(norm)) {
-            free(seen);
-            return 1;
-        }
+        double floor = -INFINITY;
         for (long j = 0; j < out; j++) {
-            const double low = yr[j] * scale[j] - norm * slack[j];
+            const double low = (double)yr[j] * sx[r] - (n1[r] * slack[j] + n2[r] * wnorm[j]);
             floor = low > floor ? low : floor;
         }
         for (long j = 0; j < out; j++) {
-            if (yr[j] * scale[j] + norm * slack[j] < floor) {
-                if (seen) seen[j] = (float)(yr[j] * scale[j]);
+            const double screened = (double)yr[j] * sx[r];
+            if (screened + (n1[r] * slack[j] + n2[r] * wnorm[j]) < floor) {
+                if (seen) seen[j] = (float)screened;
                 yr[j] = -INFINITY;
                 continue;
             }
@@ -1305,6 +1345,8 @@ int rows_screen(const float *x, long rows, long in, const signed char *codes, co
             softmax_row(seen, out, &top, entropy + r);
         }
     }
-    free(seen);
-    return 0;
+    free(xd), free(sx), free(n1), free(n2), free(seen);
+    return failed;
 }
+
+int rows_screen_bytes(void) { return SCREEN_BYTES; }
