@@ -1165,94 +1165,76 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
  * chain over the inputs in order from 0, so the same bits.
  *
  * The screened logit of token j for a row x: x quantized to 16-bit integers xq (symmetric, scale
- * sx = max |x| / XQ_MAX), held as two int8 digits in -127..127 (xq = 255 hi + lo, so that each digit
- * goes through the int8 dot products of rows_matmul_i8dot: sign, then dpbusd or maddubs and madd);
- * the head's int8 codes q with a float scale d per group of Q4_GROUP inputs (a GGUF Q8_0 head's own
- * codes and scales: screen.py); per group the exact integer S = 255 (hi . q) + lo . q, then the sum
- * over groups of S d in float (one fmaf a group, in order), times sx in double. Why 16 bits and not
- * 8: a hidden state's few outlier channels set max |x|, and 8-bit activations left a bound that kept
- * thousands of candidates a row (docs/results-log.md).
+ * sx = max |x| / XQ_MAX); the head's int8 codes q with a float scale d per group of Q4_GROUP inputs (a
+ * GGUF Q8_0 head's own codes and scales: screen.py), widened to 16 bits as they are read; per group the
+ * exact integer S = xq . q (pairs of 16-bit products summed into 32 bits: one vpdpwssd with VNNI, else
+ * pmaddwd and an add), then the sum over groups of S d in float (one fmaf a group, in order), times sx
+ * in double. Why 16 bits and not 8: a hidden state's few outlier channels set max |x|, and 8-bit
+ * activations left a bound that kept thousands of candidates a row (docs/results-log.md).
  *
- * Layout (rowkernel.screen_block): per column block of DOT_BLK tokens, per group, one SCREEN_BYTES
- * record: d (DOT_BLK floats), then per quad of the group's inputs each token's 4 codes side by side
- * (dot_block's layout), inputs zero-padded to whole groups.
+ * Layout (rowkernel's screen.screen_block): per column block of DOT_BLK tokens, per group, one
+ * SCREEN_BYTES record: d (DOT_BLK floats), then per pair of the group's inputs each token's 2 codes
+ * side by side (token j's at bytes 2 j, 2 j + 1: one 32-bit lane once widened), inputs zero-padded to
+ * whole groups.
  *
  * Exactness: the integer sums are exact and the float arithmetic the same in every build (the plain
  * loop computes the same values), so every build keeps the same candidates; the argmax's exactness
  * rests on the bound alone. */
-#define XQ_MAX 32512 /* 255 x 127 + 127: the largest two balanced int8 digits hold */
+#define XQ_MAX 32767
 #define SCREEN_BYTES (DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK)
-#define SCREEN_QUADS (Q4_GROUP / 4) /* quads of inputs a group */
+#define SCREEN_PAIRS (Q4_GROUP / 2) /* pairs of inputs a group */
 
-/* R rows over one column block of the screen: sums (R, DOT_BLK) = per token sum_g fl(S_g) d_g, in order
- * (kept in `sums` between groups: the rows' integer sums fill the registers). xd: the rows' digits, per
- * quad of inputs (at stride `stride` ints) per row its hi quad and its lo quad (one int each), so that
- * one pointer reaches every row's. With VNNI the digits come offset by 128 (unsigned
- * bytes, screen_digits), the codes' signed bytes are dpbusd's other operand as they are, and the
- * offset's share, 128 (255 + 1) Q_g with Q_g the group's code sum (one more dpbusd a quad, for all
- * rows), is taken off: no sign instruction a row. Without VNNI maddubs would saturate on such bytes: |code| times
- * the digit with the code's sign, as rows_matmul_i8dot. */
+/* R rows over one column block of the screen: sums (R, DOT_BLK) = per token sum_g fl(S_g) d_g, in order.
+ * xd: the rows' 16-bit integers, per pair of inputs (at stride `stride` ints) each row's pair as one
+ * int, so that one pointer reaches every row's. */
 #if defined(__AVX2__)
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-#define SCREEN_OFFSET 128
-#define SCREEN_DOTS(R, wv, xq)                                                                              \
-    qs = DPBUSD(qs, _mm256_set1_epi8(1), wv);                                                               \
-    for (int r = 0; r < R; r++) {                                                                           \
-        sh[r] = DPBUSD(sh[r], _mm256_set1_epi32(xq[2 * r]), wv);                                            \
-        sl[r] = DPBUSD(sl[r], _mm256_set1_epi32(xq[2 * r + 1]), wv);                                        \
-    }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#elif defined(__AVXVNNI__)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
 #else
-#define SCREEN_OFFSET 0
-#define SCREEN_DOTS(R, wv, xq)                                                                              \
-    const __m256i aw = _mm256_abs_epi8(wv);                                                                 \
-    for (int r = 0; r < R; r++) {                                                                           \
-        sh[r] = DPBUSD(sh[r], aw, _mm256_sign_epi8(_mm256_set1_epi32(xq[2 * r]), wv));                      \
-        sl[r] = DPBUSD(sl[r], aw, _mm256_sign_epi8(_mm256_set1_epi32(xq[2 * r + 1]), wv));                  \
-    }
+#define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 #define SCREEN_FN(NAME, R)                                                                                  \
-    static void NAME(const int *xd, long stride, long quads, const unsigned char *w, float *sums) {         \
-        __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
-        for (int j = 0; j < R * DOT_BLK; j++) sums[j] = 0.f;                                                \
-        for (long g = 0; g < quads / SCREEN_QUADS; g++) {                                                   \
+    static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
+        __m256 acc[R];                                                                                      \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
+        for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                                   \
             const unsigned char *rec = w + g * SCREEN_BYTES;                                                \
             for (int k = 0; k < SCREEN_BYTES; k += 64) __builtin_prefetch(rec + 2 * SCREEN_BYTES + k, 0, 0); \
-            __m256i sh[R], sl[R], qs = _mm256_setzero_si256();                                              \
-            for (int r = 0; r < R; r++) sh[r] = sl[r] = _mm256_setzero_si256();                             \
-            _Pragma("GCC unroll 8") for (int k = 0; k < SCREEN_QUADS; k++) {                               \
-                const __m256i wv = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 32 * k)); \
-                const int *xq = xd + (g * SCREEN_QUADS + k) * stride;                                       \
-                SCREEN_DOTS(R, wv, xq)                                                                      \
+            __m256i s[R];                                                                                   \
+            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();                                      \
+            _Pragma("GCC unroll 16") for (int p = 0; p < SCREEN_PAIRS; p += 2) {                            \
+                const __m256i two = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 2 * DOT_BLK * p)); \
+                const __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(two));                      \
+                const __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(two, 1));                  \
+                const int *x0 = xd + (g * SCREEN_PAIRS + p) * stride, *x1 = x0 + stride;                    \
+                for (int r = 0; r < R; r++)                                                                 \
+                    s[r] = DPWSSD(DPWSSD(s[r], c0, _mm256_set1_epi32(x0[r])), c1, _mm256_set1_epi32(x1[r])); \
             }                                                                                               \
             const __m256 d = _mm256_loadu_ps((const float *)rec);                                           \
-            const __m256i off = _mm256_slli_epi32(qs, 15);                                                  \
-            for (int r = 0; r < R; r++) {                                                                   \
-                __m256i s = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(sh[r], 8), sh[r]), sl[r]);  \
-                if (SCREEN_OFFSET) s = _mm256_sub_epi32(s, off);                                            \
-                _mm256_storeu_ps(sums + r * DOT_BLK, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, _mm256_loadu_ps(sums + r * DOT_BLK))); \
-            }                                                                                               \
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), d, acc[r]);      \
         }                                                                                                   \
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
     }
 #else
-#define SCREEN_OFFSET 0
 #define SCREEN_FN(NAME, R)                                                                                  \
-    static void NAME(const int *xd, long stride, long quads, const unsigned char *w, float *sums) {         \
-        for (int r = 0; r < R; r++) {                                                                       \
+    static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
+        for (int r = 0; r < R; r++)                                                                         \
             for (int j = 0; j < DOT_BLK; j++) {                                                             \
                 float acc = 0.f;                                                                            \
-                for (long g = 0; g < quads / SCREEN_QUADS; g++) {                                           \
+                for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                           \
                     const unsigned char *rec = w + g * SCREEN_BYTES;                                        \
                     const signed char *q = (const signed char *)rec + DOT_BLK * sizeof(float);              \
                     int s = 0;                                                                              \
-                    for (int i = 0; i < Q4_GROUP; i++) {                                                    \
-                        const signed char *x = (const signed char *)(xd + (g * SCREEN_QUADS + i / 4) * stride + 2 * r); \
-                        s += (255 * x[i % 4] + x[4 + i % 4]) * q[(i / 4 * DOT_BLK + j) * 4 + i % 4];        \
+                    for (int p = 0; p < SCREEN_PAIRS; p++) {                                                \
+                        const short *x = (const short *)(xd + (g * SCREEN_PAIRS + p) * stride + r);         \
+                        s += x[0] * q[2 * DOT_BLK * p + 2 * j] + x[1] * q[2 * DOT_BLK * p + 2 * j + 1];     \
                     }                                                                                       \
                     acc = fmaf((float)s, ((const float *)rec)[j], acc);                                     \
                 }                                                                                           \
                 sums[r * DOT_BLK + j] = acc;                                                                \
             }                                                                                               \
-        }                                                                                                   \
     }
 #endif
 SCREEN_FN(screen_1, 1)
@@ -1267,11 +1249,11 @@ SCREEN_FN(screen_9, 9)
 typedef void (*screen_fn)(const int *, long, long, const unsigned char *, float *);
 static const screen_fn SCREENS[MAX_R + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6, screen_7, screen_8, screen_9};
 
-/* A row x (in floats) as the screen's digits: input i's hi at hi[i / 4 * stride + i % 4], its lo 4 bytes
- * further (the caller's zero padding left as it is); its scale *sx, and what the bound reads of it: *n1 = |x|_1 + |delta|_1 and *n2 = |delta|_2,
- * delta = x - sx xq (in double: sx xq is exact there). Returns 1 where a value is not finite. The bound
- * holds for any xq; rounding to nearest makes it small. */
-static int screen_digits(const float *x, long in, signed char *hi, long stride, float *sx, double *n1, double *n2) {
+/* A row x (in floats) as the screen's 16-bit integers, input i's at xq[i / 2 * stride + i % 2] (the
+ * caller's zero padding left as it is); its scale *sx, and what the bound reads of it:
+ * *n1 = |x|_1 + |delta|_1 and *n2 = |delta|_2, delta = x - sx xq (in double: sx xq is exact there).
+ * Returns 1 where a value is not finite. The bound holds for any xq; rounding to nearest makes it small. */
+static int screen_row(const float *x, long in, short *xq, long stride, float *sx, double *n1, double *n2) {
     float amax = 0.f;
     double l1 = 0.0, d1 = 0.0, d2 = 0.0;
     for (long i = 0; i < in; i++) {
@@ -1283,9 +1265,7 @@ static int screen_digits(const float *x, long in, signed char *hi, long stride, 
     for (long i = 0; i < in; i++) {
         const float t = nearbyintf(x[i] * inv);
         const int q = t > XQ_MAX ? XQ_MAX : t < -XQ_MAX ? -XQ_MAX : (int)t;
-        const int h = (q + (q >= 0 ? 127 : -127)) / 255; /* round(q / 255): |q - 255 h| <= 127 */
-        signed char *at = hi + i / 4 * stride + i % 4;
-        at[0] = (signed char)(h + SCREEN_OFFSET), at[4] = (signed char)(q - 255 * h + SCREEN_OFFSET);
+        xq[i / 2 * stride + i % 2] = (short)q;
         const double delta = (double)x[i] - (double)s * q;
         d1 += fabs(delta), d2 += delta * delta;
     }
@@ -1295,8 +1275,8 @@ static int screen_digits(const float *x, long in, signed char *hi, long stride, 
 
 /* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen of
  * yue/kernels/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
- * codes and scales in rowkernel.screen_block's layout; the bound's radius of token j is
- * n1 slack[j] + n2 wnorm[j] (screen_digits' n1, n2); w the float32 head (out, in) at strides (sc, si),
+ * codes and scales in screen.screen_block's layout; the bound's radius of token j is
+ * n1 slack[j] + n2 wnorm[j] (screen_row's n1, n2); w the float32 head (out, in) at strides (sc, si),
  * e.g. a tied head's input-major storage (sc 1, si out): a kept logit is one fmaf chain over the inputs
  * in order from 0, rows_matmul's bits. The bound's arithmetic is in double. Returns 1 (y undefined)
  * where a row is not finite, else 0. entropy (rows floats, or NULL): each row's softmax entropy over its
@@ -1306,17 +1286,17 @@ static int screen_digits(const float *x, long in, signed char *hi, long stride, 
 int rows_screen(const float *x, long rows, long in, const unsigned char *codes, const double *slack,
                 const double *wnorm, const float *w, long sc, long si, float *y, long out, float *entropy,
                 int threads) {
-    const long groups = (in + Q4_GROUP - 1) / Q4_GROUP, quads = groups * SCREEN_QUADS;
+    const long groups = (in + Q4_GROUP - 1) / Q4_GROUP, pairs = groups * SCREEN_PAIRS;
     const long blocks = (out + DOT_BLK - 1) / DOT_BLK;
-    int *xd = calloc(quads * rows * 2, sizeof(int)); /* (quads, rows, 2): screen_digits' layout */
+    int *xd = calloc(pairs * rows, sizeof(int)); /* (pairs, rows) pairs of 16-bit integers: screen_row's */
     float *sx = malloc(rows * sizeof(float));
     double *n1 = malloc(rows * sizeof(double)), *n2 = malloc(rows * sizeof(double));
     float *seen = entropy ? malloc(out * sizeof(float)) : NULL; /* a row's logits as screened, for its entropy */
     int failed = 0;
     for (long r = 0; r < rows && !failed; r++)
-        failed = screen_digits(x + r * in, in, (signed char *)(xd + 2 * r), 8 * rows, sx + r, n1 + r, n2 + r);
+        failed = screen_row(x + r * in, in, (short *)(xd + r), 2 * rows, sx + r, n1 + r, n2 + r);
     if (!failed) {
-        DOT_PASSES(float, SCREENS[R](xd + 2 * r0, 2 * rows, quads, codes + b * groups * SCREEN_BYTES, sums),
+        DOT_PASSES(float, SCREENS[R](xd + r0, rows, pairs, codes + b * groups * SCREEN_BYTES, sums),
                    sums[r * DOT_BLK + j])
     }
     for (long r = 0; r < rows && !failed; r++) {

@@ -11,7 +11,7 @@ The screen (`rowkernel.rows_screen`), for a row x of D floats and token j (u = 2
 - the head's codes: q_j int8, with a float32 scale d per group of 32 inputs (d = the group's largest
   |w| / 127, q = round(w / d)): w_hat_j = d q_j, e_j = max_i |w_hat_ji - w_ji| (measured; 0 for a
   GGUF Q8_0 head such as SmolLM2's tied one, whose own codes and scales these are);
-- the row: 16-bit integers xq (scale sx = max |x| / 32512, two int8 digits each in the kernel),
+- the row: 16-bit integers xq (scale sx = max |x| / 32767),
   delta = x - sx xq, |delta|_1 and |delta|_2 computed in double (exactly enough: see WIDEN);
 - A_j = sx * sum_g fl(S_g) d_g, S_g the exact integer xq . q_j over group g, the sum over the G groups
   one fmaf a group in float32: |A_j - sx xq . w_hat_j| <= g2 max|w_hat_j| |sx xq|_1, g2 = (G + 2) u /
@@ -61,7 +61,7 @@ def screen_block(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The head screen's int8 codes (out, in) (-127..127, in a multiple of GROUP) and their float32
     scales (out, in / GROUP) in `rows_screen`'s layout: uint8 (ceil(out / DOT_BLK), in / 32, 288),
     per column block of DOT_BLK tokens and group of 32 inputs a record of the scales (DOT_BLK float32),
-    then per quad of inputs each token's 4 codes side by side (`dot_block`'s layout), zero-padded."""
+    then per pair of inputs each token's 2 codes side by side, zero-padded."""
     lib = rowkernel.library()
     blk = lib.rows_dot_block()
     out, inp = codes.shape
@@ -70,11 +70,11 @@ def screen_block(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     B = -(-out // blk)
     padded = torch.zeros(B * blk, inp, dtype=torch.int8)
     padded[:out] = codes
-    quads = padded.view(B, blk, G, GROUP // 4, 4).permute(0, 2, 3, 1, 4)  # (B, G, quad, token, 4)
+    pairs = padded.view(B, blk, G, GROUP // 2, 2).permute(0, 2, 3, 1, 4)  # (B, G, pair, token, 2)
     d = torch.zeros(B * blk, G, dtype=torch.float32)
     d[:out] = scales
     d = d.view(B, blk, G).permute(0, 2, 1).contiguous().view(torch.uint8)  # (B, G, blk * 4)
-    record = torch.cat([d, quads.contiguous().view(torch.uint8).reshape(B, G, -1)], -1).contiguous()
+    record = torch.cat([d, pairs.contiguous().view(torch.uint8).reshape(B, G, -1)], -1).contiguous()
     assert record.shape[-1] == lib.rows_screen_bytes()
     return record
 
@@ -87,6 +87,8 @@ class ScreenedHead(nn.Module):
         weight: (V, D) float32, the same values, in any strides (the input-major storage a tied head
             shares with its embedding table): held, not copied.
     """
+
+    kind = "integer screen, 16-bit rows"  # in `prepare.decode_layout`: a step's cost depends on it
 
     def __init__(self, head: nn.Module, weight: torch.Tensor) -> None:
         super().__init__()
