@@ -1172,7 +1172,7 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
  * in double. Why 16 bits and not 8: a hidden state's few outlier channels set max |x|, and 8-bit
  * activations left a bound that kept thousands of candidates a row (docs/results-log.md).
  *
- * Layout (rowkernel's screen.screen_block): per column block of DOT_BLK tokens, per group, one
+ * Layout (screen.screen_block): per column block of DOT_BLK tokens, per group, one
  * SCREEN_BYTES record: d (DOT_BLK floats), then per pair of the group's inputs each token's 2 codes
  * side by side (token j's at bytes 2 j, 2 j + 1: one 32-bit lane once widened), inputs zero-padded to
  * whole groups.
@@ -1180,7 +1180,7 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
  * Exactness: the integer sums are exact and the float arithmetic the same in every build (the plain
  * loop computes the same values), so every build keeps the same candidates; the argmax's exactness
  * rests on the bound alone. */
-#define XQ_MAX 32767
+#define XQ_MAX 32767 /* the rows' integers: int16's range, symmetric */
 #define SCREEN_BYTES (DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK)
 #define SCREEN_PAIRS (Q4_GROUP / 2) /* pairs of inputs a group */
 
