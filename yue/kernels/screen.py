@@ -26,8 +26,8 @@ r_j), so every token with F_j >= M, the argmax and its ties among them, has A_j 
 candidates get their exact F_j (the same fmaf chain over the token's row of the weight as the head's
 column), the rest -inf, all in one C call (torch's ops over the (rows, V) bounds cost a sizeable share
 of a step). With 8-bit activations |delta|_2 would dominate: a hidden state's few outlier channels set
-max |x| (docs/results-log.md has the candidate counts); 16 bits make it negligible beside e_j, which
-for a Q8_0 head is 0, so a row keeps about the argmax and its near ties.
+max |x| (docs/results-log.md has the candidate counts); with 16 bits it is about the float32 rounding
+terms' size, and e_j is 0 for a Q8_0 head, so a row keeps about the argmax and its near ties.
 
 Used by the decode loop where the AR logits serve only their argmax (`policies.argmax_only`: greedy,
 no repetition penalty, no log-probs or trace); `forward` is the full head, for everything else. Where a
