@@ -1,5 +1,6 @@
-"""The head's int8 screen (`yue.kernels.screen`): its kernels, the argmax it keeps bit for bit (near-ties and
-exact ties included), when the decode loop asks for it, and the model's tokens with and without it."""
+"""The head's integer screen (`yue.kernels.screen`): the argmax it keeps bit for bit (near ties within its
+own rounding, exact ties, huge, tiny and zero rows), in every forced build, a bound made too tight
+failing those checks, when the decode loop asks for it, and the model's tokens with and without it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_precision import row_stream_model
+from tests.test_int4 import BUILDS, cpu_has
+from tests.test_precision import X86, row_stream_model
 from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.loop import decode
 from yue.decode.modes import get_policy
-from yue.kernels import rowkernel
+from yue.kernels import probe, rowkernel
 from yue.kernels.matmuls import StreamedLinear
 from yue.kernels.screen import ScreenedHead
 from yue.model.masks import decode_mask
@@ -26,18 +28,6 @@ def _head(w: torch.Tensor, input_major: bool = True) -> ScreenedHead:
     linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
     linear.weight.data = w.clone()
     return ScreenedHead(StreamedLinear(linear), w.t().contiguous().t() if input_major else w.clone())
-
-
-def test_the_int8_matmul_is_the_codes_matmul():
-    needs_row_kernel()
-    g = torch.Generator().manual_seed(0)
-    for out, inp in ((40, 24), (7, 5), (300, 64)):  # partial column blocks
-        codes = torch.randint(-127, 128, (out, inp), generator=g, dtype=torch.int8)
-        for rows in range(1, 14):  # 1-2 rows by blocks, 3+ by pairs of vectors, past a pass (6 or 9)
-            x = torch.randn(rows, inp, generator=g)
-            torch.testing.assert_close(
-                rowkernel.matmul(x, rowkernel.block(codes), out), x @ codes.float().t(), atol=1e-3, rtol=1e-5
-            )
 
 
 @settings(max_examples=20, deadline=None)
@@ -84,16 +74,114 @@ def test_a_row_that_is_not_finite_gets_the_full_logits():
     torch.testing.assert_close(head.top1(x), head(x), equal_nan=True, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("flags, lanes", [([], 8), (["-DYUE_LANES=16"], 16)])
-def test_the_int8_kernels_portable_builds(flags, lanes, fresh_build, monkeypatch):  # noqa: F811
-    """The plain flag set (no -march: the widening without intrinsics) computes the same screen with
-    8-float vectors and with 16 (AVX512's layout and 9 rows a pass, run here whatever this CPU has)."""
-    monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
+def adversarial_case(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A head and rows where the screen's own error decides the order of near-tied tokens: (w (V, D), x
+    (rows, D)), D not a whole number of groups of 32.
+
+    The head is a GGUF Q8_0 table (codes * d per group of 32, d a float16 value, a code of 127 in every
+    group), so the screen's codes are exact and only the rows' 16-bit rounding and float32 rounding are
+    left in the bound; its tokens are one base token with +-1 on a few codes of the channels where the
+    rows are small, so their logits differ by about the rows' rounding. Token 7 is copied to 150 and
+    299: exact ties, which the first index wins. Rows: one outlier channel (as a hidden state's) over
+    small values, at norms 1, 1e-30 and 1e30; a zero row; a row with no outlier."""
+    g = torch.Generator().manual_seed(seed)
+    V, D, G = 300, 80, 3
+    base = torch.randint(-127, 128, (D,), generator=g)
+    base[::32] = 127  # each group's largest |code|: the screen's d is the file's
+    flips = torch.randint(-1, 2, (V, D), generator=g) * (torch.rand(V, D, generator=g) < 0.2)
+    flips[:, ::32] = 0
+    codes = (base + flips).clamp(-127, 127)
+    d = (torch.rand(G, generator=g) * 0.01 + 1e-3).half().float().repeat_interleave(32)[:D]
+    w = codes * d
+    w[150] = w[299] = w[7]
+    rows = torch.rand(12, D, generator=g) * 0.06 - 0.03
+    rows[:9, 0] = torch.randn(9, generator=g).sign() * 1000  # the outlier: max |x| sets the rounding step
+    scales = torch.tensor([1.0] * 7 + [1e-30, 1e30, 1.0, 1.0, 1.0])
+    x = rows * scales[:, None]
+    x[10] = 0.0
+    x[11] = (w[7] - base * d) * 50  # along token 7's own code changes: the tied tokens lead
+    return w, x
+
+
+def screened_choice(head: ScreenedHead, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The screen's logits for x, the full head's (its row kernel's bits: a pass of at most MAX_ROWS rows
+    at a time), and which logits the screen kept."""
+    screened = head.top1(x)
+    full = torch.cat([head(x[i : i + rowkernel.MAX_ROWS]) for i in range(0, x.shape[0], rowkernel.MAX_ROWS)])
+    return screened, full, torch.isfinite(screened)
+
+
+def assert_screen_exact(head: ScreenedHead, x: torch.Tensor) -> torch.Tensor:
+    """The screen's argmax is the full head's on every row and every kept logit has its bits; returns
+    the kept mask."""
+    screened, full, kept = screened_choice(head, x)
+    assert torch.equal(screened.argmax(-1), full.argmax(-1))
+    assert torch.equal(screened[kept], full[kept])
+    return kept
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_screened_argmax_is_the_full_heads_on_adversarial_rows(seed):
+    """Near ties within the rows' own rounding, exact ties, huge, tiny and zero rows, a partial group:
+    the argmax is the full head's and the first of tied tokens wins."""
     needs_row_kernel()
-    assert rowkernel.library().rows_lanes() == lanes
-    test_the_int8_matmul_is_the_codes_matmul()
-    for rows in (1, 4, 9):
-        check_screen(3, rows, 1e-7, True)
+    w, x = adversarial_case(seed)
+    head = _head(w)
+    kept = assert_screen_exact(head, x)
+    assert bool(kept[11, 7]) and int(head.top1(x)[11].argmax()) == 7  # the tie's first index
+    assert kept[:7].sum(-1).max() > 1  # near ties the screen could not separate were kept and decided
+    assert bool(kept[10].all())  # a zero row: every logit ties at 0, all kept, the first wins
+    assert kept[9].sum() < 300  # a row without an outlier is screened sharply
+
+
+@pytest.mark.parametrize("term", ["radius", "codes"])
+def test_a_bound_too_tight_loses_the_argmax(term):
+    """The adversarial rows need the bound: without any radius on the Q8_0 head (where only the rows' and
+    float32's rounding are left to cover), or without the codes' error term (slack) on a head whose near
+    tied tokens are not on the code grid, some row's screened argmax is not the full head's. So the
+    exactness tests above can fail."""
+    needs_row_kernel()
+    misses = 0
+    for seed in range(3):
+        w, x = adversarial_case(seed)
+        if term == "codes":  # tokens a hair apart, off the code grid: e_j > 0 and the codes blur them
+            g = torch.Generator().manual_seed(seed)
+            w = w[:1] + torch.randn(w.shape, generator=g) * 1e-4
+            x = torch.randn(x.shape, generator=g)
+        head = _head(w)
+        assert_screen_exact(head, x)  # the true bound holds
+        head.slack = (torch.zeros_like(head.slack[0]),)
+        if term == "radius":
+            head.wnorm = (torch.zeros_like(head.wnorm[0]),)
+        screened, full, _ = screened_choice(head, x)
+        misses += int((screened.argmax(-1) != full.argmax(-1)).sum())
+    assert misses > 0
+
+
+@pytest.mark.parametrize("build", [b for b in BUILDS if b != "native"] + ["plain"])
+def test_every_build_screens_alike_and_exactly(build, fresh_build, monkeypatch):  # noqa: F811
+    """Each forced build (AVX512 without VNNI, AVX2, AVX-VNNI, the plain loops of a machine without
+    vector intrinsics, at 8 and 16 lanes) keeps the native build's candidates, logit for logit (the
+    integer sums are the same in every build), on the adversarial rows and over near ties of 1-12 rows
+    (9 a pass)."""
+    if build != "plain" and not X86:
+        pytest.skip("x86 vector paths")
+    needs = {"avx512-no-vnni": "avx512bw", "avx2-vnni": "avx_vnni"}.get(build)
+    if needs and not cpu_has(needs):
+        pytest.skip(f"this CPU has no {needs}")
+    needs_row_kernel()
+    cases = [adversarial_case(seed) for seed in (0, 1)]
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(700, 64, generator=g) * 0.05
+    cases.append((w, torch.randn(12, 64, generator=g) * 3))
+    native = [screened_choice(_head(w), x)[0] for w, x in cases]
+    for flags in [BUILDS.get(build, [])] + ([["-DYUE_LANES=16"]] if build == "plain" else []):
+        monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
+        probe.reset()
+        for (w, x), want in zip(cases, native, strict=True):
+            head = _head(w)
+            assert_screen_exact(head, x)
+            assert torch.equal(head.top1(x), want), (build, flags)
 
 
 @pytest.mark.parametrize(

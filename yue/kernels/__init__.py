@@ -4,7 +4,7 @@
   once per process, each with a forced fallback.
 - `rowkernel` (+ `rowkernel.c`): yue's C row kernel, compiled for this CPU on first use.
 - `matmuls`: the decode-time matmul modules on those kernels (row-exact, packed, lowered, int4).
-- `screen`: the LM head's int8 screen for greedy steps.
+- `screen`: the LM head's integer screen for greedy steps.
 - `decode_set`: a layer's decode-time paths (fused matmuls, row-exact attention, a stack of layers as
   one call).
 - `prepare`: `prepare_for_decoding`, which builds all of these into the `DecodePaths` of the

@@ -393,4 +393,5 @@ def decode_layout(model: PreparedModel) -> str:
     nar = next((s[1] for s in paths.layers if s and len(s) > 1), None)
     drafting = [] if nar is None else ["drafting " + "+".join(type(m).__name__ for m in nar.children())]
     drafting += ["drafting one call a layer"] if nar is not None and nar.blocked is not None else []
-    return ",".join([*kinds, type(paths.ar_head).__name__, *attention, *drafting])
+    screen = [paths.ar_head.kind] if hasattr(paths.ar_head, "kind") else []  # the head's screen, if any
+    return ",".join([*kinds, type(paths.ar_head).__name__, *screen, *attention, *drafting])

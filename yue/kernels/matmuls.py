@@ -214,8 +214,8 @@ class RowInt4Linear(nn.Module):
     (`rows_matmul_q4dot`: llama.cpp's Q4_1 x Q8_1 scheme). Row-exact: a row's bits do not depend on the
     call's rows, so `ar` == `verified` in this precision. Preferred over `Int4Linear` where the row
     kernel builds: its layers are one row-kernel call each and a step's layers one call
-    (`rowkernel.stack`), and a row costs about half the float32 one's from the same codes (figures in
-    `rowkernel`'s docstring).
+    (`rowkernel.stack`), and a row costs less than the float32 one's from the same codes (figures:
+    docs/results-log.md).
 
     The tensor is held in a tuple, not registered: nothing in a state dict, no `.to()`.
     """

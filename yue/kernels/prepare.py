@@ -253,7 +253,7 @@ def prepare_for_decoding(
       `streamed_weights`). Layers whose matmuls are all row-exact (bfloat16's packed copy, the row
       kernel, int4) attend in the exact form too (`decode_paths.exact_rows`) and release their float
       weights (`release_unpacked`).
-    - A float32 row-kernel head (`StreamedLinear`) gets an int8 screen (`screen.ScreenedHead`): greedy
+    - A float32 row-kernel head (`StreamedLinear`) gets an integer screen (`screen.ScreenedHead`): greedy
       steps choose the full float32 head's token at a quarter of its bytes (28 MB more for SmolLM2).
     - With `drafting_dtype`, the NAR set's matmuls and a copy of the LM head for slot rows
       (`DecodePaths.draft_head`) lowered to it; the AR set and its head are untouched, so `ar` and

@@ -301,8 +301,8 @@ def one_row_packed_ratio(rounds: int = 7) -> float:
 
 def _probe_rows() -> str:
     """Why yue's row kernels cannot run here ("" = they can): built (or found in the cache) and each
-    tried against torch: the matmul against F.linear (a partial column block, rows beyond one pass), its
-    int8 form, the head's screen against the matmul (its argmax and bits),
+    tried against torch: the matmul against F.linear (a partial column block, rows beyond one pass), the
+    head's screen against the matmul (its argmax and bits; a partial group of inputs),
     the norm against F.rms_norm, the attention against SDPA (GQA, a batch mask with holes, a key count
     that is not a whole number of vectors)."""
     try:
@@ -313,10 +313,6 @@ def _probe_rows() -> str:
     w = torch.randn(40, 24, generator=g)
     x = torch.randn(11, 24, generator=g)
     why = _tried(lambda: rowkernel.matmul(x, rowkernel.block(w), 40), F.linear(x, w), 1e-4)
-    codes = (w * 40).round().clamp(-127, 127)
-    why = why or _tried(
-        lambda: rowkernel.matmul(x, rowkernel.block(codes.to(torch.int8)), 40), x @ codes.t(), 1e-4
-    )
     full = rowkernel.matmul(x, rowkernel.block(w), 40)
 
     def screened() -> torch.Tensor:  # the head's greedy choice (`screen.py`): 0 where argmax and bits hold

@@ -1,13 +1,14 @@
-/* yue's row kernels (yue/model/rowkernel.py): float32 decode-step work over a few rows, each row's bits
+/* yue's row kernels (yue/kernels/rowkernel.py): float32 decode-step work over a few rows, each row's bits
  * independent of the call. First the matmul; below it RMSNorm, attention and a whole layer in one call.
  *
  * A float32 matmul over a few rows that streams the weight once: y (rows, out) = x (rows, in) @ W.t().
  *
- * Why (yue/model/rowkernel.py has the measurements): on a CPU a verifying step's 2-9 rows should cost
- * about what one row does, since the weights' bytes, not the arithmetic, bound a decode step. MKL's
- * small-M GEMM re-packs the weight on every call and oneDNN's pre-packed GEMM streams it slower than
- * MKL's one-row GEMV, so each extra row cost ~0.5 of a step; this loop reads every weight once for all
- * rows, keeping their sums in registers, and for one row streams faster than MKL's GEMV.
+ * Why (docs/design.md §10; the measurements in docs/results-log.md): on a CPU a verifying step's 2-9
+ * rows should cost about what one row does, since the weights' bytes, not the arithmetic, bound a
+ * decode step. MKL's small-M GEMM re-packs the weight on every call and oneDNN's pre-packed GEMM
+ * streams it slower than MKL's one-row GEMV, so each extra row cost a large share of a step; this loop
+ * reads every weight once for all rows, keeping their sums in registers, and for one row streams
+ * faster than MKL's GEMV.
  *
  * Layout (rowkernel.block): W (out, in) as column blocks of BLK outputs, (ceil(out / BLK), in, BLK),
  * zero-padded; each block is one contiguous stream, read input by input, several blocks at once.
@@ -26,9 +27,8 @@
 
 /* NB adjacent column blocks from block b for R rows: the R x NB x BLK sums stay in registers for the
  * whole input loop, and the NB blocks are NB concurrent memory streams. One stream leaves the memory
- * system idle: one row over SmolLM2's layers and head (one thread, Xeon) 79 ms with one stream, 71 with
- * two, 58 with four, against MKL's GEMV 66; 4 rows 66 ms with two streams, 54 with three. More rows
- * need more sums, so fewer streams (`STREAMS`). */
+ * system idle: each stream added up to four made a row faster, and four beat MKL's GEMV (timings:
+ * docs/results-log.md). More rows need more sums, so fewer streams (`STREAMS`). */
 #define BLOCKS_FN(NAME, R, NB)                                                                              \
     static void NAME(const float *x, long in, const float *w, float *y, long out, long b) {                 \
         float acc[R][NB][BLK];                                                                              \
@@ -55,11 +55,9 @@
 
 /* Blocks per call by rows (the NB of each block_R below), and one-block functions for the blocks left
  * over when a matmul's count is not a multiple of NB. With AVX512's 32 vector registers more streams
- * pay than the register count suggests (the sums that do not fit stay in L1): SmolLM2's layers, one
- * thread, Xeon, 4 / 5-6 / 7-9 rows 34-35 / 36-41 / 44-46 ms against 36-37 / 40-45 / 60-66 with the
- * other table's 3 / 2 / 1 streams; compiled for AVX2's 16 registers the two tables measured alike. On
- * an AVX2 CPU (AMD EPYC, Zen 3) 6 rows spill with two streams: SmolLM2's layers and head 83 ms, against
- * 71 with one (5 rows: 58 with two, 61 with one). */
+ * pay than the register count suggests (the sums that do not fit stay in L1), measured on SmolLM2's
+ * layers against the other table; compiled for AVX2's 16 registers the two tables measured alike, and
+ * on an AVX2 CPU 6 rows spill with two streams, so one streams them (timings: docs/results-log.md). */
 #if defined(__AVX512F__)
 #define NB_3 4
 #define NB_5 3
@@ -120,9 +118,8 @@ int rows_block(void) { return BLK; }
 
 /* ---- The rest of a float32 decode step's row-wise work, row-exact the same way ----
  *
- * Why: with the matmuls streamed at memory speed, the step's other calls became a third of it (SmolLM2,
- * one thread, Xeon: a 76-79 ms `ar` step, 45 ms in the row kernel; torch's RMSNorm ~30-80 us a call,
- * 60 a step; the exact form's padded SDPA ~145 us a layer). */
+ * Why: with the matmuls streamed at memory speed, the step's other calls (torch's RMSNorm, 60 calls a
+ * step; the exact form's padded SDPA) became a large share of it (docs/results-log.md). */
 
 /* Partial sums of a dot product: one native vector (AVX512's 16 floats; 8 elsewhere, one AVX2 vector,
  * two SSE or NEON ones). The bits of a result depend on it, so they are the same within one build. */
@@ -177,7 +174,8 @@ static inline __attribute__((always_inline)) vf exp_neg(vf x) {
 /* out = silu(g) * u over n values: g * sigmoid(g), sigmoid from e = exp(-|g|) (exp_neg, LANES at a time;
  * 1 / (1 + e) for g >= 0, e / (1 + e) below), so no exp overflows. A value's bits depend on its index
  * in the row only (the tail past the last whole vector goes through expf), never on the rows of the call.
- * Why: libm's expf, one value at a time, was ~0.3 ms of a SmolLM2 one-row step (30 layers x 1,536). */
+ * Why: libm's expf, one value at a time (30 layers x 1,536 values a SmolLM2 row), was a measurable share
+ * of a one-row step (docs/results-log.md). */
 static void silu_mul(const float *g, const float *u, float *out, long n) {
     const vi sign = (vi){0} + (int)0x80000000;
     long i = 0;
@@ -204,7 +202,7 @@ void rows_rms_norm(const float *x, long rows, long n, const float *weight, float
 
 /* out (rows, V) = `fill` everywhere but at ids (Vd of them, each < V, distinct), where row r holds
  * sub (rows, Vd): a reduced drafting vocabulary's logits spread over the whole vocabulary in one pass
- * (torch's fill then scatter_: ~0.3 ms of a 4-slot drafting pass on SmolLM2, caches cold). */
+ * (torch's fill then scatter_ was a measurable share of a drafting pass: docs/results-log.md). */
 void rows_spread(const float *sub, long rows, long Vd, const long *ids, long V, float fill, float *out) {
     for (long r = 0; r < rows; r++) {
         float *o = out + r * V;
@@ -216,8 +214,8 @@ void rows_spread(const float *sub, long rows, long Vd, const long *ids, long V, 
 /* Per row of logits x (rows, V): its softmax's largest probability and its entropy (nats), for the
  * router's features (yue/model/router.py): m = max x, s = sum e^(x - m), t = sum e^(x - m) (x - m);
  * max probability 1 / s, entropy log s - t / s. Two passes over the row, LANES exps at a time, instead of
- * torch's log_softmax, exp and sum over a whole copy (~0.6 ms a row of SmolLM2's 49,152 logits, caches
- * cold). Logits of -inf (or below m - 87) weigh 0. */
+ * torch's log_softmax, exp and sum over a whole copy (dearer over SmolLM2's 49,152 logits: its timing in
+ * docs/results-log.md). Logits of -inf (or below m - 87) weigh 0. */
 static void softmax_row(const float *xr, long V, float *max_prob, float *entropy) {
     float m = -INFINITY;
     for (long j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
@@ -390,8 +388,8 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
 
 /* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (Python
  * reaches it through rows_stack, for one layer or many): the step's ~25 torch calls and their Python
- * (~0.7 ms a layer, a third of SmolLM2's float32 step once the matmuls streamed at memory speed) become
- * one. The same functions as `layers.DecodeSet`'s path, in its order:
+ * (a large share of a float32 step once the matmuls streamed at memory speed: docs/results-log.md)
+ * become one. The same functions as `layers.DecodeSet`'s path, in its order:
  *   x = norm1(h); qkv = x Wqkv; q, k rotated (half-split RoPE); k, v written to the cache at
  *   [start, start + T); o = attention; h += o Wo; x = norm2(h); g, u = x Wgu; h += (silu(g) u) Wdown,
  * each row on its own (the matmuls `rows_matmul`, 1-9 rows), so a row's bits do not depend on R.
@@ -444,8 +442,8 @@ static void rows_layer(float *h, int B, int T, long D, const float *norm1, const
 }
 
 /* Layers [0, n) of a stack over the same rows, each as rows_layer computes it, in one call: a step's 30
- * layer calls and their Python (~70 us a layer: module calls, argument views, ctypes; ~2 ms of SmolLM2's
- * ~17 ms one-row step, AMD EPYC, one thread) become one. `layers` holds LAYER_PTRS pointers a layer, in
+ * layer calls and their Python (module calls, argument views, ctypes: per-call overhead, a measurable
+ * share of a one-row step, docs/results-log.md) become one. `layers` holds LAYER_PTRS pointers a layer, in
  * rows_layer's order (norm1, norm2, wqkv, wo, wgu, wdown, scales); eps, F, kind and the heads are the
  * stack's. k, v: layer 0's cache at strides (kb, kh, Dh), layer i's kl floats further; the rest as
  * rows_layer's. */
@@ -463,19 +461,7 @@ void rows_stack(float *h, int B, int T, long D, int n, const void *const *layers
 
 int rows_layer_ptrs(void) { return LAYER_PTRS; }
 
-/* ---- The LM head's greedy choice: an int8 screen, then exact float32 logits where it leaves doubt ----
- *
- * Why: the head is a fifth of a float32 step (SmolLM2: 49,152 x 576 floats, 113 MB streamed every step),
- * yet a greedy step needs only its largest logit. rows_matmul_i8 reads the head as int8 codes, a quarter
- * of the bytes, and rows_screen computes, for the few tokens whose screened logit could still be the
- * largest (yue/model/screen.py bounds the screen's error), the float32 logit exactly as rows_matmul
- * does: one fmaf chain over the inputs in order from 0, so the same bits.
- *
- * The int8 loop is rows_matmul's with the codes widened to floats once per input for all rows, and
- * prefetched as far ahead in bytes (an int8 block row is 32 bytes, a float one 128). It is a macro of
- * its own, not BLOCKS_FN with a weight type: the widening copy in the float loop's form made the float
- * kernel ~2x slower (SmolLM2's head, one row, AVX2: 13.7 ms against 6.4). */
-#define PREFETCH_I8 1024
+/* ---- Helpers of the 4-bit and 8-bit float32 matmuls below ---- */
 #define VB (BLK / LANES) /* vectors per block row */
 
 /* LANES int8 codes from p widened to floats: one sign extension and one conversion where the compiler
@@ -507,7 +493,7 @@ static inline __attribute__((always_inline)) vf vfma(vf a, vf b, vf acc) {
 #endif
 }
 
-/* 2-9 rows (a verifying step) in the int8 and 4-bit matmuls: a pair of vectors of a column block at a
+/* 2-9 rows (a verifying step) in the 4-bit and 8-bit matmuls: a pair of vectors of a column block at a
  * time, so that R x 2 sums and the pair's weight vectors stay in registers: AVX512's 32 hold 9 rows,
  * AVX2's 16 six; more rows take another pass. */
 #if defined(__AVX512F__)
@@ -547,113 +533,15 @@ static inline __attribute__((always_inline)) vf splat(float x) {
 #endif
 }
 
-#define I8_BLOCKS_FN(NAME, R, NB)                                                                           \
-    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
-        vf acc[R][NB][VB];                                                                                  \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int k = 0; k < NB; k++)                                                                    \
-                for (int v = 0; v < VB; v++) acc[r][k][v] = (vf){0};                                        \
-        for (long i = 0; i < in; i++) {                                                                     \
-            for (int k = 0; k < NB; k++) {                                                                  \
-                const signed char *wi = w + k * in * BLK + i * BLK;                                         \
-                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
-                vf wf[VB];                                                                                  \
-                for (int v = 0; v < VB; v++) wf[v] = widen(wi + v * LANES);                                 \
-                for (int r = 0; r < R; r++) {                                                               \
-                    const vf xr = splat(x[r * in + i]);                                                     \
-                    for (int v = 0; v < VB; v++) acc[r][k][v] += xr * wf[v];                                \
-                }                                                                                           \
-            }                                                                                               \
-        }                                                                                                   \
-        for (int k = 0; k < NB; k++) {                                                                      \
-            long n = out - (b + k) * BLK < BLK ? out - (b + k) * BLK : BLK;                                 \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (long j = 0; j < n; j++) y[r * out + (b + k) * BLK + j] = acc[r][k][j / LANES][j % LANES]; \
-        }                                                                                                   \
-    }
-
-/* 1-2 rows: all VB vectors of two column blocks per input. 3+ rows: by pairs of vectors (PAIR_FMAS; the
- * block's second pair read again from cache). SmolLM2's head codes, one thread, AMD EPYC with AVX2, ms
- * (min of 12 calls, one process): 3-9 rows 4.1 / 4.6 / 6.6 / 7.0 / 7.5 / 7.9 / 9.6 against 4.6 / 4.9 /
- * 8.8 / 9.6 / 9.3 / 9.5 / 11.9 with all vectors per row (4 rows a pass, spilled); 2 rows in pairs 4.3
- * against 3.2. Not measured with AVX512. */
-#define I8_PAIRS_FN(NAME, R)                                                                                \
-    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
-        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
-        for (int p = 0; p < VB / 2; p++) {                                                                  \
-            vf acc[R][2];                                                                                   \
-            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
-            for (long i = 0; i < in; i++) {                                                                 \
-                const signed char *wi = w + i * BLK + p * 2 * LANES;                                        \
-                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
-                const vf w0 = widen(wi), w1 = widen(wi + LANES);                                            \
-                PAIR_FMAS(R, x, in, i, w0, w1)                                                              \
-            }                                                                                               \
-            PAIR_STORE(R, p)                                                                                \
-        }                                                                                                   \
-    }
-
-/* 7-9 rows where a pass of pairs takes 6 (AVX2's 16 registers): one vector of a column block at a time,
- * R sums, the vector and a broadcast in registers, the block's vectors read again from cache, so that a
- * NAR drafting pass's 8 slots take one pass over the weights, not 6 + 2. A NAR layer's four matmuls
- * (SmolLM2, one thread, AMD EPYC with AVX2, ms, min of 12): 7 / 8 / 9 rows 0.72 / 0.85 / 0.92 against
- * 1.20 / 1.31 / ~1.4 in two passes (torch's dynamic int8 at 8 rows: 0.92); from 3 to 6 rows pairs win
- * (6 rows 0.51 against 0.68). */
-#define I8_VECS_FN(NAME, R)                                                                                 \
-    static void NAME(const float *x, long in, const signed char *w, float *y, long out, long b) {           \
-        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;                                           \
-        for (int v = 0; v < VB; v++) {                                                                      \
-            vf acc[R];                                                                                      \
-            for (int r = 0; r < R; r++) acc[r] = (vf){0};                                                   \
-            for (long i = 0; i < in; i++) {                                                                 \
-                const signed char *wi = w + i * BLK + v * LANES;                                            \
-                __builtin_prefetch(wi + PREFETCH_I8, 0, 0);                                                 \
-                const vf wv = widen(wi);                                                                    \
-                for (int r = 0; r < R; r++) acc[r] = vfma(splat(x[r * in + i]), wv, acc[r]);               \
-            }                                                                                               \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (long j = v * LANES; j < n && j < (v + 1) * LANES; j++)                                 \
-                    y[r * out + b * BLK + j] = acc[r][j % LANES];                                           \
-        }                                                                                                   \
-    }
-
-static const int I8_STREAMS[MAX_R + 1] = {0, 2, 2, 1, 1, 1, 1, 1, 1, 1};
-I8_BLOCKS_FN(i8_block_1, 1, 2)
-I8_BLOCKS_FN(i8_block_2, 2, 2)
-I8_BLOCKS_FN(i8_single_1, 1, 1)
-I8_BLOCKS_FN(i8_single_2, 2, 1)
-I8_PAIRS_FN(i8_pairs_3, 3)
-I8_PAIRS_FN(i8_pairs_4, 4)
-I8_PAIRS_FN(i8_pairs_5, 5)
-I8_PAIRS_FN(i8_pairs_6, 6)
-#if PAIR_MAX_R == 9
-PAIRS_7_TO_9(I8_PAIRS_FN, i8_pairs_)
-#define I8_7_TO_9 PAIRS_7_TO_9_LIST(i8_pairs_)
-#else
-I8_VECS_FN(i8_vecs_7, 7)
-I8_VECS_FN(i8_vecs_8, 8)
-I8_VECS_FN(i8_vecs_9, 9)
-#define I8_7_TO_9 , i8_vecs_7, i8_vecs_8, i8_vecs_9
-#endif
-typedef void (*i8_block_fn)(const float *, long, const signed char *, float *, long, long);
-static const i8_block_fn I8_BLOCKS[MAX_R + 1] = {0, i8_block_1, i8_block_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_7_TO_9};
-static const i8_block_fn I8_SINGLES[MAX_R + 1] = {0, i8_single_1, i8_single_2, i8_pairs_3, i8_pairs_4, i8_pairs_5, i8_pairs_6 I8_7_TO_9};
-
-/* y (rows, out) = x (rows, in) @ codes.t(), codes in rowkernel.block's layout as int8. */
-void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads) {
-    MATMUL_PASSES(I8_BLOCKS, I8_SINGLES, I8_STREAMS, MAX_R, in * BLK)
-}
-
 /* ---- A drafting set's int8 matmul on integer dot products: activations quantized per row ----
  *
- * Why: a NAR set's drafting pass ran its int8 codes through rows_matmul_i8, which widens each code to a
- * float and spends a float FMA on it: 4 slots over SmolLM2's 4 NAR layers were compute-bound at ~2.1 ms
- * (14 MB of codes, ~6.8 GB/s). Here each row of x is quantized to int8 (symmetric, scale max |x| / 127)
- * and multiplied by the codes in integer arithmetic, 32 products per three AVX2 instructions (sign,
- * maddubs, madd; two with AVX512-VNNI: sign, dpbusd): the same 4 NAR layers (random codes, one thread,
- * AMD EPYC with AVX2, min of 15) 2 / 4 / 8 rows 1.18 / 1.39 / 2.29 ms against 1.38 / 2.09 / 3.79, 4
- * rows at memory speed. Drafts only: the activations' rounding (relative error ~0.8% on Gaussian rows)
- * never reaches a verified token.
+ * Why: a NAR set's drafting pass ran its int8 codes through a float loop (each code widened to a float,
+ * a float FMA spent on it): a few slots over SmolLM2's 4 NAR layers (14 MB of codes) were
+ * compute-bound, well below memory speed. Here each row of x is quantized to int8 (symmetric, scale
+ * max |x| / 127) and multiplied by the codes in integer arithmetic, 32 products per three AVX2
+ * instructions (sign, maddubs, madd; two with AVX512-VNNI: sign, dpbusd): faster at every row count, 4
+ * rows at memory speed (timings: docs/results-log.md). Drafts only: the activations' rounding (about
+ * the size of torch's dynamic int8's) never reaches a verified token.
  *
  * Layout (rowkernel.dot_block): W (out, in) int8 codes, -127..127, in a multiple of 4, as column blocks
  * of DOT_BLK outputs, (ceil(out / DOT_BLK), in / 4, DOT_BLK, 4): per block and quad of inputs, each
@@ -669,8 +557,9 @@ void rows_matmul_i8(const float *x, long rows, long in, const signed char *w, fl
  * (nothing written) where n is not whole vectors, a value is not finite or 127 / amax overflows (then
  * the plain loop of quantize_groups, which skips NaN and clamps). The same values as that loop: the exact maximum, the same float
  * product x * inv, rounded to nearest even as nearbyintf (the default rounding mode), never beyond 127
- * (|x| <= amax, so x * inv <= 127 (1 + 2^-23)). Why: in the plain loop the quantization cost about a
- * quarter of the int4 matmul's time at 9 rows (each of a layer's matmuls quantizes its input rows). */
+ * (|x| <= amax, so x * inv <= 127 (1 + 2^-23)). Why: in the plain loop the quantization was a large share
+ * of the int4 matmul's time at 9 rows (each of a layer's matmuls quantizes its input rows;
+ * docs/results-log.md). */
 #if defined(__AVX512F__)
 static int quantize_vectors(const float *xg, long n, signed char *c, float *amax, int *sum) {
     if (n % 16) return 1;
@@ -936,12 +825,10 @@ CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
 #define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
 
 /* 2-9 rows: by pairs of vectors (PAIR_FMAS; the column block's codes read once per pair, the second
- * pair's from cache, the pair's 4 scale vectors in registers with its sums). SmolLM2's layers, one
- * thread, AMD EPYC with AVX2, ms (min of 10 calls, one process): 1-6 rows 8.3 / 11.6 / 13.9 / 16.1 / 18.6
- * / 21.7 (each row ~3 ms, the FMA units' pace: 106M multiply-adds at 16 a cycle, 2.45 GHz, is 2.7), 7-9
- * rows in two passes 28.8 / 30.7 / 33.4 (in one, spilled: 34.0 / 34.1 / 42.1), against the float32
- * weights' 28-31 for one row and 64-71 for nine. Tried and slower: all VB vectors per row for 2-4 rows
- * (spilled from 3 rows: 18.2 ms), each group's tile rebuilt once into L1 for 5-9 rows (5 rows 30.7). */
+ * pair's from cache, the pair's 4 scale vectors in registers with its sums). Each extra row costs the
+ * FMA units' pace (a float FMA per weight and row); with AVX2's 16 registers 7-9 rows take two passes,
+ * which beat one spilled pass. Tried and slower: all VB vectors per row for 2-4 rows (spilled from 3
+ * rows), each group's tile rebuilt once into L1 for 5-9 rows. Timings: docs/results-log.md. */
 #define Q4_MAX_R PAIR_MAX_R
 Q4_PAIRS_FN(q4_pairs_2, 2)
 Q4_PAIRS_FN(q4_pairs_3, 3)
@@ -1114,8 +1001,7 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
 /* ---- The int4 precision's matmul: 4-bit codes times activations quantized to int8, integer dot products ----
  *
  * Why: rows_matmul_q4 rebuilds each float32 weight from its code and spends a float FMA on it per row, so
- * a float32 verifying row costs the FMA units' pace (~3 ms over SmolLM2's layers, AVX2, one thread) and
- * a step's extra rows are dear. The int4 precision instead quantizes each activation row to int8 per
+ * a float32 verifying row costs the FMA units' pace and a step's extra rows are dear. The int4 precision instead quantizes each activation row to int8 per
  * group of Q4_GROUP inputs (scale sx = max |x| / 127 of the group, as llama.cpp's Q8_1) and multiplies
  * the GGUF's Q4_1 codes (0..15, d and m per group) in integer arithmetic: per output and group,
  *   y += (sum_i code_i xq_i) * (d sx) + m * (sx sum_i xq_i),
@@ -1305,36 +1191,162 @@ int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned c
 
 int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
 
-/* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen
- * of yue/model/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
- * int8 codes in rowkernel.block's layout, scale[j] their column scales, slack[j] the bound's radius per
- * unit of |x|_1; w the float32 head (out, in) at strides (sc, si), e.g. a tied head's input-major
- * storage (sc 1, si out): a kept logit is one fmaf chain over the inputs in order from 0, rows_matmul's
- * bits. The bound's arithmetic is in double. Returns 1 (y undefined) where a row is not finite, else 0.
- * entropy (rows floats, or NULL): each row's softmax entropy over its logits as screened, the kept ones
- * exact and the rest their screened value s_j c_j (within the bound of theirs): what the router reads of
- * the AR path (yue/model/router.py) without the whole head's 28 MB more (~3 ms a row on SmolLM2). */
-int rows_screen(const float *x, long rows, long in, const signed char *codes, const double *scale,
-                const double *slack, const float *w, long sc, long si, float *y, long out, float *entropy,
+/* ---- The LM head's greedy choice: an integer screen, then exact float32 logits where it leaves doubt ----
+ *
+ * Why: the head is a fifth of a float32 step's bytes (SmolLM2: 49,152 x 576 floats, 113 MB streamed every
+ * step), yet a greedy step needs only its largest logit. The screen reads the head as int8 codes, a
+ * quarter of the bytes, in integer dot products (each extra verifying row costs its products, as in
+ * the int4 layers), and computes, for the few tokens whose screened logit could still be the largest
+ * (yue/kernels/screen.py derives the bound), the float32 logit exactly as rows_matmul does: one fmaf
+ * chain over the inputs in order from 0, so the same bits.
+ *
+ * The screened logit of token j for a row x: x quantized to 16-bit integers xq (symmetric, scale
+ * sx = max |x| / XQ_MAX); the head's int8 codes q with a float scale d per group of Q4_GROUP inputs (a
+ * GGUF Q8_0 head's own codes and scales: screen.py), widened to 16 bits as they are read; per group the
+ * exact integer S = xq . q (pairs of 16-bit products summed into 32 bits: one vpdpwssd with VNNI, else
+ * pmaddwd and an add), then the sum over groups of S d in float (one fmaf a group, in order), times sx
+ * in double. Why 16 bits and not 8: a hidden state's few outlier channels set max |x|, and 8-bit
+ * activations left a bound that kept thousands of candidates a row (docs/results-log.md).
+ *
+ * Layout (screen.screen_block): per column block of DOT_BLK tokens, per group, one
+ * SCREEN_BYTES record: d (DOT_BLK floats), then per pair of the group's inputs each token's 2 codes
+ * side by side (token j's at bytes 2 j, 2 j + 1: one 32-bit lane once widened), inputs zero-padded to
+ * whole groups.
+ *
+ * Exactness: the integer sums are exact and the float arithmetic the same in every build (the plain
+ * loop computes the same values), so every build keeps the same candidates; the argmax's exactness
+ * rests on the bound alone. */
+#define XQ_MAX 32767 /* the rows' integers: int16's range, symmetric */
+#define SCREEN_BYTES (DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK)
+#define SCREEN_PAIRS (Q4_GROUP / 2) /* pairs of inputs a group */
+
+/* R rows over one column block of the screen: sums (R, DOT_BLK) = per token sum_g fl(S_g) d_g, in order.
+ * xd: the rows' 16-bit integers, per pair of inputs (at stride `stride` ints) each row's pair as one
+ * int, so that one pointer reaches every row's. */
+#if defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#elif defined(__AVXVNNI__)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#else
+#define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
+#define SCREEN_FN(NAME, R)                                                                                  \
+    static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
+        __m256 acc[R];                                                                                      \
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
+        for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                                   \
+            const unsigned char *rec = w + g * SCREEN_BYTES;                                                \
+            for (int k = 0; k < SCREEN_BYTES; k += 64) __builtin_prefetch(rec + 2 * SCREEN_BYTES + k, 0, 0); \
+            __m256i s[R];                                                                                   \
+            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();                                      \
+            _Pragma("GCC unroll 16") for (int p = 0; p < SCREEN_PAIRS; p += 2) {                            \
+                const __m256i two = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 2 * DOT_BLK * p)); \
+                const __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(two));                      \
+                const __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(two, 1));                  \
+                const int *x0 = xd + (g * SCREEN_PAIRS + p) * stride, *x1 = x0 + stride;                    \
+                for (int r = 0; r < R; r++)                                                                 \
+                    s[r] = DPWSSD(DPWSSD(s[r], c0, _mm256_set1_epi32(x0[r])), c1, _mm256_set1_epi32(x1[r])); \
+            }                                                                                               \
+            const __m256 d = _mm256_loadu_ps((const float *)rec);                                           \
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), d, acc[r]);      \
+        }                                                                                                   \
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
+    }
+#else
+#define SCREEN_FN(NAME, R)                                                                                  \
+    static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int j = 0; j < DOT_BLK; j++) {                                                             \
+                float acc = 0.f;                                                                            \
+                for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                           \
+                    const unsigned char *rec = w + g * SCREEN_BYTES;                                        \
+                    const signed char *q = (const signed char *)rec + DOT_BLK * sizeof(float);              \
+                    int s = 0;                                                                              \
+                    for (int p = 0; p < SCREEN_PAIRS; p++) {                                                \
+                        const short *x = (const short *)(xd + (g * SCREEN_PAIRS + p) * stride + r);         \
+                        s += x[0] * q[2 * DOT_BLK * p + 2 * j] + x[1] * q[2 * DOT_BLK * p + 2 * j + 1];     \
+                    }                                                                                       \
+                    acc = fmaf((float)s, ((const float *)rec)[j], acc);                                     \
+                }                                                                                           \
+                sums[r * DOT_BLK + j] = acc;                                                                \
+            }                                                                                               \
+    }
+#endif
+SCREEN_FN(screen_1, 1)
+SCREEN_FN(screen_2, 2)
+SCREEN_FN(screen_3, 3)
+SCREEN_FN(screen_4, 4)
+SCREEN_FN(screen_5, 5)
+SCREEN_FN(screen_6, 6)
+SCREEN_FN(screen_7, 7)
+SCREEN_FN(screen_8, 8)
+SCREEN_FN(screen_9, 9)
+typedef void (*screen_fn)(const int *, long, long, const unsigned char *, float *);
+static const screen_fn SCREENS[MAX_R + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6, screen_7, screen_8, screen_9};
+
+/* A row x (in floats) as the screen's 16-bit integers, input i's at xq[i / 2 * stride + i % 2] (the
+ * caller's zero padding left as it is); its scale *sx, and what the bound reads of it:
+ * *n1 = |x|_1 + |delta|_1 and *n2 = |delta|_2, delta = x - sx xq (in double: sx xq is exact there).
+ * Returns 1 where a value is not finite. The bound holds for any xq; rounding to nearest makes it small. */
+static int screen_row(const float *x, long in, short *xq, long stride, float *sx, double *n1, double *n2) {
+    float amax = 0.f;
+    double l1 = 0.0, d1 = 0.0, d2 = 0.0;
+    for (long i = 0; i < in; i++) {
+        const float a = fabsf(x[i]);
+        if (!(a < INFINITY)) return 1; /* inf or NaN */
+        amax = a > amax ? a : amax, l1 += a;
+    }
+    const float s = amax / XQ_MAX, inv = amax > 0.f && XQ_MAX / amax < INFINITY ? XQ_MAX / amax : 0.f;
+    for (long i = 0; i < in; i++) {
+        const float t = nearbyintf(x[i] * inv);
+        const int q = t > XQ_MAX ? XQ_MAX : t < -XQ_MAX ? -XQ_MAX : (int)t;
+        xq[i / 2 * stride + i % 2] = (short)q;
+        const double delta = (double)x[i] - (double)s * q;
+        d1 += fabs(delta), d2 += delta * delta;
+    }
+    *sx = s, *n1 = l1 + d1, *n2 = sqrt(d2);
+    return 0;
+}
+
+/* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen of
+ * yue/kernels/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
+ * codes and scales in screen.screen_block's layout; the bound's radius of token j is
+ * n1 slack[j] + n2 wnorm[j] (screen_row's n1, n2); w the float32 head (out, in) at strides (sc, si),
+ * e.g. a tied head's input-major storage (sc 1, si out): a kept logit is one fmaf chain over the inputs
+ * in order from 0, rows_matmul's bits. The bound's arithmetic is in double. Returns 1 (y undefined)
+ * where a row is not finite, else 0. entropy (rows floats, or NULL): each row's softmax entropy over its
+ * logits as screened, the kept ones exact and the rest their screened values (within the bound of
+ * theirs): what the router reads of the AR path (yue/model/router.py) without streaming the whole head
+ * again for that row. */
+int rows_screen(const float *x, long rows, long in, const unsigned char *codes, const double *slack,
+                const double *wnorm, const float *w, long sc, long si, float *y, long out, float *entropy,
                 int threads) {
-    rows_matmul_i8(x, rows, in, codes, y, out, threads);
+    const long groups = (in + Q4_GROUP - 1) / Q4_GROUP, pairs = groups * SCREEN_PAIRS;
+    const long blocks = (out + DOT_BLK - 1) / DOT_BLK;
+    int *xd = calloc(pairs * rows, sizeof(int)); /* (pairs, rows) pairs of 16-bit integers: screen_row's */
+    float *sx = malloc(rows * sizeof(float));
+    double *n1 = malloc(rows * sizeof(double)), *n2 = malloc(rows * sizeof(double));
     float *seen = entropy ? malloc(out * sizeof(float)) : NULL; /* a row's logits as screened, for its entropy */
-    for (long r = 0; r < rows; r++) {
+    int failed = 0;
+    for (long r = 0; r < rows && !failed; r++)
+        failed = screen_row(x + r * in, in, (short *)(xd + r), 2 * rows, sx + r, n1 + r, n2 + r);
+    if (!failed) {
+        DOT_PASSES(float, SCREENS[R](xd + r0, rows, pairs, codes + b * groups * SCREEN_BYTES, sums),
+                   sums[r * DOT_BLK + j])
+    }
+    for (long r = 0; r < rows && !failed; r++) {
         const float *xr = x + r * in;
         float *yr = y + r * out;
-        double norm = 0.0, floor = -INFINITY;
-        for (long i = 0; i < in; i++) norm += fabs((double)xr[i]);
-        if (!isfinite(norm)) {
-            free(seen);
-            return 1;
-        }
+        double floor = -INFINITY;
         for (long j = 0; j < out; j++) {
-            const double low = yr[j] * scale[j] - norm * slack[j];
+            const double low = (double)yr[j] * sx[r] - (n1[r] * slack[j] + n2[r] * wnorm[j]);
             floor = low > floor ? low : floor;
         }
         for (long j = 0; j < out; j++) {
-            if (yr[j] * scale[j] + norm * slack[j] < floor) {
-                if (seen) seen[j] = (float)(yr[j] * scale[j]);
+            const double screened = (double)yr[j] * sx[r];
+            if (screened + (n1[r] * slack[j] + n2[r] * wnorm[j]) < floor) {
+                if (seen) seen[j] = (float)screened;
                 yr[j] = -INFINITY;
                 continue;
             }
@@ -1349,6 +1361,8 @@ int rows_screen(const float *x, long rows, long in, const signed char *codes, co
             softmax_row(seen, out, &top, entropy + r);
         }
     }
-    free(seen);
-    return 0;
+    free(xd), free(sx), free(n1), free(n2), free(seen);
+    return failed;
 }
+
+int rows_screen_bytes(void) { return SCREEN_BYTES; }

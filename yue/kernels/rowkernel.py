@@ -111,12 +111,13 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    matmuls = (lib.rows_matmul_i8, lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8)
-    for codes in (*matmuls, lib.rows_matmul_q4dot):
+    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q4dot)
+    for codes in matmuls:
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
     lib.rows_dot_block.restype = ctypes.c_int
     lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = lib.rows_q4dot_bytes.restype = ctypes.c_int
+    lib.rows_screen_bytes.restype = ctypes.c_int
     for pack in (lib.rows_q4_pack, lib.rows_q8_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
@@ -176,8 +177,7 @@ def library() -> ctypes.CDLL:
 
 
 def block(w: torch.Tensor) -> torch.Tensor:
-    """An (out, in) float32 (or int8) weight in the kernel's layout: (ceil(out / BLK), in, BLK),
-    zero-padded."""
+    """An (out, in) float32 weight in the kernel's layout: (ceil(out / BLK), in, BLK), zero-padded."""
     blk = library().rows_block()
     out, inp = w.shape
     padded = torch.zeros(-(-out // blk) * blk, inp, dtype=w.dtype)
@@ -307,12 +307,12 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 
 
 def layout(blocked: torch.Tensor) -> str:
-    """A kernel layout's kind: "float32" (`block` of float32), "int8" (`block` of int8 codes: the screen's),
-    "i8dot" (`dot_block`'s 4-d int8 codes: `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
+    """A kernel layout's kind: "float32" (`block` of float32), "i8dot" (`dot_block`'s 4-d int8 codes:
+    `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
     (`q8_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last three uint8 records, told
     apart by their record's bytes (768, 1152, 192)."""
     if blocked.dtype != torch.uint8:
-        return "float32" if blocked.dtype == torch.float32 else "i8dot" if blocked.dim() == 4 else "int8"
+        return "float32" if blocked.dtype == torch.float32 else "i8dot"
     return _record_kinds()[blocked.shape[-1]]
 
 
@@ -330,11 +330,10 @@ def inputs(blocked: torch.Tensor) -> int:
     return blocked.shape[1] * (4 if blocked.dim() == 4 else 1)
 
 
-# The C matmul by layout: float32 weights, int8 codes (the caller scales; "i8dot" on quantized rows),
-# 4-bit and 8-bit codes.
+# The C matmul by layout: float32 weights, int8 codes on quantized rows (the caller scales), 4-bit and
+# 8-bit codes.
 MATMULS = {
     "float32": "rows_matmul",
-    "int8": "rows_matmul_i8",
     "i8dot": "rows_matmul_i8dot",
     "q4": "rows_matmul_q4",
     "q8": "rows_matmul_q8",
@@ -346,8 +345,8 @@ LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3}
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """x @ W.t() for float32 x (..., in) on the CPU, W given as `block(W)` with `out` outputs: (..., out).
-    An int8 `blocked` gives x @ codes.t() (`rows_matmul_i8`; the caller applies the scales), a `dot_block`
-    one the same on x quantized per row (`rows_matmul_i8dot`, its rows' scales applied); `q4_block(W)`
+    A `dot_block` of int8 codes gives x @ codes.t() on x quantized per row (`rows_matmul_i8dot`, its rows'
+    scales applied; the caller applies the codes'); `q4_block(W)`
     and `q8_block(W)` give `block(W)`'s bits (`rows_matmul_q4`, `rows_matmul_q8`), any row count;
     `q4dot_block(W)` the int4 precision's product, x quantized per group of 32 (`rows_matmul_q4dot`)."""
     inp = x.shape[-1]
@@ -361,33 +360,38 @@ def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
 def screen(
     x: torch.Tensor,
     codes: torch.Tensor,
-    scale: torch.Tensor,
     slack: torch.Tensor,
+    wnorm: torch.Tensor,
     w: torch.Tensor,
     entropy: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """(R, V) float32 for float32 x (R, in): each row's logits x . w[j] where the int8 screen leaves
+    """(R, V) float32 for float32 x (R, in): each row's logits x . w[j] where the integer screen leaves
     doubt that they are the row's largest, the bits of `matmul(x, block(w), V)`, -inf elsewhere
     (`rows_screen`; `screen.ScreenedHead` holds its arguments). None where a row is not finite.
 
-    codes: `block` of the head's int8 codes; scale, slack: (V,) float64, the codes' scales and the bound
-    per unit of |x|_1; w: the float32 head (V, in) in any strides (a tied head's input-major storage);
-    entropy: (R,) float32 to fill with each row's softmax entropy over its logits as screened (the kept
-    exact, the rest their screened values), or None."""
-    assert x.dtype == w.dtype == torch.float32 and scale.dtype == slack.dtype == torch.float64
+    codes: `screen.screen_block` of the head's codes and scales; slack, wnorm: (V,) float64, the bound's radius
+    per unit of the row's two norms (`screen.py`); w: the float32 head (V, in) in any strides (a tied
+    head's input-major storage); entropy: (R,) float32 to fill with each row's softmax entropy over its
+    logits as screened (the kept exact, the rest their screened values), or None."""
+    assert x.dtype == w.dtype == torch.float32 and slack.dtype == wnorm.dtype == torch.float64
     flat = x.contiguous()
     V = w.shape[0]
+    lib = library()
+    assert (
+        codes.shape[0] * lib.rows_dot_block() >= V and codes.shape[1] * lib.rows_code_group() >= flat.shape[1]
+    )
     y = torch.empty(flat.shape[0], V, dtype=torch.float32)
     assert entropy is None or (entropy.dtype == torch.float32 and entropy.shape == flat.shape[:1])
-    args = [flat, flat.shape[0], flat.shape[1], codes, scale, slack, w, *w.stride(), y, V, entropy]
-    failed = library().rows_screen(*_pointers(*args, torch.get_num_threads()))
+    args = [flat, flat.shape[0], flat.shape[1], codes, slack, wnorm, w, *w.stride(), y, V, entropy]
+    failed = lib.rows_screen(*_pointers(*args, torch.get_num_threads()))
     return None if failed else y
 
 
 def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
     """`matmul` for more rows than one pass takes (a batch, a prefill): torch's batched GEMM over the
     column blocks, (blocks, rows, BLK), laid back to (..., out). Level with oneDNN's packed GEMM at these
-    row counts and faster than MKL's GEMM below ~64 rows (SmolLM2's figures: docs/results-log.md)."""
+    row counts and faster than MKL's GEMM up to a few tens of rows (SmolLM2's figures:
+    docs/results-log.md)."""
     flat = x.reshape(-1, x.shape[-1])
     y = torch.matmul(flat, blocked).permute(1, 0, 2).reshape(flat.shape[0], -1)[:, :out]
     return y.reshape(*x.shape[:-1], out)
