@@ -115,9 +115,9 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tmp_path, args, name
     assert result.exit_code == 2 and named in result.output and not out.exists()
 
 
-def test_an_interrupted_stage_keeps_the_seconds_it_spent(tmp_path, monkeypatch):
+def test_an_interrupted_stage_keeps_the_seconds_it_spent(tmp_path, monkeypatch, caplog):
     """Ctrl-C in the middle of a stage: its seconds so far are saved against the stage's share (the
-    budget is wall time), and the stage is not marked done, so a rerun resumes it."""
+    budget is wall time), and the stage is not marked done, so a rerun resumes it (and says so)."""
     plan = make_plan(YueConfig(**SHAPE), [1.0] * 9, 1.0, answer_tok_s=100.0)
     out = tmp_path / "out"
     (out / "work").mkdir(parents=True)
@@ -129,7 +129,8 @@ def test_an_interrupted_stage_keeps_the_seconds_it_spent(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(DistillRun, "stage_heldout", interrupted_heldout)
-    with pytest.raises(KeyboardInterrupt):
+    with caplog.at_level("INFO", logger="yue.train.distill_run"), pytest.raises(KeyboardInterrupt):
         DistillRun("yue-code-mini", out, hours=1.0).run()
+    assert "resuming" in caplog.text and "stages done plan" in caplog.text
     saved = json.loads((out / "work" / "distill_state.json").read_text())
     assert saved["done"] == ["plan"] and 5.2 <= saved["spent"]["data"] < 60.0

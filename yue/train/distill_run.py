@@ -172,6 +172,11 @@ class DistillRun:
 
     def run(self) -> dict:
         """Run (or resume) every stage; returns the report."""
+        if self.state["done"]:
+            log.info(
+                "distill: resuming %s: stages done %s, seconds spent %s",
+                self.out, ", ".join(self.state["done"]), self.state["spent"],
+            )  # fmt: skip
         for stage in STAGES:
             if stage in self.state["done"]:
                 continue
