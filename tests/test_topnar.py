@@ -103,6 +103,19 @@ def test_entry_features_beyond_float16s_range_stay_finite():
     assert bool(slots.isfinite().all())
 
 
+def test_a_non_finite_training_loss_stops_before_it_reaches_the_weights():
+    model = top_model()
+    seqs = tn.ChatSequences([[7, 8, 9, 10, 11, 12, 13, 14]] * 2, [2, 2])
+    feats = tn.entry_features(model, seqs, progress=False)
+    feats[0][3] = float("inf")  # what float16 features of Gemma 3 held
+    feats[1][3] = float("inf")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = tn.TopNARConfig(steps=2, batch_size=2, anchors=4, warmup_steps=1, eval_every=2)
+    with pytest.raises(ValueError, match="loss is nan at step 1"):
+        tn.train_top_nar(model, seqs, feats, seqs, feats, cfg, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 50),

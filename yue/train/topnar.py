@@ -30,6 +30,7 @@ import functools
 import gzip
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -487,6 +488,11 @@ def train_top_nar(
         model.train()
         total, weight, metrics = trainer.net(batch)
         loss, value = trainer.global_mean(total, weight)
+        if not math.isfinite(value):  # stop before the update: one NaN step poisons every later one
+            raise ValueError(
+                f"top-layer NAR training: the loss is {value} at step {step + 1} (non-finite entry "
+                "features or weights); the NAR set is left as it was before this step"
+            )
         trainer.update(loss, step)
         losses.append(value)
         tokens_seen += sum(len(train.ids[i]) - train.prompt_lens[i] for i in chosen)
