@@ -6,6 +6,7 @@ follows the measured row costs."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -16,7 +17,7 @@ from tests.gguf_utils import tiny_tokenizer
 from yue.cli import app
 from yue.config import YueConfig
 from yue.train.distill_plan import choose_block_size, make_plan, monotone
-from yue.train.distill_run import distill
+from yue.train.distill_run import DistillRun, distill
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
 HOURS = "0.005"  # 18 s: every stage runs its minimum (one chunk, one round)
@@ -112,3 +113,24 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tmp_path, args, name
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["distill", *args, "--out", str(out)])
     assert result.exit_code == 2 and named in result.output and not out.exists()
+
+
+def test_an_interrupted_stage_keeps_the_seconds_it_spent(tmp_path, monkeypatch, caplog):
+    """Ctrl-C in the middle of a stage: its seconds so far are saved against the stage's share (the
+    budget is wall time), and the stage is not marked done, so a rerun resumes it (and says so)."""
+    plan = make_plan(YueConfig(**SHAPE), [1.0] * 9, 1.0, answer_tok_s=100.0)
+    out = tmp_path / "out"
+    (out / "work").mkdir(parents=True)
+    state = {"model": "yue-code-mini", "plan": plan.to_dict(), "spent": {"data": 5.0}, "done": ["plan"]}
+    (out / "work" / "distill_state.json").write_text(json.dumps(state))
+
+    def interrupted_heldout(self):
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DistillRun, "stage_heldout", interrupted_heldout)
+    with caplog.at_level("INFO", logger="yue.train.distill_run"), pytest.raises(KeyboardInterrupt):
+        DistillRun("yue-code-mini", out, hours=1.0).run()
+    assert "resuming" in caplog.text and "stages done plan" in caplog.text
+    saved = json.loads((out / "work" / "distill_state.json").read_text())
+    assert saved["done"] == ["plan"] and 5.2 <= saved["spent"]["data"] < 60.0

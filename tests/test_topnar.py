@@ -83,6 +83,39 @@ def test_training_forward_sees_what_the_drafting_pass_sees():
     assert bool((draft.slot_logits[..., outside] < -1e8).all())  # never drafted
 
 
+def test_entry_features_beyond_float16s_range_stay_finite():
+    """Gemma 3's residual stream passes float16's 65,504: such a sequence's features are kept in bfloat16
+    (finite, within its rounding), the others in float16 as before; a batch of both is finite."""
+    model = top_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[5] *= 1e6  # token 5's residual row ~4e5
+    seqs = tn.ChatSequences([[7, 8, 9, 10, 11], [7, 5, 9, 10, 11, 12]], [2, 2])
+    feats = tn.entry_features(model, seqs, progress=False)
+    assert feats[0].dtype == torch.float16 and feats[1].dtype == torch.bfloat16
+    with torch.no_grad():
+        exact = model.model.run_to_entry(torch.tensor([seqs.ids[1]]))[0]
+    assert exact.abs().max() > torch.finfo(torch.float16).max
+    torch.testing.assert_close(feats[1].float(), exact, rtol=2**-8, atol=1e-3)
+    batch = tn.make_batch(seqs, feats, [0, 1], torch.tensor([[2], [2]]), model.config.block_size, "cpu")
+    assert batch.entry.dtype == torch.float32 and bool(batch.entry.isfinite().all())
+    with torch.no_grad():
+        _, slots = tn.block_forward(model, batch)
+    assert bool(slots.isfinite().all())
+
+
+def test_a_non_finite_training_loss_stops_before_it_reaches_the_weights():
+    model = top_model()
+    seqs = tn.ChatSequences([[7, 8, 9, 10, 11, 12, 13, 14]] * 2, [2, 2])
+    feats = tn.entry_features(model, seqs, progress=False)
+    feats[0][3] = float("inf")  # what float16 features of Gemma 3 held
+    feats[1][3] = float("inf")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = tn.TopNARConfig(steps=2, batch_size=2, anchors=4, warmup_steps=1, eval_every=2)
+    with pytest.raises(ValueError, match="loss is nan at step 1"):
+        tn.train_top_nar(model, seqs, feats, seqs, feats, cfg, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 50),

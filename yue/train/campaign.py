@@ -19,7 +19,7 @@ Layout of the campaign folder (everything a rerun needs to carry on where the la
     state.json            rounds done, chunks made, answer tokens trained on, best calibration tau
     seen.txt              content hash of every request used (one a line; the evaluation sets' first)
     chunks/00012.json.gz  a chunk: {"ids", "prompt_lens", "kinds", "prompts"} (ChatSequences + labels)
-    feats/00012.safetensors  its entry features (float16)
+    feats/00012.safetensors  its entry features (float16, or bfloat16: `topnar.compact`)
     eval/<split>.json.gz  greedy answers of the evaluation splits (made once)
     round/                the running round's checkpoints (`train_top_nar`'s run_dir): a kill resumes
     last/, best/          NAR folders (what `topnar_run.load_nar_tensors` reads)
@@ -340,7 +340,7 @@ class Campaign:
         return json.loads(gzip.decompress((self.dir / "chunks" / f"{n:05d}.json.gz").read_bytes()))
 
     def features(self, n: int, seqs: ChatSequences) -> list[torch.Tensor]:
-        """Chunk n's entry features, from the cache or computed and cached (float16)."""
+        """Chunk n's entry features, from the cache or computed and cached (`topnar.compact`)."""
         if n in self._feats:
             return self._feats[n]
         path = self.dir / "feats" / f"{n:05d}.safetensors"

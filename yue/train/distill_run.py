@@ -59,6 +59,7 @@ from yue.train.topnar_run import TopNARRecipe, build_model, load_nar_tensors, sa
 log = logging.getLogger(__name__)
 
 STAGES = ("plan", "heldout", "data", "train", "calibrate", "report")
+BUDGET_OF = {"heldout": "data", "report": "calibrate"}  # the stage whose share a stage spends
 FIRST_CHUNK_PROMPTS = 8  # the first chunk measures the answering rate the later ones are sized by
 CHUNK_S = 300.0  # a chunk's target seconds at most (a kill loses at most the running chunk)
 ROUNDS = 6  # training rounds the budget aims at (points on the tau curve)
@@ -153,7 +154,7 @@ class DistillRun:
         return self.plan.stage_budget(stage) - self.state["spent"].get(stage, 0.0)
 
     def _finish(self, stage: str) -> None:
-        self._spend("calibrate" if stage == "report" else "data" if stage == "heldout" else stage)
+        self._spend(BUDGET_OF.get(stage, stage))
         self.state["done"].append(stage)
         self._save()
         log.info("distill: stage %s done (spent: %s)", stage, self.state["spent"])
@@ -171,11 +172,20 @@ class DistillRun:
 
     def run(self) -> dict:
         """Run (or resume) every stage; returns the report."""
+        if self.state["done"]:
+            log.info(
+                "distill: resuming %s: stages done %s, seconds spent %s",
+                self.out, ", ".join(self.state["done"]), self.state["spent"],
+            )  # fmt: skip
         for stage in STAGES:
             if stage in self.state["done"]:
                 continue
             self._mark = time.perf_counter()
-            getattr(self, f"stage_{stage}")()
+            try:
+                getattr(self, f"stage_{stage}")()
+            except KeyboardInterrupt:  # the interrupted work's seconds count against the budget too
+                self._spend(BUDGET_OF.get(stage, stage))
+                raise
             self._finish(stage)
         return json.loads((self.out / "distill_report.json").read_text())
 

@@ -11,7 +11,7 @@ The recipe (`distill_top_nar`):
    exactly what verification will accept).
 2. The drafting vocabulary (FR-Spec, Zhao et al. 2025): the `draft_vocab_size` most frequent tokens of
    those answers; slot rows' head covers only them (a sixth of SmolLM2's head at 8,192).
-3. Entry features for every sequence, cached (float16).
+3. Entry features for every sequence, cached (float16; bfloat16 where a sequence's pass float16's range).
 4. Training: M blocks of K slots per sequence, anchored in the answers; slot 1 revealed (decoding's
    drafting pass knows the AR path's next token), slots 2..K predict x[t+2..t+K]. Loss per slot:
    cross-entropy on the greedy token + `kl_weight` * KL(p_AR || p_slot) over the drafting vocabulary,
@@ -26,9 +26,11 @@ held-out sequences, reported against training tokens.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -194,7 +196,7 @@ def vocabulary_coverage(seqs: ChatSequences, vocab: torch.Tensor) -> float:
 def entry_features(
     model: YueForCausalLM, seqs: ChatSequences, batch_tokens: int = 8192, progress: bool = True
 ) -> list[torch.Tensor]:
-    """Each sequence's hidden states entering layer `nar_start`, (T_i, D) float16 on the CPU.
+    """Each sequence's hidden states entering layer `nar_start`, (T_i, D) on the CPU (`compact`).
 
     Batches right-pad sequences of similar length (causal attention: padding never reaches a real row).
     """
@@ -210,11 +212,19 @@ def entry_features(
         x = torch.tensor([seqs.ids[i] + [0] * (T - len(seqs.ids[i])) for i in batch], device=model.device)
         h = model.model.run_to_entry(x)  # (b, T, D)
         for row, i in enumerate(batch):
-            feats[i] = h[row, : len(seqs.ids[i])].to("cpu", torch.float16)
+            feats[i] = compact(h[row, : len(seqs.ids[i])])
         bar.update(len(batch))
         s += n
     bar.close()
     return feats  # type: ignore[return-value]
+
+
+def compact(h: torch.Tensor) -> torch.Tensor:
+    """Entry features as cached, on the CPU: float16 (10 mantissa bits), or bfloat16 (float32's range,
+    7 bits) where a value would pass float16's largest, as Gemma 3's residual stream does; float16
+    would make it inf, and training on it NaN."""
+    fits = bool(h.abs().max() <= torch.finfo(torch.float16).max)
+    return h.to("cpu", torch.float16 if fits else torch.bfloat16)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,7 +263,9 @@ def make_batch(
     """The Batch of sequences `rows` with blocks at `anchors` (B, M) (from `draw_anchors`)."""
     T = max(len(seqs.ids[i]) for i in rows)
     D = feats[rows[0]].shape[-1]
-    entry = torch.zeros(len(rows), T, D, dtype=torch.float16)
+    # float16 features batch as float16 (as before); with a bfloat16 one (`compact`), as float32.
+    dtype = functools.reduce(torch.promote_types, {feats[i].dtype for i in rows})
+    entry = torch.zeros(len(rows), T, D, dtype=dtype)
     x = torch.zeros(len(rows), T + K + 1, dtype=torch.long)
     x_valid = torch.zeros_like(x, dtype=torch.bool)
     for b, i in enumerate(rows):
@@ -476,6 +488,11 @@ def train_top_nar(
         model.train()
         total, weight, metrics = trainer.net(batch)
         loss, value = trainer.global_mean(total, weight)
+        if not math.isfinite(value):  # stop before the update: one NaN step poisons every later one
+            raise ValueError(
+                f"top-layer NAR training: the loss is {value} at step {step + 1} (non-finite entry "
+                "features or weights); the NAR set is left as it was before this step"
+            )
         trainer.update(loss, step)
         losses.append(value)
         tokens_seen += sum(len(train.ids[i]) - train.prompt_lens[i] for i in chosen)
