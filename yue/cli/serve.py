@@ -57,7 +57,7 @@ def serve_cmd(
         check_adapter_folder(Path(load.adapter))  # missing files fail here, not in the background load
 
     # Chat requests use the model's own template (`Engine.chat_prompt`). Picklable: Ray replicas run it.
-    load = functools.partial(load_from, load)
+    loader = functools.partial(load_from, load)
     if replicas is None and autoscale is None and address is None:
         if threads is not None:
             if threads < 1:
@@ -65,7 +65,7 @@ def serve_cmd(
             import torch
 
             torch.set_num_threads(threads)
-        raise typer.Exit(code=serve(load, config, log_level=log_level))
+        raise typer.Exit(code=serve(loader, config, log_level=log_level))
     try:
         from yue.serve import replicas as ray_replicas
     except ImportError as e:
@@ -78,5 +78,5 @@ def serve_cmd(
         threads=threads,
         address=address,
     )
-    code = ray_replicas.serve_replicas(load, config, plan)
+    code = ray_replicas.serve_replicas(loader, config, plan)
     raise typer.Exit(code=code)
