@@ -4,9 +4,11 @@ distillation (`run`, checkpointed every step), the drafts refresh's NAR self-dis
 
 Called in the test process (one process), or launched as
 `accelerate launch --multi_gpu --num_processes N -m tests.dist_stages RUN_DIR STEPS [STOP_AT]`
-(torchrun underneath; without a GPU the processes talk over gloo), when the main process writes
-RUN_DIR/history.json and RUN_DIR/refresh.json, and the joint loop its model in RUN_DIR/joint/run/model
-(`test_distributed.py` compares them, and the runs' checkpoints, with one process's).
+(torchrun underneath; without a GPU the processes talk over gloo), or with `--use_fsdp --fsdp_version 2`
+instead of `--multi_gpu`, when the main process writes RUN_DIR/history.json and RUN_DIR/refresh.json,
+the joint loop its model in RUN_DIR/joint/run/model, and RUN_DIR/joint_refused.json the error that
+refused the joint loop (under FSDP) or null (`test_distributed.py` compares them, and the runs'
+checkpoints, with one process's).
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     history = run(out, int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
     refresh = run_refresh(int(sys.argv[2]))
-    run_joint(out / "joint")
+    refused = None
+    try:
+        run_joint(out / "joint")
+    except ValueError as e:  # under FSDP: `yue train`'s joint loop runs under DDP only
+        refused = str(e)
     if os.environ.get("RANK", "0") == "0":
         (out / "history.json").write_text(json.dumps(history))
         (out / "refresh.json").write_text(json.dumps(refresh))
+        (out / "joint_refused.json").write_text(json.dumps(refused))

@@ -34,9 +34,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_two(run_dir: Path, stop_at: int | None = None) -> list[dict]:
-    """`accelerate launch` 2 processes of `tests.dist_stages` (torchrun; gloo: no GPU is asked for)."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+def launch_two(run_dir: Path, stop_at: int | None = None, fsdp: bool = False) -> list[dict]:
+    """`accelerate launch` 2 processes of `tests.dist_stages` (torchrun; gloo: no GPU is asked for), DDP
+    or FSDP."""
+    mode = ["--use_fsdp", "--fsdp_version", "2"] if fsdp else ["--multi_gpu"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
            str(free_port()), "-m", "tests.dist_stages", str(run_dir), str(STEPS), *([str(stop_at)] if stop_at else [])]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
@@ -45,10 +47,10 @@ def launch_two(run_dir: Path, stop_at: int | None = None) -> list[dict]:
     return json.loads((run_dir / "history.json").read_text())
 
 
-def worlds(run_dir: Path) -> dict[int, int]:
-    """{step: number of processes that wrote it} of the run's kept checkpoints."""
+def worlds(run_dir: Path) -> dict[int, tuple[int, bool]]:
+    """{step: (number of processes that wrote it, whether under FSDP)} of the run's kept checkpoints."""
     states = [json.loads(p.read_text()) for p in (run_dir / "checkpoints").glob("step-*/state.json")]
-    return {s["step"]: s["world"] for s in states}
+    return {s["step"]: (s["world"], s.get("fsdp", False)) for s in states}
 
 
 def final_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -69,15 +71,11 @@ def test_two_processes_train_what_one_does_and_resume_across_process_counts(tmp_
     # 2. Two processes, interrupted after step 4: the same losses so far.
     run = tmp_path / "moved"
     two = launch_two(run, stop_at=4)
-    assert worlds(run)[4] == 2
+    assert worlds(run)[4] == (2, False)
     assert_same_run(two, one[:4])
     # The same launch ran the drafts refresh's NAR self-distillation: the same per-step losses as one
     # process.
-    refresh_two = json.loads((run / "refresh.json").read_text())
-    refresh_one = dist_stages.run_refresh(STEPS)
-    assert [r["step"] for r in refresh_two] == [r["step"] for r in refresh_one] == list(range(1, STEPS + 1))
-    for r2, r1 in zip(refresh_two, refresh_one, strict=True):
-        assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_TOL), (r2["step"], r2["loss"], r1["loss"])
+    assert_same_refresh(run)
     # And `yue train`'s joint loop: the same model after 8 steps.
     joint_one = load_file(str(dist_stages.run_joint(tmp_path / "joint") / "model.safetensors"))
     joint_two = load_file(str(run / "joint" / "run" / "model" / "model.safetensors"))
@@ -87,11 +85,46 @@ def test_two_processes_train_what_one_does_and_resume_across_process_counts(tmp_
     # 3. Resumed on one process to step 6, then on two to the end: the uninterrupted run's losses and
     # weights.
     dist_stages.run(run, STEPS, stop_at=6)
-    assert worlds(run)[6] == 1
+    assert worlds(run)[6] == (1, False)
     resumed = launch_two(run)
-    assert worlds(run)[STEPS] == 2
+    assert worlds(run)[STEPS] == (2, False)
     assert_same_run(resumed, one)
-    a, b = final_tensors(tmp_path / "one"), final_tensors(run)
+    assert_same_weights(final_tensors(run), final_tensors(tmp_path / "one"))
+
+
+@pytest.mark.slow
+def test_fsdp_trains_what_one_process_does_and_resumes_with_or_without_it(tmp_path):
+    # 1. The reference: one process, uninterrupted.
+    one = dist_stages.run(tmp_path / "one", STEPS)
+    # 2. Two processes under FSDP (FSDP2 over gloo), interrupted after step 4: the same losses so far,
+    # and the drafts refresh's self-distillation too; the joint loop is refused, naming DDP.
+    run = tmp_path / "fsdp"
+    two = launch_two(run, stop_at=4, fsdp=True)
+    assert worlds(run)[4] == (2, True)
+    assert_same_run(two, one[:4])
+    assert_same_refresh(run)
+    assert "without --use_fsdp" in json.loads((run / "joint_refused.json").read_text())
+    # 3. Resumed without FSDP on one process to step 6, then under FSDP on two to the end: the
+    # uninterrupted run's losses and weights (the checkpoints hold whole tensors either way).
+    dist_stages.run(run, STEPS, stop_at=6)
+    assert worlds(run)[6] == (1, False)
+    resumed = launch_two(run, fsdp=True)
+    assert worlds(run)[STEPS] == (2, True)
+    assert_same_run(resumed, one)
+    assert_same_weights(final_tensors(run), final_tensors(tmp_path / "one"))
+
+
+def assert_same_refresh(run: Path) -> None:
+    """The launch's drafts-refresh log (`refresh.json`) has one process's per-step losses."""
+    refresh_two = json.loads((run / "refresh.json").read_text())
+    refresh_one = dist_stages.run_refresh(STEPS)
+    assert [r["step"] for r in refresh_two] == [r["step"] for r in refresh_one] == list(range(1, STEPS + 1))
+    for r2, r1 in zip(refresh_two, refresh_one, strict=True):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_TOL), (r2["step"], r2["loss"], r1["loss"])
+
+
+def assert_same_weights(b: dict[str, torch.Tensor], a: dict[str, torch.Tensor]) -> None:
+    """Final checkpoint weights b equal a's within float tolerance, and training changed them."""
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=WEIGHT_TOL, rtol=0)

@@ -28,6 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
+from yue.train.sharding import shard_like
+
 FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
 
 
@@ -40,7 +42,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """Split `optimizer.state_dict()` into flat tensors (safetensors) and JSON-able param_groups."""
+    """Split `optimizer.state_dict()` into flat tensors (safetensors) and JSON-able param_groups (an
+    FSDP optimizer's moments are shards here: `Trainer.save` gathers them)."""
     sd = optimizer.state_dict()
     tensors = {}
     for idx, state in sd["state"].items():
@@ -53,18 +56,29 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 def load_optimizer_tensors(
     optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], param_groups: list[dict]
 ) -> None:
-    """Inverse of `optimizer_tensors`."""
+    """Inverse of `optimizer_tensors`. Whole moments become shards where the optimizer steps FSDP
+    shards (each process keeps its part), so a checkpoint resumes with or without FSDP."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # the state's indices
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
         _, idx, key = name.split(".", 2)
-        state.setdefault(int(idx), {})[key] = t
+        state.setdefault(int(idx), {})[key] = shard_like(t, params[int(idx)])
     optimizer.load_state_dict({"state": state, "param_groups": param_groups})
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, keep: int = 2
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | tuple[dict[str, torch.Tensor], list[dict]],
+    extra: dict,
+    keep: int = 2,
 ) -> Path:
-    """Write checkpoint `step` atomically and keep only the newest `keep`. Returns its folder."""
+    """Write checkpoint `step` atomically and keep only the newest `keep`. Returns its folder.
+
+    Args:
+        optimizer: the optimizer, or its `optimizer_tensors` already gathered (FSDP).
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # an earlier save killed mid-write
@@ -74,7 +88,7 @@ def save_checkpoint(
     tmp.mkdir()
     # 1. Write every file into the temporary folder.
     save_model(model, str(tmp / "model.safetensors"))
-    opt_tensors, groups = optimizer_tensors(optimizer)
+    opt_tensors, groups = optimizer if isinstance(optimizer, tuple) else optimizer_tensors(optimizer)
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     save_file({"torch_cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     (tmp / "state.json").write_text(json.dumps({"step": step, "param_groups": groups, **extra}, indent=2))

@@ -311,6 +311,7 @@ def finetune_nar(
         cfg,
         cfg.batch_size,
         accelerator=accelerator,
+        shardable=True,
     )
     n = len(seqs.tokens)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))
@@ -344,6 +345,7 @@ def finetune_nar(
         bar.set_postfix(loss=f"{rec['loss']:.3f}", nar=f"{rec['nar']:.3f}", kl=f"{rec['kl']:.3f}")
         if on_log is not None:
             on_log(rec)
+    trainer.close()
     for p in model.parameters():  # back to the default (everything trainable), in eval mode
         p.requires_grad_(True)
     model.eval()

@@ -475,6 +475,7 @@ def train_top_nar(
         run_dir=run_dir,
         betas=(0.9, 0.98),
         accelerator=accelerator,
+        shardable=True,
     )
     state = trainer.resume()
     first, history, tokens_seen = state["step"], state.get("history", []), state.get("tokens_seen", 0)
@@ -499,18 +500,21 @@ def train_top_nar(
         bar.set_postfix(loss=f"{value:.3f}", s2=f"{metrics['slot_accuracy'][1]:.2f}")
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             model.eval()
+            with trainer.whole():  # under FSDP the model is whole only in here
+                tau = held_out_tau(model, held, held_feats)
             record = {
                 "step": step + 1,
                 "answer_tokens_seen": tokens_seen,
                 "loss": sum(losses) / len(losses),
                 "minutes": (time.perf_counter() - t0) / 60,
-                **held_out_tau(model, held, held_feats),
+                **tau,
             }
             losses = []
             history.append(record)
             log.info("top-layer NAR: %s", json.dumps(record))
             trainer.save(step + 1, {"history": history, "tokens_seen": tokens_seen})
             on_eval(record)
+    trainer.close()
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -32,16 +32,18 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from accelerate import Accelerator, DistributedType, InitProcessGroupKwargs
+from accelerate import Accelerator, InitProcessGroupKwargs
 from torch import nn
 
-from yue.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from yue.train.checkpoint import latest_checkpoint, load_checkpoint, optimizer_tensors, save_checkpoint
+from yue.train.sharding import ShardedObjective, fsdp_selected, full
 
 log = logging.getLogger(__name__)
 
@@ -177,22 +179,31 @@ class Trainer:
         betas: tuple[float, float] = (0.9, 0.95),
         keep: int = 2,
         accelerator: Accelerator | None = None,
+        shardable: bool = False,
     ) -> None:
         self.accelerator = accelerator or make_accelerator(cpu=params[0].device.type == "cpu")
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         if global_batch % self.world:
             raise ValueError(f"batch_size {global_batch} is not divisible by the {self.world} processes")
-        if run_dir is not None and self.accelerator.distributed_type == DistributedType.FSDP:
-            # The trained tensors and optimizer moments would be shards here; saving them needs a gather.
-            raise ValueError(
-                "checkpoints under FSDP are not supported yet: launch with DDP, or keep no run folder"
-            )
         self.cfg, self.global_batch, self.keep = cfg, global_batch, keep
         self.saved = saved if saved is not None else objective
         self.run_dir = None if run_dir is None else Path(run_dir)
+        self.sharding: ShardedObjective | None = None
+        if fsdp_selected(self.accelerator):
+            if not shardable:
+                raise ValueError(
+                    "this stage does not run under FSDP (the top-layer distillation and NAR "
+                    "self-distillation do): launch it without --use_fsdp (DDP)"
+                )
+            # FSDP: the optimizer steps the shards; the objective itself is whole only on demand.
+            self.sharding = ShardedObjective(objective, self.accelerator.device.type, self.world)
+            self.params = self.sharding.sharded(params)
+            self._optimizer = adamw(self.params, cfg.lr, cfg.weight_decay, betas)
+            self.net, self.optimizer = self.sharding.net, self._optimizer
+            return
         self._optimizer = adamw(params, cfg.lr, cfg.weight_decay, betas)
         self.net, self.optimizer = self.accelerator.prepare(objective, self._optimizer)
-        # The parameters as prepared (FSDP replaces them with sharded ones): what clipping must see.
+        # The parameters as prepared: what clipping must see.
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
 
     @property
@@ -221,10 +232,24 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, self.cfg)
         self.accelerator.backward(loss)
-        norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        if self.sharding is not None:  # the shards' norm is the whole gradient's (a DTensor reduction)
+            norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
+        else:
+            norm = self.accelerator.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def whole(self) -> AbstractContextManager:
+        """A context where the stage's objective holds its whole, current weights (for an evaluation
+        during training); under FSDP every process must enter it. Without FSDP it always does."""
+        return self.sharding.whole() if self.sharding is not None else nullcontext()
+
+    def close(self) -> None:
+        """End of training: the stage's objective whole for good (every process must call it)."""
+        if self.sharding is not None:
+            self.sharding.close()
+            self.sharding, self.net = None, self.saved
 
     def resume(self) -> dict:
         """Restore the newest complete checkpoint of `run_dir` (if any), whatever number of processes
@@ -232,7 +257,10 @@ class Trainer:
         ckpt = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
         if ckpt is None:
             return {"step": 0}
-        state = load_checkpoint(ckpt, self.saved, self._optimizer)
+        with self.whole():  # under FSDP: loaded whole, then spread into the shards
+            state = load_checkpoint(ckpt, self.saved, self._optimizer)
+            if self.sharding is not None:
+                self.sharding.push()
         samples = state.get("samples", state["step"] * self.global_batch)  # older checkpoints: implied
         if samples != state["step"] * self.global_batch:
             raise ValueError(
@@ -249,9 +277,17 @@ class Trainer:
         if self.run_dir is None:
             return
         self.accelerator.wait_for_everyone()
-        if self.is_main:
-            position = {"samples": step * self.global_batch, "world": self.world}
-            save_checkpoint(
-                self.run_dir, step, self.saved, self._optimizer, {**position, **(extra or {})}, self.keep
-            )
+        with self.whole():  # under FSDP: every process gathers, the main one writes whole tensors
+            optimizer = self._optimizer
+            if self.sharding is not None:
+                tensors, groups = optimizer_tensors(self._optimizer)
+                optimizer = ({k: full(t) for k, t in tensors.items()}, groups)
+            if self.is_main:
+                position = {
+                    "samples": step * self.global_batch,
+                    "world": self.world,
+                    "fsdp": self.sharding is not None,
+                }
+                extra = {**position, **(extra or {})}
+                save_checkpoint(self.run_dir, step, self.saved, optimizer, extra, self.keep)
         self.accelerator.wait_for_everyone()
