@@ -113,7 +113,7 @@ class ShardedObjective:
         """Every original parameter gets its whole value from the shards (an all-gather each)."""
         with torch.no_grad():
             for p, s in self.pairs:
-                p.data = full(s.detach()).clone()
+                p.data = full(s.detach())
 
     def _release(self) -> None:
         for p, _ in self.pairs:

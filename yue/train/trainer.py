@@ -248,8 +248,9 @@ class Trainer:
     def close(self) -> None:
         """End of training: the stage's objective whole for good (every process must call it)."""
         if self.sharding is not None:
+            self.net = self.sharding.original
             self.sharding.close()
-            self.sharding, self.net = None, self.saved
+            self.sharding = None
 
     def resume(self) -> dict:
         """Restore the newest complete checkpoint of `run_dir` (if any), whatever number of processes
