@@ -1,6 +1,7 @@
 """Training across processes (accelerate, gloo on the CPU): 2 processes train what 1 does at the same
-global batch (top-layer distillation, the drafts refresh's self-distillation, the joint loop), and a
-checkpoint resumes on a different number of processes, equal to the run that was never interrupted."""
+global batch (top-layer distillation, the drafts refresh's self-distillation, the joint loop), under
+DDP and under FSDP, and a checkpoint resumes on a different number of processes, with or without FSDP,
+equal to the run that was never interrupted."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What every training stage repeats, in one place: AdamW, the learning-rate schedule, gradient
 clipping, atomic checkpoints and resume, and the `accelerate.Accelerator` that runs the stage on one
-process or many (`accelerate launch --num_processes N`: gloo on CPUs, NCCL on GPUs, FSDP when the
-launch config asks for it).
+process or many (`accelerate launch --num_processes N`: gloo on CPUs, NCCL on GPUs; DDP, or FSDP when
+the launch asks for it, applied by `sharding.py` for the stages that declare it).
 
 A stage keeps its model, data and loss; it hands the trainer an *objective* module (its forward returns
 the loss terms, so DDP's gradient hooks see the forward), the parameters it trains and the module a
@@ -20,6 +20,10 @@ Design decisions:
   step, the data position in global samples and the world size that wrote it. No per-process random
   state is needed (every draw comes from a generator seeded by the step), so a run saved by N processes
   resumes on M, as long as the global batch is the same.
+- Under FSDP the trainer steps a sharded copy of the objective (`sharding.ShardedObjective`) and the
+  stage's model is whole only inside `whole()` and after `close()`; a stage declares that it reads its
+  model only there (`shardable`), and any other is refused under an FSDP launch. Its checkpoints hold
+  whole tensors, as one process writes them.
 - The small chores the stages share live here too: a run's `log.jsonl` (`append_jsonl`), the check
   that a resumed run keeps its settings (`check_resume_settings`), and the wall time of a stage's
   phases for its report (`StageTimer`).
@@ -142,7 +146,7 @@ class StageTimer:
 
 def make_accelerator(cpu: bool | None = None) -> Accelerator:
     """The run's `Accelerator`: plain on one process; launched on N (`accelerate launch --multi_gpu`,
-    `torchrun`), DDP (or FSDP when the launch config selects it) over gloo on CPUs or NCCL on GPUs.
+    `torchrun`), over gloo on CPUs or NCCL on GPUs (DDP, or FSDP as the `Trainer` applies it).
 
     Args:
         cpu: run on the CPU (gloo between processes); None: when no GPU is present. accelerate only
@@ -166,6 +170,9 @@ class Trainer:
         keep: checkpoints kept.
         accelerator: an existing one (a run of several stages shares one); default `make_accelerator`,
             on the CPU when the parameters are there.
+        shardable: the stage runs under FSDP when the launch selects it: it reads its model during
+            training only inside `whole()` and calls `close()` when done. Without it an FSDP launch
+            is refused.
     """
 
     def __init__(
