@@ -258,15 +258,34 @@ def test_a_request_of_more_choices_than_free_slots_is_refused_whole(trained):
     assert asyncio.run(submit()) == 1
 
 
-def test_bench_serve_measures_every_level_and_checks_outputs(trained):
+def test_bench_serve_levels_interleave_in_rounds_alternating_order():
+    from yue.bench.serving import interleaved
+
+    assert interleaved(["a", "b"], 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+    assert interleaved([1, 2, 3], 1) == [(0, 1), (0, 2), (0, 3)]
+
+
+def test_bench_serve_measures_every_level_in_rounds_and_checks_outputs(trained):
     from yue.bench.serving import ServeBenchConfig, bench_serve, report
 
-    cfg = ServeBenchConfig(batch_sizes=(1, 4), clients=(1, 4), max_tokens=6, requests_per_client=1)
+    cfg = ServeBenchConfig(batch_sizes=(1, 4), clients=(1, 4), max_tokens=6, requests_per_client=1, rounds=2)
     result = bench_serve(trained, cfg, prompts=PROMPTS[:3])
-    assert [(lv.max_batch_size, lv.clients) for lv in result.levels] == [(1, 1), (4, 1), (1, 4), (4, 4)]
+    # Round 0 in order, round 1 reversed; at each client count the two sizes side by side.
+    assert [(lv.round, lv.clients, lv.max_batch_size) for lv in result.levels] == [
+        (0, 1, 1), (0, 1, 4), (0, 4, 1), (0, 4, 4), (1, 4, 4), (1, 4, 1), (1, 1, 4), (1, 1, 1),
+    ]  # fmt: skip
     assert all(lv.identical == lv.requests == 8 and lv.tokens_per_s > 0 for lv in result.levels)
+    # A ratio per round, of the two sizes in that round; its median and range over the rounds.
+    by = {(lv.round, lv.clients, lv.max_batch_size): lv.tokens_per_s for lv in result.levels}
+    ratio = result.ratios(1, 4)["4"]["tokens_per_s"]
+    assert ratio["rounds"] == [round(by[r, 4, 4] / by[r, 4, 1], 3) for r in (0, 1)]
+    assert ratio["range"] == [min(ratio["rounds"]), max(ratio["rounds"])]
+    assert min(ratio["rounds"]) <= ratio["median"] <= max(ratio["rounds"])
+    medians = {(m["max_batch_size"], m["clients"]): m for m in result.medians()}
+    assert medians[4, 4]["rounds"] == 2 and medians[4, 4]["requests"] == 16
+    assert medians[4, 4]["tokens_per_s"] == round((by[0, 4, 4] + by[1, 4, 4]) / 2, 1)  # median of two
     text = report(result, 1, 4)
-    assert '"b4/b1"' in text.splitlines()[-1] and "| 4 | 4 | 8 |" in text
+    assert '"b4/b1"' in text.splitlines()[-1] and "| 4 | 4 | 2 | 16 |" in text
 
 
 def test_echo_with_logprobs_scores_the_prompt_as_yue_eval_does(client, trained, trained_model_dir):

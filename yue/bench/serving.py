@@ -7,6 +7,10 @@ Design decisions:
 - Each client is a thread sending its requests one after another; a level's tokens/s is every
   completion token over the level's wall time; TTFT is the time from sending a request to its first
   text chunk. Medians and p95 are over the level's requests.
+- Levels interleaved in rounds (`interleaved`): every level once a round, the order reversed every
+  other round (A B, B A, A B), so a drift in a shared machine's load falls on every level alike. A
+  ratio is taken within each round (the two levels ran side by side) and reported as the median over
+  rounds with its range; a level's figures are medians over its rounds.
 - Honest: a warm-up request per server first (not reported); every output is compared with the
   single-request output of the same prompt (`Engine.generate`), and the count of identical ones is
   reported beside the speed. Use an exact mode (`verified`, `ar`) for that check to mean anything:
@@ -21,8 +25,10 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import TypeVar
 
 import httpx
 import torch
@@ -32,13 +38,31 @@ from yue.bench.prompts import CODE_TEST
 from yue.config import MODES
 from yue.jsonl import iter_jsonl
 
+T = TypeVar("T")
+
+
+def interleaved(levels: Sequence[T], rounds: int) -> list[tuple[int, T]]:
+    """The order a bench measures its levels in: (round, level) for `rounds` rounds, each level once a
+    round, in order in even rounds and reversed in odd ones (A B, B A, A B, ...)."""
+    return [(r, lv) for r in range(rounds) for lv in (levels if r % 2 == 0 else levels[::-1])]
+
+
+def ratio_summary(ratios: Sequence[float]) -> dict:
+    """A ratio measured once a round: its median, each round's value, and their range."""
+    return {
+        "median": round(median(ratios), 3),
+        "rounds": [round(x, 3) for x in ratios],
+        "range": [round(min(ratios), 3), round(max(ratios), 3)],
+    }
+
 
 @dataclass
 class Level:
-    """One (max_batch_size, clients) measurement."""
+    """One (max_batch_size, clients) measurement in one round."""
 
     max_batch_size: int
     clients: int
+    round: int
     requests: int
     tokens: int
     wall_s: float
@@ -59,18 +83,40 @@ class ServeBench:
     load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15-min, at start and end
     levels: list[Level] = field(default_factory=list)
 
-    def ratios(self, base: int, other: int) -> dict[str, dict[str, float]]:
-        """Per client count: other's tokens/s and p95 TTFT over base's."""
-        by = {(lv.max_batch_size, lv.clients): lv for lv in self.levels}
-        out = {}
+    def ratios(self, base: int, other: int) -> dict[str, dict[str, dict]]:
+        """Per client count: other's tokens/s and p95 TTFT over base's, taken within each round
+        (`ratio_summary`: median over rounds, each round's, range)."""
+        by = {(lv.max_batch_size, lv.clients, lv.round): lv for lv in self.levels}
+        pairs: dict[int, list[tuple[Level, Level]]] = {}
         for lv in self.levels:
-            if lv.max_batch_size == base and (other, lv.clients) in by:
-                o = by[(other, lv.clients)]
-                out[str(lv.clients)] = {
-                    "tokens_per_s": round(o.tokens_per_s / lv.tokens_per_s, 3),
-                    "ttft_p95": round(o.ttft_p95_ms / lv.ttft_p95_ms, 3),
-                }
-        return out
+            if lv.max_batch_size == base and (other, lv.clients, lv.round) in by:
+                pairs.setdefault(lv.clients, []).append((lv, by[(other, lv.clients, lv.round)]))
+        return {
+            str(n): {
+                "tokens_per_s": ratio_summary([o.tokens_per_s / b.tokens_per_s for b, o in runs]),
+                "ttft_p95": ratio_summary([o.ttft_p95_ms / b.ttft_p95_ms for b, o in runs]),
+            }
+            for n, runs in pairs.items()
+        }
+
+    def medians(self) -> list[dict]:
+        """Per (max_batch_size, clients): tokens/s and TTFT medians over the rounds, outputs summed."""
+        groups: dict[tuple[int, int], list[Level]] = {}
+        for lv in self.levels:
+            groups.setdefault((lv.max_batch_size, lv.clients), []).append(lv)
+        return [
+            {
+                "max_batch_size": size,
+                "clients": n,
+                "rounds": len(runs),
+                "requests": sum(lv.requests for lv in runs),
+                "tokens_per_s": round(median(lv.tokens_per_s for lv in runs), 1),
+                "ttft_p50_ms": round(median(lv.ttft_p50_ms for lv in runs), 1),
+                "ttft_p95_ms": round(median(lv.ttft_p95_ms for lv in runs), 1),
+                "identical": sum(lv.identical for lv in runs),
+            }
+            for (size, n), runs in sorted(groups.items())
+        ]
 
 
 def _complete(
@@ -136,8 +182,9 @@ class ServeBenchConfig:
         max_tokens: tokens per completion.
         mode: decode mode of every request (exact modes allow the output check).
         n_prompts: the first N held-out code prompts, cycled through.
-        requests_per_client: requests each client sends (at least 8 per level).
+        requests_per_client: requests each client sends (at least 8 per level and round).
         max_queue: each server's queue bound (`ServeConfig.max_queue`).
+        rounds: times each level is measured, interleaved with the others (`interleaved`).
     """
 
     batch_sizes: tuple[int, ...] = (1, 16)
@@ -147,12 +194,13 @@ class ServeBenchConfig:
     n_prompts: int = 16
     requests_per_client: int = 2
     max_queue: int = 256
+    rounds: int = 3
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "clients"):
             if not getattr(self, name) or any(n < 1 for n in getattr(self, name)):
                 raise ValueError(f"{name} must be integers >= 1, got {list(getattr(self, name))}")
-        for name in ("max_tokens", "n_prompts", "requests_per_client", "max_queue"):
+        for name in ("max_tokens", "n_prompts", "requests_per_client", "max_queue", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.mode not in MODES:
@@ -169,7 +217,7 @@ def bench_serve(
     """Measure the server at each max_batch_size and client count (see the module docstring); one server
     per size, all started first, idle while another is measured.
 
-    Each level sends max(8, clients * requests_per_client) requests over the first `cfg.n_prompts`
+    Each level sends max(8, clients * requests_per_client) requests a round over the first `cfg.n_prompts`
     held-out code prompts (cycled), or over `prompts` when given.
     """
     from yue.serve import ServeConfig
@@ -193,45 +241,55 @@ def bench_serve(
         for url in urls:  # warm-up, not reported
             with httpx.Client() as http:
                 _complete(http, url, prompts[0], mode, max_tokens)
-        # Levels interleaved by client count (every size at 1 client, then at 4, ...), so drift in a
-        # shared machine's load hits the sizes alike.
-        for n in cfg.clients:
-            for size, url in zip(cfg.batch_sizes, urls, strict=True):
-                n_requests = max(8, n * cfg.requests_per_client)
-                wall, rows = _level(url, prompts, refs, n, n_requests, mode, max_tokens)
-                ttfts = [r[0] * 1e3 for r in rows]
-                tokens = sum(r[1] for r in rows)
-                level = Level(
-                    size,
-                    n,
-                    len(rows),
-                    tokens,
-                    round(wall, 3),
-                    round(tokens / wall, 1),
-                    round(percentile(ttfts, 50), 1),
-                    round(percentile(ttfts, 95), 1),
-                    sum(r[2] for r in rows),
-                )
-                log(json.dumps(asdict(level)))
-                result.levels.append(level)
+        # Every (clients, size) level once a round, sizes side by side at each client count, the order
+        # reversed every other round: drift in a shared machine's load hits the sizes alike.
+        levels = [(n, i) for n in cfg.clients for i in range(len(urls))]
+        for r, (n, i) in interleaved(levels, cfg.rounds):
+            n_requests = max(8, n * cfg.requests_per_client)
+            wall, rows = _level(urls[i], prompts, refs, n, n_requests, mode, max_tokens)
+            ttfts = [row[0] * 1e3 for row in rows]
+            tokens = sum(row[1] for row in rows)
+            level = Level(
+                cfg.batch_sizes[i],
+                n,
+                r,
+                len(rows),
+                tokens,
+                round(wall, 3),
+                round(tokens / wall, 1),
+                round(percentile(ttfts, 50), 1),
+                round(percentile(ttfts, 95), 1),
+                sum(row[2] for row in rows),
+            )
+            log(json.dumps(asdict(level)))
+            result.levels.append(level)
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
 
 def report(result: ServeBench, base: int, other: int) -> str:
-    """The table (markdown) and, last, one JSON line."""
+    """The table (markdown: medians over rounds) and, last, one JSON line (every round's levels too)."""
     lines = [
         f"`yue serve`, {result.model}, {result.mode}, greedy, {result.max_tokens} tokens, "
         f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
         f"{result.load_average['start']} at start, {result.load_average['end']} at end",
         "",
-        "| max batch size | clients | requests | tokens/s | TTFT p50 (ms) | TTFT p95 (ms) | identical to alone |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| max batch size | clients | rounds | requests | tokens/s (median) | TTFT p50 (ms) | TTFT p95 (ms) "
+        "| identical to alone |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for lv in sorted(result.levels, key=lambda lv: (lv.max_batch_size, lv.clients)):
+    for m in result.medians():
         lines.append(
-            f"| {lv.max_batch_size} | {lv.clients} | {lv.requests} | {lv.tokens_per_s} | {lv.ttft_p50_ms} "
-            f"| {lv.ttft_p95_ms} | {lv.identical}/{lv.requests} |"
+            f"| {m['max_batch_size']} | {m['clients']} | {m['rounds']} | {m['requests']} | {m['tokens_per_s']} "
+            f"| {m['ttft_p50_ms']} | {m['ttft_p95_ms']} | {m['identical']}/{m['requests']} |"
         )
-    doc = asdict(result) | {"ratios": {f"b{other}/b{base}": result.ratios(base, other)}}
+    ratios = result.ratios(base, other)
+    lines.append("")
+    for n, r in ratios.items():
+        t = r["tokens_per_s"]
+        lines.append(
+            f"b{other}/b{base} tokens/s at {n} clients: {t['median']}x median, "
+            f"{t['range'][0]}-{t['range'][1]}x over {len(t['rounds'])} rounds"
+        )
+    doc = asdict(result) | {"medians": result.medians(), "ratios": {f"b{other}/b{base}": ratios}}
     return "\n".join(lines) + "\n" + json.dumps(doc)
