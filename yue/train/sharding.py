@@ -9,9 +9,11 @@ Design decisions:
 - A sharded copy, the stage's model kept whole around it. `ShardedObjective` builds a structural copy
   of the stage's objective whose modules start out holding the same parameter tensors, shards the copy
   (each layer of the stack one FSDP unit, everything else the root unit: embedding, tied head, final
-  norm, slot entry), then releases the originals' storage. During a step each process holds only its
-  shard of every parameter (frozen AR set and trained NAR set alike), of every gradient and of the
-  AdamW moments; a layer's full weights exist only while that layer runs. The stage's own model is an
+  norm, slot entry), then releases the originals' storage. Between steps each process holds only its
+  shard of every parameter (frozen AR set and trained NAR set alike) and of the AdamW moments; during
+  one it also holds a layer's whole weights while that layer runs forward or backward (FSDP2's
+  defaults: a layer is resharded after its forward, the root unit only after the backward), and its
+  shard of the gradients. The stage's own model is an
   ordinary module again inside `whole()` (every parameter gathered into it, e.g. for an evaluation) and
   after `close()` (for what follows training). No module of the stage's model is ever wrapped, so the
   rest of yue (saving, decoding, the router) never sees a sharded tensor.
