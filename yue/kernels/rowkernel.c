@@ -171,23 +171,31 @@ static inline __attribute__((always_inline)) vf exp_neg(vf x) {
     return (vf)((vi)(p * (vf)scale) & (x >= -87.0f));
 }
 
-/* out = silu(g) * u over n values: g * sigmoid(g), sigmoid from e = exp(-|g|) (exp_neg, LANES at a time;
- * 1 / (1 + e) for g >= 0, e / (1 + e) below), so no exp overflows. A value's bits depend on its index
- * in the row only (the tail past the last whole vector goes through expf), never on the rows of the call.
- * Why: libm's expf, one value at a time (30 layers x 1,536 values a SmolLM2 row), was a measurable share
- * of a one-row step (docs/results-log.md). */
-static void silu_mul(const float *g, const float *u, float *out, long n) {
+/* out = act(g) * u over n values, act silu (`gelu` 0: g * sigmoid(g)) or GELU's tanh form (`gelu` 1:
+ * 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), torch's `gelu(approximate="tanh")`, Gemma's
+ * GeGLU). Both are z * s(2 a), s the logistic function and (z, a) = (g, g / 2) or (g, y): s from
+ * e = exp(-2 |a|) (exp_neg, LANES at a time; 1 / (1 + e) for a >= 0, e / (1 + e) below), so no exp
+ * overflows and 1 + tanh(y) keeps its precision where it is near 0. A value's bits depend on its index
+ * in the row only (the tail past the last whole vector goes through expf / tanhf), never on the rows of
+ * the call. Why: libm's expf, one value at a time (30 layers x 1,536 values a SmolLM2 row), was a
+ * measurable share of a one-row step (docs/results-log.md). */
+static void act_mul(const float *g, const float *u, float *out, long n, int gelu) {
     const vi sign = (vi){0} + (int)0x80000000;
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi), as torch's kBeta */
     long i = 0;
     for (; i + LANES <= n; i += LANES) {
         const vf gv = *(const vf *)(g + i);
-        const vi neg = gv < 0.f;
-        const vf e = exp_neg((vf)((vi)gv | sign)); /* exp(-|g|) */
+        const vf a = gelu ? beta * (gv + kappa * (gv * gv * gv)) : gv * 0.5f;
+        const vi neg = a < 0.f;
+        const vf e = exp_neg((vf)((vi)(a + a) | sign)); /* exp(-2 |a|) */
         const vf one = (vf){0} + 1.f;
         const vf num = (vf)(((vi)e & neg) | ((vi)one & ~neg));
         *(vf *)(out + i) = gv * (num / (one + e)) * *(const vf *)(u + i);
     }
-    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    for (; i < n; i++) {
+        const float y = beta * (g[i] + kappa * (g[i] * g[i] * g[i]));
+        out[i] = (gelu ? 0.5f * g[i] * (1.f + tanhf(y)) : g[i] / (1.f + expf(-g[i]))) * u[i];
+    }
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * weight over each of `rows` rows of n (row-major). */
@@ -364,17 +372,22 @@ int rows_lanes(void) { return LANES; }
 void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads);
 void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
+void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 
-/* The weight kinds rows_layer takes (rowkernel.LAYER_KINDS): all four matmuls of a layer one kind. */
-enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT };
+/* The weight kinds a matmul of rows_layer takes (rowkernel.LAYER_KINDS), each matmul its own: float32
+ * weights, 4-bit or 8-bit codes giving them back (a GGUF's Q4_1 / Q4_0 / Q4_K and Q8_0 / Q5_0 tensors: a
+ * Q4_K_M file mixes them within a layer), int8 codes with a scale per output (a drafting set's), or the
+ * int4 precision's codes. */
+enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8 };
 
-/* A matmul of rows_layer's: float32 weights in rowkernel.block's layout, 4-bit codes in rows_matmul_q4's
- * (or the int4 precision's, rows_matmul_q4dot's), or int8 codes in rowkernel.dot_block's layout times a
- * scale per output (`scale`, out floats: a drafting set's, on integer dot products). */
+/* A matmul of rows_layer's in its `kind` (rows_matmul's, rows_matmul_q4's, rows_matmul_q8's,
+ * rows_matmul_q4dot's, or rows_matmul_i8dot's times `scale`, out floats). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
         rows_matmul_q4(x, rows, in, w, y, out, threads);
+    else if (kind == LAYER_Q8)
+        rows_matmul_q8(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_Q4DOT)
         rows_matmul_q4dot(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_F32)
@@ -386,76 +399,109 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
     }
 }
 
-/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (Python
- * reaches it through rows_stack, for one layer or many): the step's ~25 torch calls and their Python
- * (a large share of a float32 step once the matmuls streamed at memory speed: docs/results-log.md)
- * become one. The same functions as `layers.DecodeSet`'s path, in its order:
- *   x = norm1(h); qkv = x Wqkv; q, k rotated (half-split RoPE); k, v written to the cache at
- *   [start, start + T); o = attention; h += o Wo; x = norm2(h); g, u = x Wgu; h += (silu(g) u) Wdown,
- * each row on its own (the matmuls `rows_matmul`, 1-9 rows), so a row's bits do not depend on R.
- *
- * h: (R, D) row-major, updated in place. Weights of one `kind` (layer_matmul's): in `rowkernel.block`'s
- * layout, or all four in rows_matmul_q4's; int8 ones with `scales`, their outputs' scales in the
- * matmuls' order (Q/K/V, O, gate/up, down; NULL otherwise): wqkv (H + 2 Hkv) Dh outputs (Q, K, V
- * heads), wgu 2 F (gate, up), wo D from H Dh,
- * wdown D from F. cos, sin: (B|1, T, Dh)
- * at strides (cb, ct). k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh).
- * visible, mb, mt: as rows_attention's. */
-static void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
-                       const void *wqkv, const void *wo, const void *wgu, long F, const void *wdown, int kind,
-                       const float *scales, const float *cos, const float *sin, long cb, long ct, float *k,
-                       float *v, long kb, long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv,
-                       int Dh, long start, float scale, int threads) {
-    const long R = (long)B * T, nqkv = (long)(H + 2 * Hkv) * Dh, half = Dh / 2;
-    float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
-    float *o = malloc(R * (long)H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
-    float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
-    rows_rms_norm(h, R, D, norm1, eps, x);
-    const float *sqkv = scales, *so = scales ? sqkv + nqkv : 0, *sgu = scales ? so + D : 0;
-    const float *sdown = scales ? sgu + 2 * F : 0;
-    layer_matmul(kind, x, R, D, wqkv, sqkv, qkv, nqkv, threads);
+/* What a stack's layers share: the rows (B x T of D), the heads, the norms' eps, the MLP's width and
+ * activation (0 silu, 1 GELU's tanh form), the softmax scale, the first cache index and the threads. */
+struct layer_shape {
+    int B, T, H, Hkv, Dh, act, threads;
+    long D, F, start;
+    float eps, scale;
+};
+
+/* A step's RoPE rows and mask, as rows_stack takes them for its global layers and its sliding-window
+ * ones (rowkernel.View): cos, sin (B|1, T, Dh) at strides (cb, ct); visible, mb, mt as rows_attention's. */
+struct rows_view {
+    const float *cos, *sin;
+    long cb, ct;
+    const unsigned char *visible;
+    long mb, mt;
+};
+
+/* One layer's arrays (rowkernel.LayerWeights, LAYER_PTRS pointers in this order): the input norm, the
+ * post-attention norm, the weights of Q/K/V, O, gate/up and down, the int8 codes' scales (or NULL), the
+ * layer's ints (its four matmuls' kinds, then 1 for a sliding-window layer), and the family's extras,
+ * each NULL where the family has none: Q's and K's per-head norms, the Q/K/V biases, and Gemma's norms
+ * of the MLP's input and output. Norm weights as applied (Gemma's 1 + w folded in). */
+enum { W_NORM1, W_NORM2, W_QKV, W_O, W_GU, W_DOWN, W_SCALES, W_INTS, W_QNORM, W_KNORM, W_BIAS, W_NORM3, W_NORM4 };
+#define LAYER_PTRS 13
+
+/* The attention half's projections of rows_layer: x = norm1(h); qkv = x Wqkv (+ bias); each Q and K head
+ * normed (where the family norms them), then rotated (half-split RoPE, as apply_rope); k, v written to
+ * the cache at [start, start + T). qkv: (R, (H + 2 Hkv) Dh). */
+static void layer_qkv(const float *h, const void *const *w, const struct layer_shape *s, const struct rows_view *view,
+                      float *k, float *v, long kb, long kh, float *x, float *qkv) {
+    const int *kinds = w[W_INTS];
+    const float *bias = w[W_BIAS], *qn = w[W_QNORM], *kn = w[W_KNORM];
+    const long R = (long)s->B * s->T, Dh = s->Dh, nqkv = (long)(s->H + 2 * s->Hkv) * Dh, half = Dh / 2;
+    rows_rms_norm(h, R, s->D, w[W_NORM1], s->eps, x);
+    layer_matmul(kinds[0], x, R, s->D, w[W_QKV], w[W_SCALES], qkv, nqkv, s->threads);
     for (long r = 0; r < R; r++) {
-        const long b = r / T, t = r % T;
-        const float *c = cos + b * cb + t * ct, *sn = sin + b * cb + t * ct;
+        const long b = r / s->T, t = r % s->T;
+        const float *c = view->cos + b * view->cb + t * view->ct, *sn = view->sin + b * view->cb + t * view->ct;
         float *row = qkv + r * nqkv;
-        for (int head = 0; head < H + Hkv; head++) { /* x cos + rotate_half(x) sin, as apply_rope */
+        if (bias)
+            for (long i = 0; i < nqkv; i++) row[i] = row[i] + bias[i];
+        for (int head = 0; head < s->H + s->Hkv; head++) { /* x cos + rotate_half(x) sin, as apply_rope */
             float *e = row + (long)head * Dh, rot[256];
+            if (qn) rows_rms_norm(e, 1, Dh, head < s->H ? qn : kn, s->eps, e);
             for (long i = 0; i < half; i++) rot[i] = -e[half + i], rot[half + i] = e[i];
             for (long i = 0; i < Dh; i++) e[i] = e[i] * c[i] + rot[i] * sn[i];
         }
-        for (int g = 0; g < Hkv; g++) { /* k (rotated) and v into the cache */
-            float *kc = k + b * kb + g * kh + (start + t) * Dh, *vc = v + b * kb + g * kh + (start + t) * Dh;
-            for (long i = 0; i < Dh; i++) kc[i] = row[(long)(H + g) * Dh + i];
-            for (long i = 0; i < Dh; i++) vc[i] = row[(long)(H + Hkv + g) * Dh + i];
+        for (int g = 0; g < s->Hkv; g++) { /* k (rotated) and v into the cache */
+            const long at = b * kb + g * kh + (s->start + t) * Dh;
+            for (long i = 0; i < Dh; i++) k[at + i] = row[(long)(s->H + g) * Dh + i];
+            for (long i = 0; i < Dh; i++) v[at + i] = row[(long)(s->H + s->Hkv + g) * Dh + i];
         }
     }
-    rows_attention(qkv, T * nqkv, Dh, nqkv, k, v, kb, kh, visible, mb, mt, o, B, H, Hkv, T, Dh, start,
-                   scale, threads);
-    layer_matmul(kind, o, R, (long)H * Dh, wo, so, y, D, threads);
+}
+
+/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (Python
+ * reaches it through rows_stack, for one layer or many): the step's ~25 torch calls and their Python
+ * (a large share of a float32 step once the matmuls streamed at memory speed: docs/results-log.md)
+ * become one. The same functions as `layers.DecodeSet`'s path, in its order: layer_qkv; o = attention;
+ * y = o Wo; then Llama's h += y; x = norm2(h); or Gemma's h += norm2(y); x = norm3(h); then
+ * g, u = x Wgu; y = (act(g) u) Wdown; h += y (Gemma's: h += norm4(y)); each row on its own (the matmuls
+ * 1-9 rows a pass), so a row's bits do not depend on R.
+ *
+ * h: (R, D) row-major, updated in place. w: the layer's arrays (LAYER_PTRS, above): wqkv (H + 2 Hkv) Dh
+ * outputs (Q, K, V heads), wo D from H Dh, wgu 2 F (gate, up), wdown D from F; int8 codes' scales in
+ * the matmuls' order. k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh). */
+static void rows_layer(float *h, const void *const *w, const struct layer_shape *s, const struct rows_view *view,
+                       float *k, float *v, long kb, long kh) {
+    const long R = (long)s->B * s->T, D = s->D, F = s->F, Dh = s->Dh, nqkv = (long)(s->H + 2 * s->Hkv) * Dh;
+    const int *kinds = w[W_INTS];
+    float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
+    float *o = malloc(R * (long)s->H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
+    float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
+    const float *scales = w[W_SCALES], *so = scales ? scales + nqkv : 0, *sgu = scales ? so + D : 0;
+    const float *sdown = scales ? sgu + 2 * F : 0;
+    layer_qkv(h, w, s, view, k, v, kb, kh, x, qkv);
+    rows_attention(qkv, s->T * nqkv, Dh, nqkv, k, v, kb, kh, view->visible, view->mb, view->mt, o, s->B, s->H,
+                   s->Hkv, s->T, s->Dh, s->start, s->scale, s->threads);
+    layer_matmul(kinds[1], o, R, (long)s->H * Dh, w[W_O], so, y, D, s->threads);
+    if (w[W_NORM3]) rows_rms_norm(y, R, D, w[W_NORM2], s->eps, y); /* Gemma: the output normed first */
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
-    rows_rms_norm(h, R, D, norm2, eps, x);
-    layer_matmul(kind, x, R, D, wgu, sgu, gu, 2 * F, threads);
-    for (long r = 0; r < R; r++) silu_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F);
-    layer_matmul(kind, act, R, F, wdown, sdown, y, D, threads);
+    rows_rms_norm(h, R, D, w[W_NORM3] ? w[W_NORM3] : w[W_NORM2], s->eps, x);
+    layer_matmul(kinds[2], x, R, D, w[W_GU], sgu, gu, 2 * F, s->threads);
+    for (long r = 0; r < R; r++) act_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F, s->act);
+    layer_matmul(kinds[3], act, R, F, w[W_DOWN], sdown, y, D, s->threads);
+    if (w[W_NORM4]) rows_rms_norm(y, R, D, w[W_NORM4], s->eps, y);
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     free(x), free(qkv), free(o), free(y), free(gu), free(act);
 }
 
 /* Layers [0, n) of a stack over the same rows, each as rows_layer computes it, in one call: a step's 30
  * layer calls and their Python (module calls, argument views, ctypes: per-call overhead, a measurable
- * share of a one-row step, docs/results-log.md) become one. `layers` holds LAYER_PTRS pointers a layer, in
- * rows_layer's order (norm1, norm2, wqkv, wo, wgu, wdown, scales); eps, F, kind and the heads are the
- * stack's. k, v: layer 0's cache at strides (kb, kh, Dh), layer i's kl floats further; the rest as
- * rows_layer's. */
-#define LAYER_PTRS 7
-void rows_stack(float *h, int B, int T, long D, int n, const void *const *layers, float eps, long F, int kind,
-                const float *cos, const float *sin, long cb, long ct, float *k, float *v, long kl, long kb,
-                long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh, long start,
-                float scale, int threads) {
+ * share of a one-row step, docs/results-log.md) become one. `layers` holds LAYER_PTRS pointers a layer
+ * (rows_layer's); views[0] is the global layers' RoPE rows and mask, views[1] the sliding-window
+ * layers'. k, v: layer 0's cache at strides (kb, kh, Dh), layer i's kl floats further. */
+void rows_stack(float *h, int B, int T, long D, int n, const void *const *layers, float eps, long F, int act,
+                const struct rows_view *views, float *k, float *v, long kl, long kb, long kh, int H, int Hkv,
+                int Dh, long start, float scale, int threads) {
+    const struct layer_shape s = {B, T, H, Hkv, Dh, act, threads, D, F, start, eps, scale};
     for (int i = 0; i < n; i++) {
         const void *const *w = layers + (long)i * LAYER_PTRS;
-        rows_layer(h, B, T, D, w[0], w[1], eps, w[2], w[3], w[4], F, w[5], kind, w[6], cos, sin, cb, ct,
-                   k + i * kl, v + i * kl, kb, kh, visible, mb, mt, H, Hkv, Dh, start, scale, threads);
+        const int sliding = ((const int *)w[W_INTS])[4];
+        rows_layer(h, w, &s, views + sliding, k + i * kl, v + i * kl, kb, kh);
     }
 }
 

@@ -3,7 +3,7 @@ a few rows that streams the weight once, the kernel of a float32 model's 1-9-row
 step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`decode_set.ExactAttention`), a whole float32
-decode layer in one call and a step's run of such layers in one call (`stack`).
+decode layer in one call and a step's run of such layers in one call (`rowstack.stack`).
 
 Why each of these exists (the layer and the stack in one call, 4-bit and 8-bit codes, the NAR set's int8
 layers, the int4 precision, a kernel of our own): docs/design.md §10; the figures, with their machines,
@@ -36,7 +36,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -134,9 +133,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
     lib.rows_stack.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ctypes.c_int, ptr, ctypes.c_float]
-    lib.rows_stack.argtypes += [c_long, ctypes.c_int, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long]
-    lib.rows_stack.argtypes += [c_long, ptr, c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float]
-    lib.rows_stack.argtypes += [ctypes.c_int]
+    lib.rows_stack.argtypes += [c_long, ctypes.c_int, ptr, ptr, ptr, c_long, c_long, c_long]
+    lib.rows_stack.argtypes += [*[ctypes.c_int] * 3, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_stack.restype = None
     lib.rows_layer_ptrs.restype = ctypes.c_int
     return lib
@@ -339,8 +337,9 @@ MATMULS = {
     "q8": "rows_matmul_q8",
     "q4dot": "rows_matmul_q4dot",
 }
-# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT).
-LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3}
+# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8), one a
+# matmul (`rowstack.LayerWeights`).
+LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
@@ -471,100 +470,3 @@ def attention(
     scale = Dh**-0.5 if scale is None else scale
     library().rows_attention(*_pointers(*args, scale, torch.get_num_threads()))
     return o.transpose(1, 2)
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """What `rows_stack` takes of one layer unchanged from step to step, checked and converted to ctypes
-    values once (a `layers.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
-    order: the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all
-    `block`, all `q4_block`, or all `dot_block` of int8 codes) and the int8 codes' scales (their outputs'
-    float32 scales concatenated in that order: `matmuls.RowInt8Linear`'s; else None); `shape`, what a
-    stack's layers share: the norms' eps, the MLP's width, the weights' kind (`LAYER_KINDS`), the heads
-    (H, Hkv, Dh). Built once, since building a call's ~30 arguments in Python every step was per-call
-    overhead worth removing (30 calls a step). `tensors`
-    keeps alive what `pointers` point into."""
-
-    tensors: tuple
-    pointers: tuple
-    shape: tuple
-
-    @classmethod
-    def of(cls, norms, eps: float, blocked, heads: tuple[int, int, int], scales=None) -> LayerWeights:
-        kinds = {layout(b) for b in blocked}
-        assert (
-            len(kinds) == 1 and kinds <= LAYER_KINDS.keys() and (scales is not None) == (kinds == {"i8dot"})
-        )
-        assert attention_fits(heads[2]) and all(n.dtype == torch.float32 and n.is_contiguous() for n in norms)
-        arrays = (*norms, *blocked, scales)
-        shape = (eps, inputs(blocked[3]), LAYER_KINDS[kinds.pop()], heads)
-        return cls(arrays, tuple(_pointers(*arrays)), shape)
-
-
-@dataclass(frozen=True)
-class StackWeights:
-    """Consecutive layers' `LayerWeights`, model layers [first, first + len(layers)), as `rows_stack`
-    takes them: their pointers in one C array, what they share once. A prepared model holds one per
-    parameter set whose every layer is one call (`prepare.kernel_stacks`), and each such layer's
-    `DecodeSet` one of its own (a step that mixes committed rows and slots runs its layers one by one)."""
-
-    layers: tuple[LayerWeights, ...]
-    first: int
-    array: ctypes.Array
-
-    @classmethod
-    def of(cls, layers: list[LayerWeights], first: int) -> StackWeights | None:
-        """The stack, or None where the layers differ in what `rows_stack` takes once (`LayerWeights.shape`)."""
-        if len({w.shape for w in layers}) != 1:
-            return None
-        assert all(len(w.pointers) == library().rows_layer_ptrs() for w in layers)
-        pointers = [p for w in layers for p in w.pointers]
-        return cls(tuple(layers), first, (ctypes.c_void_p * len(pointers))(*pointers))
-
-    def address(self, layer: int) -> int:
-        """Where model layer `layer`'s pointers start in `array`."""
-        return ctypes.addressof(self.array) + (layer - self.first) * ctypes.sizeof(self.array) // len(
-            self.layers
-        )
-
-
-def stack(
-    h: torch.Tensor,
-    weights: StackWeights,
-    first: int,
-    last: int,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
-    visible: torch.Tensor | None,
-    start: int,
-) -> torch.Tensor:
-    """Float32 decode layers [first, last) (model layers) of `weights` over rows h (B, T, D), T <=
-    MAX_ROWS, in one call (`rows_stack`, each layer `rows_layer`), each row computing its solo bits
-    whatever B x T (the matmuls take more rows than a pass in further passes, and 4-bit codes rebuild
-    each weight once for all of them: `rows_matmul_q4`): the layers' norms and matmuls, RoPE
-    rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start, start + T), `visible`
-    as `attention`'s. kv: the cache's (L, B, Hkv, capacity, Dh) key and value buffers, indexed by model
-    layer. Returns the last layer's output (B, T, D)."""
-    B, T, D = h.shape
-    k, v = kv
-    eps, F, kind, (H, Hkv, Dh) = weights.layers[0].shape
-    assert weights.first <= first < last <= weights.first + len(weights.layers)
-    assert h.dtype == torch.float32 and k.stride() == v.stride() and k.stride(-2) == Dh
-    out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
-    cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
-    rope = (cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
-    mask = _mask(visible)
-    layers = weights.address(first)
-    cache = (
-        k[first],
-        v[first],
-        k.stride(0),
-        *k.stride()[1:3],
-    )  # layer `first`'s K/V; layer, batch, head strides
-    library().rows_stack(
-        *_pointers(out, B, T, D, last - first, layers, eps, F, kind, *rope, *cache, *mask, H, Hkv, Dh, start),
-        Dh**-0.5,
-        torch.get_num_threads(),
-    )
-    return out

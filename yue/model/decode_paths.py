@@ -64,7 +64,7 @@ class DecodePaths:
     Fields:
         layers: per layer, its `LayerPaths` (fused matmuls, row-exact attention), or None (as trained).
         stacks: per parameter set (False: AR, True: NAR), its layers as one row-kernel call, called as
-            stack(h_c, h_s, cos, sin, mask, cache, start, first, last) -> (h_c, h_s) or None where the
+            stack(h_c, h_s, cos, sin, mask, cache, start, first, last, local) -> (h_c, h_s) or None where the
             step does not fit (`yue.kernels.decode_set.LayerStack`); no entry where not every layer
             holding the set is one call.
         slot_norm: a drafting pass's final norm (B, n, D) -> (B, n, D) on yue's row kernel: torch's
