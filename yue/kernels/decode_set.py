@@ -410,7 +410,9 @@ def decode_layout(model: PreparedModel) -> str:
     # (`rowkernel.q8_block`): same bits, other costs.
     head = getattr(paths.ar_head, "head", paths.ar_head)  # a screened head's full one
     weights = [getattr(m, "blocked", (None,))[0] for m in children]
-    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
+    layouts = {rowkernel.layout(w) for w in weights if w is not None}
+    kinds += ["4-bit codes"] if "q4" in layouts else []
+    kinds += ["8-bit codes"] if layouts & {"q8", "q6"} else []
     head_codes = getattr(head, "blocked", (None,))[0]
     kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
     attention = []

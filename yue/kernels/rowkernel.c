@@ -373,21 +373,24 @@ void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, 
 void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads);
 void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
+void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 
 /* The weight kinds a matmul of rows_layer takes (rowkernel.LAYER_KINDS), each matmul its own: float32
- * weights, 4-bit or 8-bit codes giving them back (a GGUF's Q4_1 / Q4_0 / Q4_K and Q8_0 / Q5_0 tensors: a
- * Q4_K_M file mixes them within a layer), int8 codes with a scale per output (a drafting set's), or the
+ * weights, 4-bit or 8-bit codes giving them back (a GGUF's Q4_1 / Q4_0 / Q4_K, Q8_0 / Q5_0 and Q6_K
+ * tensors: a Q4_K_M file mixes them within a layer), int8 codes with a scale per output (a drafting set's), or the
  * int4 precision's codes. */
-enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8 };
+enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6 };
 
 /* A matmul of rows_layer's in its `kind` (rows_matmul's, rows_matmul_q4's, rows_matmul_q8's,
- * rows_matmul_q4dot's, or rows_matmul_i8dot's times `scale`, out floats). */
+ * rows_matmul_q6's, rows_matmul_q4dot's, or rows_matmul_i8dot's times `scale`, out floats). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
         rows_matmul_q4(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_Q8)
         rows_matmul_q8(x, rows, in, w, y, out, threads);
+    else if (kind == LAYER_Q6)
+        rows_matmul_q6(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_Q4DOT)
         rows_matmul_q4dot(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_F32)
@@ -804,18 +807,18 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
 /* One row of the 4-bit and 8-bit matmuls: all VB vectors of a column block per input (4 sum chains on
  * AVX2, for the FMA latency), a group of Q4_GROUP inputs at a time. SETUP reads the group's scales (and
  * minimums) for all VB vectors from its record `rec`; REBUILD makes input i's weight vectors wv[0..VB). */
-#define CODES_ONE_ROW_FN(NAME, GROUP_BYTES, SETUP, REBUILD)                                                 \
+#define CODES_ONE_ROW_FN(NAME, GROUP, GROUP_BYTES, SETUP, REBUILD)                                          \
     static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
-        const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        const long groups = in / (GROUP), n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
         vf acc[VB];                                                                                         \
         for (int v = 0; v < VB; v++) acc[v] = (vf){0};                                                      \
         for (long g = 0; g < groups; g++) {                                                                 \
             const unsigned char *rec = w + g * (GROUP_BYTES);                                               \
             SETUP                                                                                           \
-            for (int i = 0; i < Q4_GROUP; i++) {                                                            \
+            for (int i = 0; i < (GROUP); i++) {                                                            \
                 vf wv[VB];                                                                                  \
                 REBUILD                                                                                     \
-                const vf xr = splat(x[g * Q4_GROUP + i]);                                                   \
+                const vf xr = splat(x[g * (GROUP) + i]);                                                   \
                 for (int v = 0; v < VB; v++) acc[v] = vfma(xr, wv[v], acc[v]);                              \
             }                                                                                               \
         }                                                                                                   \
@@ -834,24 +837,24 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
         nibble_pair(wi + v / 2 * LANES, &wv[v], &wv[v + 1]);                                                \
         wv[v] = wv[v] * dv[v] + mv[v], wv[v + 1] = wv[v + 1] * dv[v + 1] + mv[v + 1];                       \
     }
-CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
+CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
 
 /* 2+ rows of the 4-bit and 8-bit matmuls: by pairs of vectors (PAIR_FMAS), a group of Q4_GROUP inputs
  * at a time. SETUP reads the pair's scales (and minimums) from the group's record `rec`; REBUILD makes the
  * pair's two weight vectors w0, w1 of input i from its codes, exactly (see each kind's comment). */
-#define CODES_PAIRS_FN(NAME, R, GROUP_BYTES, SETUP, REBUILD)                                                \
+#define CODES_PAIRS_FN(NAME, R, GROUP, GROUP_BYTES, SETUP, REBUILD)                                         \
     static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
-        const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        const long groups = in / (GROUP), n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
         for (int p = 0; p < VB / 2; p++) {                                                                  \
             vf acc[R][2];                                                                                   \
             for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
             for (long g = 0; g < groups; g++) {                                                             \
                 const unsigned char *rec = w + g * (GROUP_BYTES);                                           \
                 SETUP                                                                                       \
-                for (int i = 0; i < Q4_GROUP; i++) {                                                        \
+                for (int i = 0; i < (GROUP); i++) {                                                        \
                     vf w0, w1;                                                                              \
                     REBUILD                                                                                 \
-                    PAIR_FMAS(R, x, in, g * Q4_GROUP + i, w0, w1)                                           \
+                    PAIR_FMAS(R, x, in, g * (GROUP) + i, w0, w1)                                           \
                 }                                                                                           \
             }                                                                                               \
             PAIR_STORE(R, p)                                                                                \
@@ -868,7 +871,7 @@ CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
     __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                                          \
     nibble_pair(codes + i * (BLK / 2), &w0, &w1);                                                           \
     w0 = w0 * d0 + m0, w1 = w1 * d1 + m1;
-#define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
+#define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
 
 /* 2-9 rows: by pairs of vectors (PAIR_FMAS; the column block's codes read once per pair, the second
  * pair's from cache, the pair's 4 scale vectors in registers with its sums). Each extra row costs the
@@ -1167,7 +1170,7 @@ int rows_q4dot_bytes(void) { return Q4DOT_BYTES; }
     const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;                       \
     __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);                                                             \
     for (int v = 0; v < VB; v++) wv[v] = widen(wi + v * LANES) * dv[v];
-CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
+CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 
 /* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
 #define Q8_SETUP                                                                                            \
@@ -1177,7 +1180,7 @@ CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 #define Q8_REBUILD                                                                                          \
     __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                                \
     w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;
-#define Q8_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q8_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
+#define Q8_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q8_GROUP, Q8_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
 
 Q8_PAIRS_FN(q8_pairs_2, 2)
 Q8_PAIRS_FN(q8_pairs_3, 3)
@@ -1236,6 +1239,83 @@ int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned c
 }
 
 int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
+
+/* ---- The same with a scale per 16 inputs: a GGUF's Q6_K tensors (most of a Q4_K_M file's ffn_down) ----
+ *
+ * Why: a Q6_K value is (d * sc) * q, d a float16 value per 256 inputs, sc an int8 scale per 16 and q a
+ * 6-bit code (-32..31): d * sc is exact in float32 (11 bits by 8), so each value is one rounding of a
+ * scale per 16 inputs times a small integer. Two scales a group of 32 do not fit rows_matmul_q8's one,
+ * and held as float32 these weights were the float32 share of Gemma 3 270M's step (docs/results-log.md);
+ * as 8-bit codes with a scale per 16 inputs (1.25 bytes a weight) the same rebuild (code * d, one
+ * rounding) and fmaf chain give rows_matmul's bits.
+ *
+ * Layout (rowkernel.q6_block): rows_matmul_q8's with groups of Q6_GROUP inputs: per column block, per
+ * group, d (BLK floats), then per input BLK int8 codes (outputs in order). */
+#define Q6_GROUP 16
+#define Q6_GROUP_BYTES (BLK * (long)sizeof(float) + Q6_GROUP * BLK)
+CODES_ONE_ROW_FN(q6_one_row, Q6_GROUP, Q6_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
+#define Q6_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q6_GROUP, Q6_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
+Q6_PAIRS_FN(q6_pairs_2, 2)
+Q6_PAIRS_FN(q6_pairs_3, 3)
+Q6_PAIRS_FN(q6_pairs_4, 4)
+Q6_PAIRS_FN(q6_pairs_5, 5)
+Q6_PAIRS_FN(q6_pairs_6, 6)
+PAIRS_7_TO_9(Q6_PAIRS_FN, q6_pairs_)
+static const q4_block_fn Q6_BLOCKS[PAIR_MAX_R + 1] = {0, q6_one_row, q6_pairs_2, q6_pairs_3, q6_pairs_4, q6_pairs_5, q6_pairs_6 PAIRS_7_TO_9_LIST(q6_pairs_)};
+
+/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q6_block's layout (in a multiple of Q6_GROUP). */
+void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    MATMUL_PASSES(Q6_BLOCKS, Q6_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q6_GROUP * Q6_GROUP_BYTES)
+}
+
+/* Whether Q6_GROUP values (stride si) are codes * d for this d, codes in -127..127 (written at stride
+ * BLK): each value's code round(w / d), and (float)code * d must give the value back exactly. */
+static int q6_fits(const float *wj, long si, float d, signed char *codes) {
+    for (int i = 0; i < Q6_GROUP; i++) {
+        const float t = wj[i * si] / d;
+        if (!(t > -127.5f && t < 127.5f)) return 0; /* NaN fails too */
+        const int c = (int)lrintf(t);
+        if ((float)c * d != wj[i * si]) return 0;
+        codes[i * BLK] = (signed char)c;
+    }
+    return 1;
+}
+
+/* One group of an output as codes * d (q6_fits): d is the group's largest |w| over its code's
+ * magnitude, which a Q6_K group's codes put at 1..32, so each is tried, with d's float32 neighbours
+ * (the division's rounding). Writes d and the codes, returns 0, or 1 where no d fits. */
+static int q6_group(const float *wj, long si, float *d_out, signed char *codes) {
+    float top = 0.f;
+    for (int i = 0; i < Q6_GROUP; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
+    if (top == 0.f) return *d_out = 0.f, !q6_fits(wj, si, 1.f, codes);
+    for (int q = 32; q >= 1; q--) {
+        const float d = top / q, tries[3] = {d, nextafterf(d, 0.f), nextafterf(d, INFINITY)};
+        for (int k = 0; k < 3; k++)
+            if (q6_fits(wj, si, tries[k], codes)) return *d_out = tries[k], 0;
+    }
+    return 1;
+}
+
+/* W (out, in) float32 at strides (so, si), in a multiple of Q6_GROUP, into rows_matmul_q6's layout at dst
+ * (ceil(out / BLK) x in / Q6_GROUP records of Q6_GROUP_BYTES, zeroed by the caller). Returns 0, or 1 as
+ * soon as a group is not codes * d (q6_group), so a weight either gives its exact bits back or is
+ * refused. */
+int rows_q6_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
+    const long groups = in / Q6_GROUP;
+    for (long b = 0; b * BLK < out; b++) {
+        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
+        for (long g = 0; g < groups; g++) {
+            unsigned char *rec = dst + (b * groups + g) * Q6_GROUP_BYTES;
+            signed char *codes = (signed char *)rec + BLK * sizeof(float);
+            for (long j = 0; j < n; j++)
+                if (q6_group(w + (b * BLK + j) * so + g * Q6_GROUP * si, si, (float *)rec + j, codes + j)) return 1;
+        }
+    }
+    return 0;
+}
+
+int rows_q6_bytes(void) { return Q6_GROUP_BYTES; }
+int rows_q6_group(void) { return Q6_GROUP; }
 
 /* ---- The LM head's greedy choice: an integer screen, then exact float32 logits where it leaves doubt ----
  *

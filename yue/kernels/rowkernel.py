@@ -110,14 +110,14 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q4dot)
+    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q6, lib.rows_matmul_q4dot)
     for codes in matmuls:
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
     lib.rows_dot_block.restype = ctypes.c_int
     lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = lib.rows_q4dot_bytes.restype = ctypes.c_int
-    lib.rows_screen_bytes.restype = ctypes.c_int
-    for pack in (lib.rows_q4_pack, lib.rows_q8_pack):
+    lib.rows_screen_bytes.restype = lib.rows_q6_bytes.restype = lib.rows_q6_group.restype = ctypes.c_int
+    for pack in (lib.rows_q4_pack, lib.rows_q8_pack, lib.rows_q6_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
@@ -209,7 +209,7 @@ def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     quantization) is refused, never approximated; most are refused at their first group.
     """
     lib = library()
-    return _codes(w, lib.rows_q4_pack, lib.rows_q4_bytes())
+    return _codes(w, lib.rows_q4_pack, lib.rows_q4_bytes(), lib.rows_code_group())
 
 
 def q8_block(w: torch.Tensor) -> torch.Tensor | None:
@@ -218,7 +218,16 @@ def q8_block(w: torch.Tensor) -> torch.Tensor | None:
     (`rows_q8_pack`): a GGUF's Q8_0 weights dequantized (code * d per group of 32 inputs, codes
     -127..127, d a float16 value; SmolLM2's tied head). Checked and refused as `q4_block`'s."""
     lib = library()
-    return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes())
+    return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes(), lib.rows_code_group())
+
+
+def q6_block(w: torch.Tensor) -> torch.Tensor | None:
+    """An (out, in) float32 weight (any strides) in `rows_matmul_q6`'s layout (uint8, (ceil(out / BLK),
+    in / 16, 640) bytes), or None where 8-bit codes with a float32 scale per 16 inputs cannot give back
+    its every value exactly (`rows_q6_pack`): a GGUF's Q6_K weights dequantized ((d * sc) * q, d * sc
+    exact in float32). Checked and refused as `q4_block`'s."""
+    lib = library()
+    return _codes(w, lib.rows_q6_pack, lib.rows_q6_bytes(), lib.rows_q6_group())
 
 
 def file_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -291,12 +300,11 @@ def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     return record
 
 
-def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
-    """`q4_block` / `q8_block`: the C packer `pack`'s layout (`record` bytes a group of a column block),
-    or None where it refuses the weight."""
+def _codes(w: torch.Tensor, pack, record: int, group: int) -> torch.Tensor | None:
+    """`q4_block` / `q8_block` / `q6_block`: the C packer `pack`'s layout (`record` bytes a group of
+    `group` inputs of a column block), or None where it refuses the weight."""
     lib = library()
     out, inp = w.shape
-    group = lib.rows_code_group()  # inputs per group of codes: the GGUF's blocks of 32
     if w.dtype != torch.float32 or w.device.type != "cpu" or inp % group:
         return None
     packed = torch.zeros(-(-out // lib.rows_block()), inp // group, record, dtype=torch.uint8)
@@ -307,8 +315,8 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 def layout(blocked: torch.Tensor) -> str:
     """A kernel layout's kind: "float32" (`block` of float32), "i8dot" (`dot_block`'s 4-d int8 codes:
     `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
-    (`q8_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last three uint8 records, told
-    apart by their record's bytes (768, 1152, 192)."""
+    (`q8_block`), "q6" (`q6_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last four uint8
+    records, told apart by their record's bytes (768, 1152, 640, 192)."""
     if blocked.dtype != torch.uint8:
         return "float32" if blocked.dtype == torch.float32 else "i8dot"
     return _record_kinds()[blocked.shape[-1]]
@@ -317,14 +325,16 @@ def layout(blocked: torch.Tensor) -> str:
 @functools.cache
 def _record_kinds() -> dict[int, str]:
     lib = library()
-    return {lib.rows_q4_bytes(): "q4", lib.rows_q8_bytes(): "q8", lib.rows_q4dot_bytes(): "q4dot"}
+    kinds = {lib.rows_q4_bytes(): "q4", lib.rows_q8_bytes(): "q8", lib.rows_q4dot_bytes(): "q4dot"}
+    return kinds | {lib.rows_q6_bytes(): "q6"}
 
 
 def inputs(blocked: torch.Tensor) -> int:
     """A weight's input count from its kernel layout (`block`, `dot_block`, or the records of `q4_block`,
-    `q8_block` and `q4dot_block`: groups of 32 inputs)."""
+    `q8_block` and `q4dot_block`: groups of 32 inputs; `q6_block`'s: of 16)."""
     if blocked.dtype == torch.uint8:
-        return blocked.shape[1] * library().rows_code_group()
+        lib = library()
+        return blocked.shape[1] * (lib.rows_q6_group() if layout(blocked) == "q6" else lib.rows_code_group())
     return blocked.shape[1] * (4 if blocked.dim() == 4 else 1)
 
 
@@ -335,11 +345,12 @@ MATMULS = {
     "i8dot": "rows_matmul_i8dot",
     "q4": "rows_matmul_q4",
     "q8": "rows_matmul_q8",
+    "q6": "rows_matmul_q6",
     "q4dot": "rows_matmul_q4dot",
 }
-# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8), one a
-# matmul (`rowstack.LayerWeights`).
-LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4}
+# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8,
+# LAYER_Q6), one a matmul (`rowstack.LayerWeights`).
+LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
