@@ -349,8 +349,8 @@ def log_one_copy(streamed: bool) -> None:
 
 def prepare_slots(model, paths: DecodePaths, drafting_dtype: torch.dtype | None, row_ops: bool) -> None:
     """The drafting pass's own parts, into `paths` (`prepare_for_decoding`): the slot entry lowered to
-    `drafting_dtype` (if any), and the slot norm and the router's softmax statistics on yue's row kernel
-    where `row_ops` (and the model's final norm has no offset)."""
+    `drafting_dtype` (if any), and the final norm (slots' and committed rows') and the router's softmax
+    statistics on yue's row kernel where `row_ops`."""
     entry = model.model.slot_entry
     if entry is not None and drafting_dtype is not None:
         norm = (
@@ -360,9 +360,12 @@ def prepare_slots(model, paths: DecodePaths, drafting_dtype: torch.dtype | None,
         )
         lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops)
         paths.slot_entry = SlotEntryPath(*slot_entry_halves(entry, lower), norm)
-    if row_ops and not model.model.norm.offset:
+    if row_ops:
+        # Gemma's (1 + w) folded into a float32 copy (`rowstack.applied_norm`); committed rows too: Gemma's
+        # norm module is several torch calls a step.
         norm = model.model.norm
-        paths.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
+        weight = rowstack.applied_norm(norm)
+        paths.slot_norm = paths.final_norm = functools.partial(rowkernel.rms_norm, weight=weight, eps=norm.eps)
         paths.softmax_stats = rowkernel.softmax_stats
 
 

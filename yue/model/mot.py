@@ -284,9 +284,10 @@ class MoTModel(nn.Module):
         if not h_c.shape[1]:
             slot_norm = None if paths is None else paths.slot_norm
             return (slot_norm or self.norm)(h_s)
+        norm = (None if paths is None else paths.final_norm) or self.norm
         if not h_s.shape[1]:
-            return self.norm(h_c)
-        return self.norm(torch.cat([h_c, h_s], dim=1))
+            return norm(h_c)
+        return norm(torch.cat([h_c, h_s], dim=1))
 
 
 @dataclass
