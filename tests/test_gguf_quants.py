@@ -64,14 +64,12 @@ def quantized(kind: str, out: int, inp: int, seed: int = 0) -> torch.Tensor:
     return gguf_round_trip(torch.randn(out, inp, generator=torch.Generator().manual_seed(seed)) / 10, kind)
 
 
-@pytest.mark.parametrize(
-    ("kind", "out", "inp"), [("Q4_0", 40, 64), ("Q4_0", 7, 32), ("Q4_K", 96, 512), ("Q4_K", 7, 256)]
-)
-def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp):
-    needs_row_kernel()
-    w = quantized(kind, out, inp)
-    packed = rowkernel.q4_block(w)
-    assert packed is not None and rowkernel.layout(packed) == "q4"
+def assert_codes_give_the_float_bits(w: torch.Tensor, pack, kind: str) -> torch.Tensor:
+    """`pack(w)` holds w's codes (`rowkernel.layout` `kind`) whose products are the float kernel's bits
+    at every row count (1-9 rows a pass, and 13), and refuses w with one value off by an ulp; returns it."""
+    out, inp = w.shape
+    packed = pack(w)
+    assert packed is not None and rowkernel.layout(packed) == kind
     full = rowkernel.block(w)
     g = torch.Generator().manual_seed(1)
     for rows in (*range(1, 10), 13):
@@ -79,7 +77,17 @@ def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kin
         assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
     nudged = w.clone()
     nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))  # one value off by one ulp
-    assert rowkernel.q4_block(nudged) is None
+    assert pack(nudged) is None
+    return packed
+
+
+@pytest.mark.parametrize(
+    ("kind", "out", "inp"), [("Q4_0", 40, 64), ("Q4_0", 7, 32), ("Q4_K", 96, 512), ("Q4_K", 7, 256)]
+)
+def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp):
+    needs_row_kernel()
+    w = quantized(kind, out, inp)
+    assert_codes_give_the_float_bits(w, rowkernel.q4_block, "q4")
     # The int4 precision takes the same codes, scales and minimums: its weights are the file's.
     codes, d, m = rowkernel.q4_groups(w, float16_scale=True)
     assert torch.equal((codes * d + m).reshape(out, inp), w) and 0 <= codes.min() <= codes.max() <= 15
@@ -102,16 +110,7 @@ def test_q5_0_and_q8_0_weights_are_held_as_8_bit_codes_with_the_float_kernels_bi
     needs_row_kernel()
     w = quantized(kind, out, inp)
     assert rowkernel.q4_block(w) is None  # 5-bit codes have no 4-bit form
-    packed = rowkernel.q8_block(w)
-    assert packed is not None and rowkernel.layout(packed) == "q8"
-    full = rowkernel.block(w)
-    g = torch.Generator().manual_seed(1)
-    for rows in range(1, 10):
-        x = torch.randn(rows, inp, generator=g)
-        assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
-    nudged = w.clone()
-    nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))  # one value off by one ulp
-    assert rowkernel.q8_block(nudged) is None
+    assert_codes_give_the_float_bits(w, rowkernel.q8_block, "q8")
 
 
 def test_q5_k_weights_stay_float32():
@@ -130,17 +129,9 @@ def test_q6_k_weights_are_held_as_8_bit_codes_per_16_inputs_with_the_float_kerne
     needs_row_kernel()
     w = quantized("Q6_K", out, inp)
     assert rowkernel.q4_block(w) is None and rowkernel.q8_block(w) is None
-    packed = rowkernel.q6_block(w)
-    assert packed is not None and rowkernel.layout(packed) == "q6" and rowkernel.inputs(packed) == inp
+    packed = assert_codes_give_the_float_bits(w, rowkernel.q6_block, "q6")
+    assert rowkernel.inputs(packed) == inp
     assert packed.numel() == -(-out // rowkernel.library().rows_block()) * 32 * inp * 1.25
-    full = rowkernel.block(w)
-    g = torch.Generator().manual_seed(1)
-    for rows in (*range(1, 10), 13):
-        x = torch.randn(rows, inp, generator=g)
-        assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
-    nudged = w.clone()
-    nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))
-    assert rowkernel.q6_block(nudged) is None
     assert rowkernel.q6_block(torch.randn(out, inp)) is None  # a trained weight is no such thing
 
 

@@ -1195,47 +1195,63 @@ void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, 
     MATMUL_PASSES(Q8_BLOCKS, Q8_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q8_GROUP * Q8_GROUP_BYTES)
 }
 
-/* One group of an output (Q8_GROUP values at stride si) as codes * d with d = top / div rounded to
- * float16 (top its largest |w|) and codes in -127..127: writes d and the codes (at stride BLK), returns 0,
- * or 1 as soon as a value is not such. */
-static int q8_group(const float *wj, long si, float top, float div, float *d_out, signed char *codes) {
-    const float d = half_round(top / div), inv = d > 0.f ? 1.f / d : 0.f;
-    for (int i = 0; i < Q8_GROUP; i++) {
-        const float t = wj[i * si] * inv;
-        if (!(t > -127.5f && t < 127.5f)) return 1; /* NaN fails too */
+/* Whether n values (stride si) are codes * d for this d, codes in -127..127 (written at stride BLK): each
+ * value's code round(w / d), and (float)code * d must give the value back exactly. */
+static int codes_fit(const float *wj, long si, int n, float d, signed char *codes) {
+    for (int i = 0; i < n; i++) {
+        const float t = d != 0.f ? wj[i * si] / d : 0.f;
+        if (!(t > -127.5f && t < 127.5f)) return 0; /* NaN fails too */
         const int c = (int)lrintf(t);
-        if ((float)c * d != wj[i * si]) return 1;
+        if ((float)c * d != wj[i * si]) return 0;
         codes[i * BLK] = (signed char)c;
     }
-    *d_out = d;
-    return 0;
+    return 1;
 }
 
-/* W (out, in) float32 at strides (so, si), in a multiple of Q8_GROUP, into rows_matmul_q8's layout at dst
- * (ceil(out / BLK) x in / Q8_GROUP records of Q8_GROUP_BYTES, zeroed by the caller). Each group of an
- * output is tried in two forms, both code * d with d a float16 value: a GGUF's Q8_0 (d its largest |w| /
- * 127, codes -127..127) and a GGUF's Q5_0 ((q - 16) * d, q in 0..31: llama.cpp's quantizer puts the
- * value of largest magnitude at q = 0, so |d| is that value / 16, and the codes, -16..16 once the sign
- * is d's, are 8-bit codes as well: llama.cpp's Q4_K_M writes Q5_0 where a row is not a multiple of 256,
- * most of Gemma 3 270M's layers). Returns 0, or 1 as soon as a group is neither, so a weight either
- * gives its exact bits back or is refused. */
-int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
-    const long groups = in / Q8_GROUP;
+/* The largest |w| of n values at stride si. */
+static float group_top(const float *wj, long si, int n) {
+    float top = 0.f;
+    for (int i = 0; i < n; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
+    return top;
+}
+
+/* One group of an output (Q8_GROUP values at stride si) as codes * d (codes_fit), d a float16 value in
+ * one of two forms: a GGUF's Q8_0 (d its largest |w| / 127, codes -127..127) and a GGUF's Q5_0 ((q - 16)
+ * * d, q in 0..31: llama.cpp's quantizer puts the value of largest magnitude at q = 0, so |d| is that
+ * value / 16, and the codes, -16..16 once the sign is d's, are 8-bit codes as well: llama.cpp's Q4_K_M
+ * writes Q5_0 where a row is not a multiple of 256, most of Gemma 3 270M's layers). Writes d and the
+ * codes, returns 0, or 1 where neither fits. */
+static int q8_group(const float *wj, long si, int n, float *d_out, signed char *codes) {
+    const float top = group_top(wj, si, n);
+    for (int k = 0; k < 2; k++) {
+        const float d = half_round(top / (k ? 16.f : 127.f));
+        if (codes_fit(wj, si, n, d, codes)) return *d_out = d, 0;
+    }
+    return 1;
+}
+
+/* W (out, in) float32 at strides (so, si), in a multiple of `group`, into a codes layout at dst (ceil(out /
+ * BLK) x in / group records of `bytes`: d (BLK floats), then per input BLK int8 codes; zeroed by the
+ * caller), each group of an output as `fit` finds its d and codes. Returns 0, or 1 as soon as a group
+ * has none, so a weight either gives its exact bits back or is refused. */
+static int codes_pack(const float *w, long out, long in, long so, long si, unsigned char *dst, int group,
+                      long bytes, int (*fit)(const float *, long, int, float *, signed char *)) {
+    const long groups = in / group;
     for (long b = 0; b * BLK < out; b++) {
         const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
         for (long g = 0; g < groups; g++) {
-            unsigned char *rec = dst + (b * groups + g) * Q8_GROUP_BYTES;
+            unsigned char *rec = dst + (b * groups + g) * bytes;
             signed char *codes = (signed char *)rec + BLK * sizeof(float);
-            for (long j = 0; j < n; j++) {
-                const float *wj = w + (b * BLK + j) * so + g * Q8_GROUP * si;
-                float top = 0.f, *d = (float *)rec + j;
-                for (int i = 0; i < Q8_GROUP; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
-                if (q8_group(wj, si, top, 127.f, d, codes + j) && q8_group(wj, si, top, 16.f, d, codes + j))
-                    return 1;
-            }
+            for (long j = 0; j < n; j++)
+                if (fit(w + (b * BLK + j) * so + g * group * si, si, group, (float *)rec + j, codes + j)) return 1;
         }
     }
     return 0;
+}
+
+/* W into rows_matmul_q8's layout (codes_pack with q8_group), in a multiple of Q8_GROUP. */
+int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
+    return codes_pack(w, out, in, so, si, dst, Q8_GROUP, Q8_GROUP_BYTES, q8_group);
 }
 
 int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
@@ -1268,50 +1284,24 @@ void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, 
     MATMUL_PASSES(Q6_BLOCKS, Q6_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q6_GROUP * Q6_GROUP_BYTES)
 }
 
-/* Whether Q6_GROUP values (stride si) are codes * d for this d, codes in -127..127 (written at stride
- * BLK): each value's code round(w / d), and (float)code * d must give the value back exactly. */
-static int q6_fits(const float *wj, long si, float d, signed char *codes) {
-    for (int i = 0; i < Q6_GROUP; i++) {
-        const float t = wj[i * si] / d;
-        if (!(t > -127.5f && t < 127.5f)) return 0; /* NaN fails too */
-        const int c = (int)lrintf(t);
-        if ((float)c * d != wj[i * si]) return 0;
-        codes[i * BLK] = (signed char)c;
-    }
-    return 1;
-}
-
-/* One group of an output as codes * d (q6_fits): d is the group's largest |w| over its code's
- * magnitude, which a Q6_K group's codes put at 1..32, so each is tried, with d's float32 neighbours
- * (the division's rounding). Writes d and the codes, returns 0, or 1 where no d fits. */
-static int q6_group(const float *wj, long si, float *d_out, signed char *codes) {
-    float top = 0.f;
-    for (int i = 0; i < Q6_GROUP; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
-    if (top == 0.f) return *d_out = 0.f, !q6_fits(wj, si, 1.f, codes);
+/* One group of an output (Q6_GROUP values at stride si) as codes * d (codes_fit): d is the group's
+ * largest |w| over its code's magnitude, which a Q6_K group's codes put at 1..32, so each is tried,
+ * with d's float32 neighbours (the division's rounding). Writes d and the codes, returns 0, or 1 where
+ * no d fits. */
+static int q6_group(const float *wj, long si, int n, float *d_out, signed char *codes) {
+    const float top = group_top(wj, si, n);
+    if (top == 0.f) return *d_out = 0.f, !codes_fit(wj, si, n, 0.f, codes);
     for (int q = 32; q >= 1; q--) {
         const float d = top / q, tries[3] = {d, nextafterf(d, 0.f), nextafterf(d, INFINITY)};
         for (int k = 0; k < 3; k++)
-            if (q6_fits(wj, si, tries[k], codes)) return *d_out = tries[k], 0;
+            if (codes_fit(wj, si, n, tries[k], codes)) return *d_out = tries[k], 0;
     }
     return 1;
 }
 
-/* W (out, in) float32 at strides (so, si), in a multiple of Q6_GROUP, into rows_matmul_q6's layout at dst
- * (ceil(out / BLK) x in / Q6_GROUP records of Q6_GROUP_BYTES, zeroed by the caller). Returns 0, or 1 as
- * soon as a group is not codes * d (q6_group), so a weight either gives its exact bits back or is
- * refused. */
+/* W into rows_matmul_q6's layout (codes_pack with q6_group), in a multiple of Q6_GROUP. */
 int rows_q6_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
-    const long groups = in / Q6_GROUP;
-    for (long b = 0; b * BLK < out; b++) {
-        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
-        for (long g = 0; g < groups; g++) {
-            unsigned char *rec = dst + (b * groups + g) * Q6_GROUP_BYTES;
-            signed char *codes = (signed char *)rec + BLK * sizeof(float);
-            for (long j = 0; j < n; j++)
-                if (q6_group(w + (b * BLK + j) * so + g * Q6_GROUP * si, si, (float *)rec + j, codes + j)) return 1;
-        }
-    }
-    return 0;
+    return codes_pack(w, out, in, so, si, dst, Q6_GROUP, Q6_GROUP_BYTES, q6_group);
 }
 
 int rows_q6_bytes(void) { return Q6_GROUP_BYTES; }
