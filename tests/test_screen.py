@@ -153,7 +153,6 @@ def test_a_bound_too_tight_loses_the_argmax(term):
         head.slack = (torch.zeros_like(head.slack[0]),)
         if term == "radius":
             head.wnorm = (torch.zeros_like(head.wnorm[0]),)
-        head.reach = (rowkernel.screen_reach(head.slack[0], head.wnorm[0]),)
         screened, full, _ = screened_choice(head, x)
         misses += int((screened.argmax(-1) != full.argmax(-1)).sum())
     assert misses > 0
