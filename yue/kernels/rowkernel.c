@@ -1428,37 +1428,16 @@ static int screen_row(const float *x, long in, short *xq, long stride, float *sx
 /* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen of
  * yue/kernels/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
  * codes and scales in screen.screen_block's layout; the bound's radius of token j is
- * n1 slack[j] + n2 wnorm[j] (screen_row's n1, n2), reach the least and largest slack and wnorm (4 doubles:
- * slack's least, wnorm's least, slack's largest, wnorm's largest); w the float32 head (out, in) at strides (sc, si),
+ * n1 slack[j] + n2 wnorm[j] (screen_row's n1, n2); w the float32 head (out, in) at strides (sc, si),
  * e.g. a tied head's input-major storage (sc 1, si out): a kept logit is one fmaf chain over the inputs
  * in order from 0, rows_matmul's bits. The bound's arithmetic is in double. Returns 1 (y undefined)
  * where a row is not finite, else 0. entropy (rows floats, or NULL): each row's softmax entropy over its
  * logits as screened, the kept ones exact and the rest their screened values (within the bound of
  * theirs): what the router reads of the AR path (yue/model/router.py) without streaming the whole head
  * again for that row. */
-/* A row's floor, max_j (A_j - r_j) (A_j = y[j] sx, r_j = n1 slack[j] + n2 wnorm[j]): the row's largest
- * float32 logit is at least this. Computed from the token of largest A first, then only over the tokens
- * whose A_j less the least radius (reach[0], reach[1]: the least slack and wnorm) could pass it, which
- * reads the bounds of a few tokens instead of every token's (the rounding is monotone, so the tokens
- * skipped are below the floor: the same floor as over every token). */
-static double screen_floor(const float *yr, long out, float sx, double n1, double n2, const double *slack,
-                           const double *wnorm, const double *reach) {
-    long top = 0;
-    for (long j = 1; j < out; j++) top = yr[j] > yr[top] ? j : top;
-    double floor = (double)yr[top] * sx - (n1 * slack[top] + n2 * wnorm[top]);
-    const double least = n1 * reach[0] + n2 * reach[1];
-    for (long j = 0; j < out; j++) {
-        const double screened = (double)yr[j] * sx;
-        if (screened - least < floor) continue;
-        const double low = screened - (n1 * slack[j] + n2 * wnorm[j]);
-        floor = low > floor ? low : floor;
-    }
-    return floor;
-}
-
 int rows_screen(const float *x, long rows, long in, const unsigned char *codes, const double *slack,
-                const double *wnorm, const double *reach, const float *w, long sc, long si, float *y, long out,
-                float *entropy, int threads) {
+                const double *wnorm, const float *w, long sc, long si, float *y, long out, float *entropy,
+                int threads) {
     const long groups = (in + Q4_GROUP - 1) / Q4_GROUP, pairs = groups * SCREEN_PAIRS;
     const long blocks = (out + DOT_BLK - 1) / DOT_BLK;
     int *xd = calloc(pairs * rows, sizeof(int)); /* (pairs, rows) pairs of 16-bit integers: screen_row's */
@@ -1475,12 +1454,14 @@ int rows_screen(const float *x, long rows, long in, const unsigned char *codes, 
     for (long r = 0; r < rows && !failed; r++) {
         const float *xr = x + r * in;
         float *yr = y + r * out;
-        const double floor = screen_floor(yr, out, sx[r], n1[r], n2[r], slack, wnorm, reach);
-        const double widest = n1[r] * reach[2] + n2[r] * reach[3]; /* every token's radius at most */
+        double floor = -INFINITY;
+        for (long j = 0; j < out; j++) {
+            const double low = (double)yr[j] * sx[r] - (n1[r] * slack[j] + n2[r] * wnorm[j]);
+            floor = low > floor ? low : floor;
+        }
         for (long j = 0; j < out; j++) {
             const double screened = (double)yr[j] * sx[r];
-            /* The first test reads the row alone: most tokens fail it, their bounds unread. */
-            if (screened + widest < floor || screened + (n1[r] * slack[j] + n2[r] * wnorm[j]) < floor) {
+            if (screened + (n1[r] * slack[j] + n2[r] * wnorm[j]) < floor) {
                 if (seen) seen[j] = (float)screened;
                 yr[j] = -INFINITY;
                 continue;

@@ -126,7 +126,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_spread.restype = None
     lib.rows_softmax_stats.argtypes = [ptr, c_long, c_long, ptr, ptr]
     lib.rows_softmax_stats.restype = None
-    lib.rows_screen.argtypes = [ptr, c_long, c_long, *[ptr] * 5, c_long, c_long, ptr, c_long, ptr]
+    lib.rows_screen.argtypes = [ptr, c_long, c_long, *[ptr] * 4, c_long, c_long, ptr, c_long, ptr]
     lib.rows_screen.argtypes += [ctypes.c_int]
     lib.rows_screen.restype = ctypes.c_int
     lib.rows_attention.argtypes = [ptr, c_long, c_long, c_long, ptr, ptr, c_long, c_long, ptr, c_long]
@@ -374,7 +374,6 @@ def screen(
     wnorm: torch.Tensor,
     w: torch.Tensor,
     entropy: torch.Tensor | None = None,
-    reach: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """(R, V) float32 for float32 x (R, in): each row's logits x . w[j] where the integer screen leaves
     doubt that they are the row's largest, the bits of `matmul(x, block(w), V)`, -inf elsewhere
@@ -383,11 +382,8 @@ def screen(
     codes: `screen.screen_block` of the head's codes and scales; slack, wnorm: (V,) float64, the bound's radius
     per unit of the row's two norms (`screen.py`); w: the float32 head (V, in) in any strides (a tied
     head's input-major storage); entropy: (R,) float32 to fill with each row's softmax entropy over its
-    logits as screened (the kept exact, the rest their screened values), or None; reach: (4,) float64,
-    slack's and wnorm's least, then their largest (`screen_reach`; None: computed here), with which the C
-    side leaves most tokens' bounds unread."""
+    logits as screened (the kept exact, the rest their screened values), or None."""
     assert x.dtype == w.dtype == torch.float32 and slack.dtype == wnorm.dtype == torch.float64
-    reach = screen_reach(slack, wnorm) if reach is None else reach
     flat = x.contiguous()
     V = w.shape[0]
     lib = library()
@@ -396,14 +392,9 @@ def screen(
     )
     y = torch.empty(flat.shape[0], V, dtype=torch.float32)
     assert entropy is None or (entropy.dtype == torch.float32 and entropy.shape == flat.shape[:1])
-    args = [flat, flat.shape[0], flat.shape[1], codes, slack, wnorm, reach, w, *w.stride(), y, V, entropy]
+    args = [flat, flat.shape[0], flat.shape[1], codes, slack, wnorm, w, *w.stride(), y, V, entropy]
     failed = lib.rows_screen(*_pointers(*args, torch.get_num_threads()))
     return None if failed else y
-
-
-def screen_reach(slack: torch.Tensor, wnorm: torch.Tensor) -> torch.Tensor:
-    """`screen`'s reach: (4,) float64, slack's and wnorm's least values, then their largest."""
-    return torch.stack([slack.min(), wnorm.min(), slack.max(), wnorm.max()]).contiguous()
 
 
 def blocked_gemm(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:

@@ -116,7 +116,6 @@ class ScreenedHead(nn.Module):
         self.weight = (weight.detach(),)
         self.codes = (screen_block(codes, scales),)
         self.slack, self.wnorm = (slack,), (wnorm,)
-        self.reach = (rowkernel.screen_reach(slack, wnorm),)  # their least and largest, once
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The full head's logits."""
@@ -135,7 +134,7 @@ class ScreenedHead(nn.Module):
         the float32 weight again for that row."""
         flat = x.reshape(-1, x.shape[-1]).float()
         ent = torch.empty(flat.shape[0], dtype=torch.float32) if entropy else None
-        y = rowkernel.screen(flat, self.codes[0], self.slack[0], self.wnorm[0], self.weight[0], ent, self.reach[0])
+        y = rowkernel.screen(flat, self.codes[0], self.slack[0], self.wnorm[0], self.weight[0], ent)
         if y is None:  # a row that is not finite: the full head's logits and their entropy
             full = self.head(x)
             return full, softmax_stats(full)[1] if entropy else None
