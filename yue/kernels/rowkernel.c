@@ -1347,30 +1347,41 @@ int rows_q6_group(void) { return Q6_GROUP; }
 #else
 #define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
-#define SCREEN_FN(NAME, R)                                                                                  \
+/* Each row's integer sums of a group in CH chains (one dependent vpdpwssd chain was the one-row
+ * screen's pace: its latency, not the memory): a pair's two products go to chains 2 i % CH and
+ * (2 i + 1) % CH, added at the group's end. Integer sums: the same S whatever the chains. */
+#define SCREEN_FN(NAME, R, CH)                                                                              \
     static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
         __m256 acc[R];                                                                                      \
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
         for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                                   \
             const unsigned char *rec = w + g * SCREEN_BYTES;                                                \
             for (int k = 0; k < SCREEN_BYTES; k += 64) __builtin_prefetch(rec + 2 * SCREEN_BYTES + k, 0, 0); \
-            __m256i s[R];                                                                                   \
-            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();                                      \
+            __m256i s[R][CH];                                                                               \
+            for (int r = 0; r < R; r++)                                                                     \
+                for (int c = 0; c < CH; c++) s[r][c] = _mm256_setzero_si256();                              \
             _Pragma("GCC unroll 16") for (int p = 0; p < SCREEN_PAIRS; p += 2) {                            \
                 const __m256i two = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 2 * DOT_BLK * p)); \
                 const __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(two));                      \
                 const __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(two, 1));                  \
                 const int *x0 = xd + (g * SCREEN_PAIRS + p) * stride, *x1 = x0 + stride;                    \
-                for (int r = 0; r < R; r++)                                                                 \
-                    s[r] = DPWSSD(DPWSSD(s[r], c0, _mm256_set1_epi32(x0[r])), c1, _mm256_set1_epi32(x1[r])); \
+                const int k0 = p % CH, k1 = (p + 1) % CH;                                                   \
+                for (int r = 0; r < R; r++) {                                                               \
+                    s[r][k0] = DPWSSD(s[r][k0], c0, _mm256_set1_epi32(x0[r]));                              \
+                    s[r][k1] = DPWSSD(s[r][k1], c1, _mm256_set1_epi32(x1[r]));                              \
+                }                                                                                           \
             }                                                                                               \
             const __m256 d = _mm256_loadu_ps((const float *)rec);                                           \
-            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), d, acc[r]);      \
+            for (int r = 0; r < R; r++) {                                                                   \
+                __m256i total = s[r][0];                                                                    \
+                for (int c = 1; c < CH; c++) total = _mm256_add_epi32(total, s[r][c]);                      \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), d, acc[r]);                             \
+            }                                                                                               \
         }                                                                                                   \
         for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
     }
 #else
-#define SCREEN_FN(NAME, R)                                                                                  \
+#define SCREEN_FN(NAME, R, CH)                                                                              \
     static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
         for (int r = 0; r < R; r++)                                                                         \
             for (int j = 0; j < DOT_BLK; j++) {                                                             \
@@ -1389,15 +1400,15 @@ int rows_q6_group(void) { return Q6_GROUP; }
             }                                                                                               \
     }
 #endif
-SCREEN_FN(screen_1, 1)
-SCREEN_FN(screen_2, 2)
-SCREEN_FN(screen_3, 3)
-SCREEN_FN(screen_4, 4)
-SCREEN_FN(screen_5, 5)
-SCREEN_FN(screen_6, 6)
-SCREEN_FN(screen_7, 7)
-SCREEN_FN(screen_8, 8)
-SCREEN_FN(screen_9, 9)
+SCREEN_FN(screen_1, 1, 4) /* chains: rows x CH within the registers */
+SCREEN_FN(screen_2, 2, 2)
+SCREEN_FN(screen_3, 3, 2)
+SCREEN_FN(screen_4, 4, 2)
+SCREEN_FN(screen_5, 5, 1)
+SCREEN_FN(screen_6, 6, 1)
+SCREEN_FN(screen_7, 7, 1)
+SCREEN_FN(screen_8, 8, 1)
+SCREEN_FN(screen_9, 9, 1)
 typedef void (*screen_fn)(const int *, long, long, const unsigned char *, float *);
 static const screen_fn SCREENS[MAX_R + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6, screen_7, screen_8, screen_9};
 
