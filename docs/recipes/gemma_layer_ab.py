@@ -2,13 +2,13 @@
 layers in parts (torch around the fused matmuls, as before the one-call Gemma layer), and llama.cpp on the
 same GGUF, one thread, interleaved in one process (a development script, not part of the package).
 
-    python docs/recipes/gemma_layer_ab.py [rounds] [tokens] [prompts]
+    python docs/recipes/gemma_layer_ab.py [rounds] [tokens] [prompts] [json]
 
 Each round runs every side on the same prompts (`yue/assets/text_test.jsonl`) and greedy tokens, timing
 process CPU time (the machine is shared: other processes do not count) and wall time per generated
 token, prefill included; for yue also the share in `MoTModel.run` (the layers; the rest is the head's
 screen, sampling and the loop). Prints medians over rounds, and whether the two yue sides wrote the
-same tokens (they must).
+same tokens (they must). With a fourth argument, also writes the medians there as JSON.
 """
 
 import json
@@ -23,7 +23,7 @@ import yue
 from yue.bench import llamacpp
 from yue.registry import packaged_gguf
 
-ROUNDS, TOKENS, PROMPTS = (int(a) for a in (sys.argv[1:] + ["5", "64", "3"][len(sys.argv) - 1 :])[:3])
+ROUNDS, TOKENS, PROMPTS = (int(a) for a in (sys.argv[1:4] + ["5", "64", "3"][len(sys.argv[1:4]) :]))
 torch.set_num_threads(1)
 engine = yue.load("gemma-3-270m")
 model = engine.model
@@ -92,3 +92,21 @@ print(
     "/",
     PROMPTS,
 )
+if len(sys.argv) > 4:
+    medians = {
+        name: {
+            k: statistics.median(r[i] for r in rows) * 1e3
+            for i, k in enumerate(("cpu_ms", "wall_ms", "run_ms"))
+        }
+        for name, rows in times.items()
+    }
+    result = {
+        "rounds": ROUNDS,
+        "prompts": PROMPTS,
+        "tokens": TOKENS,
+        "per_token_median": medians,
+        "one_call_vs_llamacpp_cpu": base / statistics.median(r[0] for r in times["one call"]),
+        "parts_vs_llamacpp_cpu": base / statistics.median(r[0] for r in times["parts"]),
+        "one_call_tokens_equal_parts": tokens["one call"] == tokens["parts"],
+    }
+    Path(sys.argv[4]).write_text(json.dumps(result, indent=1) + "\n")
