@@ -74,7 +74,9 @@ class DecodeSet(nn.Module):
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
         kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()
-        fits = bool(kinds) and kinds <= rowkernel.LAYER_KINDS.keys() and ("i8dot" not in kinds or kinds == {"i8dot"})
+        # Any mix of the AR kinds; int8 codes all four (their scales are concatenated).
+        fits = bool(kinds) and kinds <= rowkernel.LAYER_KINDS.keys()
+        fits = fits and ("i8dot" not in kinds or kinds == {"i8dot"})
         whole = (exact or nar) and row_norm and attention == "kernel" and fits
         self.blocked = tuple(blocked) if whole else None
         norm, proj, post_norm, mlp = layer._sets(nar)

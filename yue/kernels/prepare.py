@@ -298,7 +298,8 @@ def prepare_for_decoding(
         [layer_paths(layer, drafting_dtype, int4, one_copy and not streamed, rows, row_ops) for layer in model.model.layers]
     )
     one_call = all(sets[0].one_layer is not None for sets in paths.layers)
-    logger.info("%s layers: %s", model.config.family, "one row-kernel call each" if one_call else "several calls each")
+    calls = "one row-kernel call each" if one_call else "several calls each"
+    logger.info("%s layers: %s", model.config.family, calls)
     paths.stacks = kernel_stacks(model.model.layers, paths.layers)
     prepare_slots(model, paths, drafting_dtype, row_ops)
     head = ar_head(model, int4, one_copy, streamed, rows, row_ops)

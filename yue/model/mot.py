@@ -278,7 +278,8 @@ class MoTModel(nn.Module):
         (`DecodePaths.stacks`: a decode step's rows all of one parameter set); None where it does not apply.
         step: `_layers`' (cos, sin, mask, cache, start, first, last, local)."""
         stack = None if paths is None else paths.stacks.get(h_s.shape[1] > 0)
-        return None if stack is None or step[3] is None else stack(h_c, h_s, *step)
+        cache = step[3]  # a stack writes a decode step's K/V: none without a cache
+        return None if stack is None or cache is None else stack(h_c, h_s, *step)
 
     def _final(self, h_c: torch.Tensor, h_s: torch.Tensor, paths: DecodePaths | None = None) -> torch.Tensor:
         if not h_c.shape[1]:
