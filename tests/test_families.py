@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.family_utils import FAMILY_NAMES, GGUF_ARCHS, WINDOW, save_family, tiny_family, write_family_gguf
+from tests.test_precision import assert_one_call_is_parts
 from tests.test_rowkernel import needs_row_kernel
 from yue.config import DecodeConfig, Features
 from yue.decode.loop import decode
@@ -60,9 +61,9 @@ def test_a_family_decodes_as_transformers_greedy_and_verified_equals_ar(name):
 def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_equal_to_ar(
     name, monkeypatch
 ):
-    """Prepared on yue's row kernel (row-exact matmuls and attention, the family's features in torch
-    around them), a family's `ar` is transformers' greedy and `verified` equals it; in the int4 precision
-    (another precision: its own tokens) `verified` equals `ar` too."""
+    """Prepared on yue's row kernel (row-exact matmuls and attention, each layer one call with the
+    family's features in it), a family's `ar` is transformers' greedy and `verified` equals it; in the
+    int4 precision (another precision: its own tokens) `verified` equals `ar` too."""
     needs_row_kernel()
     monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     reference = tiny_family(name)
@@ -70,10 +71,30 @@ def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_
     model = from_llama(reference, block_size=4, nar_layers=1).eval()
     fast = prepare_for_decoding(copy.deepcopy(model), torch.qint8)
     assert all(exact_rows(sets) for sets in fast.paths.layers)
+    # Each layer one row-kernel call, the family's extras in it, and a step's layers one call.
+    assert all(sets[0].one_layer is not None for sets in fast.paths.layers) and False in fast.paths.stacks
     assert greedy(fast, "ar") == expected[0, len(PROMPT) :].tolist()
     assert greedy(fast, "verified") == greedy(fast, "ar")
     int4 = prepare_for_decoding(copy.deepcopy(model), torch.qint8, int4=True)
     assert greedy(int4, "verified") == greedy(int4, "ar")
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "qwen2", "mistral"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_family_layer_is_one_row_kernel_call_computing_what_its_parts_do(name, batch, monkeypatch):
+    """A family's layer on the row kernel is one call (`rowstack`: Gemma's (1 + w) and sandwich norms,
+    GeGLU, Q/K norms, QKV biases, sliding-window layers with their own RoPE base; the MLP 100 wide, so
+    that GeGLU's tail past whole vectors runs too), whose logits and cache are the same model's layers
+    in parts (torch around the fused matmuls) over prompts and steps that cross the window, in a
+    left-padded batch; the stack's bits are its layers' one calls'."""
+    needs_row_kernel()
+    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
+    model = from_llama(tiny_family(name, intermediate_size=100), block_size=4, nar_layers=1).eval()
+    fast = prepare_for_decoding(model, torch.qint8)
+    assert all(sets[0].one_layer is not None for sets in fast.paths.layers)
+    if name in ("gemma3", "mistral"):
+        assert any(layer.sliding for layer in fast.trained.model.layers)
+    assert_one_call_is_parts(fast, batch)
 
 
 def test_the_window_and_the_local_rope_change_what_gemma_computes(tmp_path):

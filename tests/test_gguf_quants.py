@@ -3,7 +3,8 @@ the values ggml's block format gives (a reference dequantizer of the test's own,
 model's float32 logits are transformers' on those values, and Q4_0 and Q4_K weights, like Q4_1's, run
 from their 4-bit codes on the row kernel with the float32 bits (model/gguf.py, rowkernel.c
 `rows_q4_pack`), Q5_0 weights (Q4_K_M's where rows are not a multiple of 256) from 8-bit codes, like
-Q8_0's (`rows_q8_pack`); Q5_K and Q6_K run as float32."""
+Q8_0's (`rows_q8_pack`), Q6_K weights from 8-bit codes with a scale per 16 inputs (`rows_q6_pack`); Q5_K
+runs as float32."""
 
 from __future__ import annotations
 
@@ -63,14 +64,12 @@ def quantized(kind: str, out: int, inp: int, seed: int = 0) -> torch.Tensor:
     return gguf_round_trip(torch.randn(out, inp, generator=torch.Generator().manual_seed(seed)) / 10, kind)
 
 
-@pytest.mark.parametrize(
-    ("kind", "out", "inp"), [("Q4_0", 40, 64), ("Q4_0", 7, 32), ("Q4_K", 96, 512), ("Q4_K", 7, 256)]
-)
-def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp):
-    needs_row_kernel()
-    w = quantized(kind, out, inp)
-    packed = rowkernel.q4_block(w)
-    assert packed is not None and rowkernel.layout(packed) == "q4"
+def assert_codes_give_the_float_bits(w: torch.Tensor, pack, kind: str) -> torch.Tensor:
+    """`pack(w)` holds w's codes (`rowkernel.layout` `kind`) whose products are the float kernel's bits
+    at every row count (1-9 rows a pass, and 13), and refuses w with one value off by an ulp; returns it."""
+    out, inp = w.shape
+    packed = pack(w)
+    assert packed is not None and rowkernel.layout(packed) == kind
     full = rowkernel.block(w)
     g = torch.Generator().manual_seed(1)
     for rows in (*range(1, 10), 13):
@@ -78,7 +77,17 @@ def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kin
         assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
     nudged = w.clone()
     nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))  # one value off by one ulp
-    assert rowkernel.q4_block(nudged) is None
+    assert pack(nudged) is None
+    return packed
+
+
+@pytest.mark.parametrize(
+    ("kind", "out", "inp"), [("Q4_0", 40, 64), ("Q4_0", 7, 32), ("Q4_K", 96, 512), ("Q4_K", 7, 256)]
+)
+def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp):
+    needs_row_kernel()
+    w = quantized(kind, out, inp)
+    assert_codes_give_the_float_bits(w, rowkernel.q4_block, "q4")
     # The int4 precision takes the same codes, scales and minimums: its weights are the file's.
     codes, d, m = rowkernel.q4_groups(w, float16_scale=True)
     assert torch.equal((codes * d + m).reshape(out, inp), w) and 0 <= codes.min() <= codes.max() <= 15
@@ -86,13 +95,14 @@ def test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kin
 
 @pytest.mark.parametrize("flags, lanes", [([], 8), (["-DYUE_LANES=16"], 16)])
 def test_q4_0_and_q4_k_codes_on_the_portable_builds(flags, lanes, fresh_build, monkeypatch):  # noqa: F811
-    """The Q4_0 and Q4_K forms with the fast flag sets forced off (no -march: the portable loops), with
+    """The Q4_0, Q4_K and Q6_K forms with the fast flag sets forced off (no -march: the portable loops), with
     AVX2's 8-float layout and AVX512's 16, whatever this CPU has: the same bits as the float kernel."""
     monkeypatch.setattr(rowkernel, "FLAG_SETS", (flags,))
     needs_row_kernel()
     assert rowkernel.library().rows_lanes() == lanes
     for kind, out, inp in (("Q4_0", 40, 64), ("Q4_K", 7, 256)):
         test_q4_0_and_q4_k_weights_are_held_as_codes_with_the_float_kernels_bits(kind, out, inp)
+    test_q6_k_weights_are_held_as_8_bit_codes_per_16_inputs_with_the_float_kernels_bits(7, 256)
 
 
 @pytest.mark.parametrize(("kind", "out", "inp"), [("Q5_0", 40, 64), ("Q5_0", 7, 640), ("Q8_0", 9, 96)])
@@ -100,23 +110,29 @@ def test_q5_0_and_q8_0_weights_are_held_as_8_bit_codes_with_the_float_kernels_bi
     needs_row_kernel()
     w = quantized(kind, out, inp)
     assert rowkernel.q4_block(w) is None  # 5-bit codes have no 4-bit form
-    packed = rowkernel.q8_block(w)
-    assert packed is not None and rowkernel.layout(packed) == "q8"
-    full = rowkernel.block(w)
-    g = torch.Generator().manual_seed(1)
-    for rows in range(1, 10):
-        x = torch.randn(rows, inp, generator=g)
-        assert torch.equal(rowkernel.matmul(x, packed, out), rowkernel.matmul(x, full, out)), rows
-    nudged = w.clone()
-    nudged[3, 5] = torch.nextafter(nudged[3, 5], torch.tensor(1.0))  # one value off by one ulp
-    assert rowkernel.q8_block(nudged) is None
+    assert_codes_give_the_float_bits(w, rowkernel.q8_block, "q8")
 
 
-@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K"])
-def test_q5_k_and_q6_k_weights_stay_float32(kind):
-    """5- and 6-bit codes have no 4-bit form: these weights run as the float32 values they load as."""
+def test_q5_k_weights_stay_float32():
+    """5-bit codes with a scale and a minimum per 32 inputs have no 4-bit or 8-bit form here: these
+    weights run as the float32 values they load as."""
     needs_row_kernel()
-    assert rowkernel.q4_block(quantized(kind, 32, 256)) is None
+    w = quantized("Q5_K", 32, 256)
+    assert rowkernel.q4_block(w) is None and rowkernel.q8_block(w) is None and rowkernel.q6_block(w) is None
+
+
+@pytest.mark.parametrize(("out", "inp"), [(96, 512), (7, 256)])
+def test_q6_k_weights_are_held_as_8_bit_codes_per_16_inputs_with_the_float_kernels_bits(out, inp):
+    """A Q6_K weight ((d * sc) * q, a scale per 16 inputs: no 4-bit form, nor 8-bit codes with one scale
+    per 32) is held as 8-bit codes with a scale per 16 (`rowkernel.q6_block`, 1.25 bytes a weight),
+    whose products are the float kernel's bits at every row count; one value off by an ulp is refused."""
+    needs_row_kernel()
+    w = quantized("Q6_K", out, inp)
+    assert rowkernel.q4_block(w) is None and rowkernel.q8_block(w) is None
+    packed = assert_codes_give_the_float_bits(w, rowkernel.q6_block, "q6")
+    assert rowkernel.inputs(packed) == inp
+    assert packed.numel() == -(-out // rowkernel.library().rows_block()) * 32 * inp * 1.25
+    assert rowkernel.q6_block(torch.randn(out, inp)) is None  # a trained weight is no such thing
 
 
 def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar(monkeypatch):

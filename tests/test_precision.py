@@ -157,12 +157,19 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
 @pytest.mark.parametrize("batch", [1, 2])
 def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch):
     """`DecodeSet.whole_layer` (the AR layers of a float32 row-kernel model in one call each) against the same
-    model's layer-by-layer torch path (`DecodeSet` with the call turned off): a prefill, then a 1-row and
-    a 5-row step over a left-padded batch, logits and cache within float32 rounding."""
-    model = row_stream_model(0, monkeypatch)
+    model's layer-by-layer torch path (`DecodeSet` with the call turned off)."""
+    assert_one_call_is_parts(row_stream_model(0, monkeypatch), batch)
+
+
+def assert_one_call_is_parts(model, batch: int) -> None:
+    """A prepared model's AR layers as one row-kernel call each (and as one stack) against its layers in
+    parts (`DecodeSet` with the call turned off): a prefill, then a 1-row and a 5-row step over a
+    left-padded batch, logits and cache within float32 rounding; the stack's bits those of the layers'
+    one calls in turn."""
     prompts = torch.randint(4, 96, (batch, 9), generator=torch.Generator().manual_seed(3))
     steps = [torch.randint(4, 96, (batch, t), generator=torch.Generator().manual_seed(t)) for t in (1, 5)]
     blocked = [sets[0].blocked for sets in model.paths.layers]
+    assert all(b is not None for b in blocked)
     stacks = model.paths.stacks
     assert stacks[False].weights.first == 0 and len(stacks[False].weights.layers) == model.config.num_hidden_layers
 
@@ -194,7 +201,7 @@ def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fast_cache.k, slow_cache.k, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fast_cache.v, slow_cache.v, atol=1e-4, rtol=1e-4)
-    # The stack in one call (`rowkernel.stack`) is the layers' one calls in turn: the same bits.
+    # The stack in one call (`rowstack.stack`) is the layers' one calls in turn: the same bits.
     per_layer, per_layer_cache = run(True, stacked=False)
     assert all(torch.equal(a, b) for a, b in zip(fast, per_layer, strict=True))
     assert torch.equal(fast_cache.k, per_layer_cache.k) and torch.equal(fast_cache.v, per_layer_cache.v)
@@ -246,7 +253,8 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
     """The last flag set (plain -O3: no -march, so 8-float vectors, as on an AVX2 or ARM CPU, and no
     OpenMP), forced here, that build as a compiler without vector shuffles makes it (GCC < 12), and an
     AVX2 build (the intrinsics paths without AVX512 or VNNI, on any x86 CPU that runs this): the
-    attention stays row-exact, the whole float32 model too, the one-call layer right, and the drafting
+    attention stays row-exact, the whole float32 model too, the one-call layer right (Llama's, and Gemma
+    3's and Qwen2's with their extras), and the drafting
     kernels (integer dot products, softmax statistics) and the int4 precision's matmul compute what the
     native build does."""
     from yue.kernels import rowkernel
@@ -258,6 +266,10 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
         test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "kernel")
     test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream", monkeypatch)
     test_the_one_call_layer_computes_what_its_torch_path_does(2, monkeypatch)
+    from tests import test_families  # here: it imports this module's helpers
+
+    for name in ("gemma3", "qwen2"):  # the families' extras and GeGLU's tail past whole vectors
+        test_families.test_a_family_layer_is_one_row_kernel_call_computing_what_its_parts_do(name, 2, monkeypatch)
     # The drafting sets' integer dot products: the plain loop's integers are AVX2's; the router's
     # softmax statistics on the plain build's vectors.
     test_drafting_kernel.test_the_integer_dot_matmul_is_exact_integer_arithmetic_on_rows_quantized(45, 72)

@@ -71,11 +71,6 @@ class Features:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"features.sliding_window must be >= 1, got {self.sliding_window}")
 
-    @property
-    def plain(self) -> bool:
-        """Whether these are Llama's layers with RoPE as Llama 2's (what yue's fused decode path runs)."""
-        return self == Features(llama3_rope=self.llama3_rope)
-
     def sliding(self, layer: int) -> bool:
         """Whether layer `layer` attends through a sliding window."""
         if self.sliding_window is None:

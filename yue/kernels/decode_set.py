@@ -16,9 +16,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yue.kernels import probe, rowkernel
+from yue.kernels import probe, rowkernel, rowstack
 from yue.model.decode_paths import exact_rows
-from yue.model.layers import EXACT_KEY_PAD, EXACT_QUERY_PAD, MoTLayer, RMSNorm, apply_rope, rms_norm, round_up
+from yue.model.layers import (
+    ACTIVATIONS,
+    EXACT_KEY_PAD,
+    EXACT_QUERY_PAD,
+    MoTLayer,
+    RMSNorm,
+    apply_rope,
+    rms_norm,
+    round_up,
+)
 from yue.model.prepared import PreparedModel
 
 
@@ -58,20 +67,23 @@ class DecodeSet(nn.Module):
         self.attend = ExactAttention(attention, layer.attn_scale, layer.n_kv != layer.n_heads)
         # The whole layer in one row-kernel call (`whole_layer`; a step's run of such layers, one call for
         # them all: `prepare.kernel_stacks`) where every part is on the row kernel (the matmuls holding
-        # `blocked` weights of one kind: `matmuls.StreamedLinear`s, float32 or 4-bit codes, for an AR
-        # set whose rows are exact; a NAR set's may be int8 codes with scales, `matmuls.RowInt8Linear`):
-        # a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
+        # `blocked` weights of the kernel's kinds: `matmuls.StreamedLinear`s, float32 or 4-bit and 8-bit
+        # codes, for an AR set whose rows are exact; a NAR set's int8 codes with scales,
+        # `matmuls.RowInt8Linear`, all four): a decode step's rows of the set, up to `rowkernel.MAX_ROWS`.
+        # The family's differences ride along (`rowstack`).
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
         kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()
-        one_kind = len(kinds) == 1 and kinds <= rowkernel.LAYER_KINDS.keys()
-        whole = (exact or nar) and row_norm and attention == "kernel" and one_kind and layer.plain
+        # Any mix of the AR kinds; int8 codes all four (their scales are concatenated).
+        fits = bool(kinds) and kinds <= rowkernel.LAYER_KINDS.keys()
+        fits = fits and ("i8dot" not in kinds or kinds == {"i8dot"})
+        whole = (exact or nar) and row_norm and attention == "kernel" and fits
         self.blocked = tuple(blocked) if whole else None
         norm, proj, post_norm, mlp = layer._sets(nar)
         # The family's differences from Llama's layer (`config.Features`), in torch around the fused
-        # matmuls (the row kernel's one-call layer is Llama's): Q/K/V biases (`qkv_bias`, (H + 2 Hkv) Dh,
-        # added after the bias-free fused matmul), per-head Q/K norms, Gemma's norms and GeGLU. Tuples:
-        # the layer's own modules and tensors, not registered twice.
+        # matmuls where the layer is not one call: Q/K/V biases (`qkv_bias`, (H + 2 Hkv) Dh, added after
+        # the bias-free fused matmul), per-head Q/K norms, Gemma's norms and GeGLU. Tuples: the layer's
+        # own modules and tensors, not registered twice.
         self.qkv_bias = None if qkv_bias is None else (qkv_bias,)
         self.qk_norms = (proj.q_norm, proj.k_norm) if hasattr(proj, "q_norm") else None
         prefix = "nar_" if nar else ""
@@ -84,17 +96,31 @@ class DecodeSet(nn.Module):
             else None
         )
         self.act = mlp.act
-        # The call's unchanging arguments (`rowkernel.LayerWeights`); int8 codes bring their scales per
-        # output, the four matmuls' concatenated.
-        scales = torch.cat([m.scale[0] for m in matmuls]) if whole and kinds == {"i8dot"} else None
         self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)
-        norms = (norm.weight, post_norm.weight)
-        weights = rowkernel.LayerWeights.of(norms, norm.eps, blocked, self.heads, scales) if whole else None
         # This layer as a stack of one (`whole_layer`); a step's run of layers stacks their `LayerWeights`.
-        self.one_layer = None if weights is None else rowkernel.StackWeights.of([weights], first=0)
+        self.one_layer = None
+        if whole:
+            weights = self._layer_weights(layer, blocked, matmuls, kinds, norm, post_norm)
+            self.one_layer = rowstack.StackWeights.of([weights], first=0)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
+
+    def _layer_weights(self, layer, blocked, matmuls, kinds, norm, post_norm) -> rowstack.LayerWeights:
+        """The one call's unchanging arguments (`rowstack.LayerWeights`): norms as applied (Gemma's 1 + w
+        folded), the family's extras, int8 codes' scales per output (the four matmuls' concatenated)."""
+        scales = torch.cat([m.scale[0] for m in matmuls]) if kinds == {"i8dot"} else None
+        extras = (
+            *(self.qk_norms or (None, None)),
+            None if self.qkv_bias is None else self.qkv_bias[0].float().contiguous(),
+            *(self.ffn_norms or (None, None)),
+        )
+        extras = tuple(rowstack.applied_norm(e) if isinstance(e, RMSNorm) else e for e in extras)
+        norms = (rowstack.applied_norm(norm), rowstack.applied_norm(post_norm))
+        act = next(name for name, fn in ACTIVATIONS.items() if fn is self.act)
+        return rowstack.LayerWeights.of(
+            norms, norm.eps, blocked, self.heads, scales, extras, act, layer.attn_scale, layer.sliding
+        )
 
     def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """A layer norm over 2-d rows: `rms_norm` (the row kernel's, where set), or Gemma's (1 + w)
@@ -129,10 +155,11 @@ class DecodeSet(nn.Module):
 
     def whole_layer(self, h, cos, sin, kv, visible, start) -> torch.Tensor:
         """The layer over a decode step's rows of this set h (B, T, D) in one row-kernel call
-        (`rowkernel.stack` of this one layer; `blocked` set): what `qkv_rope`, the attention and `finish`
-        compute. kv: the layer's cache buffers (B, Hkv, capacity, Dh)."""
+        (`rowstack.stack` of this one layer; `blocked` set): what `qkv_rope`, the attention and `finish`
+        compute, with the layer's own RoPE rows and mask (a sliding-window layer's: `MoTModel._local`).
+        kv: the layer's cache buffers (B, Hkv, capacity, Dh)."""
         k, v = kv
-        return rowkernel.stack(h, self.one_layer, 0, 1, cos, sin, (k[None], v[None]), visible, start)
+        return rowstack.stack(h, self.one_layer, 0, 1, (cos, sin, visible), (k[None], v[None]), start)
 
     def finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """As `MoTLayer._finish`, with gate/up as one matmul, over 2-d rows (B * T, D)."""
@@ -333,27 +360,33 @@ class ExactAttention:
 
 
 class LayerStack:
-    """A parameter set's layers [first, L) as one row-kernel call (`rowkernel.stack`; a batch of more rows,
+    """A parameter set's layers [first, L) as one row-kernel call (`rowstack.stack`; a batch of more rows,
     one per group of whole batch rows) where every layer holding the set is one call
     (`DecodeSet.one_layer`): the same calls in C, the same bits, without Python's per-call overhead a
     layer. Called by `MoTModel._layers` for a decode step's rows; returns None where it does not apply."""
 
-    def __init__(self, weights: rowkernel.StackWeights, nar: bool) -> None:
+    def __init__(self, weights: rowstack.StackWeights, nar: bool) -> None:
         self.weights, self.nar = weights, nar
 
-    def __call__(self, h_c, h_s, cos, sin, mask, cache, start, first, last):
+    def __call__(self, h_c, h_s, cos, sin, mask, cache, start, first, last, local=None):
         """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D) where the step's
-        rows are all of this set (committed rows, or a drafting pass's slots): (h_c, h_s), else None."""
+        rows are all of this set (committed rows, or a drafting pass's slots): (h_c, h_s), else None.
+        local: the sliding-window layers' (cos, sin, mask) (`MoTModel._local`), or None."""
         h = h_s if self.nar else h_c
         if first >= last or first < self.weights.first or not h.shape[1]:
             return None
         if (h_c.shape[1] and h_s.shape[1]) or not one_call_rows(h, start) or not plain_mask(mask):
             return None
-        visible = kernel_mask(mask, start, h.shape[1])  # one set's rows: row0 0, its K/V from `start`
-        # The step's RoPE rows may run on past these rows (slots that join above the layers run here).
+        # One set's rows: row0 0, its K/V from `start`. The step's RoPE rows may run on past these rows
+        # (slots that join above the layers run here).
         Tc = h_c.shape[1]
-        cos, sin = (cos[..., Tc:, :], sin[..., Tc:, :]) if self.nar else (cos[..., :Tc, :], sin[..., :Tc, :])
-        out = rowkernel.stack(h, self.weights, first, last, cos, sin, (cache.k, cache.v), visible, start)
+        rows = slice(Tc, None) if self.nar else slice(0, Tc)
+
+        def view(c, s, m):
+            return c[..., rows, :], s[..., rows, :], kernel_mask(m, start, h.shape[1])
+
+        views = view(cos, sin, mask), None if local is None else view(*local)
+        out = rowstack.stack(h, self.weights, first, last, views[0], (cache.k, cache.v), start, views[1])
         return (h_c, out) if self.nar else (out, h_s)
 
 
@@ -379,7 +412,9 @@ def decode_layout(model: PreparedModel) -> str:
     # (`rowkernel.q8_block`): same bits, other costs.
     head = getattr(paths.ar_head, "head", paths.ar_head)  # a screened head's full one
     weights = [getattr(m, "blocked", (None,))[0] for m in children]
-    kinds += ["4-bit codes"] if any(w is not None and rowkernel.layout(w) == "q4" for w in weights) else []
+    layouts = {rowkernel.layout(w) for w in weights if w is not None}
+    kinds += ["4-bit codes"] if "q4" in layouts else []
+    kinds += ["8-bit codes"] if layouts & {"q8", "q6"} else []
     head_codes = getattr(head, "blocked", (None,))[0]
     kinds += ["head 8-bit codes"] if head_codes is not None and rowkernel.layout(head_codes) == "q8" else []
     attention = []

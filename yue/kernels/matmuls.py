@@ -116,7 +116,8 @@ class StreamedLinear(nn.Module):
     bytes makes a step faster than on the float32 copy; it no longer waits on memory, so each extra
     row (compute-bound, the FMA units' pace) is a larger share of it (measured: docs/results-log.md). A weight that 8-bit codes give back
     exactly (a GGUF's Q8_0 table: SmolLM2's tied head, 113 MB as float32) is held as those
-    (`rowkernel.q8_block`, 1.125 bytes a weight), the same way.
+    (`rowkernel.q8_block`, 1.125 bytes a weight), the same way; and one they give back with a scale per
+    16 inputs (a GGUF's Q6_K weights, `rowkernel.q6_block`, 1.25 bytes a weight).
 
     The tensor is held in a tuple, not registered: nothing in a state dict, no `.to()`.
     """
@@ -127,6 +128,8 @@ class StreamedLinear(nn.Module):
         codes = rowkernel.q4_block(weight) if probe.choice().ok("rows-q4") else None
         if codes is None and probe.choice().ok("rows-q8"):
             codes = rowkernel.q8_block(weight)
+            # A GGUF's Q6_K weights: 8-bit codes with a scale per 16 inputs (the same kernels' rebuild).
+            codes = rowkernel.q6_block(weight) if codes is None else codes
         self.blocked = (rowkernel.block(weight) if codes is None else codes,)
         self.out_features = linear.out_features
 

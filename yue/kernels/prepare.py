@@ -59,7 +59,7 @@ import logging
 import torch
 from torch import nn
 
-from yue.kernels import probe, rowkernel
+from yue.kernels import probe, rowkernel, rowstack
 from yue.kernels.decode_set import DecodeSet, LayerStack, kernels_named
 from yue.kernels.matmuls import (
     INT8,
@@ -294,13 +294,12 @@ def prepare_for_decoding(
         log_one_copy(streamed)
     input_major(model)
     release_freed_memory()
-    if not model.config.layer_features.plain:
-        # A family's differences from Llama's layer (`config.Features`) run in torch around the fused
-        # matmuls (`DecodeSet`); the row kernel's one-call layer is Llama's only.
-        logger.info("%s layers: fused matmuls, each layer in several calls", model.config.family)
     paths = DecodePaths(
         [layer_paths(layer, drafting_dtype, int4, one_copy and not streamed, rows, row_ops) for layer in model.model.layers]
     )
+    one_call = all(sets[0].one_layer is not None for sets in paths.layers)
+    calls = "one row-kernel call each" if one_call else "several calls each"
+    logger.info("%s layers: %s", model.config.family, calls)
     paths.stacks = kernel_stacks(model.model.layers, paths.layers)
     prepare_slots(model, paths, drafting_dtype, row_ops)
     head = ar_head(model, int4, one_copy, streamed, rows, row_ops)
@@ -351,8 +350,8 @@ def log_one_copy(streamed: bool) -> None:
 
 def prepare_slots(model, paths: DecodePaths, drafting_dtype: torch.dtype | None, row_ops: bool) -> None:
     """The drafting pass's own parts, into `paths` (`prepare_for_decoding`): the slot entry lowered to
-    `drafting_dtype` (if any), and the slot norm and the router's softmax statistics on yue's row kernel
-    where `row_ops` (and the model's final norm has no offset)."""
+    `drafting_dtype` (if any), and the final norm (slots' and committed rows') and the router's softmax
+    statistics on yue's row kernel where `row_ops`."""
     entry = model.model.slot_entry
     if entry is not None and drafting_dtype is not None:
         norm = (
@@ -362,9 +361,12 @@ def prepare_slots(model, paths: DecodePaths, drafting_dtype: torch.dtype | None,
         )
         lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_ops)
         paths.slot_entry = SlotEntryPath(*slot_entry_halves(entry, lower), norm)
-    if row_ops and not model.model.norm.offset:
+    if row_ops:
+        # Gemma's (1 + w) folded into a float32 copy (`rowstack.applied_norm`); committed rows too: Gemma's
+        # norm module is several torch calls a step.
         norm = model.model.norm
-        paths.slot_norm = functools.partial(rowkernel.rms_norm, weight=norm.weight, eps=norm.eps)
+        weight = rowstack.applied_norm(norm)
+        paths.slot_norm = paths.final_norm = functools.partial(rowkernel.rms_norm, weight=weight, eps=norm.eps)
         paths.softmax_stats = rowkernel.softmax_stats
 
 
@@ -478,7 +480,7 @@ def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None,
 
 def kernel_stacks(layers, sets: list) -> dict:
     """Per parameter set (False: AR, True: NAR), its layers' one-call weights as one stack
-    (`rowkernel.StackWeights` in a `LayerStack`, which `MoTModel._stacked` calls) where every layer holding
+    (`rowstack.StackWeights` in a `LayerStack`, which `MoTModel._stacked` calls) where every layer holding
     the set is one row-kernel call (`DecodeSet.one_layer`) and they share their sizes and kind; no entry
     elsewhere. sets: each layer's decode sets (`DecodePaths.layers`).
 
@@ -491,7 +493,7 @@ def kernel_stacks(layers, sets: list) -> dict:
         held = [i for i, layer in enumerate(layers) if not nar or layer.has_nar]
         ones = [sets[i][nar].one_layer for i in held]
         if held and all(one is not None for one in ones):
-            stack = rowkernel.StackWeights.of([one.layers[0] for one in ones], first=len(layers) - len(held))
+            stack = rowstack.StackWeights.of([one.layers[0] for one in ones], first=len(layers) - len(held))
             if stack is not None:
                 stacks[nar] = LayerStack(stack, nar)
     return stacks

@@ -171,23 +171,31 @@ static inline __attribute__((always_inline)) vf exp_neg(vf x) {
     return (vf)((vi)(p * (vf)scale) & (x >= -87.0f));
 }
 
-/* out = silu(g) * u over n values: g * sigmoid(g), sigmoid from e = exp(-|g|) (exp_neg, LANES at a time;
- * 1 / (1 + e) for g >= 0, e / (1 + e) below), so no exp overflows. A value's bits depend on its index
- * in the row only (the tail past the last whole vector goes through expf), never on the rows of the call.
- * Why: libm's expf, one value at a time (30 layers x 1,536 values a SmolLM2 row), was a measurable share
- * of a one-row step (docs/results-log.md). */
-static void silu_mul(const float *g, const float *u, float *out, long n) {
+/* out = act(g) * u over n values, act silu (`gelu` 0: g * sigmoid(g)) or GELU's tanh form (`gelu` 1:
+ * 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), torch's `gelu(approximate="tanh")`, Gemma's
+ * GeGLU). Both are z * s(2 a), s the logistic function and (z, a) = (g, g / 2) or (g, y): s from
+ * e = exp(-2 |a|) (exp_neg, LANES at a time; 1 / (1 + e) for a >= 0, e / (1 + e) below), so no exp
+ * overflows and 1 + tanh(y) keeps its precision where it is near 0. A value's bits depend on its index
+ * in the row only (the tail past the last whole vector goes through expf / tanhf), never on the rows of
+ * the call. Why: libm's expf, one value at a time (30 layers x 1,536 values a SmolLM2 row), was a
+ * measurable share of a one-row step (docs/results-log.md). */
+static void act_mul(const float *g, const float *u, float *out, long n, int gelu) {
     const vi sign = (vi){0} + (int)0x80000000;
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi), as torch's kBeta */
     long i = 0;
     for (; i + LANES <= n; i += LANES) {
         const vf gv = *(const vf *)(g + i);
-        const vi neg = gv < 0.f;
-        const vf e = exp_neg((vf)((vi)gv | sign)); /* exp(-|g|) */
+        const vf a = gelu ? beta * (gv + kappa * (gv * gv * gv)) : gv * 0.5f;
+        const vi neg = a < 0.f;
+        const vf e = exp_neg((vf)((vi)(a + a) | sign)); /* exp(-2 |a|) */
         const vf one = (vf){0} + 1.f;
         const vf num = (vf)(((vi)e & neg) | ((vi)one & ~neg));
         *(vf *)(out + i) = gv * (num / (one + e)) * *(const vf *)(u + i);
     }
-    for (; i < n; i++) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    for (; i < n; i++) {
+        const float y = beta * (g[i] + kappa * (g[i] * g[i] * g[i]));
+        out[i] = (gelu ? 0.5f * g[i] * (1.f + tanhf(y)) : g[i] / (1.f + expf(-g[i]))) * u[i];
+    }
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * weight over each of `rows` rows of n (row-major). */
@@ -364,17 +372,25 @@ int rows_lanes(void) { return LANES; }
 void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads);
 void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
+void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
+void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 
-/* The weight kinds rows_layer takes (rowkernel.LAYER_KINDS): all four matmuls of a layer one kind. */
-enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT };
+/* The weight kinds a matmul of rows_layer takes (rowkernel.LAYER_KINDS), each matmul its own: float32
+ * weights, 4-bit or 8-bit codes giving them back (a GGUF's Q4_1 / Q4_0 / Q4_K, Q8_0 / Q5_0 and Q6_K
+ * tensors: a Q4_K_M file mixes them within a layer), int8 codes with a scale per output (a drafting set's), or the
+ * int4 precision's codes. */
+enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6 };
 
-/* A matmul of rows_layer's: float32 weights in rowkernel.block's layout, 4-bit codes in rows_matmul_q4's
- * (or the int4 precision's, rows_matmul_q4dot's), or int8 codes in rowkernel.dot_block's layout times a
- * scale per output (`scale`, out floats: a drafting set's, on integer dot products). */
+/* A matmul of rows_layer's in its `kind` (rows_matmul's, rows_matmul_q4's, rows_matmul_q8's,
+ * rows_matmul_q6's, rows_matmul_q4dot's, or rows_matmul_i8dot's times `scale`, out floats). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
         rows_matmul_q4(x, rows, in, w, y, out, threads);
+    else if (kind == LAYER_Q8)
+        rows_matmul_q8(x, rows, in, w, y, out, threads);
+    else if (kind == LAYER_Q6)
+        rows_matmul_q6(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_Q4DOT)
         rows_matmul_q4dot(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_F32)
@@ -386,76 +402,109 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
     }
 }
 
-/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (Python
- * reaches it through rows_stack, for one layer or many): the step's ~25 torch calls and their Python
- * (a large share of a float32 step once the matmuls streamed at memory speed: docs/results-log.md)
- * become one. The same functions as `layers.DecodeSet`'s path, in its order:
- *   x = norm1(h); qkv = x Wqkv; q, k rotated (half-split RoPE); k, v written to the cache at
- *   [start, start + T); o = attention; h += o Wo; x = norm2(h); g, u = x Wgu; h += (silu(g) u) Wdown,
- * each row on its own (the matmuls `rows_matmul`, 1-9 rows), so a row's bits do not depend on R.
- *
- * h: (R, D) row-major, updated in place. Weights of one `kind` (layer_matmul's): in `rowkernel.block`'s
- * layout, or all four in rows_matmul_q4's; int8 ones with `scales`, their outputs' scales in the
- * matmuls' order (Q/K/V, O, gate/up, down; NULL otherwise): wqkv (H + 2 Hkv) Dh outputs (Q, K, V
- * heads), wgu 2 F (gate, up), wo D from H Dh,
- * wdown D from F. cos, sin: (B|1, T, Dh)
- * at strides (cb, ct). k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh).
- * visible, mb, mt: as rows_attention's. */
-static void rows_layer(float *h, int B, int T, long D, const float *norm1, const float *norm2, float eps,
-                       const void *wqkv, const void *wo, const void *wgu, long F, const void *wdown, int kind,
-                       const float *scales, const float *cos, const float *sin, long cb, long ct, float *k,
-                       float *v, long kb, long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv,
-                       int Dh, long start, float scale, int threads) {
-    const long R = (long)B * T, nqkv = (long)(H + 2 * Hkv) * Dh, half = Dh / 2;
-    float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
-    float *o = malloc(R * (long)H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
-    float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
-    rows_rms_norm(h, R, D, norm1, eps, x);
-    const float *sqkv = scales, *so = scales ? sqkv + nqkv : 0, *sgu = scales ? so + D : 0;
-    const float *sdown = scales ? sgu + 2 * F : 0;
-    layer_matmul(kind, x, R, D, wqkv, sqkv, qkv, nqkv, threads);
+/* What a stack's layers share: the rows (B x T of D), the heads, the norms' eps, the MLP's width and
+ * activation (0 silu, 1 GELU's tanh form), the softmax scale, the first cache index and the threads. */
+struct layer_shape {
+    int B, T, H, Hkv, Dh, act, threads;
+    long D, F, start;
+    float eps, scale;
+};
+
+/* A step's RoPE rows and mask, as rows_stack takes them for its global layers and its sliding-window
+ * ones (rowkernel.View): cos, sin (B|1, T, Dh) at strides (cb, ct); visible, mb, mt as rows_attention's. */
+struct rows_view {
+    const float *cos, *sin;
+    long cb, ct;
+    const unsigned char *visible;
+    long mb, mt;
+};
+
+/* One layer's arrays (rowkernel.LayerWeights, LAYER_PTRS pointers in this order): the input norm, the
+ * post-attention norm, the weights of Q/K/V, O, gate/up and down, the int8 codes' scales (or NULL), the
+ * layer's ints (its four matmuls' kinds, then 1 for a sliding-window layer), and the family's extras,
+ * each NULL where the family has none: Q's and K's per-head norms, the Q/K/V biases, and Gemma's norms
+ * of the MLP's input and output. Norm weights as applied (Gemma's 1 + w folded in). */
+enum { W_NORM1, W_NORM2, W_QKV, W_O, W_GU, W_DOWN, W_SCALES, W_INTS, W_QNORM, W_KNORM, W_BIAS, W_NORM3, W_NORM4 };
+#define LAYER_PTRS 13
+
+/* The attention half's projections of rows_layer: x = norm1(h); qkv = x Wqkv (+ bias); each Q and K head
+ * normed (where the family norms them), then rotated (half-split RoPE, as apply_rope); k, v written to
+ * the cache at [start, start + T). qkv: (R, (H + 2 Hkv) Dh). */
+static void layer_qkv(const float *h, const void *const *w, const struct layer_shape *s, const struct rows_view *view,
+                      float *k, float *v, long kb, long kh, float *x, float *qkv) {
+    const int *kinds = w[W_INTS];
+    const float *bias = w[W_BIAS], *qn = w[W_QNORM], *kn = w[W_KNORM];
+    const long R = (long)s->B * s->T, Dh = s->Dh, nqkv = (long)(s->H + 2 * s->Hkv) * Dh, half = Dh / 2;
+    rows_rms_norm(h, R, s->D, w[W_NORM1], s->eps, x);
+    layer_matmul(kinds[0], x, R, s->D, w[W_QKV], w[W_SCALES], qkv, nqkv, s->threads);
     for (long r = 0; r < R; r++) {
-        const long b = r / T, t = r % T;
-        const float *c = cos + b * cb + t * ct, *sn = sin + b * cb + t * ct;
+        const long b = r / s->T, t = r % s->T;
+        const float *c = view->cos + b * view->cb + t * view->ct, *sn = view->sin + b * view->cb + t * view->ct;
         float *row = qkv + r * nqkv;
-        for (int head = 0; head < H + Hkv; head++) { /* x cos + rotate_half(x) sin, as apply_rope */
+        if (bias)
+            for (long i = 0; i < nqkv; i++) row[i] = row[i] + bias[i];
+        for (int head = 0; head < s->H + s->Hkv; head++) { /* x cos + rotate_half(x) sin, as apply_rope */
             float *e = row + (long)head * Dh, rot[256];
+            if (qn) rows_rms_norm(e, 1, Dh, head < s->H ? qn : kn, s->eps, e);
             for (long i = 0; i < half; i++) rot[i] = -e[half + i], rot[half + i] = e[i];
             for (long i = 0; i < Dh; i++) e[i] = e[i] * c[i] + rot[i] * sn[i];
         }
-        for (int g = 0; g < Hkv; g++) { /* k (rotated) and v into the cache */
-            float *kc = k + b * kb + g * kh + (start + t) * Dh, *vc = v + b * kb + g * kh + (start + t) * Dh;
-            for (long i = 0; i < Dh; i++) kc[i] = row[(long)(H + g) * Dh + i];
-            for (long i = 0; i < Dh; i++) vc[i] = row[(long)(H + Hkv + g) * Dh + i];
+        for (int g = 0; g < s->Hkv; g++) { /* k (rotated) and v into the cache */
+            const long at = b * kb + g * kh + (s->start + t) * Dh;
+            for (long i = 0; i < Dh; i++) k[at + i] = row[(long)(s->H + g) * Dh + i];
+            for (long i = 0; i < Dh; i++) v[at + i] = row[(long)(s->H + s->Hkv + g) * Dh + i];
         }
     }
-    rows_attention(qkv, T * nqkv, Dh, nqkv, k, v, kb, kh, visible, mb, mt, o, B, H, Hkv, T, Dh, start,
-                   scale, threads);
-    layer_matmul(kind, o, R, (long)H * Dh, wo, so, y, D, threads);
+}
+
+/* A whole layer of a float32 decode step over R = B x T rows of one parameter set, in one call (Python
+ * reaches it through rows_stack, for one layer or many): the step's ~25 torch calls and their Python
+ * (a large share of a float32 step once the matmuls streamed at memory speed: docs/results-log.md)
+ * become one. The same functions as `layers.DecodeSet`'s path, in its order: layer_qkv; o = attention;
+ * y = o Wo; then Llama's h += y; x = norm2(h); or Gemma's h += norm2(y); x = norm3(h); then
+ * g, u = x Wgu; y = (act(g) u) Wdown; h += y (Gemma's: h += norm4(y)); each row on its own (the matmuls
+ * 1-9 rows a pass), so a row's bits do not depend on R.
+ *
+ * h: (R, D) row-major, updated in place. w: the layer's arrays (LAYER_PTRS, above): wqkv (H + 2 Hkv) Dh
+ * outputs (Q, K, V heads), wo D from H Dh, wgu 2 F (gate, up), wdown D from F; int8 codes' scales in
+ * the matmuls' order. k, v: the layer's cache (B, Hkv, capacity, Dh) at strides (kb, kh, Dh). */
+static void rows_layer(float *h, const void *const *w, const struct layer_shape *s, const struct rows_view *view,
+                       float *k, float *v, long kb, long kh) {
+    const long R = (long)s->B * s->T, D = s->D, F = s->F, Dh = s->Dh, nqkv = (long)(s->H + 2 * s->Hkv) * Dh;
+    const int *kinds = w[W_INTS];
+    float *x = malloc(R * D * sizeof(float)), *qkv = malloc(R * nqkv * sizeof(float));
+    float *o = malloc(R * (long)s->H * Dh * sizeof(float)), *y = malloc(R * D * sizeof(float));
+    float *gu = malloc(R * 2 * F * sizeof(float)), *act = malloc(R * F * sizeof(float));
+    const float *scales = w[W_SCALES], *so = scales ? scales + nqkv : 0, *sgu = scales ? so + D : 0;
+    const float *sdown = scales ? sgu + 2 * F : 0;
+    layer_qkv(h, w, s, view, k, v, kb, kh, x, qkv);
+    rows_attention(qkv, s->T * nqkv, Dh, nqkv, k, v, kb, kh, view->visible, view->mb, view->mt, o, s->B, s->H,
+                   s->Hkv, s->T, s->Dh, s->start, s->scale, s->threads);
+    layer_matmul(kinds[1], o, R, (long)s->H * Dh, w[W_O], so, y, D, s->threads);
+    if (w[W_NORM3]) rows_rms_norm(y, R, D, w[W_NORM2], s->eps, y); /* Gemma: the output normed first */
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
-    rows_rms_norm(h, R, D, norm2, eps, x);
-    layer_matmul(kind, x, R, D, wgu, sgu, gu, 2 * F, threads);
-    for (long r = 0; r < R; r++) silu_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F);
-    layer_matmul(kind, act, R, F, wdown, sdown, y, D, threads);
+    rows_rms_norm(h, R, D, w[W_NORM3] ? w[W_NORM3] : w[W_NORM2], s->eps, x);
+    layer_matmul(kinds[2], x, R, D, w[W_GU], sgu, gu, 2 * F, s->threads);
+    for (long r = 0; r < R; r++) act_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F, s->act);
+    layer_matmul(kinds[3], act, R, F, w[W_DOWN], sdown, y, D, s->threads);
+    if (w[W_NORM4]) rows_rms_norm(y, R, D, w[W_NORM4], s->eps, y);
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     free(x), free(qkv), free(o), free(y), free(gu), free(act);
 }
 
 /* Layers [0, n) of a stack over the same rows, each as rows_layer computes it, in one call: a step's 30
  * layer calls and their Python (module calls, argument views, ctypes: per-call overhead, a measurable
- * share of a one-row step, docs/results-log.md) become one. `layers` holds LAYER_PTRS pointers a layer, in
- * rows_layer's order (norm1, norm2, wqkv, wo, wgu, wdown, scales); eps, F, kind and the heads are the
- * stack's. k, v: layer 0's cache at strides (kb, kh, Dh), layer i's kl floats further; the rest as
- * rows_layer's. */
-#define LAYER_PTRS 7
-void rows_stack(float *h, int B, int T, long D, int n, const void *const *layers, float eps, long F, int kind,
-                const float *cos, const float *sin, long cb, long ct, float *k, float *v, long kl, long kb,
-                long kh, const unsigned char *visible, long mb, long mt, int H, int Hkv, int Dh, long start,
-                float scale, int threads) {
+ * share of a one-row step, docs/results-log.md) become one. `layers` holds LAYER_PTRS pointers a layer
+ * (rows_layer's); views[0] is the global layers' RoPE rows and mask, views[1] the sliding-window
+ * layers'. k, v: layer 0's cache at strides (kb, kh, Dh), layer i's kl floats further. */
+void rows_stack(float *h, int B, int T, long D, int n, const void *const *layers, float eps, long F, int act,
+                const struct rows_view *views, float *k, float *v, long kl, long kb, long kh, int H, int Hkv,
+                int Dh, long start, float scale, int threads) {
+    const struct layer_shape s = {B, T, H, Hkv, Dh, act, threads, D, F, start, eps, scale};
     for (int i = 0; i < n; i++) {
         const void *const *w = layers + (long)i * LAYER_PTRS;
-        rows_layer(h, B, T, D, w[0], w[1], eps, w[2], w[3], w[4], F, w[5], kind, w[6], cos, sin, cb, ct,
-                   k + i * kl, v + i * kl, kb, kh, visible, mb, mt, H, Hkv, Dh, start, scale, threads);
+        const int sliding = ((const int *)w[W_INTS])[4];
+        rows_layer(h, w, &s, views + sliding, k + i * kl, v + i * kl, kb, kh);
     }
 }
 
@@ -758,18 +807,18 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
 /* One row of the 4-bit and 8-bit matmuls: all VB vectors of a column block per input (4 sum chains on
  * AVX2, for the FMA latency), a group of Q4_GROUP inputs at a time. SETUP reads the group's scales (and
  * minimums) for all VB vectors from its record `rec`; REBUILD makes input i's weight vectors wv[0..VB). */
-#define CODES_ONE_ROW_FN(NAME, GROUP_BYTES, SETUP, REBUILD)                                                 \
+#define CODES_ONE_ROW_FN(NAME, GROUP, GROUP_BYTES, SETUP, REBUILD)                                          \
     static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
-        const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        const long groups = in / (GROUP), n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
         vf acc[VB];                                                                                         \
         for (int v = 0; v < VB; v++) acc[v] = (vf){0};                                                      \
         for (long g = 0; g < groups; g++) {                                                                 \
             const unsigned char *rec = w + g * (GROUP_BYTES);                                               \
             SETUP                                                                                           \
-            for (int i = 0; i < Q4_GROUP; i++) {                                                            \
+            for (int i = 0; i < (GROUP); i++) {                                                            \
                 vf wv[VB];                                                                                  \
                 REBUILD                                                                                     \
-                const vf xr = splat(x[g * Q4_GROUP + i]);                                                   \
+                const vf xr = splat(x[g * (GROUP) + i]);                                                   \
                 for (int v = 0; v < VB; v++) acc[v] = vfma(xr, wv[v], acc[v]);                              \
             }                                                                                               \
         }                                                                                                   \
@@ -788,24 +837,24 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
         nibble_pair(wi + v / 2 * LANES, &wv[v], &wv[v + 1]);                                                \
         wv[v] = wv[v] * dv[v] + mv[v], wv[v + 1] = wv[v + 1] * dv[v + 1] + mv[v + 1];                       \
     }
-CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
+CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
 
 /* 2+ rows of the 4-bit and 8-bit matmuls: by pairs of vectors (PAIR_FMAS), a group of Q4_GROUP inputs
  * at a time. SETUP reads the pair's scales (and minimums) from the group's record `rec`; REBUILD makes the
  * pair's two weight vectors w0, w1 of input i from its codes, exactly (see each kind's comment). */
-#define CODES_PAIRS_FN(NAME, R, GROUP_BYTES, SETUP, REBUILD)                                                \
+#define CODES_PAIRS_FN(NAME, R, GROUP, GROUP_BYTES, SETUP, REBUILD)                                         \
     static void NAME(const float *x, long in, const unsigned char *w, float *y, long out, long b) {         \
-        const long groups = in / Q4_GROUP, n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
+        const long groups = in / (GROUP), n = out - b * BLK < BLK ? out - b * BLK : BLK;                   \
         for (int p = 0; p < VB / 2; p++) {                                                                  \
             vf acc[R][2];                                                                                   \
             for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf){0};                                    \
             for (long g = 0; g < groups; g++) {                                                             \
                 const unsigned char *rec = w + g * (GROUP_BYTES);                                           \
                 SETUP                                                                                       \
-                for (int i = 0; i < Q4_GROUP; i++) {                                                        \
+                for (int i = 0; i < (GROUP); i++) {                                                        \
                     vf w0, w1;                                                                              \
                     REBUILD                                                                                 \
-                    PAIR_FMAS(R, x, in, g * Q4_GROUP + i, w0, w1)                                           \
+                    PAIR_FMAS(R, x, in, g * (GROUP) + i, w0, w1)                                           \
                 }                                                                                           \
             }                                                                                               \
             PAIR_STORE(R, p)                                                                                \
@@ -822,7 +871,7 @@ CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBUILD)
     __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                                          \
     nibble_pair(codes + i * (BLK / 2), &w0, &w1);                                                           \
     w0 = w0 * d0 + m0, w1 = w1 * d1 + m1;
-#define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
+#define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
 
 /* 2-9 rows: by pairs of vectors (PAIR_FMAS; the column block's codes read once per pair, the second
  * pair's from cache, the pair's 4 scale vectors in registers with its sums). Each extra row costs the
@@ -1121,7 +1170,7 @@ int rows_q4dot_bytes(void) { return Q4DOT_BYTES; }
     const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;                       \
     __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);                                                             \
     for (int v = 0; v < VB; v++) wv[v] = widen(wi + v * LANES) * dv[v];
-CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
+CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 
 /* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
 #define Q8_SETUP                                                                                            \
@@ -1131,7 +1180,7 @@ CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 #define Q8_REBUILD                                                                                          \
     __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                                \
     w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;
-#define Q8_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q8_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
+#define Q8_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q8_GROUP, Q8_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
 
 Q8_PAIRS_FN(q8_pairs_2, 2)
 Q8_PAIRS_FN(q8_pairs_3, 3)
@@ -1146,50 +1195,117 @@ void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, 
     MATMUL_PASSES(Q8_BLOCKS, Q8_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q8_GROUP * Q8_GROUP_BYTES)
 }
 
-/* One group of an output (Q8_GROUP values at stride si) as codes * d with d = top / div rounded to
- * float16 (top its largest |w|) and codes in -127..127: writes d and the codes (at stride BLK), returns 0,
- * or 1 as soon as a value is not such. */
-static int q8_group(const float *wj, long si, float top, float div, float *d_out, signed char *codes) {
-    const float d = half_round(top / div), inv = d > 0.f ? 1.f / d : 0.f;
-    for (int i = 0; i < Q8_GROUP; i++) {
-        const float t = wj[i * si] * inv;
-        if (!(t > -127.5f && t < 127.5f)) return 1; /* NaN fails too */
+/* Whether n values (stride si) are codes * d for this d, codes in -127..127 (written at stride BLK): each
+ * value's code round(w / d), and (float)code * d must give the value back exactly. */
+static int codes_fit(const float *wj, long si, int n, float d, signed char *codes) {
+    for (int i = 0; i < n; i++) {
+        const float t = d != 0.f ? wj[i * si] / d : 0.f;
+        if (!(t > -127.5f && t < 127.5f)) return 0; /* NaN fails too */
         const int c = (int)lrintf(t);
-        if ((float)c * d != wj[i * si]) return 1;
+        if ((float)c * d != wj[i * si]) return 0;
         codes[i * BLK] = (signed char)c;
     }
-    *d_out = d;
-    return 0;
+    return 1;
 }
 
-/* W (out, in) float32 at strides (so, si), in a multiple of Q8_GROUP, into rows_matmul_q8's layout at dst
- * (ceil(out / BLK) x in / Q8_GROUP records of Q8_GROUP_BYTES, zeroed by the caller). Each group of an
- * output is tried in two forms, both code * d with d a float16 value: a GGUF's Q8_0 (d its largest |w| /
- * 127, codes -127..127) and a GGUF's Q5_0 ((q - 16) * d, q in 0..31: llama.cpp's quantizer puts the
- * value of largest magnitude at q = 0, so |d| is that value / 16, and the codes, -16..16 once the sign
- * is d's, are 8-bit codes as well: llama.cpp's Q4_K_M writes Q5_0 where a row is not a multiple of 256,
- * most of Gemma 3 270M's layers). Returns 0, or 1 as soon as a group is neither, so a weight either
- * gives its exact bits back or is refused. */
-int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
-    const long groups = in / Q8_GROUP;
+/* The largest |w| of n values at stride si. */
+static float group_top(const float *wj, long si, int n) {
+    float top = 0.f;
+    for (int i = 0; i < n; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
+    return top;
+}
+
+/* One group of an output (Q8_GROUP values at stride si) as codes * d (codes_fit), d a float16 value in
+ * one of two forms: a GGUF's Q8_0 (d its largest |w| / 127, codes -127..127) and a GGUF's Q5_0 ((q - 16)
+ * * d, q in 0..31: llama.cpp's quantizer puts the value of largest magnitude at q = 0, so |d| is that
+ * value / 16, and the codes, -16..16 once the sign is d's, are 8-bit codes as well: llama.cpp's Q4_K_M
+ * writes Q5_0 where a row is not a multiple of 256, most of Gemma 3 270M's layers). Writes d and the
+ * codes, returns 0, or 1 where neither fits. */
+static int q8_group(const float *wj, long si, int n, float *d_out, signed char *codes) {
+    const float top = group_top(wj, si, n);
+    for (int k = 0; k < 2; k++) {
+        const float d = half_round(top / (k ? 16.f : 127.f));
+        if (codes_fit(wj, si, n, d, codes)) return *d_out = d, 0;
+    }
+    return 1;
+}
+
+/* W (out, in) float32 at strides (so, si), in a multiple of `group`, into a codes layout at dst (ceil(out /
+ * BLK) x in / group records of `bytes`: d (BLK floats), then per input BLK int8 codes; zeroed by the
+ * caller), each group of an output as `fit` finds its d and codes. Returns 0, or 1 as soon as a group
+ * has none, so a weight either gives its exact bits back or is refused. */
+static int codes_pack(const float *w, long out, long in, long so, long si, unsigned char *dst, int group,
+                      long bytes, int (*fit)(const float *, long, int, float *, signed char *)) {
+    const long groups = in / group;
     for (long b = 0; b * BLK < out; b++) {
         const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
         for (long g = 0; g < groups; g++) {
-            unsigned char *rec = dst + (b * groups + g) * Q8_GROUP_BYTES;
+            unsigned char *rec = dst + (b * groups + g) * bytes;
             signed char *codes = (signed char *)rec + BLK * sizeof(float);
-            for (long j = 0; j < n; j++) {
-                const float *wj = w + (b * BLK + j) * so + g * Q8_GROUP * si;
-                float top = 0.f, *d = (float *)rec + j;
-                for (int i = 0; i < Q8_GROUP; i++) top = fabsf(wj[i * si]) > top ? fabsf(wj[i * si]) : top;
-                if (q8_group(wj, si, top, 127.f, d, codes + j) && q8_group(wj, si, top, 16.f, d, codes + j))
-                    return 1;
-            }
+            for (long j = 0; j < n; j++)
+                if (fit(w + (b * BLK + j) * so + g * group * si, si, group, (float *)rec + j, codes + j)) return 1;
         }
     }
     return 0;
 }
 
+/* W into rows_matmul_q8's layout (codes_pack with q8_group), in a multiple of Q8_GROUP. */
+int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
+    return codes_pack(w, out, in, so, si, dst, Q8_GROUP, Q8_GROUP_BYTES, q8_group);
+}
+
 int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
+
+/* ---- The same with a scale per 16 inputs: a GGUF's Q6_K tensors (most of a Q4_K_M file's ffn_down) ----
+ *
+ * Why: a Q6_K value is (d * sc) * q, d a float16 value per 256 inputs, sc an int8 scale per 16 and q a
+ * 6-bit code (-32..31): d * sc is exact in float32 (11 bits by 8), so each value is one rounding of a
+ * scale per 16 inputs times a small integer. Two scales a group of 32 do not fit rows_matmul_q8's one,
+ * and held as float32 these weights were the float32 share of Gemma 3 270M's step (docs/results-log.md);
+ * as 8-bit codes with a scale per 16 inputs (1.25 bytes a weight) the same rebuild (code * d, one
+ * rounding) and fmaf chain give rows_matmul's bits.
+ *
+ * Layout (rowkernel.q6_block): rows_matmul_q8's with groups of Q6_GROUP inputs: per column block, per
+ * group, d (BLK floats), then per input BLK int8 codes (outputs in order). */
+#define Q6_GROUP 16
+#define Q6_GROUP_BYTES (BLK * (long)sizeof(float) + Q6_GROUP * BLK)
+CODES_ONE_ROW_FN(q6_one_row, Q6_GROUP, Q6_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
+#define Q6_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q6_GROUP, Q6_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
+Q6_PAIRS_FN(q6_pairs_2, 2)
+Q6_PAIRS_FN(q6_pairs_3, 3)
+Q6_PAIRS_FN(q6_pairs_4, 4)
+Q6_PAIRS_FN(q6_pairs_5, 5)
+Q6_PAIRS_FN(q6_pairs_6, 6)
+PAIRS_7_TO_9(Q6_PAIRS_FN, q6_pairs_)
+static const q4_block_fn Q6_BLOCKS[PAIR_MAX_R + 1] = {0, q6_one_row, q6_pairs_2, q6_pairs_3, q6_pairs_4, q6_pairs_5, q6_pairs_6 PAIRS_7_TO_9_LIST(q6_pairs_)};
+
+/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q6_block's layout (in a multiple of Q6_GROUP). */
+void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    MATMUL_PASSES(Q6_BLOCKS, Q6_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q6_GROUP * Q6_GROUP_BYTES)
+}
+
+/* One group of an output (Q6_GROUP values at stride si) as codes * d (codes_fit): d is the group's
+ * largest |w| over its code's magnitude, which a Q6_K group's codes put at 1..32, so each is tried,
+ * with d's float32 neighbours (the division's rounding). Writes d and the codes, returns 0, or 1 where
+ * no d fits. */
+static int q6_group(const float *wj, long si, int n, float *d_out, signed char *codes) {
+    const float top = group_top(wj, si, n);
+    if (top == 0.f) return *d_out = 0.f, !codes_fit(wj, si, n, 0.f, codes);
+    for (int q = 32; q >= 1; q--) {
+        const float d = top / q, tries[3] = {d, nextafterf(d, 0.f), nextafterf(d, INFINITY)};
+        for (int k = 0; k < 3; k++)
+            if (codes_fit(wj, si, n, tries[k], codes)) return *d_out = tries[k], 0;
+    }
+    return 1;
+}
+
+/* W into rows_matmul_q6's layout (codes_pack with q6_group), in a multiple of Q6_GROUP. */
+int rows_q6_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
+    return codes_pack(w, out, in, so, si, dst, Q6_GROUP, Q6_GROUP_BYTES, q6_group);
+}
+
+int rows_q6_bytes(void) { return Q6_GROUP_BYTES; }
+int rows_q6_group(void) { return Q6_GROUP; }
 
 /* ---- The LM head's greedy choice: an integer screen, then exact float32 logits where it leaves doubt ----
  *
@@ -1231,30 +1347,41 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
 #else
 #define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
-#define SCREEN_FN(NAME, R)                                                                                  \
+/* Each row's integer sums of a group in CH chains (one dependent vpdpwssd chain was the one-row
+ * screen's pace: its latency, not the memory): a pair's two products go to chains 2 i % CH and
+ * (2 i + 1) % CH, added at the group's end. Integer sums: the same S whatever the chains. */
+#define SCREEN_FN(NAME, R, CH)                                                                              \
     static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
         __m256 acc[R];                                                                                      \
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
         for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                                   \
             const unsigned char *rec = w + g * SCREEN_BYTES;                                                \
             for (int k = 0; k < SCREEN_BYTES; k += 64) __builtin_prefetch(rec + 2 * SCREEN_BYTES + k, 0, 0); \
-            __m256i s[R];                                                                                   \
-            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();                                      \
+            __m256i s[R][CH];                                                                               \
+            for (int r = 0; r < R; r++)                                                                     \
+                for (int c = 0; c < CH; c++) s[r][c] = _mm256_setzero_si256();                              \
             _Pragma("GCC unroll 16") for (int p = 0; p < SCREEN_PAIRS; p += 2) {                            \
                 const __m256i two = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 2 * DOT_BLK * p)); \
                 const __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(two));                      \
                 const __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(two, 1));                  \
                 const int *x0 = xd + (g * SCREEN_PAIRS + p) * stride, *x1 = x0 + stride;                    \
-                for (int r = 0; r < R; r++)                                                                 \
-                    s[r] = DPWSSD(DPWSSD(s[r], c0, _mm256_set1_epi32(x0[r])), c1, _mm256_set1_epi32(x1[r])); \
+                const int k0 = p % CH, k1 = (p + 1) % CH;                                                   \
+                for (int r = 0; r < R; r++) {                                                               \
+                    s[r][k0] = DPWSSD(s[r][k0], c0, _mm256_set1_epi32(x0[r]));                              \
+                    s[r][k1] = DPWSSD(s[r][k1], c1, _mm256_set1_epi32(x1[r]));                              \
+                }                                                                                           \
             }                                                                                               \
             const __m256 d = _mm256_loadu_ps((const float *)rec);                                           \
-            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), d, acc[r]);      \
+            for (int r = 0; r < R; r++) {                                                                   \
+                __m256i total = s[r][0];                                                                    \
+                for (int c = 1; c < CH; c++) total = _mm256_add_epi32(total, s[r][c]);                      \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), d, acc[r]);                             \
+            }                                                                                               \
         }                                                                                                   \
         for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
     }
 #else
-#define SCREEN_FN(NAME, R)                                                                                  \
+#define SCREEN_FN(NAME, R, CH)                                                                              \
     static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
         for (int r = 0; r < R; r++)                                                                         \
             for (int j = 0; j < DOT_BLK; j++) {                                                             \
@@ -1273,15 +1400,15 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
             }                                                                                               \
     }
 #endif
-SCREEN_FN(screen_1, 1)
-SCREEN_FN(screen_2, 2)
-SCREEN_FN(screen_3, 3)
-SCREEN_FN(screen_4, 4)
-SCREEN_FN(screen_5, 5)
-SCREEN_FN(screen_6, 6)
-SCREEN_FN(screen_7, 7)
-SCREEN_FN(screen_8, 8)
-SCREEN_FN(screen_9, 9)
+SCREEN_FN(screen_1, 1, 4) /* chains: rows x CH within the registers */
+SCREEN_FN(screen_2, 2, 2)
+SCREEN_FN(screen_3, 3, 2)
+SCREEN_FN(screen_4, 4, 2)
+SCREEN_FN(screen_5, 5, 1)
+SCREEN_FN(screen_6, 6, 1)
+SCREEN_FN(screen_7, 7, 1)
+SCREEN_FN(screen_8, 8, 1)
+SCREEN_FN(screen_9, 9, 1)
 typedef void (*screen_fn)(const int *, long, long, const unsigned char *, float *);
 static const screen_fn SCREENS[MAX_R + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6, screen_7, screen_8, screen_9};
 

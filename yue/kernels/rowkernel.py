@@ -3,7 +3,7 @@ a few rows that streams the weight once, the kernel of a float32 model's 1-9-row
 step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`decode_set.ExactAttention`), a whole float32
-decode layer in one call and a step's run of such layers in one call (`stack`).
+decode layer in one call and a step's run of such layers in one call (`rowstack.stack`).
 
 Why each of these exists (the layer and the stack in one call, 4-bit and 8-bit codes, the NAR set's int8
 layers, the int4 precision, a kernel of our own): docs/design.md §10; the figures, with their machines,
@@ -36,7 +36,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -111,14 +110,14 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q4dot)
+    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q6, lib.rows_matmul_q4dot)
     for codes in matmuls:
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
     lib.rows_dot_block.restype = ctypes.c_int
     lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = lib.rows_q4dot_bytes.restype = ctypes.c_int
-    lib.rows_screen_bytes.restype = ctypes.c_int
-    for pack in (lib.rows_q4_pack, lib.rows_q8_pack):
+    lib.rows_screen_bytes.restype = lib.rows_q6_bytes.restype = lib.rows_q6_group.restype = ctypes.c_int
+    for pack in (lib.rows_q4_pack, lib.rows_q8_pack, lib.rows_q6_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
@@ -134,9 +133,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_attention.argtypes += [c_long, ptr, *[ctypes.c_int] * 5, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_attention.restype = None
     lib.rows_stack.argtypes = [ptr, ctypes.c_int, ctypes.c_int, c_long, ctypes.c_int, ptr, ctypes.c_float]
-    lib.rows_stack.argtypes += [c_long, ctypes.c_int, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long]
-    lib.rows_stack.argtypes += [c_long, ptr, c_long, c_long, *[ctypes.c_int] * 3, c_long, ctypes.c_float]
-    lib.rows_stack.argtypes += [ctypes.c_int]
+    lib.rows_stack.argtypes += [c_long, ctypes.c_int, ptr, ptr, ptr, c_long, c_long, c_long]
+    lib.rows_stack.argtypes += [*[ctypes.c_int] * 3, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_stack.restype = None
     lib.rows_layer_ptrs.restype = ctypes.c_int
     return lib
@@ -211,7 +209,7 @@ def q4_block(w: torch.Tensor) -> torch.Tensor | None:
     quantization) is refused, never approximated; most are refused at their first group.
     """
     lib = library()
-    return _codes(w, lib.rows_q4_pack, lib.rows_q4_bytes())
+    return _codes(w, lib.rows_q4_pack, lib.rows_q4_bytes(), lib.rows_code_group())
 
 
 def q8_block(w: torch.Tensor) -> torch.Tensor | None:
@@ -220,7 +218,16 @@ def q8_block(w: torch.Tensor) -> torch.Tensor | None:
     (`rows_q8_pack`): a GGUF's Q8_0 weights dequantized (code * d per group of 32 inputs, codes
     -127..127, d a float16 value; SmolLM2's tied head). Checked and refused as `q4_block`'s."""
     lib = library()
-    return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes())
+    return _codes(w, lib.rows_q8_pack, lib.rows_q8_bytes(), lib.rows_code_group())
+
+
+def q6_block(w: torch.Tensor) -> torch.Tensor | None:
+    """An (out, in) float32 weight (any strides) in `rows_matmul_q6`'s layout (uint8, (ceil(out / BLK),
+    in / 16, 640) bytes), or None where 8-bit codes with a float32 scale per 16 inputs cannot give back
+    its every value exactly (`rows_q6_pack`): a GGUF's Q6_K weights dequantized ((d * sc) * q, d * sc
+    exact in float32). Checked and refused as `q4_block`'s."""
+    lib = library()
+    return _codes(w, lib.rows_q6_pack, lib.rows_q6_bytes(), lib.rows_q6_group())
 
 
 def file_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -293,12 +300,11 @@ def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     return record
 
 
-def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
-    """`q4_block` / `q8_block`: the C packer `pack`'s layout (`record` bytes a group of a column block),
-    or None where it refuses the weight."""
+def _codes(w: torch.Tensor, pack, record: int, group: int) -> torch.Tensor | None:
+    """`q4_block` / `q8_block` / `q6_block`: the C packer `pack`'s layout (`record` bytes a group of
+    `group` inputs of a column block), or None where it refuses the weight."""
     lib = library()
     out, inp = w.shape
-    group = lib.rows_code_group()  # inputs per group of codes: the GGUF's blocks of 32
     if w.dtype != torch.float32 or w.device.type != "cpu" or inp % group:
         return None
     packed = torch.zeros(-(-out // lib.rows_block()), inp // group, record, dtype=torch.uint8)
@@ -309,8 +315,8 @@ def _codes(w: torch.Tensor, pack, record: int) -> torch.Tensor | None:
 def layout(blocked: torch.Tensor) -> str:
     """A kernel layout's kind: "float32" (`block` of float32), "i8dot" (`dot_block`'s 4-d int8 codes:
     `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
-    (`q8_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last three uint8 records, told
-    apart by their record's bytes (768, 1152, 192)."""
+    (`q8_block`), "q6" (`q6_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last four uint8
+    records, told apart by their record's bytes (768, 1152, 640, 192)."""
     if blocked.dtype != torch.uint8:
         return "float32" if blocked.dtype == torch.float32 else "i8dot"
     return _record_kinds()[blocked.shape[-1]]
@@ -319,14 +325,16 @@ def layout(blocked: torch.Tensor) -> str:
 @functools.cache
 def _record_kinds() -> dict[int, str]:
     lib = library()
-    return {lib.rows_q4_bytes(): "q4", lib.rows_q8_bytes(): "q8", lib.rows_q4dot_bytes(): "q4dot"}
+    kinds = {lib.rows_q4_bytes(): "q4", lib.rows_q8_bytes(): "q8", lib.rows_q4dot_bytes(): "q4dot"}
+    return kinds | {lib.rows_q6_bytes(): "q6"}
 
 
 def inputs(blocked: torch.Tensor) -> int:
     """A weight's input count from its kernel layout (`block`, `dot_block`, or the records of `q4_block`,
-    `q8_block` and `q4dot_block`: groups of 32 inputs)."""
+    `q8_block` and `q4dot_block`: groups of 32 inputs; `q6_block`'s: of 16)."""
     if blocked.dtype == torch.uint8:
-        return blocked.shape[1] * library().rows_code_group()
+        lib = library()
+        return blocked.shape[1] * (lib.rows_q6_group() if layout(blocked) == "q6" else lib.rows_code_group())
     return blocked.shape[1] * (4 if blocked.dim() == 4 else 1)
 
 
@@ -337,10 +345,12 @@ MATMULS = {
     "i8dot": "rows_matmul_i8dot",
     "q4": "rows_matmul_q4",
     "q8": "rows_matmul_q8",
+    "q6": "rows_matmul_q6",
     "q4dot": "rows_matmul_q4dot",
 }
-# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT).
-LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3}
+# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8,
+# LAYER_Q6), one a matmul (`rowstack.LayerWeights`).
+LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
@@ -471,100 +481,3 @@ def attention(
     scale = Dh**-0.5 if scale is None else scale
     library().rows_attention(*_pointers(*args, scale, torch.get_num_threads()))
     return o.transpose(1, 2)
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """What `rows_stack` takes of one layer unchanged from step to step, checked and converted to ctypes
-    values once (a `layers.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
-    order: the norms (input, post-attention), the blocked weights of Q/K/V, O, gate/up and down (all
-    `block`, all `q4_block`, or all `dot_block` of int8 codes) and the int8 codes' scales (their outputs'
-    float32 scales concatenated in that order: `matmuls.RowInt8Linear`'s; else None); `shape`, what a
-    stack's layers share: the norms' eps, the MLP's width, the weights' kind (`LAYER_KINDS`), the heads
-    (H, Hkv, Dh). Built once, since building a call's ~30 arguments in Python every step was per-call
-    overhead worth removing (30 calls a step). `tensors`
-    keeps alive what `pointers` point into."""
-
-    tensors: tuple
-    pointers: tuple
-    shape: tuple
-
-    @classmethod
-    def of(cls, norms, eps: float, blocked, heads: tuple[int, int, int], scales=None) -> LayerWeights:
-        kinds = {layout(b) for b in blocked}
-        assert (
-            len(kinds) == 1 and kinds <= LAYER_KINDS.keys() and (scales is not None) == (kinds == {"i8dot"})
-        )
-        assert attention_fits(heads[2]) and all(n.dtype == torch.float32 and n.is_contiguous() for n in norms)
-        arrays = (*norms, *blocked, scales)
-        shape = (eps, inputs(blocked[3]), LAYER_KINDS[kinds.pop()], heads)
-        return cls(arrays, tuple(_pointers(*arrays)), shape)
-
-
-@dataclass(frozen=True)
-class StackWeights:
-    """Consecutive layers' `LayerWeights`, model layers [first, first + len(layers)), as `rows_stack`
-    takes them: their pointers in one C array, what they share once. A prepared model holds one per
-    parameter set whose every layer is one call (`prepare.kernel_stacks`), and each such layer's
-    `DecodeSet` one of its own (a step that mixes committed rows and slots runs its layers one by one)."""
-
-    layers: tuple[LayerWeights, ...]
-    first: int
-    array: ctypes.Array
-
-    @classmethod
-    def of(cls, layers: list[LayerWeights], first: int) -> StackWeights | None:
-        """The stack, or None where the layers differ in what `rows_stack` takes once (`LayerWeights.shape`)."""
-        if len({w.shape for w in layers}) != 1:
-            return None
-        assert all(len(w.pointers) == library().rows_layer_ptrs() for w in layers)
-        pointers = [p for w in layers for p in w.pointers]
-        return cls(tuple(layers), first, (ctypes.c_void_p * len(pointers))(*pointers))
-
-    def address(self, layer: int) -> int:
-        """Where model layer `layer`'s pointers start in `array`."""
-        return ctypes.addressof(self.array) + (layer - self.first) * ctypes.sizeof(self.array) // len(
-            self.layers
-        )
-
-
-def stack(
-    h: torch.Tensor,
-    weights: StackWeights,
-    first: int,
-    last: int,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
-    visible: torch.Tensor | None,
-    start: int,
-) -> torch.Tensor:
-    """Float32 decode layers [first, last) (model layers) of `weights` over rows h (B, T, D), T <=
-    MAX_ROWS, in one call (`rows_stack`, each layer `rows_layer`), each row computing its solo bits
-    whatever B x T (the matmuls take more rows than a pass in further passes, and 4-bit codes rebuild
-    each weight once for all of them: `rows_matmul_q4`): the layers' norms and matmuls, RoPE
-    rows cos, sin (1|B, 1, T, Dh), K/V written to the cache buffers kv at [start, start + T), `visible`
-    as `attention`'s. kv: the cache's (L, B, Hkv, capacity, Dh) key and value buffers, indexed by model
-    layer. Returns the last layer's output (B, T, D)."""
-    B, T, D = h.shape
-    k, v = kv
-    eps, F, kind, (H, Hkv, Dh) = weights.layers[0].shape
-    assert weights.first <= first < last <= weights.first + len(weights.layers)
-    assert h.dtype == torch.float32 and k.stride() == v.stride() and k.stride(-2) == Dh
-    out = h.contiguous().clone()  # updated in place; the input may be held elsewhere (`MoTModel.run`'s entry)
-    cos, sin = cos.reshape(cos.shape[0], T, Dh), sin.reshape(sin.shape[0], T, Dh)
-    rope = (cos, sin, cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1))
-    mask = _mask(visible)
-    layers = weights.address(first)
-    cache = (
-        k[first],
-        v[first],
-        k.stride(0),
-        *k.stride()[1:3],
-    )  # layer `first`'s K/V; layer, batch, head strides
-    library().rows_stack(
-        *_pointers(out, B, T, D, last - first, layers, eps, F, kind, *rope, *cache, *mask, H, Hkv, Dh, start),
-        Dh**-0.5,
-        torch.get_num_threads(),
-    )
-    return out

@@ -64,11 +64,14 @@ class DecodePaths:
     Fields:
         layers: per layer, its `LayerPaths` (fused matmuls, row-exact attention), or None (as trained).
         stacks: per parameter set (False: AR, True: NAR), its layers as one row-kernel call, called as
-            stack(h_c, h_s, cos, sin, mask, cache, start, first, last) -> (h_c, h_s) or None where the
+            stack(h_c, h_s, cos, sin, mask, cache, start, first, last, local) -> (h_c, h_s) or None where the
             step does not fit (`yue.kernels.decode_set.LayerStack`); no entry where not every layer
             holding the set is one call.
         slot_norm: a drafting pass's final norm (B, n, D) -> (B, n, D) on yue's row kernel: torch's
-            per-call overhead dominates there. Committed rows keep torch's, whose bits `ar` has.
+            per-call overhead dominates there.
+        final_norm: the final norm of a forward's committed rows (with any slots), the same function
+            where set (a float32 model on yue's row kernel: each row's bits its own, whatever the rows);
+            None: the model's norm module.
         slot_entry: a top-layer NAR set's slot entry lowered for drafting (`SlotEntryPath`).
         softmax_stats: the router's per-row (max probability, entropy) of logits (..., V) -> (...), (...):
             yue's row kernel's on a CPU in float32 (over SmolLM2's 49,152 logits a row torch's costs a
@@ -85,6 +88,7 @@ class DecodePaths:
     layers: list[LayerPaths | None]
     stacks: dict[bool, Callable] = field(default_factory=dict)
     slot_norm: Callable[[torch.Tensor], torch.Tensor] | None = None
+    final_norm: Callable[[torch.Tensor], torch.Tensor] | None = None
     slot_entry: SlotEntryPath | None = None
     softmax_stats: Callable | None = None
     ar_head: nn.Module | None = None

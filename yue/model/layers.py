@@ -181,7 +181,7 @@ class MoTLayer(nn.Module):
         # The family's attention differences (`Features`): softmax scale (None: SDPA's 1/sqrt(Dh)),
         # and whether this layer attends through a sliding window (`MoTModel` passes it that mask).
         self.attn_scale, self.sliding = feats.attn_scale, feats.sliding(layer)
-        self.sandwich, self.plain = feats.sandwich_norms, feats.plain
+        self.sandwich = feats.sandwich_norms
         d, eps, offset = config.hidden_size, config.rms_norm_eps, feats.norm_offset
         # AR set: Hugging Face names (Llama's; Gemma's two more norms), so `export-ar` is a rename-free copy.
         self.input_layernorm = RMSNorm(d, eps, offset)

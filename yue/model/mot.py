@@ -260,7 +260,7 @@ class MoTModel(nn.Module):
         """Layers [first, last) over committed rows h_c (B, Tc, D) and slots h_s (B, Ts, D); sliding-window
         layers take `local`'s (cos, sin, mask) (`_local`); each layer its own entry of `paths`, if any."""
         last = len(self.layers) if last is None else last
-        stacked = self._stacked(h_c, h_s, cos, sin, mask, cache, start, first, last, paths)
+        stacked = self._stacked(h_c, h_s, (cos, sin, mask, cache, start, first, last, local), paths)
         if stacked is not None:
             return stacked
         # Four-expert routing: one route per forward, carrying each layer's choices to the next.
@@ -273,23 +273,22 @@ class MoTModel(nn.Module):
         self.last_route = route
         return h_c, h_s
 
-    def _stacked(self, h_c, h_s, cos, sin, mask, cache, start, first, last, paths):
+    def _stacked(self, h_c, h_s, step: tuple, paths):
         """`_layers` in one call where the prepared model has its set's layers as one stack
-        (`DecodePaths.stacks`: a decode step's rows all of one parameter set); None where it does not apply."""
+        (`DecodePaths.stacks`: a decode step's rows all of one parameter set); None where it does not apply.
+        step: `_layers`' (cos, sin, mask, cache, start, first, last, local)."""
         stack = None if paths is None else paths.stacks.get(h_s.shape[1] > 0)
-        return (
-            None
-            if stack is None or cache is None
-            else stack(h_c, h_s, cos, sin, mask, cache, start, first, last)
-        )
+        cache = step[3]  # a stack writes a decode step's K/V: none without a cache
+        return None if stack is None or cache is None else stack(h_c, h_s, *step)
 
     def _final(self, h_c: torch.Tensor, h_s: torch.Tensor, paths: DecodePaths | None = None) -> torch.Tensor:
         if not h_c.shape[1]:
             slot_norm = None if paths is None else paths.slot_norm
             return (slot_norm or self.norm)(h_s)
+        norm = (None if paths is None else paths.final_norm) or self.norm
         if not h_s.shape[1]:
-            return self.norm(h_c)
-        return self.norm(torch.cat([h_c, h_s], dim=1))
+            return norm(h_c)
+        return norm(torch.cat([h_c, h_s], dim=1))
 
 
 @dataclass
