@@ -123,3 +123,18 @@ def test_everyday_prompts_return_fewer_when_spent_unless_strict(monkeypatch):
     assert len(texts) == len(set(texts)) == 4 * len(everyday.PY_TASK) + 2 * len(everyday.PY_WORD)
     with pytest.raises(ValueError, match="distinct"):
         everyday.everyday_prompts(1000, seed=1)
+
+
+def test_command_line_sets_the_rounds_slot_weights():
+    """--slot-decay / --kl-weight reach the rounds' training config (a lower decay weights the first
+    drafts, which decide the accepted prefix); a decay outside (0, 1] is refused."""
+    from yue.train.campaign import _arguments, _config
+
+    need = ["--dir", "d", "--base", "b.gguf", "--init", "i", "--calibration", "c"]
+    cfg = _config(_arguments(need + ["--slot-decay", "0.3", "--kl-weight", "2"])).train
+    assert (cfg.slot_decay, cfg.kl_weight) == (0.3, 2.0)
+    w = tn.slot_weights(4, cfg.slot_decay, "cpu")
+    assert w[1] > 0.7 > tn.slot_weights(4, 0.7, "cpu")[1]  # slot 2's share of the loss
+    assert _config(_arguments(need)).train.slot_decay == tn.TopNARConfig.slot_decay
+    with pytest.raises(ValueError, match="slot_decay"):
+        _config(_arguments(need + ["--slot-decay", "0"]))

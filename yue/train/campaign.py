@@ -516,6 +516,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--anchors", type=int, default=24)
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument(
+        "--slot-decay",
+        type=float,
+        default=TopNARConfig.slot_decay,
+        help="slot i's loss weight ~ decay ** (i - 2): lower puts the rounds' weight on the first drafts",
+    )
+    ap.add_argument("--kl-weight", type=float, default=TopNARConfig.kl_weight, help="KL(p_AR || p_slot) weight")
     ap.add_argument("--max-new-tokens", type=int, default=CampaignConfig.max_new_tokens)
     ap.add_argument("--long-new-tokens", type=int, default=CampaignConfig.long_new_tokens)
     return ap.parse_args(argv)
@@ -536,6 +543,8 @@ def _config(a: argparse.Namespace) -> CampaignConfig:
             batch_size=a.batch_size,
             anchors=a.anchors,
             lr=a.lr,
+            slot_decay=a.slot_decay,
+            kl_weight=a.kl_weight,
             warmup_steps=max(1, min(20, a.steps // 10)),
             min_lr_ratio=1.0,
             eval_every=a.steps,
