@@ -222,13 +222,15 @@ def test_a_float32_weight_held_once_is_the_packed_copy_where_its_timed_one_row_i
     monkeypatch, tolerance, packed
 ):
     """The copy a weight held once keeps follows the timed ratio of the packed kernel's one row to MKL's
-    GEMV against `ONE_COPY_TOLERANCE` (forced to either side here), is reported (so in the step costs'
-    cache key), and without the packed kernel is F.linear whatever the timing."""
+    GEMV against `ONE_COPY_TOLERANCE` (forced to either side here), is reported in the log line but not
+    in the line the step costs' cache key reads (`timed=False`: a timing under load must not give a model
+    a second key), and without the packed kernel is F.linear whatever the timing."""
     monkeypatch.setattr(probe, "ONE_COPY_TOLERANCE", tolerance)
     with probe.forced() as choice:
         expected = "onednn-packed" if packed and choice.ok("onednn-f32") else "F.linear"
         assert choice.float32_one_copy == expected
         assert f"one copy: {expected}" in choice.describe()
+        assert "one copy" not in choice.describe(timed=False)
     with probe.forced("onednn-f32") as choice:
         assert choice.float32_one_copy == "F.linear"
 

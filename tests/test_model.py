@@ -356,6 +356,22 @@ def test_one_copy_of_each_float32_layer_weight_packed_or_input_major_as_timed(
         assert engine.generate(prompt, mode="verified", max_new_tokens=24, ignore_eos=True).token_ids == ar
 
 
+@pytest.mark.skipif(not probe.packed_rows(torch.float32), reason="oneDNN float32 packing does not work here")
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_the_step_costs_key_names_the_timed_one_copy_verdict_only_where_the_model_holds_a_weight_once(
+    trained_model_dir, monkeypatch, low_memory
+):
+    """The layout the step costs are cached by (`paths.layout`) follows the load-timed one-copy verdict
+    only through the model's own matmul kinds: two copies (the default) keep one key whichever way the
+    timing fell (a timing under load used to give the same model a second cost curve); one copy gets
+    one key per verdict, since its rows then run other kernels."""
+    layouts = set()
+    for tolerance in (float("inf"), 0.0):
+        monkeypatch.setattr(probe, "ONE_COPY_TOLERANCE", tolerance)
+        layouts.add(prepare_for_decoding(load_model(trained_model_dir), low_memory=low_memory).paths.layout)
+    assert len(layouts) == (2 if low_memory else 1)
+
+
 def test_prepared_model_fuses_without_copies_and_computes_the_same(trained_model_dir):
     """prepare_for_decoding (float drafting): fused Q/K/V and gate/up share the separate weights'
     storage, and decode steps give the logits of the model as trained."""

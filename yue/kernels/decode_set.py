@@ -392,8 +392,9 @@ class LayerStack:
 
 def kernels_named(model: PreparedModel) -> str:
     """What a prepared model's step costs are measured for (`decode.costs.cost_cache_key`): the CPU
-    kernels probed (`probe.describe`), and the kernels its rows run (`decode_layout`)."""
-    probed = probe.describe() + "; " if model.device.type == "cpu" else ""
+    kernels probed (`probe.describe`, without its load-timed verdict, which the rows' own kinds show where
+    it applies), and the kernels its rows run (`decode_layout`)."""
+    probed = probe.describe(timed=False) + "; " if model.device.type == "cpu" else ""
     return probed + decode_layout(model)
 
 

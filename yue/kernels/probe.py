@@ -185,14 +185,17 @@ class KernelChoice:
             lost.append(f"drafting stays float, not int8 ({engines})")
         return lost
 
-    def describe(self) -> str:
-        """One line for logs and bench headers: the choices, then each kernel left out and why."""
+    def describe(self, timed: bool = True) -> str:
+        """One line for logs and bench headers: the choices, then each kernel left out and why. Without
+        `timed`, the one timed verdict (`float32_one_copy`) is left out: the step costs' cache key reads
+        this line, and a timing under load must not give the same model a second key (a model that holds a
+        weight once shows the verdict in its own matmuls' kinds: `decode_set.decode_layout`)."""
         line = (
             f"cpu {self.cpu} (bfloat16 {'native' if self.native_bf16 else 'emulated'}); "
             f"float32 rows>1: {self.float32_rows} (oneDNN {'2-3 padded to 4' if self.pad_float32_rows else 'unpadded'}), "
             f"{'Q4_1 weights: 4-bit codes, ' if self.ok('rows-q4') else ''}"
             f"{'Q8_0 weights: 8-bit codes, ' if self.ok('rows-q8') else ''}"
-            f"one copy: {self.float32_one_copy}; "
+            f"{f'one copy: {self.float32_one_copy}; ' if timed else ''}"
             f"bfloat16 rows: {self.bfloat16_rows}; "
             f"int8 drafting: {self.int8_engine or 'off (drafting stays float)'}"
             f"{', NAR layers on the row kernel' if self.int8_engine and self.ok('rows-f32') else ''}; "
@@ -544,6 +547,6 @@ def int8_engine() -> str | None:
     return choice().int8_engine
 
 
-def describe() -> str:
-    """`choice().describe()`: one line for logs and bench headers."""
-    return choice().describe()
+def describe(timed: bool = True) -> str:
+    """`choice().describe()`: one line for logs and bench headers (`timed`: see `KernelChoice.describe`)."""
+    return choice().describe(timed)
