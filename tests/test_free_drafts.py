@@ -65,5 +65,6 @@ def test_shipped_yue_smol_rates_name_the_free_sources_and_their_match_lengths():
     table = load_ngrams(ASSETS / "yue-smol", config.vocab_size)
     kinds = {f"copy:{n}" for n in range(MIN_NGRAM, MAX_NGRAM + 1)}
     kinds |= {f"corpus:{n}" for n in range(table.min_order, table.max_order + 1)}
-    assert config.free_draft_rates and set(config.free_draft_rates) <= kinds
-    assert all(len(c) <= config.block_size - 1 for c in config.free_draft_rates.values())
+    for table in (config.free_draft_rates, *(config.sampled_draft_rates or {}).values()):
+        assert table and set(table) <= kinds
+        assert all(len(c) <= config.block_size - 1 for c in table.values())
