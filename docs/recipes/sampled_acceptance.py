@@ -188,19 +188,36 @@ def row_costs(engine, context: int = 128, tries: int = 7) -> dict:
 
 
 def main(
-    model: str, dtype: str, prompts: str, out: str, temperature: float = 0.7, limit: int | None = None
+    model: str,
+    dtype: str,
+    prompts: str,
+    out: str,
+    temperature: float = 0.7,
+    limit: int | None = None,
+    greedy_rates: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     engine = yue.load(model, dtype=None if dtype == "float32" else dtype)
     _patch()
-    tokens = verifying = 0
+    if greedy_rates:  # the A/B's other arm: sampled requests primed with the greedy rates
+        engine.model.config.sampled_draft_rates = None
+    tokens = verifying = passes = 0
     for i, p in enumerate(load_prompts(prompts, engine, limit)):
         r = engine.generate(p.text, mode="verified", temperature=temperature, seed=i, max_new_tokens=128)
         tokens += len(r.token_ids)
         verifying += r.stats.forwards - r.stats.draft_passes
+        passes += r.stats.draft_passes
     doc = dict(model=model, dtype=dtype, prompts=prompts, temperature=temperature, limit=limit)
+    doc |= dict(greedy_rates=greedy_rates, drafting_passes=passes)
     doc |= summarize(STEPS, tokens, verifying)
-    doc["row_costs"] = row_costs(engine)
+    doc["row_costs"] = costs = row_costs(engine)
+    # `verified`'s steps and drafting passes at the costs a sampled step pays (thread CPU time, the whole
+    # head), against `ar`'s one-row step per token: load-independent, the decode loop's Python aside.
+    step = costs["sampled_whole_head"]["ms"]
+    rows = sum(step[s["k"]] for s in STEPS) + step[0] * (verifying - len(STEPS))
+    doc["modelled_ar_over_verified"] = round(
+        tokens * step[0] / (rows + passes * engine.costs.passes[2] / engine.costs.step[0] * step[0]), 3
+    )
     doc["steps"] = STEPS
     with open(out, "w") as f:
         json.dump(doc, f)
@@ -209,4 +226,14 @@ def main(
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], a[1], a[2], a[3], float(a[4]) if len(a) > 4 else 0.7, int(a[5]) if len(a) > 5 else None)
+    greedy_rates = "--greedy-rates" in a
+    a = [x for x in a if x != "--greedy-rates"]
+    main(
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        float(a[4]) if len(a) > 4 else 0.7,
+        int(a[5]) if len(a) > 5 else None,
+        greedy_rates,
+    )
