@@ -104,28 +104,3 @@ def test_engine_measures_costs_only_when_a_mode_drafts(trained_model_dir, tmp_pa
     assert engine.costs is None  # nothing drafted: nothing to weigh
     engine.generate("def f(x):", mode="verified", router_threshold=1.0, max_new_tokens=4)
     assert engine.costs is not None and list((tmp_path / "costs").glob("*.json"))
-
-
-def test_sampled_requests_weigh_costs_measured_as_sampled_steps_run(trained_model_dir, tmp_path, monkeypatch):
-    """A sampled step computes every row's whole head (no argmax screen), so its costs are measured as
-    such (`verify_cost_curve(sampled=True)`), cached apart from the greedy ones, and weighed by sampled
-    requests only."""
-    import yue
-
-    monkeypatch.setenv("YUE_CACHE_DIR", str(tmp_path))
-    kinds = []
-    real = costs_mod.verify_cost_curve
-
-    def recording(*args, sampled=False, **kwargs) -> CostCurve:
-        kinds.append(sampled)
-        return real(*args, sampled=sampled, **kwargs)
-
-    monkeypatch.setattr(costs_mod, "verify_cost_curve", recording)
-    engine = yue.load(trained_model_dir)
-    engine.generate(
-        "def f(x):", mode="verified", router_threshold=1.0, max_new_tokens=4, temperature=0.7, seed=1
-    )
-    assert kinds == [True] and engine.costs is None and engine.sampled_costs is not None
-    engine.generate("def f(x):", mode="verified", router_threshold=1.0, max_new_tokens=4)
-    assert kinds == [True, False] and engine.costs is not None
-    assert len(list((tmp_path / "costs").glob("*.json"))) == 2

@@ -109,10 +109,8 @@ class Engine:
         self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE
         self._template = ChatTemplate(self.chat_template)
         self.corpus = corpus
-        # Step costs for the router's draft lengths, of greedy and of sampled steps: measured on first
-        # need (`_costs`), or set by hand.
+        # Step costs for the router's draft lengths: measured on first need (`_costs`), or set by hand.
         self.costs: StepCosts | None = None
-        self.sampled_costs: StepCosts | None = None
         _holders[self.model] = weakref.ref(self)  # `model.generate()` drafts with its corpus and costs
 
     @property
@@ -288,10 +286,6 @@ class Engine:
         drafting request needs them (seconds, then cached on disk)."""
         if not drafts(cfg):
             return None
-        if not cfg.greedy:
-            if self.sampled_costs is None:
-                self.sampled_costs = measured_costs(self.model, sampled=True)
-            return self.sampled_costs
         if self.costs is None:
             self.costs = measured_costs(self.model)
         return self.costs
@@ -459,7 +453,7 @@ def _model_generate(model: PreparedModel | YueForCausalLM, inputs, generation_co
     if engine is not None:
         costs, corpus = engine._costs, engine.corpus
     else:
-        costs, corpus = (lambda cfg: measured_costs(model, sampled=not cfg.greedy) if drafts(cfg) else None), None
+        costs, corpus = (lambda cfg: measured_costs(model) if drafts(cfg) else None), None
     return hf_generate.generate(model, inputs, generation_config, streamer, mode, kwargs, costs, corpus)
 
 

@@ -27,7 +27,6 @@ import torch
 import yue
 import yue.decode.policies as pol
 from yue.bench.prompts import load_prompts
-from yue.decode.costs import measured_costs
 from yue.decode.sampling import warp
 from yue.model.masks import decode_mask
 from yue.model.prepared import as_decoded
@@ -196,15 +195,12 @@ def main(
     temperature: float = 0.7,
     limit: int | None = None,
     greedy_rates: bool = False,
-    greedy_costs: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     engine = yue.load(model, dtype=None if dtype == "float32" else dtype)
     _patch()
     if greedy_rates:  # the A/B's other arm: sampled requests primed with the greedy rates
         engine.model.config.sampled_draft_rates = None
-    if greedy_costs:  # another arm: sampled requests weighing the greedy steps' costs
-        engine.sampled_costs = measured_costs(engine.model)
     tokens = verifying = passes = 0
     for i, p in enumerate(load_prompts(prompts, engine, limit)):
         r = engine.generate(p.text, mode="verified", temperature=temperature, seed=i, max_new_tokens=128)
@@ -212,7 +208,7 @@ def main(
         verifying += r.stats.forwards - r.stats.draft_passes
         passes += r.stats.draft_passes
     doc = dict(model=model, dtype=dtype, prompts=prompts, temperature=temperature, limit=limit)
-    doc |= dict(greedy_rates=greedy_rates, greedy_costs=greedy_costs, drafting_passes=passes)
+    doc |= dict(greedy_rates=greedy_rates, drafting_passes=passes)
     doc |= summarize(STEPS, tokens, verifying)
     doc["row_costs"] = costs = row_costs(engine)
     # `verified`'s steps and drafting passes at the costs a sampled step pays (thread CPU time, the whole
@@ -220,10 +216,7 @@ def main(
     step = costs["sampled_whole_head"]["ms"]
     rows = sum(step[s["k"]] for s in STEPS) + step[0] * (verifying - len(STEPS))
     doc["modelled_ar_over_verified"] = round(
-        tokens
-        * step[0]
-        / (rows + passes * engine.sampled_costs.passes[2] / engine.sampled_costs.step[0] * step[0]),
-        3,
+        tokens * step[0] / (rows + passes * engine.costs.passes[2] / engine.costs.step[0] * step[0]), 3
     )
     doc["steps"] = STEPS
     with open(out, "w") as f:
@@ -233,8 +226,8 @@ def main(
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    greedy_rates, greedy_costs = "--greedy-rates" in a, "--greedy-costs" in a
-    a = [x for x in a if not x.startswith("--")]
+    greedy_rates = "--greedy-rates" in a
+    a = [x for x in a if x != "--greedy-rates"]
     main(
         a[0],
         a[1],
@@ -243,5 +236,4 @@ if __name__ == "__main__":
         float(a[4]) if len(a) > 4 else 0.7,
         int(a[5]) if len(a) > 5 else None,
         greedy_rates,
-        greedy_costs,
     )

@@ -97,13 +97,7 @@ def _has_drafting_pass(config) -> bool:
 
 @torch.inference_mode()
 def verify_cost_curve(
-    model,
-    context: int = 200,
-    rows: tuple[int, ...] = ROWS,
-    warmup: int = 2,
-    tries: int = 7,
-    seed: int = 0,
-    sampled: bool = False,
+    model, context: int = 200, rows: tuple[int, ...] = ROWS, warmup: int = 2, tries: int = 7, seed: int = 0
 ) -> CostCurve:
     """Time `model.step` over 1..9 fed rows and the drafting pass over 2..K slots, on a cache holding
     `context` tokens.
@@ -115,8 +109,6 @@ def verify_cost_curve(
         warmup, tries: untimed rounds, then timed rounds (each times every row count and the drafting
             pass once); the median per kind is reported.
         seed: for the context's random token ids (their values do not change a step's cost).
-        sampled: time the steps as a sampled request's run: every row's whole logits, turned into
-            log-probabilities (`sampling.warp`'s main work), instead of the argmax a greedy step asks.
     Returns:
         CostCurve with one median per row count (seconds) and per drafting pass's slots.
     """
@@ -134,11 +126,10 @@ def verify_cost_curve(
 
     def step(n: int):
         m = decode_mask(context, n, 0, cache.key_valid, device)
-        fed, at = ids[:, context : context + n], pos[context : context + n]
-        if sampled:
-            return lambda: model.step(fed, at, n, m, cache, n).ar_logits.float().log_softmax(-1)
         # As a greedy request's steps run (the AR logits for their argmax: the head's screen, if any).
-        return lambda: model.step(fed, at, n, m, cache, n, top1=True)
+        return lambda: model.step(
+            ids[:, context : context + n], pos[context : context + n], n, m, cache, n, top1=True
+        )
 
     calls = [step(n) for n in rows]
     slot_counts = range(2, K + 1) if _has_drafting_pass(cfg) and K >= 2 else range(0)
@@ -216,9 +207,9 @@ class StepCosts:
         return cls(tuple(curve.step_s), tuple(curve.pass_s[n] for n in sorted(curve.pass_s)))
 
 
-def cost_cache_key(model, sampled: bool = False) -> str:
-    """Same model shape and precision, device kind, CPU capability and kernels, threads and torch, and
-    step kind (greedy or `sampled`): same costs."""
+def cost_cache_key(model) -> str:
+    """Same model shape and precision, device kind, CPU capability and kernels, threads and torch: same
+    costs."""
     model = as_decoded(model)
     on_cpu = model.device.type == "cpu"
     capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
@@ -232,26 +223,22 @@ def cost_cache_key(model, sampled: bool = False) -> str:
     # The decode path's kernels, named by `yue.kernels.prepare_for_decoding` (CPU kernels probed, matmul
     # kinds, attention form): a cost measured on one is not another's.
     parts += [str(model.dtype), str(model.paths.cache_dtype), model.paths.layout]
-    parts += [str(torch.get_num_threads()), torch.__version__] + (["sampled"] if sampled else [])
+    parts += [str(torch.get_num_threads()), torch.__version__]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def measured_costs(
-    model, cache_dir: str | Path | None = None, tries: int = 5, sampled: bool = False
-) -> StepCosts:
-    """The model's step costs on this machine, for greedy steps or `sampled` ones (each row's whole head
-    and its log-probabilities: a sampled row costs more than a screened one, `verify_cost_curve`):
-    measured (a few seconds for SmolLM2 on a CPU) the first time, then read from `cache_dir` (default
-    `$YUE_CACHE_DIR/costs` or ~/.cache/yue/costs). A cache file that does not parse is measured anew,
-    never trusted."""
+def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:
+    """The model's step costs on this machine: measured (a few seconds for SmolLM2 on a CPU) the first
+    time, then read from `cache_dir` (default `$YUE_CACHE_DIR/costs` or ~/.cache/yue/costs). A cache file
+    that does not parse is measured anew, never trusted."""
     root = cache_root(cache_dir) / "costs"
-    file = root / f"{cost_cache_key(model, sampled)}.json"
+    file = root / f"{cost_cache_key(model)}.json"
     try:
         data = json.loads(file.read_text())
         return StepCosts(tuple(float(x) for x in data["step_s"]), tuple(float(x) for x in data["pass_s"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    curve = verify_cost_curve(model, context=128, warmup=1, tries=tries, sampled=sampled)
+    curve = verify_cost_curve(model, context=128, warmup=1, tries=tries)
     costs = StepCosts.from_curve(curve)
     root.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".tmp{os.getpid()}")
