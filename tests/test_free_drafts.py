@@ -51,10 +51,20 @@ def test_config_refuses_rates_outside_zero_one():
         YueConfig(free_draft_rates={"copy:2": [1.5]})
 
 
+def test_config_refuses_sampled_rates_outside_zero_one_or_at_no_temperature():
+    YueConfig(sampled_draft_rates={"0.7": {"copy:2": [0.5, 1.0]}})
+    with pytest.raises(ValueError, match=r"sampled_draft_rates\['0.7'\]"):
+        YueConfig(sampled_draft_rates={"0.7": {"copy:2": [1.5]}})
+    for bad in ("0", "hot", "2.5"):
+        with pytest.raises(ValueError, match="sampled_draft_rates: keys are temperatures"):
+            YueConfig(sampled_draft_rates={bad: {"copy:2": [0.5]}})
+
+
 def test_shipped_yue_smol_rates_name_the_free_sources_and_their_match_lengths():
     config = YueConfig.from_pretrained(ASSETS / "yue-smol")
     table = load_ngrams(ASSETS / "yue-smol", config.vocab_size)
     kinds = {f"copy:{n}" for n in range(MIN_NGRAM, MAX_NGRAM + 1)}
     kinds |= {f"corpus:{n}" for n in range(table.min_order, table.max_order + 1)}
-    assert config.free_draft_rates and set(config.free_draft_rates) <= kinds
-    assert all(len(c) <= config.block_size - 1 for c in config.free_draft_rates.values())
+    for table in (config.free_draft_rates, *(config.sampled_draft_rates or {}).values()):
+        assert table and set(table) <= kinds
+        assert all(len(c) <= config.block_size - 1 for c in table.values())

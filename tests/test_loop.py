@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2_contingency, chisquare
 
 import yue
 from tests.stubs import MarkovStub, chain_stub
@@ -18,7 +18,7 @@ from yue.config import DecodeConfig
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
-from yue.decode.sampling import within_tolerance
+from yue.decode.sampling import sample_from_probs, within_tolerance
 from yue.decode.sources import AcceptanceRecord
 
 PROMPT_PIECES = [
@@ -324,6 +324,20 @@ def test_verified_sampling_matches_ar_distribution_chi_square():
     assert _chi2_pvalue(ar, _sample_prefixes("verified", 6000, seed=4, drafting="fused")) > 1e-3
     # Power check: the same test does detect a real difference (unverified drafts, `nar` mode).
     assert _chi2_pvalue(ar, _sample_prefixes("nar", 6000, seed=3)) < 1e-6
+
+
+def test_the_sampler_draws_each_token_in_proportion_to_its_weight_and_never_a_zero_weight():
+    """`sample_from_probs` (inverse CDF in float64) against the weights it is given, by chi-square;
+    zero-weight tokens (a nucleus cut, a speculative residual) never come out; a seed repeats its draws."""
+    w = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 5.5])  # unnormalized, as a residual is
+    g = torch.Generator().manual_seed(0)
+    draws = sample_from_probs(w.expand(20000, -1), g)  # (20000,)
+    counts = torch.bincount(draws, minlength=len(w))
+    assert counts[w == 0].sum() == 0
+    assert chisquare(counts[w > 0].numpy(), (w[w > 0] / w.sum() * len(draws)).numpy()).pvalue > 1e-3
+    again = sample_from_probs(w.expand(20000, -1), torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)
+    assert sample_from_probs(torch.tensor([[0.0, 0.0, 2.0]]), g).tolist() == [2]  # one token of weight
 
 
 def test_verified_sampling_at_a_chat_temperature_and_nucleus_matches_ar_distribution():

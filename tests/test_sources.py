@@ -9,7 +9,7 @@ import pytest
 
 import yue
 from tests.stubs import chain_stub
-from yue.config import DecodeConfig
+from yue.config import DecodeConfig, YueConfig
 from yue.decode import loop
 from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
@@ -21,6 +21,7 @@ from yue.decode.sources import (
     DraftSources,
     FreeSource,
     NarBlock,
+    draft_rates,
 )
 
 
@@ -42,6 +43,19 @@ def test_each_match_length_keeps_its_own_record_started_from_its_kinds_rates():
     assert corpus_drafts.match(NgramIndex([4, 1, 2]), 3) == (2, [3])
     assert corpus_drafts.record(2).survival(1) == [0.25]
     assert NarBlock().record().survival(1) == [1.0]  # the NAR block's record has no prior
+
+
+def test_a_sampled_request_starts_from_the_rates_measured_at_the_nearest_temperature():
+    """Greedy requests start their records from the greedy rates; sampled ones from the rates measured
+    on answers sampled at the temperature nearest theirs; a model without sampled rates: the greedy."""
+    greedy = {"copy:2": [0.5]}
+    sampled = {"0.7": {"copy:2": [0.4]}, "1.2": {"copy:2": [0.3]}}
+    config = YueConfig(free_draft_rates=greedy, sampled_draft_rates=sampled)
+    assert draft_rates(config, 0.0) == greedy
+    assert draft_rates(config, 0.5) == sampled["0.7"] and draft_rates(config, 0.7) == sampled["0.7"]
+    assert draft_rates(config, 1.0) == sampled["1.2"]
+    assert draft_rates(YueConfig(free_draft_rates=greedy), 0.7) == greedy
+    assert draft_rates(YueConfig(), 0.7) == {}
 
 
 def test_the_record_in_flight_learns_from_the_next_verification():

@@ -161,6 +161,11 @@ class YueConfig(PreTrainedConfig):
     # held where drafts 1..j-1 did. The prior of each request's record of them (`AcceptanceRecord`);
     # None, or a kind not listed: c_j = 1 (draft, and learn from the request).
     free_draft_rates: dict | None = None
+    # The same rates as speculative sampling meets them, measured on answers sampled at a temperature
+    # (`docs/recipes/free_draft_rates.py --temperature`): {"0.7": {"copy:2": [c_1, ...], ...}}. A
+    # sampled request's records start from those measured at the nearest temperature
+    # (`sources.draft_rates`); None: from `free_draft_rates`.
+    sampled_draft_rates: dict | None = None
     # The AR set's model family ("llama", "qwen2", "qwen3", "gemma3_text", "mistral") and how its layers
     # differ from Llama's (`Features.to_dict`; None = Llama's), read by `model/family.py`.
     family: str = "llama"
@@ -206,11 +211,13 @@ class YueConfig(PreTrainedConfig):
             raise ValueError(f"nar_layers must be in [0, num_hidden_layers], got {self.nar_layers}")
         if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in (0, vocab_size], got {self.draft_vocab_size}")
-        for kind, rates in (self.free_draft_rates or {}).items():
-            if not isinstance(rates, list) or not all(
-                isinstance(c, int | float) and 0 <= c <= 1 for c in rates
-            ):
-                raise ValueError(f"free_draft_rates[{kind!r}]: a list of rates in [0, 1], got {rates!r}")
+        _check_rates("free_draft_rates", self.free_draft_rates or {})
+        for t, table in (self.sampled_draft_rates or {}).items():
+            if not _is_temperature(t) or not isinstance(table, dict):
+                raise ValueError(
+                    f"sampled_draft_rates: keys are temperatures in (0, 2] holding rates by kind, got {t!r}"
+                )
+            _check_rates(f"sampled_draft_rates[{t!r}]", table)
         if self.layer_routing not in get_args(LayerRouting):
             raise ValueError(
                 f"layer_routing must be one of {get_args(LayerRouting)}; got {self.layer_routing!r}"
@@ -478,6 +485,21 @@ def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
                 f"logit_bias: each bias must be a number in [-100, 100], got {b!r} for token {t}"
             )
     return tuple(sorted((int(t), float(b)) for t, b in dict(pairs).items()))
+
+
+def _check_rates(name: str, table: dict) -> None:
+    """ValueError unless every kind of `table` holds a list of rates in [0, 1]."""
+    for kind, rates in table.items():
+        if not isinstance(rates, list) or not all(isinstance(c, int | float) and 0 <= c <= 1 for c in rates):
+            raise ValueError(f"{name}[{kind!r}]: a list of rates in [0, 1], got {rates!r}")
+
+
+def _is_temperature(key: object) -> bool:
+    """Whether a `sampled_draft_rates` key names a sampling temperature, in (0, 2]."""
+    try:
+        return 0.0 < float(key) <= 2.0
+    except (TypeError, ValueError):
+        return False
 
 
 Precision = Literal["float32", "bfloat16", "int4"]

@@ -137,6 +137,7 @@ class AnchorVerifiedPolicy(AnchorPlan, VerifiedPolicy):
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         slots, q = draft_slots(st, logits)
-        self.feed(adv, slots, q, st.anchor_gap)
+        gap = st.anchor_gap
+        self.feed(adv, slots[:, 1 : 1 + gap], None if q is None else q[:, 1 : 1 + gap])
         adv.routed = (0, st.anchor_gap)
         return adv

@@ -214,7 +214,12 @@ def cost_cache_key(model) -> str:
     on_cpu = model.device.type == "cpu"
     capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
-    parts = [model.config.to_json_string(use_diff=False), str(model.device.type), name, capability]
+    # The config as JSON (`to_json_string`'s form), less the fields that only prime the drafts' records:
+    # the sampled rates' arrival (issue 42) left every measured cost's key as it was.
+    config = model.config.to_dict()
+    config.pop("sampled_draft_rates", None)
+    shape = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    parts = [shape, str(model.device.type), name, capability]
     # The decode path's kernels, named by `yue.kernels.prepare_for_decoding` (CPU kernels probed, matmul
     # kinds, attention form): a cost measured on one is not another's.
     parts += [str(model.dtype), str(model.paths.cache_dtype), model.paths.layout]

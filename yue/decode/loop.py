@@ -51,7 +51,7 @@ from yue.decode.modes import get_policy
 from yue.decode.policies import rows_at
 from yue.decode.prefix import PrefixCache, PrefixHit, feed_chunk, write_hit
 from yue.decode.rows import Group, Row, merge, select, without_finished
-from yue.decode.sources import DraftSources, free_sources
+from yue.decode.sources import DraftSources, draft_rates, free_sources
 from yue.decode.state import Advance, LoopState
 from yue.decode.types import Step, TokenLogprob
 from yue.model.cache import KVCache
@@ -332,7 +332,8 @@ class DecodeBatch:
         model, rows, B = self.model, p.rows, len(p.rows)
         st = LoopState(self.key, [r.generator for r in rows], p.prompt[:, p.done :], costs=self.costs)
         if self.key.mode in ("verified", "hybrid") and self.key.drafting == "separate":
-            free = free_sources(self.key.prompt_lookup, self.corpus, model.config.free_draft_rates or {})
+            rates = draft_rates(model.config, self.key.temperature)
+            free = free_sources(self.key.prompt_lookup, self.corpus, rates)
             if free:  # copies and corpus drafts read each row's context
                 st.drafts = DraftSources(free=free, contexts=[NgramIndex(r.prompt) for r in rows])
         if self.key.repetition_penalty != 1.0:

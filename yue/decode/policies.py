@@ -430,7 +430,6 @@ class VerifiedPolicy(Policy):
         # path's: they predict fixed positions, and often still hold (dev set, threshold 1: 2.34 ->
         # 2.69 tokens per forward); verification keeps the output exact either way. A separate pass
         # revealed slot 1, so its slots 2.. already know the AR token (3.63 -> 4.38 tokens per step).
-        slots, q = draft_slots(st, logits)
         n = logits.shape[1] - 1
         gate = st.cfg.draft_gate(model.config)
         every_slot = gate >= 1.0  # the router is not asked: the record decides
@@ -448,7 +447,10 @@ class VerifiedPolicy(Policy):
             block.back_off(st.cfg.reeval_every, probe=every_slot)
             return adv
         block.drafted(probing)
-        self.feed(adv, slots, q, k_next)
+        # Only the slots drafted are drawn (sampling: a draw over the vocabulary each), once their
+        # number is known; slot 1 is the AR token's position, never a draft.
+        drafts, q = draft_slots(st, logits[:, 1 : 1 + k_next])
+        self.feed(adv, drafts, q)
         return adv
 
     @staticmethod
@@ -461,12 +463,12 @@ class VerifiedPolicy(Policy):
         return p_ar
 
     @staticmethod
-    def feed(adv: Advance, slots: torch.Tensor, q: torch.Tensor | None, drafts: int) -> None:
-        """Feed next, after the AR token, slots 2..1+drafts as drafts to verify (with their sampling
-        log-probs q, if sampled). slots: (B, K)."""
-        adv.next_fed = torch.cat([adv.next_fed, slots[:, 1 : 1 + drafts]], dim=1)
-        adv.next_drafts = [drafts] * len(adv.next_fed)
-        adv.next_draft_logprobs = None if q is None else q[:, 1 : 1 + drafts]
+    def feed(adv: Advance, drafts: torch.Tensor, q: torch.Tensor | None) -> None:
+        """Feed next, after the AR token, a block's drafts to verify (slots 2.., with their sampling
+        log-probs q (B, k, V), if sampled). drafts: (B, k)."""
+        adv.next_fed = torch.cat([adv.next_fed, drafts], dim=1)
+        adv.next_drafts = [drafts.shape[1]] * len(adv.next_fed)
+        adv.next_draft_logprobs = q
 
 
 class HybridPolicy(VerifiedPolicy):

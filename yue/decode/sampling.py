@@ -93,8 +93,25 @@ def warp(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
 
 def sample_from_logprobs(logprobs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of (..., V) log-probabilities -> (...)."""
-    flat = logprobs.reshape(-1, logprobs.shape[-1]).exp()
-    return torch.multinomial(flat, 1, generator=generator).view(logprobs.shape[:-1])
+    return sample_from_probs(logprobs.exp(), generator)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of (..., V) non-negative weights, each row drawn in proportion to them -> (...).
+
+    Inverse-CDF sampling: one uniform u per row, scaled to the row's total, and the first token whose
+    running sum of weights exceeds it (a zero-weight token never does). The sums are float64, so their
+    rounding moves a token's probability by ~1e-12 at a 49k vocabulary. `torch.multinomial` draws the
+    same distribution, but on a CPU it cost ~1 ms a row at that vocabulary (as much as a verifying row of
+    the int4 step; docs/results-log.md), paid on every sampled token and by every rejected draft.
+    """
+    V = probs.shape[-1]
+    cdf = probs.reshape(-1, V).double().cumsum(-1)  # (N, V)
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device)
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # (N, 1)
+    if bool((token >= V).any()):  # u * total rounded up to the total: the last token of positive weight
+        token = torch.minimum(token, torch.searchsorted(cdf, cdf[:, -1:]))
+    return token.view(probs.shape[:-1])
 
 
 def within_tolerance(logits: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> torch.Tensor:
@@ -183,5 +200,4 @@ def speculative_accept(
     residual = (target_logprobs[n].exp() - draft_logprobs[n].exp()).clamp(min=0)
     if residual.sum() <= 0:  # p == q exactly: any rejection is measure-zero; fall back to p
         residual = target_logprobs[n].exp()
-    token = torch.multinomial(residual / residual.sum(), 1, generator=generator)
-    return n, int(token)
+    return n, int(sample_from_probs(residual, generator))

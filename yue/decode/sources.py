@@ -13,7 +13,8 @@ Design decisions:
 - A record per source and per key (the length of the context the source matched): a 4-token match is a
   surer copy than a 2-token one, so one record per source mixed drafts worth a whole block with drafts
   not worth one verifying row. A new record starts from the model's measured rates for its kind
-  (`YueConfig.free_draft_rates`, "copy:2" -> c_1, c_2, ...), else from certainty (draft, and learn).
+  (`YueConfig.free_draft_rates`, "copy:2" -> c_1, c_2, ...; a sampled request's from
+  `sampled_draft_rates`, `draft_rates`), else from certainty (draft, and learn).
 - Free sources cost no forward, so they propose before the step's drafting pass is decided; the NAR
   block's drafts come out of a forward (the loop's drafting pass), so `NarBlock` holds what decides
   whether that pass runs: its record and its back-off after futile looks.
@@ -277,6 +278,18 @@ class DraftSources:
         """Append `other`'s rows (a batch's records stay the batch's: `other`'s are dropped)."""
         if self.contexts is not None:
             self.contexts = self.contexts + other.contexts
+
+
+def draft_rates(model_config, temperature: float) -> Mapping[str, Sequence[float]]:
+    """The priors of a request's free-draft records, measured where its drafts will be judged: a greedy
+    request's drafts hold where they are the AR path's choice (`free_draft_rates`, from greedy answers);
+    a sampled one's are accepted with the target's probability of each (speculative sampling, a draft
+    proposed with certainty), which answers sampled at a temperature measure (`sampled_draft_rates`,
+    those of the temperature nearest the request's). A model without sampled rates: the greedy ones."""
+    sampled = getattr(model_config, "sampled_draft_rates", None)
+    if temperature == 0.0 or not sampled:
+        return model_config.free_draft_rates or {}
+    return sampled[min(sampled, key=lambda t: abs(float(t) - temperature))]
 
 
 def free_sources(
