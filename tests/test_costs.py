@@ -7,7 +7,7 @@ import torch
 
 import yue.decode.costs as costs_mod
 from yue.config import DecodeConfig
-from yue.decode.costs import CostCurve, StepCosts, measured_costs
+from yue.decode.costs import CostCurve, StepCosts, cost_cache_key, measured_costs
 from yue.decode.policies import VerifiedPolicy, probe_length
 from yue.decode.state import LoopState
 
@@ -104,3 +104,17 @@ def test_engine_measures_costs_only_when_a_mode_drafts(trained_model_dir, tmp_pa
     assert engine.costs is None  # nothing drafted: nothing to weigh
     engine.generate("def f(x):", mode="verified", router_threshold=1.0, max_new_tokens=4)
     assert engine.costs is not None and list((tmp_path / "costs").glob("*.json"))
+
+
+def test_the_free_draft_priors_leave_the_step_costs_key_as_it_is(trained_model_dir):
+    """The rates that prime a request's free-draft records (`costs.RECORD_PRIORS`) change what it drafts,
+    not what a step costs: a model given other rates keeps its measured costs' key; another shape does not."""
+    import yue
+
+    model = yue.load(trained_model_dir).model
+    key = cost_cache_key(model)
+    model.config.free_draft_rates = {"copy:2": [0.5, 0.25]}
+    model.config.sampled_draft_rates = {"0.7": {"copy:2": [0.4]}}
+    assert cost_cache_key(model) == key
+    model.config.hybrid_tolerance = model.config.hybrid_tolerance + 0.01  # any other field: a new key
+    assert cost_cache_key(model) != key

@@ -207,6 +207,10 @@ class StepCosts:
         return cls(tuple(curve.step_s), tuple(curve.pass_s[n] for n in sorted(curve.pass_s)))
 
 
+# Config fields that prime the free drafts' records (`sources.draft_rates`) and change no step's cost.
+RECORD_PRIORS = ("free_draft_rates", "sampled_draft_rates")
+
+
 def cost_cache_key(model) -> str:
     """Same model shape and precision, device kind, CPU capability and kernels, threads and torch: same
     costs."""
@@ -214,12 +218,10 @@ def cost_cache_key(model) -> str:
     on_cpu = model.device.type == "cpu"
     capability = torch.backends.cpu.get_cpu_capability() if on_cpu else ""
     name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else platform.machine()
-    # The config as JSON (`to_json_string`'s form), less the fields that only prime the drafts' records:
-    # the sampled rates' arrival (issue 42) left every measured cost's key as it was.
-    config = model.config.to_dict()
-    config.pop("sampled_draft_rates", None)
-    shape = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    parts = [shape, str(model.device.type), name, capability]
+    # The config, less the fields that only prime the drafts' records (`RECORD_PRIORS`): they change what
+    # a request drafts, never what a step costs.
+    config = {k: v for k, v in model.config.to_dict().items() if k not in RECORD_PRIORS}
+    parts = [json.dumps(config, sort_keys=True), str(model.device.type), name, capability]
     # The decode path's kernels, named by `yue.kernels.prepare_for_decoding` (CPU kernels probed, matmul
     # kinds, attention form): a cost measured on one is not another's.
     parts += [str(model.dtype), str(model.paths.cache_dtype), model.paths.layout]

@@ -1170,7 +1170,6 @@ int rows_q4dot_bytes(void) { return Q4DOT_BYTES; }
     const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;                       \
     __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);                                                             \
     for (int v = 0; v < VB; v++) wv[v] = widen(wi + v * LANES) * dv[v];
-CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 
 /* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
 #define Q8_SETUP                                                                                            \
@@ -1180,20 +1179,29 @@ CODES_ONE_ROW_FN(q8_one_row, Q8_GROUP, Q8_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBU
 #define Q8_REBUILD                                                                                          \
     __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                                \
     w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;
+
+/* An 8-bit codes matmul with groups of GROUP inputs (records of GROUP_BYTES), its pair functions made by
+ * PAIRS_FN (NAME, R): the one-row and 2-9-row functions, their table, and
+ * void rows_matmul_P(x, rows, in, w, y, out, threads): y (rows, out) = x (rows, in) @ W.t(), W in the
+ * family's layout (in a multiple of GROUP). Q8 (groups of 32) and Q6 (of 16) differ only in the group. */
+#define CODES8_MATMUL(P, GROUP, GROUP_BYTES, PAIRS_FN)                                                      \
+    CODES_ONE_ROW_FN(P##_one_row, GROUP, GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)                         \
+    PAIRS_FN(P##_pairs_2, 2)                                                                                \
+    PAIRS_FN(P##_pairs_3, 3)                                                                                \
+    PAIRS_FN(P##_pairs_4, 4)                                                                                \
+    PAIRS_FN(P##_pairs_5, 5)                                                                                \
+    PAIRS_FN(P##_pairs_6, 6)                                                                                \
+    PAIRS_7_TO_9(PAIRS_FN, P##_pairs_)                                                                      \
+    static const q4_block_fn P##_blocks[PAIR_MAX_R + 1] = {                                                 \
+        0, P##_one_row, P##_pairs_2, P##_pairs_3, P##_pairs_4, P##_pairs_5, P##_pairs_6                     \
+        PAIRS_7_TO_9_LIST(P##_pairs_)};                                                                     \
+    void rows_matmul_##P(const float *x, long rows, long in, const unsigned char *w, float *y, long out,    \
+                         int threads) {                                                                     \
+        MATMUL_PASSES(P##_blocks, P##_blocks, Q4_STREAMS, PAIR_MAX_R, in / GROUP * GROUP_BYTES)             \
+    }
+
 #define Q8_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q8_GROUP, Q8_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
-
-Q8_PAIRS_FN(q8_pairs_2, 2)
-Q8_PAIRS_FN(q8_pairs_3, 3)
-Q8_PAIRS_FN(q8_pairs_4, 4)
-Q8_PAIRS_FN(q8_pairs_5, 5)
-Q8_PAIRS_FN(q8_pairs_6, 6)
-PAIRS_7_TO_9(Q8_PAIRS_FN, q8_pairs_)
-static const q4_block_fn Q8_BLOCKS[PAIR_MAX_R + 1] = {0, q8_one_row, q8_pairs_2, q8_pairs_3, q8_pairs_4, q8_pairs_5, q8_pairs_6 PAIRS_7_TO_9_LIST(q8_pairs_)};
-
-/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q8_block's layout (in a multiple of Q8_GROUP). */
-void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    MATMUL_PASSES(Q8_BLOCKS, Q8_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q8_GROUP * Q8_GROUP_BYTES)
-}
+CODES8_MATMUL(q8, Q8_GROUP, Q8_GROUP_BYTES, Q8_PAIRS_FN)
 
 /* Whether n values (stride si) are codes * d for this d, codes in -127..127 (written at stride BLK): each
  * value's code round(w / d), and (float)code * d must give the value back exactly. */
@@ -1269,20 +1277,8 @@ int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
  * group, d (BLK floats), then per input BLK int8 codes (outputs in order). */
 #define Q6_GROUP 16
 #define Q6_GROUP_BYTES (BLK * (long)sizeof(float) + Q6_GROUP * BLK)
-CODES_ONE_ROW_FN(q6_one_row, Q6_GROUP, Q6_GROUP_BYTES, Q8_ROW_SETUP, Q8_ROW_REBUILD)
 #define Q6_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q6_GROUP, Q6_GROUP_BYTES, Q8_SETUP, Q8_REBUILD)
-Q6_PAIRS_FN(q6_pairs_2, 2)
-Q6_PAIRS_FN(q6_pairs_3, 3)
-Q6_PAIRS_FN(q6_pairs_4, 4)
-Q6_PAIRS_FN(q6_pairs_5, 5)
-Q6_PAIRS_FN(q6_pairs_6, 6)
-PAIRS_7_TO_9(Q6_PAIRS_FN, q6_pairs_)
-static const q4_block_fn Q6_BLOCKS[PAIR_MAX_R + 1] = {0, q6_one_row, q6_pairs_2, q6_pairs_3, q6_pairs_4, q6_pairs_5, q6_pairs_6 PAIRS_7_TO_9_LIST(q6_pairs_)};
-
-/* y (rows, out) = x (rows, in) @ W.t(), W in rowkernel.q6_block's layout (in a multiple of Q6_GROUP). */
-void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    MATMUL_PASSES(Q6_BLOCKS, Q6_BLOCKS, Q4_STREAMS, PAIR_MAX_R, in / Q6_GROUP * Q6_GROUP_BYTES)
-}
+CODES8_MATMUL(q6, Q6_GROUP, Q6_GROUP_BYTES, Q6_PAIRS_FN)
 
 /* One group of an output (Q6_GROUP values at stride si) as codes * d (codes_fit): d is the group's
  * largest |w| over its code's magnitude, which a Q6_K group's codes put at 1..32, so each is tried,
