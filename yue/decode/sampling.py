@@ -102,8 +102,8 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) ->
     Inverse-CDF sampling: one uniform u per row, scaled to the row's total, and the first token whose
     running sum of weights exceeds it (a zero-weight token never does). The sums are float64, so their
     rounding moves a token's probability by ~1e-12 at a 49k vocabulary. `torch.multinomial` draws the
-    same distribution, but on a CPU it cost ~1 ms a row at that vocabulary (as much as a verifying row of
-    the int4 step; docs/results-log.md), paid on every sampled token and by every rejected draft.
+    same distribution, but on a CPU it cost a sizeable share of a sampled step at that vocabulary (the
+    timings: docs/results-log.md), paid on every sampled token and by every rejected draft.
     """
     V = probs.shape[-1]
     cdf = probs.reshape(-1, V).double().cumsum(-1)  # (N, V)
