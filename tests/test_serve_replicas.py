@@ -27,6 +27,7 @@ PROMPTS = ["def add(a, b):", "for i in range(", "class Point:", "import os\n", "
 STEP_DELAY_S = (
     0.03  # each decode step of a replica at least this long: a request runs long enough to be killed
 )
+WHOLE_TOKENS = 192  # a non-streamed request's length in the kill test: four streams' (48), within 256
 
 
 class PacedLoad:
@@ -133,6 +134,12 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, t
     expected = {
         p: engine.generate(p, mode="verified", max_new_tokens=48, temperature=0.0).text for p in PROMPTS
     }
+    # Non-streamed requests send nothing before they end, so the kill cannot wait for them: they are
+    # sent first and run several times as long as a stream, so they are still running when it comes.
+    expected_whole = {
+        p: engine.generate(p, mode="verified", max_new_tokens=WHOLE_TOKENS, temperature=0.0).text
+        for p in PROMPTS
+    }
     results, lock, started, replica_of = [], threading.Lock(), threading.Semaphore(0), {}
 
     def ask(prompt: str) -> None:
@@ -152,12 +159,13 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, t
     whole = []  # non-streamed: (prompt, status, body)
 
     def ask_whole(prompt: str) -> None:
-        resp = httpx.post(f"{replicas_url}/v1/completions", json=_body(prompt, False, 48), timeout=60)
+        body = _body(prompt, False, WHOLE_TOKENS)
+        resp = httpx.post(f"{replicas_url}/v1/completions", json=body, timeout=120)
         with lock:
             whole.append((prompt, resp.status_code, resp.json()))
 
-    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
-    threads += [threading.Thread(target=ask_whole, args=(p,)) for p in PROMPTS]
+    threads = [threading.Thread(target=ask_whole, args=(p,)) for p in PROMPTS]
+    threads += [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
     for t in threads:
         t.start()
     for _ in PROMPTS:  # every streamed request is running on a replica (its headers came)
@@ -181,7 +189,7 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(replicas_url, t
     assert len(whole) == len(PROMPTS)
     for prompt, status, body in whole:  # answered in full, or failed with the OpenAI error
         if status == 200:
-            assert body["choices"][0]["text"] == expected[prompt]
+            assert body["choices"][0]["text"] == expected_whole[prompt]
         else:
             assert status == 503 and body["error"]["code"] == "replica_lost", (status, body)
     assert any(status == 503 for _, status, _ in whole), "no non-streamed request ran on the killed replica"
