@@ -101,9 +101,43 @@ def test_engine_measures_costs_only_when_a_mode_drafts(trained_model_dir, tmp_pa
     monkeypatch.setenv("YUE_CACHE_DIR", str(tmp_path))
     engine = yue.load(trained_model_dir)
     engine.generate("def f(x):", mode="ar", max_new_tokens=4)
-    assert engine.costs is None  # nothing drafted: nothing to weigh
+    assert engine.costs_by_use == {}  # nothing drafted: nothing to weigh
     engine.generate("def f(x):", mode="verified", router_threshold=1.0, max_new_tokens=4)
-    assert engine.costs is not None and list((tmp_path / "costs").glob("*.json"))
+    assert set(engine.costs_by_use) == {"argmax"} and len(list((tmp_path / "costs").glob("*.json"))) == 1
+
+
+def test_a_sampled_request_weighs_its_drafts_against_what_its_rows_cost(
+    trained_model_dir, tmp_path, monkeypatch
+):
+    """Greedy rows serve their argmax (the head's screen), sampled rows their whole warped distribution:
+    each use has its own measured curve and file, and a request's batch weighs the one it runs."""
+    import yue
+
+    monkeypatch.setenv("YUE_CACHE_DIR", str(tmp_path))
+    engine = yue.load(trained_model_dir)
+    uses = []
+    real = costs_mod.verify_cost_curve
+
+    def recording(*args, **kwargs) -> CostCurve:
+        uses.append(kwargs["use"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(costs_mod, "verify_cost_curve", recording)
+    greedy = engine._config(None, {"mode": "verified", "router_threshold": 1.0})
+    sampled = engine._config(None, {"mode": "verified", "router_threshold": 1.0, "temperature": 0.7})
+    hybrid = engine._config(None, {"mode": "hybrid", "router_threshold": 0.1})
+    assert engine.decode_batch(sampled).costs is engine.costs_by_use["sampled"]
+    assert engine.decode_batch(greedy).costs is engine.costs_by_use["argmax"]
+    assert engine.decode_batch(hybrid).costs is engine.costs_by_use["logits"]  # greedy, but reads p_AR
+    engine.decode_batch(sampled)  # measured once per use
+    assert uses == ["sampled", "argmax", "logits"] and len(list((tmp_path / "costs").glob("*.json"))) == 3
+    out = engine.generate("def f(x):", mode="verified", max_new_tokens=8, temperature=0.7, seed=0)
+    assert len(out.token_ids) == 8
+    engine.costs = StepCosts.default(8)  # set by hand: every request weighs it
+    assert (
+        engine.decode_batch(sampled).costs is engine.costs
+        and engine.decode_batch(greedy).costs is engine.costs
+    )
 
 
 def test_the_free_draft_priors_leave_the_step_costs_key_as_it_is(trained_model_dir):

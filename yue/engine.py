@@ -29,8 +29,9 @@ from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
 from yue.config import DecodeConfig, LoadConfig, YueConfig
 from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
-from yue.decode.costs import StepCosts, measured_costs
+from yue.decode.costs import HeadUse, StepCosts, head_use, measured_costs
 from yue.decode.loop import DecodeBatch, StepEmission, decode
+from yue.decode.modes import get_policy
 from yue.decode.prefix import PrefixCache
 from yue.decode.types import NAR_SOURCES, GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.kernels import prepare_for_decoding
@@ -109,8 +110,10 @@ class Engine:
         self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE
         self._template = ChatTemplate(self.chat_template)
         self.corpus = corpus
-        # Step costs for the router's draft lengths: measured on first need (`_costs`), or set by hand.
+        # Step costs for the router's draft lengths: set by hand (then every request weighs these), or
+        # measured on first need per head use (`_costs`).
         self.costs: StepCosts | None = None
+        self.costs_by_use: dict[HeadUse, StepCosts] = {}  # measured, per what the rows serve
         _holders[self.model] = weakref.ref(self)  # `model.generate()` drafts with its corpus and costs
 
     @property
@@ -187,12 +190,20 @@ class Engine:
         hidden = model.hidden_states(x, torch.arange(T, device=x.device), T, causal)[0]  # (T, D)
         out = [TokenLogprob(ids[0], None)]
         for start in range(0, T - 1, SCORE_ROWS):
-            logp = model.ar_logits(hidden[None, start : min(start + SCORE_ROWS, T - 1)])[0].float().log_softmax(-1)  # (n, V)
+            logp = (
+                model.ar_logits(hidden[None, start : min(start + SCORE_ROWS, T - 1)])[0]
+                .float()
+                .log_softmax(-1)
+            )  # (n, V)
             targets = ids[start + 1 : start + 1 + logp.shape[0]]
             chosen = logp[torch.arange(len(targets)), torch.tensor(targets, device=x.device)].tolist()
             alts = torch.topk(logp, top) if top else None
             for j, (token, lp) in enumerate(zip(targets, chosen, strict=True)):
-                best = {} if alts is None else dict(zip(alts.indices[j].tolist(), alts.values[j].tolist(), strict=True))
+                best = (
+                    {}
+                    if alts is None
+                    else dict(zip(alts.indices[j].tolist(), alts.values[j].tolist(), strict=True))
+                )
                 out.append(TokenLogprob(token, lp, best))
         return out
 
@@ -282,13 +293,17 @@ class Engine:
         return RowStream(self.tokenizer, cfg, cfg.draft_gate(self.model.config))
 
     def _costs(self, cfg: DecodeConfig) -> StepCosts | None:
-        """The step costs draft lengths weigh, measured for this model on this machine the first time a
-        drafting request needs them (seconds, then cached on disk)."""
+        """The step costs draft lengths weigh: `costs` if set, else measured for this model on this
+        machine, for what the request's rows serve (`request_head_use`), the first time a drafting
+        request needs them (seconds, then cached on disk)."""
         if not drafts(cfg):
             return None
-        if self.costs is None:
-            self.costs = measured_costs(self.model)
-        return self.costs
+        if self.costs is not None:
+            return self.costs
+        use = request_head_use(self.model, cfg)
+        if use not in self.costs_by_use:
+            self.costs_by_use[use] = measured_costs(self.model, use=use)
+        return self.costs_by_use[use]
 
     def generate(
         self, prompt: str | list[str], config: DecodeConfig | None = None, **overrides
@@ -439,6 +454,13 @@ def drafts(cfg: DecodeConfig) -> bool:
     return cfg.mode in ("verified", "hybrid") and (cfg.block_size or 1) >= 2
 
 
+def request_head_use(model, cfg: DecodeConfig) -> HeadUse:
+    """What a request's AR rows serve (`costs.head_use`), as its decode loop decides it (`DecodeBatch`:
+    the screen where the policy needs only the argmax and the request asks no log-probs)."""
+    argmax_only = get_policy(cfg.mode).argmax_only(cfg, as_decoded(model).config) and cfg.logprobs is None
+    return head_use(cfg, argmax_only)
+
+
 # The Engine holding each model, for `generate()`; weak both ways, so neither outlives its users here.
 _holders: weakref.WeakKeyDictionary[PreparedModel, weakref.ref[Engine]] = weakref.WeakKeyDictionary()
 
@@ -453,7 +475,8 @@ def _model_generate(model: PreparedModel | YueForCausalLM, inputs, generation_co
     if engine is not None:
         costs, corpus = engine._costs, engine.corpus
     else:
-        costs, corpus = (lambda cfg: measured_costs(model) if drafts(cfg) else None), None
+        costs = lambda cfg: measured_costs(model, use=request_head_use(model, cfg)) if drafts(cfg) else None  # noqa: E731
+        corpus = None
     return hf_generate.generate(model, inputs, generation_config, streamer, mode, kwargs, costs, corpus)
 
 

@@ -4,9 +4,13 @@ machine and cached; issue 13: not the constants of one model on one CPU).
 
 Design decisions:
 - The decode loop's own calls, timed bare: `model.step` over n fed committed rows (no slots; the
-  verifying forward of n - 1 drafts plus the bonus row; AR logits for their argmax, as greedy steps
-  ask), n = 1..9, and the drafting pass over 2..K slots (NAR set only, slot 1 revealed, as
-  `decode/loop.py` runs it; `DecodeConfig.drafting_slots`). On a CPU a step's cost grows with its
+  verifying forward of n - 1 drafts plus the bonus row), n = 1..9, and the drafting pass over 2..K
+  slots (NAR set only, slot 1 revealed, as `decode/loop.py` runs it; `DecodeConfig.drafting_slots`).
+- What an extra row costs depends on what its AR logits serve (`HeadUse`): a greedy step's rows need
+  only their argmax (the head's integer screen, where the model has one), a hybrid step's their whole
+  logits, a sampled step's their whole logits warped and sampled (the speculative rule reads every row's
+  distribution). Each use has its own curve, so a sampled request weighs its drafts against what its
+  rows cost, not against a greedy row's price. On a CPU a step's cost grows with its
   rows (docs/design.md §8; measured on AVX2 in float32: docs/results-log.md); this curve is what the router's draft
   length should follow, measured on the machine and model at hand.
 - Each step runs on a cache already holding a context of ~200 committed tokens (attention over a real
@@ -27,14 +31,28 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from yue.config import DecodeConfig
+from yue.decode.sampling import sample_rows, warp
 from yue.model.masks import decode_mask
 from yue.model.prepared import as_decoded
 from yue.registry import cache_root
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
+
+HeadUse = Literal["argmax", "logits", "sampled"]
+SAMPLED = DecodeConfig(temperature=1.0)  # a sampled step's per-row work (warp, then a draw)
+
+
+def head_use(cfg: DecodeConfig, argmax_only: bool) -> HeadUse:
+    """What a request's AR rows serve: their argmax only (`Policy.argmax_only`), their logits (greedy
+    with a tolerance, penalties or a trace), or a sample of their warped distribution."""
+    if argmax_only:
+        return "argmax"
+    return "logits" if cfg.greedy else "sampled"
 
 
 @dataclass(frozen=True)
@@ -97,7 +115,13 @@ def _has_drafting_pass(config) -> bool:
 
 @torch.inference_mode()
 def verify_cost_curve(
-    model, context: int = 200, rows: tuple[int, ...] = ROWS, warmup: int = 2, tries: int = 7, seed: int = 0
+    model,
+    context: int = 200,
+    rows: tuple[int, ...] = ROWS,
+    warmup: int = 2,
+    tries: int = 7,
+    seed: int = 0,
+    use: HeadUse = "argmax",
 ) -> CostCurve:
     """Time `model.step` over 1..9 fed rows and the drafting pass over 2..K slots, on a cache holding
     `context` tokens.
@@ -109,6 +133,8 @@ def verify_cost_curve(
         warmup, tries: untimed rounds, then timed rounds (each times every row count and the drafting
             pass once); the median per kind is reported.
         seed: for the context's random token ids (their values do not change a step's cost).
+        use: what the timed steps' AR logits serve (`HeadUse`): their argmax (the head's screen, as a
+            greedy request's steps ask), the whole logits, or those warped and sampled row by row.
     Returns:
         CostCurve with one median per row count (seconds) and per drafting pass's slots.
     """
@@ -124,12 +150,25 @@ def verify_cost_curve(
     prefill = model.step(ids[:, :context], pos[:context], context, mask, cache, 1)
     cache.advance(context)
 
+    draw = [torch.Generator(device=device).manual_seed(seed)]
+
     def step(n: int):
         m = decode_mask(context, n, 0, cache.key_valid, device)
-        # As a greedy request's steps run (the AR logits for their argmax: the head's screen, if any).
-        return lambda: model.step(
-            ids[:, context : context + n], pos[context : context + n], n, m, cache, n, top1=True
-        )
+
+        def call():  # as a request of this use runs its step
+            out = model.step(
+                ids[:, context : context + n],
+                pos[context : context + n],
+                n,
+                m,
+                cache,
+                n,
+                top1=use == "argmax",
+            )
+            if use == "sampled":
+                sample_rows(warp(out.ar_logits, SAMPLED), draw)
+
+        return call
 
     calls = [step(n) for n in rows]
     slot_counts = range(2, K + 1) if _has_drafting_pass(cfg) and K >= 2 else range(0)
@@ -229,18 +268,22 @@ def cost_cache_key(model) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def measured_costs(model, cache_dir: str | Path | None = None, tries: int = 5) -> StepCosts:
-    """The model's step costs on this machine: measured (a few seconds for SmolLM2 on a CPU) the first
-    time, then read from `cache_dir` (default `$YUE_CACHE_DIR/costs` or ~/.cache/yue/costs). A cache file
-    that does not parse is measured anew, never trusted."""
+def measured_costs(
+    model, cache_dir: str | Path | None = None, tries: int = 5, use: HeadUse = "argmax"
+) -> StepCosts:
+    """The model's step costs on this machine for rows that serve `use` (`HeadUse`): measured (a few
+    seconds for SmolLM2 on a CPU) the first time, then read from `cache_dir` (default
+    `$YUE_CACHE_DIR/costs` or ~/.cache/yue/costs). A cache file that does not parse is measured anew,
+    never trusted."""
     root = cache_root(cache_dir) / "costs"
-    file = root / f"{cost_cache_key(model)}.json"
+    suffix = "" if use == "argmax" else f"-{use}"
+    file = root / f"{cost_cache_key(model)}{suffix}.json"
     try:
         data = json.loads(file.read_text())
         return StepCosts(tuple(float(x) for x in data["step_s"]), tuple(float(x) for x in data["pass_s"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    curve = verify_cost_curve(model, context=128, warmup=1, tries=tries)
+    curve = verify_cost_curve(model, context=128, warmup=1, tries=tries, use=use)
     costs = StepCosts.from_curve(curve)
     root.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".tmp{os.getpid()}")
