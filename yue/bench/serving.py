@@ -80,6 +80,7 @@ class ServeBench:
     prompts: int
     torch_threads: int
     cpus: int
+    precision: str = "float32"  # the model's (`yue.load`'s dtype)
     load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15-min, at start and end
     levels: list[Level] = field(default_factory=list)
 
@@ -213,12 +214,14 @@ def bench_serve(
     *,
     prompts: list[str] | None = None,
     log: Callable[[str], None] = lambda s: None,
+    precision: str = "float32",
 ) -> ServeBench:
     """Measure the server at each max_batch_size and client count (see the module docstring); one server
     per size, all started first, idle while another is measured.
 
     Each level sends max(8, clients * requests_per_client) requests a round over the first `cfg.n_prompts`
-    held-out code prompts (cycled), or over `prompts` when given.
+    held-out code prompts (cycled), or over `prompts` when given. `precision`: the engine's, as loaded
+    (`yue.load`'s dtype), for the report.
     """
     from yue.serve import ServeConfig
     from yue.serve.server import LocalServer
@@ -229,7 +232,7 @@ def bench_serve(
     log(f"single-request references for {len(prompts)} prompts ({mode}, {max_tokens} tokens)")
     refs = [engine.generate(p, mode=mode, max_new_tokens=max_tokens, temperature=0.0).text for p in prompts]
     result = ServeBench(
-        engine.name, mode, max_tokens, len(prompts), torch.get_num_threads(), os.cpu_count() or 0
+        engine.name, mode, max_tokens, len(prompts), torch.get_num_threads(), os.cpu_count() or 0, precision
     )
     result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
     with contextlib.ExitStack() as stack:  # every server started is stopped, even if a later one fails
@@ -270,7 +273,7 @@ def bench_serve(
 def report(result: ServeBench, base: int, other: int) -> str:
     """The table (markdown: medians over rounds) and, last, one JSON line (every round's levels too)."""
     lines = [
-        f"`yue serve`, {result.model}, {result.mode}, greedy, {result.max_tokens} tokens, "
+        f"`yue serve`, {result.model} ({result.precision}), {result.mode}, greedy, {result.max_tokens} tokens, "
         f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
         f"{result.load_average['start']} at start, {result.load_average['end']} at end",
         "",

@@ -11,6 +11,7 @@ from yue.bench.harness import BenchConfig
 from yue.bench.serving import ServeBenchConfig
 from yue.cli.common import MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
+from yue.config import LoadConfig
 from yue.train.evaluate import EvalConfig
 
 
@@ -50,17 +51,20 @@ def bench_cmd(
 @app.command("bench-serve")
 @user_errors
 @config_options(ServeBenchConfig, csv=("batch_sizes", "clients"))
+@config_options(LoadConfig, argument="load", exclude=("adapter",), defaults={"model": "yue-code-mini"})
 def bench_serve_cmd(
-    model: str | None = typer.Option("yue-code-mini", help=MODEL_HELP),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
+    load: LoadConfig | None = None,
     config: ServeBenchConfig | None = None,
 ) -> None:
     """Tokens/s and time to first token of `yue serve` under concurrent streamed clients; JSON last."""
-    import yue
     from yue.bench.serving import bench_serve, report
+    from yue.engine import load_from
 
-    engine = yue.load(model)
-    result = bench_serve(engine, config, log=lambda s: typer.echo(f"[bench-serve] {s}", err=True))
+    engine = load_from(load)
+    result = bench_serve(
+        engine, config, log=lambda s: typer.echo(f"[bench-serve] {s}", err=True), precision=load.dtype
+    )
     text = report(result, config.batch_sizes[0], config.batch_sizes[-1])
     typer.echo(text)
     if json_out is not None:

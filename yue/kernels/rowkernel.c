@@ -1066,9 +1066,12 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
  * order) is the same in every build and call, whatever the row count: `ar` == `verified` at int4. */
 #define Q4DOT_BYTES (2 * DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK / 2)
 
-/* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads. */
+/* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads.
+ * A group's 8 products go to CH chains per row (k % CH), added at the group's end: with few rows one
+ * dependent vpdpbusd chain would set the pace (its latency), as in the screen below. Integer sums: the
+ * same whatever the chains. */
 #if defined(__AVX2__)
-#define Q4DOT_FN(NAME, R)                                                                                   \
+#define Q4DOT_FN(NAME, R, CH)                                                                               \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
                      float *sums) {                                                                         \
         const long groups = in / Q4_GROUP, quads = in / 4;                                                  \
@@ -1089,8 +1092,11 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
             }                                                                                               \
             for (int r = 0; r < R; r++) {                                                                   \
                 const int *xr = xq + r * quads + g * (Q4_GROUP / 4);                                        \
-                __m256i s = _mm256_setzero_si256();                                                         \
-                for (int k = 0; k < 8; k++) s = DPBUSD(s, c[k], _mm256_set1_epi32(xr[k]));                  \
+                __m256i ch[CH];                                                                             \
+                for (int k = 0; k < CH; k++) ch[k] = _mm256_setzero_si256();                                \
+                for (int k = 0; k < 8; k++) ch[k % CH] = DPBUSD(ch[k % CH], c[k], _mm256_set1_epi32(xr[k])); \
+                __m256i s = ch[0];                                                                          \
+                for (int k = 1; k < CH; k++) s = _mm256_add_epi32(s, ch[k]);                                \
                 const float sxr = sx[r * groups + g];                                                       \
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(sxr)), acc[r]); \
                 acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[r * groups + g]), acc[r]);                    \
@@ -1099,7 +1105,7 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
         for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
     }
 #else
-#define Q4DOT_FN(NAME, R)                                                                                   \
+#define Q4DOT_FN(NAME, R, CH)                                                                               \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
                      float *sums) {                                                                         \
         const long groups = in / Q4_GROUP, quads = in / 4;                                                  \
@@ -1122,15 +1128,15 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
         }                                                                                                   \
     }
 #endif
-Q4DOT_FN(q4dot_1, 1)
-Q4DOT_FN(q4dot_2, 2)
-Q4DOT_FN(q4dot_3, 3)
-Q4DOT_FN(q4dot_4, 4)
-Q4DOT_FN(q4dot_5, 5)
-Q4DOT_FN(q4dot_6, 6)
-Q4DOT_FN(q4dot_7, 7)
-Q4DOT_FN(q4dot_8, 8)
-Q4DOT_FN(q4dot_9, 9)
+Q4DOT_FN(q4dot_1, 1, 4) /* chains: rows x CH within the registers */
+Q4DOT_FN(q4dot_2, 2, 2)
+Q4DOT_FN(q4dot_3, 3, 2)
+Q4DOT_FN(q4dot_4, 4, 2)
+Q4DOT_FN(q4dot_5, 5, 1)
+Q4DOT_FN(q4dot_6, 6, 1)
+Q4DOT_FN(q4dot_7, 7, 1)
+Q4DOT_FN(q4dot_8, 8, 1)
+Q4DOT_FN(q4dot_9, 9, 1)
 typedef void (*q4dot_fn)(const int *, const float *, const float *, long, const unsigned char *, float *);
 static const q4dot_fn Q4DOTS[MAX_R + 1] = {0, q4dot_1, q4dot_2, q4dot_3, q4dot_4, q4dot_5, q4dot_6, q4dot_7, q4dot_8, q4dot_9};
 
