@@ -127,6 +127,23 @@ def test_the_pinned_scenarios_use_every_source():
     assert any(a < d for a, d, _ in rows) and any(d == 0 for _, d, _ in rows)
     assert {s["forwards"] for s in steps} == {1, 2}
     assert any(s["routed"][0] > 0 for s in golden["verified, router gate"])
+    # a block the record declines at threshold 1, without a pass
+    assert any(s["routed"][0] > 0 and s["forwards"] == 1 for s in golden["verified, batch of three"])
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, (kw, *_) in SCENARIOS.items() if kw.get("router_threshold") == 1.0]
+)
+def test_where_the_record_decides_no_drafting_pass_is_paid_for_a_block_it_declines(name):
+    """At threshold 1 (no router, no trace) a block's length comes from the acceptance record, which the
+    drafting pass does not change, so a pass runs only for a block that is drafted (a probe drafts at
+    least one): a declined block costs no pass (`VerifiedPolicy.worth_a_pass`)."""
+    steps = trace(name)
+    if SCENARIOS[name][0].get("drafting") == "fused":
+        assert {s["forwards"] for s in steps} == {1}  # the block rides in the step
+        return
+    passes = [s for s in steps if s["forwards"] == 2]
+    assert passes and all(s["routed"][1] >= 1 for s in passes), passes
 
 
 if __name__ == "__main__":

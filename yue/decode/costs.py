@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -42,6 +43,10 @@ from yue.model.prepared import as_decoded
 from yue.registry import cache_root
 
 ROWS = tuple(range(1, 10))  # fed rows of a verifying forward: 1 = a plain AR step, 9 = K = 8 drafts
+# Wider steps, for a batch's: a batch step's cost follows its fed positions (`StepCosts.for_batch`), and
+# past 9 rows a curve extrapolated from its last two points misjudges them (a large batch's drafting
+# pass feeds rows x slots positions), so the router's cost model measures these too.
+WIDE_ROWS = (16, 32, 64, 128)
 
 HeadUse = Literal["argmax", "logits", "sampled"]
 SAMPLED = DecodeConfig(temperature=1.0)  # a sampled step's per-row work (warp, then a draw)
@@ -202,18 +207,27 @@ class StepCosts:
 
     step: tuple[float, ...]
     passes: tuple[float, ...]
+    # Steps over more rows than `step` holds, measured: (rows, cost) pairs, rows increasing (`WIDE_ROWS`).
+    wide: tuple[tuple[int, float], ...] = ()
 
     def draft_pass(self, slots: int) -> float:
         """A drafting pass over `slots` slots (clamped to the measured 2..K)."""
         return self.passes[min(max(slots - 2, 0), len(self.passes) - 1)]
 
     def verify(self, drafts: int) -> float:
-        """A step feeding `drafts` drafts (plus the bonus row); past the measured rows, extrapolated
-        linearly from the last two."""
-        if drafts < len(self.step):
-            return self.step[drafts]
-        last, prev = self.step[-1], self.step[-2] if len(self.step) > 1 else self.step[-1]
-        return last + (drafts - len(self.step) + 1) * max(last - prev, 0.0)
+        """A step feeding `drafts` drafts (plus the bonus row); past the rows of `step`, interpolated
+        linearly between the measured wider steps (`wide`), and past those extrapolated from the last
+        two points."""
+        rows = drafts + 1
+        if rows <= len(self.step):
+            return self.step[rows - 1]
+        points = [(len(self.step) - 1, self.step[-2] if len(self.step) > 1 else self.step[-1])]
+        points += [(len(self.step), self.step[-1]), *self.wide]
+        for (r0, c0), (r1, c1) in itertools.pairwise(points):
+            if rows <= r1:
+                return c0 + (rows - r0) * (c1 - c0) / (r1 - r0)
+        (r0, c0), (r1, c1) = points[-2], points[-1]
+        return c1 + (rows - r1) * max(c1 - c0, 0.0) / (r1 - r0)
 
     # Asked up to twice a step; the answer changes only with the batch's rows. Bounded: the cache keeps
     # its (small, frozen) StepCosts alive.
@@ -243,7 +257,12 @@ class StepCosts:
     def from_curve(cls, curve: CostCurve) -> StepCosts:
         if curve.pass_s is None:
             raise ValueError("the cost curve has no drafting pass (the model has no NAR set)")
-        return cls(tuple(curve.step_s), tuple(curve.pass_s[n] for n in sorted(curve.pass_s)))
+        dense = [i for i, n in enumerate(curve.rows) if n <= len(ROWS)]  # 1..9 rows, then the wider steps
+        return cls(
+            tuple(curve.step_s[i] for i in dense),
+            tuple(curve.pass_s[n] for n in sorted(curve.pass_s)),
+            tuple((n, s) for n, s in zip(curve.rows, curve.step_s, strict=True) if n > len(ROWS)),
+        )
 
 
 # Config fields that prime the free drafts' records (`sources.draft_rates`) and change no step's cost.
@@ -280,13 +299,24 @@ def measured_costs(
     file = root / f"{cost_cache_key(model)}{suffix}.json"
     try:
         data = json.loads(file.read_text())
-        return StepCosts(tuple(float(x) for x in data["step_s"]), tuple(float(x) for x in data["pass_s"]))
+        return StepCosts(
+            tuple(float(x) for x in data["step_s"]),
+            tuple(float(x) for x in data["pass_s"]),
+            tuple((int(n), float(x)) for n, x in data["wide_s"]),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    curve = verify_cost_curve(model, context=128, warmup=1, tries=tries, use=use)
+    # The wider steps that fit the model's context beside the measuring context (a tiny model's may not).
+    wide = tuple(n for n in WIDE_ROWS if n <= as_decoded(model).config.max_position_embeddings // 2)
+    curve = verify_cost_curve(model, context=128, rows=ROWS + wide, warmup=1, tries=tries, use=use)
     costs = StepCosts.from_curve(curve)
     root.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"step_s": list(costs.step), "pass_s": list(costs.passes)}))
+    record = {
+        "step_s": list(costs.step),
+        "pass_s": list(costs.passes),
+        "wide_s": [list(p) for p in costs.wide],
+    }
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, file)
     return costs

@@ -198,7 +198,7 @@ class Policy:
         """Draft from the step's fused block anchored at each row's last kept token (one block, or one
         per verifying row: `anchors`), or ask the loop for a drafting pass."""
         if st.cfg.drafting == "separate":
-            adv.draft_pass = True
+            adv.draft_pass = self.worth_a_pass(model, st, adv)
             return adv
         K = st.cfg.block_size
         logits = out.slot_logits  # (B, blocks * K, V)
@@ -207,6 +207,11 @@ class Policy:
             index = first + torch.arange(K, device=logits.device)  # (B, K)
             logits = logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[2]))
         return self.draft(model, st, adv, out, logits)
+
+    def worth_a_pass(self, model, st: LoopState, adv: Advance) -> bool:
+        """Whether to run the drafting pass this step asks for (False: its block would not be drafted, a
+        decision `draft` would take from what the pass cannot change; the policy has taken it)."""
+        return True
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Use a block anchored at the last kept token (fed[adv.keep - 1]). logits: (B, K, V)."""
@@ -423,6 +428,21 @@ class VerifiedPolicy(Policy):
         if not self.drafts_now(st) or st.cfg.draft_gate(model.config) < 1.0:
             return 0.0
         return best_draft(st, st.drafts.block.record().survival(n))[1]
+
+    def worth_a_pass(self, model, st: LoopState, adv: Advance) -> bool:
+        """Where the router is not asked (threshold 1, no trace), `draft` sizes a block that is no probe
+        from the acceptance record alone (`record_length`), which the pass's logits do not change: when
+        that is 0, the block is declined here, as `draft` would decline it, without paying for the pass
+        (a batch's pass over rows x slots costs more than a step)."""
+        block, n = st.drafts.block, st.cfg.draft_block - 1
+        if st.cfg.draft_gate(model.config) < 1.0 or st.cfg.trace or block.probe or n < 1:
+            return True
+        if self.record_length(st, n):
+            return True
+        block.look()
+        adv.routed = (n, 0)
+        block.back_off(st.cfg.reeval_every, probe=True)
+        return False
 
     def draft(self, model, st: LoopState, adv: Advance, out: StepOutput, logits: torch.Tensor) -> Advance:
         """Choose the next draft from a block anchored at the last accepted token; sets adv.next_*."""
