@@ -1132,11 +1132,11 @@ Q4DOT_FN(q4dot_1, 1, 4) /* chains: rows x CH within the registers */
 Q4DOT_FN(q4dot_2, 2, 2)
 Q4DOT_FN(q4dot_3, 3, 2)
 Q4DOT_FN(q4dot_4, 4, 2)
-Q4DOT_FN(q4dot_5, 5, 1)
-Q4DOT_FN(q4dot_6, 6, 1)
-Q4DOT_FN(q4dot_7, 7, 1)
-Q4DOT_FN(q4dot_8, 8, 1)
-Q4DOT_FN(q4dot_9, 9, 1)
+Q4DOT_FN(q4dot_5, 5, 2)
+Q4DOT_FN(q4dot_6, 6, 2)
+Q4DOT_FN(q4dot_7, 7, 2)
+Q4DOT_FN(q4dot_8, 8, 2)
+Q4DOT_FN(q4dot_9, 9, 2)
 typedef void (*q4dot_fn)(const int *, const float *, const float *, long, const unsigned char *, float *);
 static const q4dot_fn Q4DOTS[MAX_R + 1] = {0, q4dot_1, q4dot_2, q4dot_3, q4dot_4, q4dot_5, q4dot_6, q4dot_7, q4dot_8, q4dot_9};
 
