@@ -1438,6 +1438,57 @@ static int screen_row(const float *x, long in, short *xq, long stride, float *sx
     return 0;
 }
 
+/* The bound's two passes over a row's screened sums y (out floats; y sx is A_j): the floor M = max_j
+ * (A_j - r_j), then the tokens with A_j + r_j >= M, r_j = n1 slack[j] + n2 wnorm[j]. Each value is one
+ * fused rounding in double (r_j = fma(n1, slack, n2 wnorm), A_j -/+ r_j = fma(y, sx, -/+ r_j)), so
+ * the AVX512 loops and the plain ones agree bit for bit and every build keeps the same candidates (the
+ * bound's margin, WIDEN in screen.py, covers these roundings). Why vectors: with one candidate a row
+ * (the usual case, e_j = 0), these two passes over the 49k tokens were a sizeable share of the screen. */
+static double screen_floor(const float *y, long out, double sx, double n1, double n2, const double *slack,
+                           const double *wnorm) {
+    double floor = -INFINITY;
+    long j = 0;
+#if defined(__AVX512F__)
+    const __m512d s = _mm512_set1_pd(sx), a = _mm512_set1_pd(n1), b = _mm512_set1_pd(n2);
+    __m512d best = _mm512_set1_pd(-INFINITY);
+    for (; j + 8 <= out; j += 8) {
+        const __m512d rad = _mm512_fmadd_pd(a, _mm512_loadu_pd(slack + j), _mm512_mul_pd(b, _mm512_loadu_pd(wnorm + j)));
+        best = _mm512_max_pd(best, _mm512_fmsub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(y + j)), s, rad));
+    }
+    floor = _mm512_reduce_max_pd(best); /* no NaN: the rows are finite */
+#endif
+    for (; j < out; j++) {
+        const double low = fma((double)y[j], sx, -fma(n1, slack[j], n2 * wnorm[j]));
+        floor = low > floor ? low : floor;
+    }
+    return floor;
+}
+
+/* Whether token j may be the row's largest (A_j + r_j >= floor), as screen_floor rounds it. */
+static inline int screen_keeps(float y, double sx, double n1, double n2, double slack, double wnorm, double floor) {
+    return fma((double)y, sx, fma(n1, slack, n2 * wnorm)) >= floor;
+}
+
+/* Where none of the 8 tokens at y (n of them left) is a candidate (screen_keeps, in one vector): set
+ * them to -inf (their screened values to `seen`, if given) and return 1; else (or with fewer than 8
+ * left, or no AVX512) 0, touching nothing. */
+static inline int screen_none(float *y, long n, double sx, double n1, double n2, const double *slack,
+                              const double *wnorm, double floor, float *seen) {
+#if defined(__AVX512F__)
+    if (n < 8) return 0;
+    const __m512d yv = _mm512_cvtps_pd(_mm256_loadu_ps(y)), s = _mm512_set1_pd(sx);
+    const __m512d rad = _mm512_fmadd_pd(_mm512_set1_pd(n1), _mm512_loadu_pd(slack),
+                                        _mm512_mul_pd(_mm512_set1_pd(n2), _mm512_loadu_pd(wnorm)));
+    if (_mm512_cmp_pd_mask(_mm512_fmadd_pd(yv, s, rad), _mm512_set1_pd(floor), _CMP_GE_OQ)) return 0;
+    if (seen) _mm256_storeu_ps(seen, _mm512_cvtpd_ps(_mm512_mul_pd(yv, s)));
+    _mm256_storeu_ps(y, _mm256_set1_ps(-INFINITY));
+    return 1;
+#else
+    (void)y, (void)n, (void)sx, (void)n1, (void)n2, (void)slack, (void)wnorm, (void)floor, (void)seen;
+    return 0;
+#endif
+}
+
 /* y (rows, out): each row's float32 logits where they may be its largest, -inf elsewhere (the screen of
  * yue/kernels/screen.py, whose docstring derives the bound). x (rows, in) row-major; codes the head's
  * codes and scales in screen.screen_block's layout; the bound's radius of token j is
@@ -1467,14 +1518,15 @@ int rows_screen(const float *x, long rows, long in, const unsigned char *codes, 
     for (long r = 0; r < rows && !failed; r++) {
         const float *xr = x + r * in;
         float *yr = y + r * out;
-        double floor = -INFINITY;
+        const double floor = screen_floor(yr, out, sx[r], n1[r], n2[r], slack, wnorm);
         for (long j = 0; j < out; j++) {
-            const double low = (double)yr[j] * sx[r] - (n1[r] * slack[j] + n2[r] * wnorm[j]);
-            floor = low > floor ? low : floor;
-        }
-        for (long j = 0; j < out; j++) {
+            if (j % 8 == 0 && screen_none(yr + j, out - j, sx[r], n1[r], n2[r], slack + j, wnorm + j, floor,
+                                          seen ? seen + j : NULL)) {
+                j += 7; /* 8 tokens, none a candidate: done at once */
+                continue;
+            }
             const double screened = (double)yr[j] * sx[r];
-            if (screened + (n1[r] * slack[j] + n2[r] * wnorm[j]) < floor) {
+            if (!screen_keeps(yr[j], sx[r], n1[r], n2[r], slack[j], wnorm[j], floor)) {
                 if (seen) seen[j] = (float)screened;
                 yr[j] = -INFINITY;
                 continue;
