@@ -123,9 +123,11 @@ def test_a_sampled_request_weighs_its_drafts_against_what_its_rows_cost(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(costs_mod, "verify_cost_curve", recording)
-    greedy = engine._config(None, {"mode": "verified", "router_threshold": 1.0})
-    sampled = engine._config(None, {"mode": "verified", "router_threshold": 1.0, "temperature": 0.7})
-    hybrid = engine._config(None, {"mode": "hybrid", "router_threshold": 0.1})
+    greedy = engine.request("def f(x):", None, {"mode": "verified", "router_threshold": 1.0})[1]
+    sampled = engine.request(
+        "def f(x):", None, {"mode": "verified", "router_threshold": 1.0, "temperature": 0.7}
+    )[1]
+    hybrid = engine.request("def f(x):", None, {"mode": "hybrid", "router_threshold": 0.1})[1]
     assert engine.decode_batch(sampled).costs is engine.costs_by_use["sampled"]
     assert engine.decode_batch(greedy).costs is engine.costs_by_use["argmax"]
     assert engine.decode_batch(hybrid).costs is engine.costs_by_use["logits"]  # greedy, but reads p_AR

@@ -1067,9 +1067,9 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
 #define Q4DOT_BYTES (2 * DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK / 2)
 
 /* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads.
- * A group's 8 products go to CH chains per row (k % CH), added at the group's end: with few rows one
- * dependent vpdpbusd chain would set the pace (its latency), as in the screen below. Integer sums: the
- * same whatever the chains. */
+ * A group's 8 products go to CH chains per row (k % CH), added at the group's end: one dependent
+ * vpdpbusd chain a row would set the pace (its latency; at 9 rows too, docs/results-log.md), as in the
+ * screen below. Integer sums: the same whatever the chains. */
 #if defined(__AVX2__)
 #define Q4DOT_FN(NAME, R, CH)                                                                               \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
@@ -1444,21 +1444,33 @@ static int screen_row(const float *x, long in, short *xq, long stride, float *sx
  * the AVX512 loops and the plain ones agree bit for bit and every build keeps the same candidates (the
  * bound's margin, WIDEN in screen.py, covers these roundings). Why vectors: with one candidate a row
  * (the usual case, e_j = 0), these two passes over the 49k tokens were a sizeable share of the screen. */
+static inline double screen_radius(double n1, double n2, double slack, double wnorm) {
+    return fma(n1, slack, n2 * wnorm);
+}
+
+#if defined(__AVX512F__)
+/* screen_radius of the 8 tokens at slack, wnorm, with the same roundings. */
+static inline __m512d screen_radius8(double n1, double n2, const double *slack, const double *wnorm) {
+    return _mm512_fmadd_pd(_mm512_set1_pd(n1), _mm512_loadu_pd(slack),
+                           _mm512_mul_pd(_mm512_set1_pd(n2), _mm512_loadu_pd(wnorm)));
+}
+#endif
+
 static double screen_floor(const float *y, long out, double sx, double n1, double n2, const double *slack,
                            const double *wnorm) {
     double floor = -INFINITY;
     long j = 0;
 #if defined(__AVX512F__)
-    const __m512d s = _mm512_set1_pd(sx), a = _mm512_set1_pd(n1), b = _mm512_set1_pd(n2);
+    const __m512d s = _mm512_set1_pd(sx);
     __m512d best = _mm512_set1_pd(-INFINITY);
     for (; j + 8 <= out; j += 8) {
-        const __m512d rad = _mm512_fmadd_pd(a, _mm512_loadu_pd(slack + j), _mm512_mul_pd(b, _mm512_loadu_pd(wnorm + j)));
+        const __m512d rad = screen_radius8(n1, n2, slack + j, wnorm + j);
         best = _mm512_max_pd(best, _mm512_fmsub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(y + j)), s, rad));
     }
     floor = _mm512_reduce_max_pd(best); /* no NaN: the rows are finite */
 #endif
     for (; j < out; j++) {
-        const double low = fma((double)y[j], sx, -fma(n1, slack[j], n2 * wnorm[j]));
+        const double low = fma((double)y[j], sx, -screen_radius(n1, n2, slack[j], wnorm[j]));
         floor = low > floor ? low : floor;
     }
     return floor;
@@ -1466,7 +1478,7 @@ static double screen_floor(const float *y, long out, double sx, double n1, doubl
 
 /* Whether token j may be the row's largest (A_j + r_j >= floor), as screen_floor rounds it. */
 static inline int screen_keeps(float y, double sx, double n1, double n2, double slack, double wnorm, double floor) {
-    return fma((double)y, sx, fma(n1, slack, n2 * wnorm)) >= floor;
+    return fma((double)y, sx, screen_radius(n1, n2, slack, wnorm)) >= floor;
 }
 
 /* Where none of the 8 tokens at y (n of them left) is a candidate (screen_keeps, in one vector): set
@@ -1477,8 +1489,7 @@ static inline int screen_none(float *y, long n, double sx, double n1, double n2,
 #if defined(__AVX512F__)
     if (n < 8) return 0;
     const __m512d yv = _mm512_cvtps_pd(_mm256_loadu_ps(y)), s = _mm512_set1_pd(sx);
-    const __m512d rad = _mm512_fmadd_pd(_mm512_set1_pd(n1), _mm512_loadu_pd(slack),
-                                        _mm512_mul_pd(_mm512_set1_pd(n2), _mm512_loadu_pd(wnorm)));
+    const __m512d rad = screen_radius8(n1, n2, slack, wnorm);
     if (_mm512_cmp_pd_mask(_mm512_fmadd_pd(yv, s, rad), _mm512_set1_pd(floor), _CMP_GE_OQ)) return 0;
     if (seen) _mm256_storeu_ps(seen, _mm512_cvtpd_ps(_mm512_mul_pd(yv, s)));
     _mm256_storeu_ps(y, _mm256_set1_ps(-INFINITY));
