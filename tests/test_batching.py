@@ -269,13 +269,13 @@ def test_the_prefill_budget_spreads_a_burst_of_joiners_over_steps(trained):
     assert len(batch.queued) == 1 and len(batch.running.rows) == 2
 
 
-def exact_batch_model(precision: str, monkeypatch):
+def exact_batch_model(precision: str):
     """A random model of a precision whose batches are exact on the CPU (float32 or int4, row kernel)."""
     from tests.test_int4 import int4_model
     from tests.test_precision import row_stream_model
 
     if precision == "float32":
-        return row_stream_model(1, monkeypatch)
+        return row_stream_model(1)
     if not probe.choice().ok("rows-int4"):
         pytest.skip(f"the row kernel's int4 does not run here: {probe.describe()}")
     return int4_model(seed=1)
@@ -304,7 +304,7 @@ def test_a_batch_rows_hidden_states_are_their_solo_bits(precision, lengths, monk
     4-bit codes rebuilt once for all of them, `rows_matmul_q4`). Tokens
     alone would not show it: float32's differences were ~1e-5, which the int4 precision's rounded
     activations grew into other tokens on SmolLM2. (bfloat16's batches are not exact: docs/serve.md.)"""
-    model = exact_batch_model(precision, monkeypatch)
+    model = exact_batch_model(precision)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in lengths]
@@ -387,7 +387,7 @@ def test_a_request_cancelled_mid_prefill_leaves_at_the_next_chunk(trained, monke
 def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, monkeypatch):
     """Chunks are fixed by the prompt's length: a prompt fed in 3 chunks beside other prompts (and under
     another budget) reads, bit for bit, the hidden rows it reads alone."""
-    model = exact_batch_model(precision, monkeypatch)
+    model = exact_batch_model(precision)
     monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ from tests.test_rowkernel import needs_row_kernel
 from yue.config import DecodeConfig, Features
 from yue.decode.loop import decode
 from yue.errors import CheckpointError
-from yue.kernels import prepare, prepare_for_decoding
+from yue.kernels import prepare_for_decoding
 from yue.model.decode_paths import exact_rows
 from yue.model.hf import from_llama, load_model
 
@@ -58,14 +58,11 @@ def test_a_family_decodes_as_transformers_greedy_and_verified_equals_ar(name):
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_equal_to_ar(
-    name, monkeypatch
-):
+def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_equal_to_ar(name):
     """Prepared on yue's row kernel (row-exact matmuls and attention, each layer one call with the
     family's features in it), a family's `ar` is transformers' greedy and `verified` equals it; in the
     int4 precision (another precision: its own tokens) `verified` equals `ar` too."""
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     reference = tiny_family(name)
     expected = reference.generate(IDS, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     model = from_llama(reference, block_size=4, nar_layers=1).eval()
@@ -81,14 +78,13 @@ def test_a_family_on_the_row_kernel_keeps_transformers_tokens_and_int4_verified_
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3", "qwen2", "mistral"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_a_family_layer_is_one_row_kernel_call_computing_what_its_parts_do(name, batch, monkeypatch):
+def test_a_family_layer_is_one_row_kernel_call_computing_what_its_parts_do(name, batch):
     """A family's layer on the row kernel is one call (`rowstack`: Gemma's (1 + w) and sandwich norms,
     GeGLU, Q/K norms, QKV biases, sliding-window layers with their own RoPE base; the MLP 100 wide, so
     that GeGLU's tail past whole vectors runs too), whose logits and cache are the same model's layers
     in parts (torch around the fused matmuls) over prompts and steps that cross the window, in a
     left-padded batch; the stack's bits are its layers' one calls'."""
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
     model = from_llama(tiny_family(name, intermediate_size=100), block_size=4, nar_layers=1).eval()
     fast = prepare_for_decoding(model, torch.qint8)
     assert all(sets[0].one_layer is not None for sets in fast.paths.layers)

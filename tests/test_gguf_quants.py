@@ -24,7 +24,7 @@ from tests.test_rowkernel import fresh_build, needs_row_kernel  # noqa: F401 (a 
 from tests.test_topnar import top_model
 from yue.config import DecodeConfig
 from yue.decode.loop import decode
-from yue.kernels import prepare, prepare_for_decoding, rowkernel
+from yue.kernels import prepare_for_decoding, rowkernel
 from yue.model.gguf import convert_gguf
 from yue.model.hf import load_model
 
@@ -135,11 +135,10 @@ def test_q6_k_weights_are_held_as_8_bit_codes_per_16_inputs_with_the_float_kerne
     assert rowkernel.q6_block(torch.randn(out, inp)) is None  # a trained weight is no such thing
 
 
-def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar(monkeypatch):
+def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar():
     """A model whose AR layers hold Q4_0 values: prepared, every layer's weights are 4-bit codes, and its
     tokens are those of the model as stored, `ar` and `verified` alike."""
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     model = top_model(2, seed=3)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -159,13 +158,12 @@ def test_a_q4_0_model_decodes_from_codes_with_verified_equal_to_ar(monkeypatch):
 
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q4_K"])
-def test_a_4_bit_llama_gguf_runs_from_its_codes_with_transformers_tokens(tmp_path, quant, monkeypatch):
+def test_a_4_bit_llama_gguf_runs_from_its_codes_with_transformers_tokens(tmp_path, quant):
     """A Llama 3 GGUF whose every matrix is Q4_0 (or Q4_K): on the row kernel each layer's weights are
     held as 4-bit codes, and `ar` is transformers' greedy on the dequantized values."""
     import yue
 
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)  # the row kernel even for a tiny model
     reference = write_family_gguf(tmp_path / "m.gguf", "llama3", quant, **SHAPE_256)
     engine = yue.load(tmp_path / "m.gguf")
     layers = engine.model.paths.layers

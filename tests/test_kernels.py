@@ -53,10 +53,8 @@ def assert_matches_kernels(engine, choice: probe.KernelChoice) -> None:
     """The prepared modules are the kernels `choice` names: packed iff its dtype's probe passed,
     int8 drafting iff an engine works (else float drafting: no draft head)."""
     model = engine.model
-    if model.dtype == torch.float32:  # a model this small keeps oneDNN where it works (`rows_kernel`)
+    if model.dtype == torch.float32:
         kind = {"onednn-packed": RowAdaptiveLinear, "row-stream": StreamedLinear}.get(choice.float32_rows)
-        if choice.ok("onednn-f32"):
-            kind = RowAdaptiveLinear
     else:
         kind = PackedLinear if choice.ok("onednn-bf16") else None
     qkv = model.paths.layers[0][0].qkv

@@ -17,7 +17,7 @@ from tests.test_topnar import top_model
 from yue.config import DecodeConfig, YueConfig
 from yue.decode.costs import cost_cache_key
 from yue.decode.loop import decode
-from yue.kernels import matmuls, prepare, prepare_for_decoding, probe, rowkernel
+from yue.kernels import matmuls, prepare_for_decoding, probe, rowkernel
 from yue.kernels.decode_set import EXACT_ATTENTION, ExactAttention, decode_layout
 from yue.kernels.matmuls import PackedLinear, packed_matmul
 from yue.kernels.prepare import resolve_dtype
@@ -90,13 +90,11 @@ def q4_weights(model):
     return model
 
 
-def row_stream_model(seed: int, monkeypatch, q4: bool = False, q8_head: bool = False, off: tuple = ()):
-    """A random top-layer NAR model in float32 whose rows run the row kernel (`prepare.rows_kernel`
-    keeps oneDNN for a model this small unless its bound is 0); skipped where the kernel cannot build.
-    With `q4`, its AR layers' weights are Q4_1 values, which the row kernel holds as 4-bit codes; with
+def row_stream_model(seed: int, q4: bool = False, q8_head: bool = False, off: tuple = ()):
+    """A random top-layer NAR model in float32 whose rows run the row kernel; skipped where the kernel
+    cannot build. With `q4`, its AR layers' weights are Q4_1 values, which the row kernel holds as 4-bit codes; with
     `q8_head`, its tied head's are Q8_0 values, held as 8-bit codes. `off`: kernels forced off."""
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
     model = top_model(2, seed=seed)
     if q4:
         q4_weights(model)
@@ -114,7 +112,7 @@ def row_stream_model(seed: int, monkeypatch, q4: bool = False, q8_head: bool = F
 
 @pytest.mark.parametrize("precision", ["bfloat16", "float32 row-stream", "float32 4-bit codes"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeypatch):
+def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision):
     """Eight committed tokens in one step give the logits (and cache) of eight one-token steps. (On the
     2-core AMD EPYC this project develops on, seed 0 differs without `exact_rows`: SDPA over several
     queries is not row-exact there.)"""
@@ -123,7 +121,7 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
     if precision == "bfloat16":
         model = bf16_model(seed=seed)
     else:
-        model = row_stream_model(seed, monkeypatch, q4=precision.endswith("codes"))
+        model = row_stream_model(seed, q4=precision.endswith("codes"))
     assert all(exact_rows(sets) for sets in model.paths.layers)
     if precision != "bfloat16":  # the AR layers in one row-kernel call each (`DecodeSet.whole_layer`)
         assert all(sets[0].blocked is not None for sets in model.paths.layers)
@@ -155,10 +153,10 @@ def test_verifying_rows_equal_one_row_steps_bit_for_bit(seed, precision, monkeyp
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_the_one_call_layer_computes_what_its_torch_path_does(batch, monkeypatch):
+def test_the_one_call_layer_computes_what_its_torch_path_does(batch):
     """`DecodeSet.whole_layer` (the AR layers of a float32 row-kernel model in one call each) against the same
     model's layer-by-layer torch path (`DecodeSet` with the call turned off)."""
-    assert_one_call_is_parts(row_stream_model(0, monkeypatch), batch)
+    assert_one_call_is_parts(row_stream_model(0), batch)
 
 
 def assert_one_call_is_parts(model, batch: int) -> None:
@@ -264,12 +262,12 @@ def test_the_row_kernels_plain_build_is_row_exact_too(flags, fresh_build, monkey
     assert rowkernel.library().rows_lanes() == 8
     for start in (1, 57):
         test_padded_attention_rows_equal_one_query_calls_bit_for_bit(start, "kernel")
-    test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream", monkeypatch)
-    test_the_one_call_layer_computes_what_its_torch_path_does(2, monkeypatch)
+    test_verifying_rows_equal_one_row_steps_bit_for_bit(0, "float32 row-stream")
+    test_the_one_call_layer_computes_what_its_torch_path_does(2)
     from tests import test_families  # here: it imports this module's helpers
 
     for name in ("gemma3", "qwen2"):  # the families' extras and GeGLU's tail past whole vectors
-        test_families.test_a_family_layer_is_one_row_kernel_call_computing_what_its_parts_do(name, 2, monkeypatch)
+        test_families.test_a_family_layer_is_one_row_kernel_call_computing_what_its_parts_do(name, 2)
     # The drafting sets' integer dot products: the plain loop's integers are AVX2's; the router's
     # softmax statistics on the plain build's vectors.
     test_drafting_kernel.test_the_integer_dot_matmul_is_exact_integer_arithmetic_on_rows_quantized(45, 72)
@@ -330,7 +328,8 @@ def test_precision_names_and_cost_keys():
     assert resolve_dtype(torch.bfloat16) == torch.bfloat16
     with pytest.raises(ValueError, match="float32, bfloat16"):
         resolve_dtype("float16")
-    f32 = prepare_for_decoding(top_model(2), None)
+    with probe.forced("rows-f32"):  # float32 on oneDNN: rows not exact, no attention form
+        f32 = prepare_for_decoding(top_model(2), None)
     bf16 = bf16_model()
     assert cost_cache_key(f32) != cost_cache_key(bf16)
     # Row-exact layers' attention form is in the key: costs measured with another form are not reused.

@@ -113,7 +113,7 @@ def test_a_prompt_resumed_from_the_cache_reads_the_bits_it_reads_without_it(prec
     boundary inside the shared part), and every hidden row the head reads, and every token, is the same
     as without the cache; then again (now at 64, its own chunks stored), beside a prompt that shares
     only the first chunk (another bucket), where the tokens are the same and, in `ar`, the rows."""
-    model = exact_batch_model(precision, monkeypatch)
+    model = exact_batch_model(precision)
     monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(3)

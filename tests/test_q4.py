@@ -73,11 +73,11 @@ def test_the_codes_kernels_portable_builds(flags, lanes, fresh_build, monkeypatc
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_a_q4_model_writes_the_tokens_its_float32_weights_write(seed, monkeypatch):
+def test_a_q4_model_writes_the_tokens_its_float32_weights_write(seed):
     """A random model whose AR layers hold Q4_1 values: prepared, its layers hold the codes alone and
     its greedy `ar` and `verified` write what the same model with float32 weights in the row kernel
     does (`rows-q4` forced off); its step costs are keyed apart."""
-    coded = row_stream_model(seed, monkeypatch, q4=True)
+    coded = row_stream_model(seed, q4=True)
     assert "4-bit codes" in decode_layout(coded)
     with probe.forced("rows-q4"):
         floats = prepare_for_decoding(
@@ -96,14 +96,14 @@ def test_a_q4_model_writes_the_tokens_its_float32_weights_write(seed, monkeypatc
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_a_q8_head_gives_the_float32_heads_logits_and_tokens(seed, monkeypatch):
+def test_a_q8_head_gives_the_float32_heads_logits_and_tokens(seed):
     """A random model whose tied head holds Q8_0 values: prepared, its head (under the screen) holds the
     8-bit codes alone, its full logits are the float32 head's bits (`rows-q8` forced off), and greedy
     and sampled `ar` and `verified` write the same tokens as on the float32 head (sampled `verified`
     keeps `ar`'s distribution, not its tokens, so each mode is compared with itself); its step costs
     are keyed apart."""
-    coded = row_stream_model(seed, monkeypatch, q8_head=True)
-    floats = row_stream_model(seed, monkeypatch, q8_head=True, off=("rows-q8",))
+    coded = row_stream_model(seed, q8_head=True)
+    floats = row_stream_model(seed, q8_head=True, off=("rows-q8",))
     assert "head 8-bit codes" in decode_layout(coded) and "head 8-bit codes" not in decode_layout(floats)
     x = torch.randn(5, coded.config.hidden_size, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(coded.paths.ar_head(x), floats.paths.ar_head(x))

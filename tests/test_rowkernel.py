@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import yue
-from yue.kernels import prepare, probe, rowkernel
+from yue.kernels import probe, rowkernel
 from yue.kernels.decode_set import decode_layout
 from yue.kernels.matmuls import StreamedLinear
 from yue.model.decode_paths import exact_rows
@@ -188,12 +188,11 @@ def test_a_compiler_refusing_the_fast_flags_builds_with_the_next_set(fresh_build
     torch.testing.assert_close(rowkernel.matmul(x, rowkernel.block(w), 16), x @ w.t())
 
 
-def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained_model_dir, monkeypatch):
-    """`rows_kernel` keeps oneDNN for a model whose layers fit in a cache; with that bound at 0 the tiny
-    model's matmuls hold one copy for the row kernel, its layers are row-exact and release their float
-    weights, its costs are keyed by it, and `verified` writes `ar`'s tokens."""
+def test_a_small_model_verifies_through_the_row_kernel(trained_model_dir):
+    """Where the row kernel builds, even a tiny model's matmuls hold one copy for it, its layers are
+    row-exact and release their float weights, its costs are keyed by it, and `verified` writes `ar`'s
+    tokens."""
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
     with probe.forced():
         engine = yue.load(trained_model_dir)
     model = engine.model
@@ -216,13 +215,10 @@ def test_a_model_too_large_for_the_cache_verifies_through_the_row_kernel(trained
     assert drafted > 0  # verifying steps of several rows really ran
 
 
-def test_low_memory_with_the_row_kernel_keeps_the_layers_and_drops_the_heads_second_copy(
-    trained_model_dir, monkeypatch, caplog
-):
+def test_low_memory_with_the_row_kernel_keeps_the_layers_and_drops_the_heads_second_copy(trained_model_dir, caplog):
     """The row kernel's layers hold one copy already; `low_memory` then leaves the head its input-major
     weight alone (the embedding table), and `ar` == `verified` holds."""
     needs_row_kernel()
-    monkeypatch.setattr(prepare, "ROW_STREAM_BYTES", 0)
     caplog.set_level(logging.INFO, logger="yue.kernels.prepare")
     with probe.forced():
         engine = yue.load(trained_model_dir, low_memory=True)

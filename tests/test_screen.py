@@ -207,7 +207,7 @@ def test_the_loop_asks_for_the_argmax_only_where_nothing_else_reads_the_logits(m
 def test_a_float32_model_writes_the_same_tokens_screened_or_not(seed, monkeypatch):
     """A random float32 model on the row kernel: greedy `ar` and `verified` through the screen write
     what the full head gives (log-probs asked, which need it), and the screen really ran."""
-    model = row_stream_model(seed, monkeypatch)
+    model = row_stream_model(seed)
     head = model.paths.ar_head
     assert isinstance(head, ScreenedHead) and isinstance(head.head, StreamedLinear)
     calls = []
@@ -228,10 +228,10 @@ def test_a_float32_model_writes_the_same_tokens_screened_or_not(seed, monkeypatc
     assert run("verified", threshold=0.5) == full and calls  # the router asked, the steps screened
 
 
-def test_a_screened_steps_whole_ar_logits_are_the_unscreened_steps(monkeypatch):
+def test_a_screened_steps_whole_ar_logits_are_the_unscreened_steps():
     """A screened greedy step's rows through the whole head are, bit for bit, what the same step gives
     unscreened."""
-    model = row_stream_model(0, monkeypatch)
+    model = row_stream_model(0)
     ids = torch.randint(4, 96, (1, 7), generator=torch.Generator().manual_seed(0))
 
     def step(top1: bool):
@@ -250,11 +250,11 @@ def test_a_screened_steps_whole_ar_logits_are_the_unscreened_steps(monkeypatch):
     assert screened.ar_entropy is None and whole.ar_entropy is None  # not asked
 
 
-def test_a_screened_steps_entropy_is_its_whole_logits_within_the_screen(monkeypatch):
+def test_a_screened_steps_entropy_is_its_whole_logits_within_the_screen():
     """Asked (`ar_entropy`, a request whose router is asked), a screened step brings each AR row's entropy
     over its logits as screened: its logits are the same, and the entropy is the whole logits' within
     the screen's error, not torch's -inf-riddled NaN."""
-    model = row_stream_model(1, monkeypatch)
+    model = row_stream_model(1)
     ids = torch.randint(4, 96, (1, 7), generator=torch.Generator().manual_seed(1))
 
     def step(top1: bool, ar_entropy: bool):

@@ -62,8 +62,8 @@ class RowAdaptiveLinear(nn.Module):
     """A float32 matmul that picks its CPU kernel by row count: one row through MKL on the input-major
     weight (`prepare.input_major`), two or more through oneDNN on a copy of the weight pre-packed for its
     blocked GEMM (`packed_matmul`; `torch.ops.mkldnn`, the kernels torch.compile's CPU backend uses).
-    Where yue's row kernel builds, a model too large for a cache runs `StreamedLinear` instead
-    (`prepare.rows_kernel`).
+    Where yue's row kernel builds, a model runs `StreamedLinear` instead
+    (`probe.KernelChoice.float32_rows`).
 
     MKL's small-M GEMM re-packs the weight on every call, which a verifying step (k + 1 rows), a
     prefill or a batch pays per matmul, so several rows run faster on the pre-packed copy; for one row
@@ -325,7 +325,7 @@ def row_adaptive(linear: nn.Module, one_copy: bool = False, rows: str | None = N
     """The decode-path kernel for a float matmul, where one applies (a bias-free nn.Linear on the CPU
     whose dtype has a faster kernel here, `kernels`), else `linear` itself (plain F.linear):
     `PackedLinear` for bfloat16; for float32 by `rows` (default `probe.choice().float32_rows`;
-    `rows_kernel` chooses per model) `StreamedLinear` (the row kernel, one copy) or `RowAdaptiveLinear`
+    `probe.KernelChoice.float32_rows`) `StreamedLinear` (the row kernel, one copy) or `RowAdaptiveLinear`
     (MKL's GEMV for one row, oneDNN's packed copy for more), or with `one_copy` (`streamed_weights`,
     `low_memory`) the kernel `kernels` chose for a weight held once: `PackedLinear`, or `linear`
     itself on its input-major weight."""

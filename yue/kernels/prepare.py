@@ -18,8 +18,8 @@ docs/results-log.md, "Figures that were in code comments"):
   module's per-call Python (17 calls a drafting pass, where per-call overhead counts). Only drafts change: the AR set and the head computing AR logits
   keep their values, so `ar` and `verified` output is the same whatever the drafting precision;
   `hybrid`/`nar` commit drafts, so theirs may shift slightly (the bench measures it).
-- Kernels by row count: where yue's row kernel builds (`rowkernel`) and the float32 layers exceed a
-  cache (`rows_kernel`), one copy of each weight laid out for it (`StreamedLinear`): 1-9 rows (a
+- Kernels by row count: where yue's row kernel builds (`rowkernel`), one copy of each weight laid out
+  for it (`StreamedLinear`): 1-9 rows (a
   one-row AR step, a verifying step's k + 1) through it, the weight streamed once for all rows and
   every row's bits the same whatever the row count (a verifying step's extra rows cost less than on
   oneDNN's copy, so `verified` gains most). Else (`RowAdaptiveLinear`) two or more rows through oneDNN
@@ -82,10 +82,6 @@ logger = logging.getLogger(__name__)
 
 # Float32 AR layer weights above this many bytes are held once (`streamed_weights`).
 ONE_COPY_BYTES = 2**30
-# Float32 AR layer weights above this many bytes stream from memory in every step, where the
-# row kernel beats oneDNN's; smaller ones can stay in a last-level cache (105 MiB on this project's
-# Xeon), where oneDNN's GEMM computes faster (`probe.KernelChoice.float32_rows`).
-ROW_STREAM_BYTES = 2**27
 
 
 def ar_layer_bytes(model) -> int:
@@ -106,22 +102,6 @@ def warn_fallbacks(choice: probe.KernelChoice) -> None:
     warnings on stderr (Python's last-resort handler) where INFO stays hidden."""
     if lost := choice.losses():
         logger.warning("kernel fallback, decoding runs slower: %s", "; ".join(lost))
-
-
-def rows_kernel(model) -> str:
-    """The kernel of a float32 model's decode matmuls (`row_adaptive`): `kernels`' choice, except that
-    a model whose layers fit in `ROW_STREAM_BYTES` keeps oneDNN where it works (two copies). Why: layers
-    that stream from memory make a verifying step's extra rows cheaper on the row kernel than on oneDNN
-    (measured on SmolLM2 with `docs/recipes/row_kernel_ab.py`: docs/results-log.md, "Figures that were
-    in code comments")."""
-    choice = probe.choice()
-    if (
-        choice.float32_rows == "row-stream"
-        and choice.ok("onednn-f32")
-        and ar_layer_bytes(model) <= ROW_STREAM_BYTES
-    ):
-        return "onednn-packed"
-    return choice.float32_rows
 
 
 def streamed_weights(model) -> bool:
@@ -248,9 +228,9 @@ def prepare_for_decoding(
     - Per layer and parameter set, Q/K/V and gate/up fused into one matmul each (`DecodeSet`).
     - Float matmuls of the decode path (the AR set's, the LM head's for AR rows as `DecodePaths.ar_head`)
       on the kernel `kernels` found working for their dtype (`row_adaptive`): float32 one copy for the
-      row kernel (`StreamedLinear`) or two, MKL's and oneDNN's (`RowAdaptiveLinear`), as `rows_kernel`
-      chooses; the packed copy alone for bfloat16 and for a large float32 model's layers (`PackedLinear`,
-      `streamed_weights`). Layers whose matmuls are all row-exact (bfloat16's packed copy, the row
+      row kernel (`StreamedLinear`), else two, MKL's and oneDNN's (`RowAdaptiveLinear`); the packed
+      copy alone for bfloat16 and a large float32 model's layers (`PackedLinear`, `streamed_weights`).
+      Layers whose matmuls are all row-exact (bfloat16's packed copy, the row
       kernel, int4) attend in the exact form too (`decode_paths.exact_rows`) and release their float
       weights (`release_unpacked`).
     - A float32 row-kernel head (`StreamedLinear`) gets an integer screen (`screen.ScreenedHead`): greedy
@@ -281,7 +261,7 @@ def prepare_for_decoding(
         return PreparedModel(model, DecodePaths.as_trained(len(model.model.layers)))
     one_copy = low_memory or streamed_weights(model)
     on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
-    rows = rows_kernel(model) if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
+    rows = probe.choice().float32_rows if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
     # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
     # its input-major copy alone, the embedding table.
     streamed = rows == "row-stream"

@@ -117,7 +117,9 @@ class KernelChoice:
         else F.linear. Tried, not timed: it wins where the weights stream from memory, which a timing
         on the probe's cache-sized shapes would not see (its first form, timed on one SmolLM2 layer
         that fits a cache, was slower than oneDNN, over the whole model's weights faster:
-        docs/results-log.md); a model small enough to stay in cache keeps oneDNN (`prepare.rows_kernel`)."""
+        docs/results-log.md). A model small enough to stay in a cache takes it too: its layers are one
+        call each (`prepare.kernel_stacks`), and a small model's step is per-call overhead, where oneDNN's
+        per-matmul calls lost to it (yue-code-mini: docs/results-log.md, "Session 7")."""
         if self.ok("rows-f32"):
             return "row-stream"
         return "onednn-packed" if self.ok("onednn-f32") else "F.linear"
