@@ -4,7 +4,10 @@ Design decisions:
 - The real server (`create_app` under uvicorn, in this process, on 127.0.0.1) is measured through
   HTTP, streamed `/v1/completions` as an OpenAI client sends them, so batching, admission, streaming
   and detokenizing are all in the figures. One server per `--max-batch-size`, the same engine.
-- Each client is a thread sending its requests one after another; a level's tokens/s is every
+- The clients run in a process of their own (`client_process`), each a thread sending its requests one
+  after another: in the server's process their Python (every streamed chunk parsed, 16 threads at
+  once) took the GIL from the server's scheduler, more so the more streams ran at once, which is not
+  what a server whose clients are elsewhere meets (docs/results-log.md, "Session 7"). A level's tokens/s is every
   completion token over the level's wall time; TTFT is the time from sending a request to its first
   text chunk. Medians and p95 are over the level's requests.
 - Levels interleaved in rounds (`interleaved`): every level once a round, the order reversed every
@@ -22,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import TypeVar
@@ -173,6 +178,12 @@ def _level(
     return time.perf_counter() - t0, results
 
 
+def client_process() -> ProcessPoolExecutor:
+    """One process that runs a bench's clients (`_level`), apart from the server under test in this one.
+    Spawned, not forked: this process holds threads (the servers') and torch's thread pools."""
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+
 @dataclass(frozen=True)
 class ServeBenchConfig:
     """What `bench_serve` measures (`yue bench-serve`'s options). Bad values raise ValueError naming the field.
@@ -241,15 +252,15 @@ def bench_serve(
             for size in cfg.batch_sizes
         ]
         urls = [stack.enter_context(server).url for server in servers]
-        for url in urls:  # warm-up, not reported
-            with httpx.Client() as http:
-                _complete(http, url, prompts[0], mode, max_tokens)
+        clients = stack.enter_context(client_process())
+        for url in urls:  # warm-up (the client process's imports too), not reported
+            clients.submit(_level, url, prompts[:1], refs[:1], 1, 1, mode, max_tokens).result()
         # Every (clients, size) level once a round, sizes side by side at each client count, the order
         # reversed every other round: drift in a shared machine's load hits the sizes alike.
         levels = [(n, i) for n in cfg.clients for i in range(len(urls))]
         for r, (n, i) in interleaved(levels, cfg.rounds):
             n_requests = max(8, n * cfg.requests_per_client)
-            wall, rows = _level(urls[i], prompts, refs, n, n_requests, mode, max_tokens)
+            wall, rows = clients.submit(_level, urls[i], prompts, refs, n, n_requests, mode, max_tokens).result()
             ttfts = [row[0] * 1e3 for row in rows]
             tokens = sum(row[1] for row in rows)
             level = Level(
