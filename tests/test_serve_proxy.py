@@ -1,5 +1,5 @@
-"""`yue.serve.proxy`: in Ray Serve's proxy, a response its replica left unfinished (the replica died)
-ends in OpenAI's shape. The proxy is played by small ASGI apps that stop where Ray's does: after the
+"""`yue.serve.proxy`: in Ray Serve's proxy, a response its replica left unfinished (the replica died),
+or the proxy's own 503 past its queue, ends in OpenAI's shape. The proxy is played by small ASGI apps that stop where Ray's does: after the
 messages the replica sent, with nothing more (`tests/test_serve_replicas.py` kills a real replica)."""
 
 from __future__ import annotations
@@ -69,6 +69,28 @@ def test_finished_responses_and_clients_that_left_pass_untouched():
     assert _run([], disconnect=True) == []  # the client went away: nothing to answer
     cut = [{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}]
     assert _run(cut) == cut + [{"type": "http.response.body", "body": b""}]  # not a stream: closed
+
+
+def test_the_proxys_own_503_past_its_queue_is_the_servers_overloaded_error():
+    """Ray's proxy answers past `max_queued_requests` with a plain-text 503 and the configured
+    Retry-After; the client gets the single-process server's "overloaded" JSON with that Retry-After. A
+    plain 503 without one (no replica up) passes as it is."""
+    plain = [(b"content-type", b"text/plain; charset=utf-8")]
+    queue_full = [
+        {"type": "http.response.start", "status": 503, "headers": [*plain, (b"retry-after", b"2")]},
+        {"type": "http.response.body", "body": b"Request dropped due to backpressure"},
+    ]
+    sent = _run(queue_full)
+    assert len(sent) == 2 and sent[0]["status"] == 503
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-type"] == b"application/json" and headers[b"retry-after"] == b"2"
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "overloaded" and error["type"] == "service_unavailable_error"
+    unavailable = [
+        {"type": "http.response.start", "status": 503, "headers": plain},
+        {"type": "http.response.body", "body": b"no replica"},
+    ]
+    assert _run(unavailable) == unavailable
 
 
 def test_the_proxy_callback_names_the_middleware():

@@ -220,7 +220,9 @@ def test_replica_settings_are_checked_and_divide_the_cores(monkeypatch):
     options = r.deployment_options(
         ServeConfig(max_batch_size=4, max_queue=8), r.ReplicaConfig(autoscale=(1, 3))
     )
-    assert options["max_ongoing_requests"] == 12
+    # A replica is sent what it can batch; the proxy queues the rest, up to max_queue, then 503s.
+    assert options["max_ongoing_requests"] == 4 and options["max_queued_requests"] == 8
+    assert options["backpressure_config"].status_code == 503 and options["backpressure_config"].retry_after_s == 1
     assert options["autoscaling_config"] == {
         "min_replicas": 1,
         "max_replicas": 3,

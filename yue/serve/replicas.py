@@ -9,8 +9,11 @@ Design decisions:
   counts it ready only once it can answer; the app is built afterwards (`__serve_build_asgi_app__`).
 - Each replica asks Ray for `threads` CPUs and runs `threads` torch threads: by default this machine's
   cores divided among the (most) replicas, so replicas do not fight over cores.
-- A replica takes at most `max_batch_size + max_queue` requests at once (`max_ongoing_requests`); Ray's
-  proxy queues the rest, so a replica's own 503 "overloaded" is reached only past Ray's queue.
+- A replica is sent at most `max_batch_size` requests at once (`max_ongoing_requests`): what it can
+  batch now. Ray's proxy queues the rest (up to `max_queue`, then a 503 "overloaded" with Retry-After,
+  in OpenAI's shape: `proxy.py`) and sends each to the first replica with room. With the replica's own
+  queue as the bound instead, a burst of 32 requests could land 24 / 8 on two replicas, where 8
+  waited in one replica's queue while the other had room (docs/results-log.md, "Session 7").
   Autoscaling (`MIN:MAX`) aims at `max_batch_size` ongoing requests per replica: a full batch.
 - A replica that dies mid-request is replaced by Ray; its requests end with OpenAI's error (a stream
   with an error event then `[DONE]`, a response not started with a 503), written by a middleware in
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import ray
 import torch
 from ray import serve
+from ray.serve.config import BackpressureConfig
 
 from yue.serve.app import create_app
 from yue.serve.config import ServeConfig
@@ -129,7 +133,9 @@ class ReplicaHeader:
 def deployment_options(config: ServeConfig, replicas: ReplicaConfig) -> dict:
     """The Ray Serve deployment options for these settings (see the module docstring)."""
     options = {
-        "max_ongoing_requests": config.max_batch_size + config.max_queue,
+        "max_ongoing_requests": config.max_batch_size,
+        "max_queued_requests": config.max_queue,
+        "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=config.retry_after_s),
         "ray_actor_options": {"num_cpus": replicas.threads_per_replica},
         "graceful_shutdown_timeout_s": config.drain_timeout_s,
     }
