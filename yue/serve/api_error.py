@@ -38,3 +38,15 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def overloaded(headers: dict[str, str]) -> ApiError:
+    """The 503 of a request the server has no room for (its queue full: the scheduler's, or Ray's proxy's
+    in front of replicas); `headers` carry its Retry-After."""
+    return ApiError(
+        503,
+        "the server is at capacity; retry shortly",
+        type="service_unavailable_error",
+        code="overloaded",
+        headers=headers,
+    )

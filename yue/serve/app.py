@@ -36,6 +36,7 @@ from yue.config import DecodeConfig
 from yue.decode.prefix import MIB, PrefixCache
 from yue.decode.types import GenerationStats
 from yue.serve import schemas as s
+from yue.serve.api_error import overloaded
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
 from yue.serve.gate import Gate
@@ -494,13 +495,7 @@ async def _respond(
     try:
         jobs = scheduler.submit_all([(p.prompt, p.decode) for p in prepared])
     except Overloaded:
-        raise ApiError(
-            503,
-            "the server is at capacity; retry shortly",
-            type="service_unavailable_error",
-            code="overloaded",
-            headers=state.retry_after,
-        ) from None
+        raise overloaded(state.retry_after) from None
     choices = [
         Choice(i, job, state.metrics.track(arrival), p.prompt_tokens, p.prompt_index)
         for i, (job, p) in enumerate(zip(jobs, prepared, strict=True))

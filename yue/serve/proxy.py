@@ -25,23 +25,12 @@ import logging
 
 from starlette.middleware import Middleware
 
-from yue.serve.api_error import ApiError
+from yue.serve.api_error import ApiError, overloaded
 from yue.serve.streaming import DONE, sse
 
 log = logging.getLogger("yue.serve")
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "yue.serve.proxy:middlewares"
-
-
-def overloaded(headers: dict[str, str]) -> ApiError:
-    """The error of a request the proxy turned away, its queue full: the single-process server's."""
-    return ApiError(
-        503,
-        "the server is at capacity; retry shortly",
-        type="service_unavailable_error",
-        code="overloaded",
-        headers=headers,
-    )
 
 
 def replica_lost() -> ApiError:
