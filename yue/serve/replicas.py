@@ -12,8 +12,8 @@ Design decisions:
 - A replica is sent at most `max_batch_size` requests at once (`max_ongoing_requests`): what it can
   batch now. Ray's proxy queues the rest (up to `max_queue`, then a 503 "overloaded" with Retry-After,
   in OpenAI's shape: `proxy.py`) and sends each to the first replica with room. With the replica's own
-  queue as the bound instead, a burst of 32 requests could land 24 / 8 on two replicas, where 8
-  waited in one replica's queue while the other had room (docs/results-log.md, "Session 7").
+  queue as the bound instead, part of a burst could wait in one replica's queue while another had room
+  (docs/results-log.md, "Session 7").
   Autoscaling (`MIN:MAX`) aims at `max_batch_size` ongoing requests per replica: a full batch.
 - A replica that dies mid-request is replaced by Ray; its requests end with OpenAI's error (a stream
   with an error event then `[DONE]`, a response not started with a 503), written by a middleware in
