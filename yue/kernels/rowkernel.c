@@ -305,68 +305,143 @@ static inline __attribute__((always_inline)) vf dots(const vf *qv, int chunks, c
  * strides (mb, mt), 1 = may attend (mb = 0 for one mask shared by the batch), or NULL: query t sees keys
  * [0, start + t]. o: (B, T, H, Dh) contiguous, the layout the output projection reads. Dh a multiple of
  * LANES up to 256 (`rowkernel.attention` checks). */
+/* Queries that read one kv head, taken together (up to ATT_QUERIES: a verifying step's rows times the
+ * query heads that share the kv head): each block of keys is read once for all of them from L1, and
+ * their value sums run side by side. Each query's arithmetic is unchanged: its scores key by key, its
+ * values summed in key order, so its bits are those it has alone. `chunks` (Dh / LANES) is a constant
+ * where rows_attention calls this for a common head size, so the loops over it unroll into registers. */
+#define ATT_QUERIES 16
+#define ATT_SUMS 4 /* queries whose value sums are taken together: 4 x ATT_SUMS chains of FMAs */
+
+static inline __attribute__((always_inline)) void att_group(
+    const float *const *qrs, const unsigned char *const *ms, const long *keys, long nq, const float *kr,
+    const float *vr, float *const *outs, float *ps, long stride, float *seen_w, int Dh, const int chunks,
+    float scale) {
+    long most = 0;
+    for (long i = 0; i < nq; i++) most = keys[i] > most ? keys[i] : most;
+    /* Scores: a block of LANES keys at a time for every query (`dots`), a query's last partial block
+     * key by key (`dot`): the same bits either way. */
+    for (long j = 0; j < most; j += LANES)
+        for (long i = 0; i < nq; i++) {
+            float *p = ps + i * stride;
+            if (j >= keys[i]) continue;
+#ifdef HAVE_SHUFFLE
+            if (j + LANES <= keys[i]) {
+                vf qv[256 / LANES];
+                for (int ch = 0; ch < chunks; ch++) qv[ch] = *(const vf *)(qrs[i] + ch * LANES);
+                *(vf *)(p + j) = dots(qv, chunks, kr + j * Dh, Dh) * scale;
+                continue;
+            }
+#endif
+            for (long jj = j; jj < keys[i] && jj < j + LANES; jj++) p[jj] = dot(qrs[i], kr + jj * Dh, Dh) * scale;
+        }
+    float totals[ATT_QUERIES];
+    for (long i = 0; i < nq; i++) { /* each query's softmax weights (unnormalised) and their sum */
+        float *p = ps + i * stride;
+        const unsigned char *m = ms[i];
+        const long n = keys[i];
+        float best = -INFINITY;
+        if (m) {
+            for (long j = 0; j < n; j++) {
+                if (!m[j]) p[j] = -INFINITY;
+                best = p[j] > best ? p[j] : best;
+            }
+        } else { /* the maximum, whatever the order it is taken in */
+            long j = 0;
+            vf most_v = (vf){0} - INFINITY;
+            for (; j + LANES <= n; j += LANES) {
+                const vf x = *(const vf *)(p + j);
+                const vi up = x > most_v; /* NaN never: as the scalar test below */
+                most_v = (vf)(((vi)x & up) | ((vi)most_v & ~up));
+            }
+            for (int l = 0; l < LANES; l++) best = most_v[l] > best ? most_v[l] : best;
+            for (; j < n; j++) best = p[j] > best ? p[j] : best;
+        }
+        for (long j = 0; j < n; j += LANES) { /* the tail's lanes read past `n`: dropped */
+            vf w = exp_neg(*(vf *)(p + j) - best);
+            for (long l = n - j; l < LANES; l++) w[l] = 0.f;
+            *(vf *)(p + j) = w;
+        }
+        /* The weights summed over the keys the query sees, each in the lane of its rank among them, not
+         * of its index: a batch row whose keys sit behind holes (`KVCache.join`) sums as it would
+         * alone, its keys from 0 with none hidden, so its bits are its solo bits. Without a mask every
+         * key is seen, in order: p itself (its tail lanes zeroed above). */
+        const float *ws = p;
+        long seen = n;
+        if (m) {
+            seen = 0;
+            for (long j = 0; j < n; j++)
+                if (m[j]) seen_w[seen++] = p[j];
+            for (long l = 0; l < LANES; l++) seen_w[seen + l] = 0.f;
+            ws = seen_w;
+        }
+        vf sums = {0};
+        for (long j = 0; j < seen; j += LANES) sums += *(const vf *)(ws + j);
+        totals[i] = lanes_sum(sums); /* > 0: the best key's weight is 1; NaN if it saw none */
+    }
+    /* Values: ATT_SUMS queries at a time, each query's sums in key order; a key a query does not see
+     * (weight 0) is skipped, as its values may be a hole's. */
+    for (long i0 = 0; i0 < nq; i0 += ATT_SUMS) {
+        const float *p[ATT_SUMS];
+        long n[ATT_SUMS], far = 0;
+        for (int r = 0; r < ATT_SUMS; r++) { /* past the group's queries: no keys */
+            n[r] = i0 + r < nq ? keys[i0 + r] : 0;
+            p[r] = ps + (i0 + r < nq ? i0 + r : i0) * stride;
+            far = n[r] > far ? n[r] : far;
+        }
+        for (int c0 = 0; c0 < chunks; c0 += 4) { /* four vectors of each query's sums per pass */
+            const int nc = chunks - c0 < 4 ? chunks - c0 : 4;
+            vf acc[ATT_SUMS][4] = {{{0}}};
+            for (long j = 0; j < far; j++) {
+                const float *vj = vr + j * Dh + c0 * LANES;
+                _Pragma("GCC unroll 4") for (int r = 0; r < ATT_SUMS; r++) {
+                    if (j >= n[r] || p[r][j] == 0.f) continue;
+                    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+                        if (c < nc) acc[r][c] += p[r][j] * *(const vf *)(vj + c * LANES);
+                }
+            }
+            for (int r = 0; r < ATT_SUMS && i0 + r < nq; r++)
+                for (int c = 0; c < nc; c++) *(vf *)(outs[i0 + r] + (c0 + c) * LANES) = acc[r][c] / totals[i0 + r];
+        }
+    }
+}
+
 void rows_attention(const float *q, long qb, long qh, long qt, const float *k, const float *v, long kb,
                     long kh, const unsigned char *visible, long mb, long mt, float *o, int B, int H,
                     int Hkv, int T, int Dh, long start, float scale, int threads) {
-    const long S = start + T, items = (long)B * H * T;
+    const long S = start + T, per = (long)(H / Hkv) * T; /* the queries that read one kv head */
+    const long parts = (per + ATT_QUERIES - 1) / ATT_QUERIES, items = (long)B * Hkv * parts;
     const int chunks = Dh / LANES;
 #pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
     {
-        float *p = malloc((S + LANES) * sizeof(float)); /* one query's scores, then its weights */
-        float *seen_w = malloc((S + LANES) * sizeof(float)); /* the weights of the keys it sees, in order */
+        float *ps = malloc(ATT_QUERIES * (S + LANES) * sizeof(float)); /* per query: scores, then weights */
+        float *seen_w = malloc((S + LANES) * sizeof(float)); /* the weights of the keys a query sees, in order */
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
-            const int b = item / (H * T), h = item / T % H, t = item % T, g = h / (H / Hkv);
-            const float *qr = q + b * qb + h * qh + t * qt;
+            const int b = item / (Hkv * parts), g = item / parts % Hkv;
+            const long q0 = item % parts * ATT_QUERIES, nq = per - q0 < ATT_QUERIES ? per - q0 : ATT_QUERIES;
+            const float *qrs[ATT_QUERIES];
+            const unsigned char *ms[ATT_QUERIES];
+            float *outs[ATT_QUERIES];
+            long keys[ATT_QUERIES];
+            for (long i = 0; i < nq; i++) { /* query i: head g (H / Hkv) + (q0 + i) / T, row (q0 + i) % T */
+                const long h = g * (H / Hkv) + (q0 + i) / T, t = (q0 + i) % T;
+                qrs[i] = q + b * qb + h * qh + t * qt;
+                ms[i] = visible ? visible + b * mb + t * mt : NULL;
+                keys[i] = ms[i] ? S : start + t + 1;
+                outs[i] = o + (((long)b * T + t) * H + h) * Dh;
+            }
             const float *kr = k + b * kb + g * kh, *vr = v + b * kb + g * kh;
-            const unsigned char *m = visible ? visible + b * mb + t * mt : NULL;
-            const long keys = m ? S : start + t + 1;
-            vf qv[256 / LANES];
-            for (int ch = 0; ch < chunks; ch++) qv[ch] = *(const vf *)(qr + ch * LANES);
-            long j = 0;
-#ifdef HAVE_SHUFFLE
-            for (; j + LANES <= keys; j += LANES) *(vf *)(p + j) = dots(qv, chunks, kr + j * Dh, Dh) * scale;
-#endif
-            for (; j < keys; j++) p[j] = dot(qr, kr + j * Dh, Dh) * scale;
-            float best = -INFINITY;
-            for (j = 0; j < keys; j++) {
-                if (m && !m[j]) p[j] = -INFINITY;
-                best = p[j] > best ? p[j] : best;
+#define ATT_GROUP(CHUNKS) att_group(qrs, ms, keys, nq, kr, vr, outs, ps, S + LANES, seen_w, Dh, CHUNKS, scale)
+            switch (chunks) { /* head sizes 64 and 128 (LANES 16 or 8), 256 */
+            case 4: ATT_GROUP(4); break;
+            case 8: ATT_GROUP(8); break;
+            case 16: ATT_GROUP(16); break;
+            default: ATT_GROUP(chunks);
             }
-            for (j = 0; j < keys; j += LANES) { /* the tail's lanes read past `keys`: dropped */
-                vf w = exp_neg(*(vf *)(p + j) - best);
-                for (long l = keys - j; l < LANES; l++) w[l] = 0.f;
-                *(vf *)(p + j) = w;
-            }
-            /* The weights summed over the keys the query sees, each in the lane of its rank among them,
-             * not of its index: a batch row whose keys sit behind holes (`KVCache.join`) sums as it
-             * would alone, its keys from 0 with none hidden, so its bits are its solo bits. Without a
-             * mask every key is seen, in order: p itself (its tail lanes zeroed above). */
-            const float *ws = p;
-            long seen = keys;
-            if (m) {
-                seen = 0;
-                for (j = 0; j < keys; j++)
-                    if (m[j]) seen_w[seen++] = p[j];
-                for (long l = 0; l < LANES; l++) seen_w[seen + l] = 0.f;
-                ws = seen_w;
-            }
-            vf sums = {0};
-            for (j = 0; j < seen; j += LANES) sums += *(const vf *)(ws + j);
-            const float total = lanes_sum(sums); /* > 0: the best key's weight is 1; NaN if it saw none */
-            float *out = o + (((long)b * T + t) * H + h) * Dh;
-            for (int c0 = 0; c0 < chunks; c0 += 4) { /* four vectors of sums in registers per pass */
-                const int n = chunks - c0 < 4 ? chunks - c0 : 4;
-                vf acc[4] = {{0}};
-                for (j = 0; j < keys; j++) {
-                    if (p[j] == 0.f) continue;
-                    const float *vj = vr + j * Dh + c0 * LANES;
-                    for (int c = 0; c < n; c++) acc[c] += p[j] * *(const vf *)(vj + c * LANES);
-                }
-                for (int c = 0; c < n; c++) *(vf *)(out + (c0 + c) * LANES) = acc[c] / total;
-            }
+#undef ATT_GROUP
         }
-        free(p), free(seen_w);
+        free(ps), free(seen_w);
     }
 }
 
