@@ -120,11 +120,11 @@ def test_the_row_kernels_int4_is_the_q4_1_codes_times_rows_quantized_per_group(o
     float32's last bits (every build runs these integers and these fmaf steps)."""
     codes, w = q4_1_weight(out_f, in_f, seed=in_f)
     blocked = rowkernel.q4dot_block(w)
-    assert rowkernel.layout(blocked) == "q4dot" and rowkernel.inputs(blocked) == in_f
-    # The record's codes, d and m are the file's: unpack them back.
+    assert rowkernel.layout(blocked) == "q4dot16" and rowkernel.inputs(blocked) == in_f
+    # The record's codes, d and m (float16 scales: a Q4_1 file's are) are the file's: unpack them back.
     B, G, _ = blocked.shape
-    dm = blocked[..., :64].contiguous().view(torch.float32).view(B, G, 2, 8)
-    nib = blocked[..., 64:].view(B, G, 4, 8, 4)
+    dm = blocked[..., :32].contiguous().view(torch.float16).float().view(B, G, 2, 8)
+    nib = blocked[..., 32:].view(B, G, 4, 8, 4)
     both = torch.stack([nib & 15, nib >> 4], 3)  # (B, G, chunk, low/high, output, k)
     unpacked = both.permute(0, 4, 1, 2, 3, 5).reshape(B * 8, in_f)[:out_f]
     assert torch.equal(unpacked.to(torch.int32), codes)
@@ -146,10 +146,33 @@ def test_a_weight_not_of_the_gguf_form_is_quantized_round_to_nearest():
     so each value within half a step of its code's."""
     w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
     blocked = rowkernel.q4dot_block(w)
+    assert rowkernel.layout(blocked) == "q4dot"  # its minima are no float16 values: float32 scales
     eye = torch.eye(64)  # one-hot rows: each row reads one input's column, up to the rows' int8 rounding
     got = rowkernel.matmul(eye, blocked, 16).t()
     step = (w.view(16, 2, 32).amax(-1) - w.view(16, 2, 32).amin(-1)) / 15
     assert ((got - w).abs().view(16, 2, 32) <= step[..., None] / 2 + 1e-6).all()
+
+
+def as_float32_scales(blocked: torch.Tensor) -> torch.Tensor:
+    """A "q4dot16" record with its float16 scales widened to float32: the "q4dot" record of the same values."""
+    B, G, _ = blocked.shape
+    scales = blocked[..., :32].contiguous().view(torch.float16).float().view(torch.uint8).view(B, G, 64)
+    return torch.cat([scales, blocked[..., 32:]], -1).contiguous()
+
+
+@needs_row_int4
+def test_float16_scales_give_the_float32_scales_bits():
+    """Where every d and m of a weight is a float16 value (a Q4_1 file's), its records hold them as
+    float16 (160 bytes, what a one-row step streams) and every row's bits are those of the same values
+    held as float32, for 1-13 rows."""
+    _, w = q4_1_weight(200, 576, seed=3)
+    half = rowkernel.q4dot_block(w)
+    wide = as_float32_scales(half)
+    assert (rowkernel.layout(half), rowkernel.layout(wide)) == ("q4dot16", "q4dot")
+    assert half.shape[-1] == 160 and wide.shape[-1] == 192
+    x = torch.randn(13, 576, generator=torch.Generator().manual_seed(4))
+    for rows in (*range(1, 10), 13):
+        assert torch.equal(rowkernel.matmul(x[:rows], half, 200), rowkernel.matmul(x[:rows], wide, 200)), rows
 
 
 def int4_model(seed: int = 0):
@@ -240,9 +263,10 @@ def integer_dot_rows(seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor, i
         x[4] = torch.randn(in_f, generator=g) * 1e-40  # subnormal: 127 / max overflows
         x[5, 5], x[6, 7] = float("inf"), float("nan")
         codes = torch.randint(-127, 128, (out_f, in_f), generator=g, dtype=torch.int8)
-        q4 = rowkernel.q4dot_block(q4_1_weight(out_f, in_f, seed=in_f)[1])
+        q4 = rowkernel.q4dot_block(q4_1_weight(out_f, in_f, seed=in_f)[1])  # float16 scales
         cases += [
-            ("rows_matmul_q4dot", x, q4, out_f),
+            ("rows_matmul_q4dot16", x, q4, out_f),
+            ("rows_matmul_q4dot", x, as_float32_scales(q4), out_f),
             ("rows_matmul_i8dot", x, rowkernel.dot_block(codes), out_f),
         ]
     return cases

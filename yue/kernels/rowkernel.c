@@ -451,6 +451,7 @@ int rows_lanes(void) { return LANES; }
 void rows_matmul_q4(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w, float *y, long out, int threads);
 void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
+void rows_matmul_q4dot16(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_q8(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads);
 
@@ -458,10 +459,11 @@ void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, 
  * weights, 4-bit or 8-bit codes giving them back (a GGUF's Q4_1 / Q4_0 / Q4_K, Q8_0 / Q5_0 and Q6_K
  * tensors: a Q4_K_M file mixes them within a layer), int8 codes with a scale per output (a drafting set's), or the
  * int4 precision's codes. */
-enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6 };
+enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6, LAYER_Q4DOT16 };
 
 /* A matmul of rows_layer's in its `kind` (rows_matmul's, rows_matmul_q4's, rows_matmul_q8's,
- * rows_matmul_q6's, rows_matmul_q4dot's, or rows_matmul_i8dot's times `scale`, out floats). */
+ * rows_matmul_q6's, rows_matmul_q4dot's or rows_matmul_q4dot16's, or rows_matmul_i8dot's times `scale`,
+ * out floats). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
@@ -472,6 +474,8 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
         rows_matmul_q6(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_Q4DOT)
         rows_matmul_q4dot(x, rows, in, w, y, out, threads);
+    else if (kind == LAYER_Q4DOT16)
+        rows_matmul_q4dot16(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_F32)
         rows_matmul(x, rows, in, w, y, out, threads);
     else {
@@ -1137,36 +1141,73 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
  * are the file's exactly; the activations' rounding is the precision's loss (its NLL is reported).
  *
  * Layout (rowkernel.q4dot_block): per column block of DOT_BLK outputs, per group of Q4_GROUP inputs, one
- * Q4DOT_BYTES record: d (DOT_BLK floats), m (DOT_BLK floats), then 4 chunks of 32 bytes, chunk c's
- * byte 4 j + k holding output j's code of input 8 c + k in its low nibble and of input 8 c + 4 + k in
- * its high one: each nibble plane of a chunk is the dot_block layout of a quad of inputs.
+ * record: d (DOT_BLK scales), m (DOT_BLK scales), then 4 chunks of 32 bytes, chunk c's byte 4 j + k
+ * holding output j's code of input 8 c + k in its low nibble and of input 8 c + 4 + k in its high one:
+ * each nibble plane of a chunk is the dot_block layout of a quad of inputs. The scales are float16
+ * (Q4DOT16_BYTES: rows_matmul_q4dot16) where every d and m of the weight is one (a Q4_1 or Q4_0 GGUF's),
+ * else float32 (Q4DOT_BYTES: rows_matmul_q4dot; a Q4_K file's products of two scales, a float weight's
+ * minimum). Why: a one-row step streams every record from memory, and float16 scales make a record 160
+ * bytes instead of 192, the Q4_1 file's own size; the values, so the bits, are the same either way.
  *
  * Exactness: the integer sums are exact, and each row's float arithmetic (two fmaf a group, groups in
  * order) is the same in every build and call, whatever the row count: `ar` == `verified` at int4. */
 #define Q4DOT_BYTES (2 * DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK / 2)
+#define Q4DOT16_BYTES (2 * DOT_BLK * 2L + Q4_GROUP * DOT_BLK / 2)
 
-/* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads.
+/* A float16's value (its bits h) as a float: exact, subnormals, infinities and NaN included. */
+static inline float half_float(unsigned short h) {
+    const unsigned sign = (unsigned)(h >> 15) << 31, e = h >> 10 & 31, f = h & 1023;
+    union {
+        unsigned u;
+        float f;
+    } v;
+    if (e == 31)
+        v.u = sign | 0x7F800000u | f << 13;
+    else if (e)
+        v.u = sign | (e + 112) << 23 | f << 13;
+    else { /* zero or subnormal: f * 2^-24, exact in float32 */
+        v.f = (float)f * 0x1p-24f;
+        v.u |= sign;
+    }
+    return v.f;
+}
+
+/* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads;
+ * SC the bytes of a scale (4: float32, 2: float16), so BYTES = 2 DOT_BLK SC + 128 a record.
  * A group's 8 products go to CH chains per row (k % CH), added at the group's end: one dependent
  * vpdpbusd chain a row would set the pace (its latency; at 9 rows too, docs/results-log.md), as in the
  * screen below. Integer sums: the same whatever the chains. */
 #if defined(__AVX2__)
-#define Q4DOT_FN(NAME, R, CH)                                                                               \
+#if defined(__F16C__)
+#define HALF8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#else /* AVX2 without F16C (a forced build): the same values, converted one at a time */
+static inline __m256 half8(const unsigned short *p) {
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = half_float(p[i]);
+    return _mm256_loadu_ps(f);
+}
+#define HALF8(p) half8((const unsigned short *)(p))
+#endif
+#define Q4DOT_SCALES(rec, SC)                                                                               \
+    const __m256 d = SC == 2 ? HALF8(rec) : _mm256_loadu_ps((const float *)(rec));                          \
+    const __m256 m = SC == 2 ? HALF8((rec) + 16) : _mm256_loadu_ps((const float *)(rec) + DOT_BLK);
+#define Q4DOT_FN(NAME, R, CH, SC)                                                                           \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
                      float *sums) {                                                                         \
-        const long groups = in / Q4_GROUP, quads = in / 4;                                                  \
+        const long groups = in / Q4_GROUP, quads = in / 4, BYTES = 2 * DOT_BLK * SC + Q4_GROUP * DOT_BLK / 2; \
         const __m256i low = _mm256_set1_epi8(15);                                                           \
         __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
         __m256 acc[R];                                                                                      \
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
         for (long g = 0; g < groups; g++) {                                                                 \
-            const unsigned char *rec = w + g * Q4DOT_BYTES;                                                 \
-            __builtin_prefetch(rec + 2 * Q4DOT_BYTES, 0, 0);                                                \
-            __builtin_prefetch(rec + 2 * Q4DOT_BYTES + 64, 0, 0);                                           \
-            __builtin_prefetch(rec + 2 * Q4DOT_BYTES + 128, 0, 0);                                          \
-            const __m256 d = _mm256_loadu_ps((const float *)rec), m = _mm256_loadu_ps((const float *)rec + DOT_BLK); \
+            const unsigned char *rec = w + g * BYTES;                                                       \
+            __builtin_prefetch(rec + 2 * BYTES, 0, 0);                                                      \
+            __builtin_prefetch(rec + 2 * BYTES + 64, 0, 0);                                                 \
+            __builtin_prefetch(rec + 2 * BYTES + 128, 0, 0);                                                \
+            Q4DOT_SCALES(rec, SC)                                                                           \
             __m256i c[8];                                                                                   \
             for (int k = 0; k < 4; k++) {                                                                   \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 2 * DOT_BLK * sizeof(float) + 32 * k)); \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 2 * DOT_BLK * SC + 32 * k));   \
                 c[2 * k] = _mm256_and_si256(v, low), c[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); \
             }                                                                                               \
             for (int r = 0; r < R; r++) {                                                                   \
@@ -1184,15 +1225,19 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
         for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
     }
 #else
-#define Q4DOT_FN(NAME, R, CH)                                                                               \
+#define Q4DOT_FN(NAME, R, CH, SC)                                                                           \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
                      float *sums) {                                                                         \
-        const long groups = in / Q4_GROUP, quads = in / 4;                                                  \
+        const long groups = in / Q4_GROUP, quads = in / 4, BYTES = 2 * DOT_BLK * SC + Q4_GROUP * DOT_BLK / 2; \
         for (int r = 0; r < R; r++)                                                                         \
             for (int j = 0; j < DOT_BLK; j++) sums[r * DOT_BLK + j] = 0.f;                                  \
         for (long g = 0; g < groups; g++) {                                                                 \
-            const unsigned char *rec = w + g * Q4DOT_BYTES, *codes = rec + 2 * DOT_BLK * sizeof(float);     \
-            const float *d = (const float *)rec, *m = d + DOT_BLK;                                          \
+            const unsigned char *rec = w + g * BYTES, *codes = rec + 2 * DOT_BLK * SC;                      \
+            float d[DOT_BLK], m[DOT_BLK];                                                                   \
+            for (int j = 0; j < DOT_BLK; j++)                                                               \
+                d[j] = SC == 2 ? half_float(((const unsigned short *)rec)[j]) : ((const float *)rec)[j],    \
+                m[j] = SC == 2 ? half_float(((const unsigned short *)rec)[DOT_BLK + j])                     \
+                               : ((const float *)rec)[DOT_BLK + j];                                         \
             for (int r = 0; r < R; r++) {                                                                   \
                 const signed char *x = (const signed char *)(xq + r * quads) + g * Q4_GROUP;                \
                 for (int j = 0; j < DOT_BLK; j++) {                                                         \
@@ -1207,30 +1252,43 @@ int rows_q4_bytes(void) { return Q4_GROUP_BYTES; }
         }                                                                                                   \
     }
 #endif
-Q4DOT_FN(q4dot_1, 1, 4) /* chains: rows x CH within the registers */
-Q4DOT_FN(q4dot_2, 2, 2)
-Q4DOT_FN(q4dot_3, 3, 2)
-Q4DOT_FN(q4dot_4, 4, 2)
-Q4DOT_FN(q4dot_5, 5, 2)
-Q4DOT_FN(q4dot_6, 6, 2)
-Q4DOT_FN(q4dot_7, 7, 2)
-Q4DOT_FN(q4dot_8, 8, 2)
-Q4DOT_FN(q4dot_9, 9, 2)
+/* chains: rows x CH within the registers */
+#define Q4DOT_FNS(P, SC)                                                                                    \
+    Q4DOT_FN(P##1, 1, 4, SC) Q4DOT_FN(P##2, 2, 2, SC) Q4DOT_FN(P##3, 3, 2, SC) Q4DOT_FN(P##4, 4, 2, SC)     \
+    Q4DOT_FN(P##5, 5, 2, SC) Q4DOT_FN(P##6, 6, 2, SC) Q4DOT_FN(P##7, 7, 2, SC) Q4DOT_FN(P##8, 8, 2, SC)     \
+    Q4DOT_FN(P##9, 9, 2, SC)
+Q4DOT_FNS(q4dot_, 4)
+Q4DOT_FNS(q4dot16_, 2)
 typedef void (*q4dot_fn)(const int *, const float *, const float *, long, const unsigned char *, float *);
 static const q4dot_fn Q4DOTS[MAX_R + 1] = {0, q4dot_1, q4dot_2, q4dot_3, q4dot_4, q4dot_5, q4dot_6, q4dot_7, q4dot_8, q4dot_9};
+static const q4dot_fn Q4DOT16S[MAX_R + 1] = {0, q4dot16_1, q4dot16_2, q4dot16_3, q4dot16_4, q4dot16_5,
+                                             q4dot16_6, q4dot16_7, q4dot16_8, q4dot16_9};
 
-/* y (rows, out) = x (rows, in) quantized per group @ W.t(), W in rowkernel.q4dot_block's layout. */
-void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+/* y (rows, out) = x (rows, in) quantized per group @ W.t(), W in rowkernel.q4dot_block's layout with
+ * float32 (`half` 0, Q4DOT_BYTES records) or float16 scales (`half` 1, Q4DOT16_BYTES). */
+static void matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads,
+                         int half) {
     const long quads = in / 4, groups = in / Q4_GROUP, blocks = (out + DOT_BLK - 1) / DOT_BLK;
+    const q4dot_fn *fns = half ? Q4DOT16S : Q4DOTS;
+    const long bytes = half ? Q4DOT16_BYTES : Q4DOT_BYTES;
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * groups * sizeof(float)), *xs = malloc(rows * groups * sizeof(float));
     quantize_groups(x, rows, in, Q4_GROUP, xq, sx, xs);
-    DOT_PASSES(float, Q4DOTS[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in, w + b * groups * Q4DOT_BYTES, sums),
+    DOT_PASSES(float, fns[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in, w + b * groups * bytes, sums),
                sums[r * DOT_BLK + j])
     free(xq), free(sx), free(xs);
 }
 
+void rows_matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    matmul_q4dot(x, rows, in, w, y, out, threads, 0);
+}
+
+void rows_matmul_q4dot16(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    matmul_q4dot(x, rows, in, w, y, out, threads, 1);
+}
+
 int rows_q4dot_bytes(void) { return Q4DOT_BYTES; }
+int rows_q4dot16_bytes(void) { return Q4DOT16_BYTES; }
 
 /* ---- The same for 8-bit codes: a GGUF's Q8_0 table (SmolLM2's tied head), code * d per group ----
  *

@@ -111,11 +111,13 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
     matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q6, lib.rows_matmul_q4dot)
+    matmuls += (lib.rows_matmul_q4dot16,)
     for codes in matmuls:
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
     lib.rows_dot_block.restype = ctypes.c_int
     lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = lib.rows_q4dot_bytes.restype = ctypes.c_int
+    lib.rows_q4dot16_bytes.restype = ctypes.c_int
     lib.rows_screen_bytes.restype = lib.rows_q6_bytes.restype = lib.rows_q6_group.restype = ctypes.c_int
     for pack in (lib.rows_q4_pack, lib.rows_q8_pack, lib.rows_q6_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
@@ -274,9 +276,12 @@ def q4_groups(w: torch.Tensor, float16_scale: bool = False) -> tuple[torch.Tenso
 
 def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     """An (out, in) float32 weight (in a multiple of 32) as the int4 precision's 4-bit codes in
-    `rows_matmul_q4dot`'s layout: uint8 (ceil(out / DOT_BLK), in / 32, 192), per column block and group
-    of 32 inputs a record of d (DOT_BLK float32), m (DOT_BLK float32) and the codes' nibbles (chunk c's
-    byte 4 j + k: output j's code of input 8 c + k low, of 8 c + 4 + k high), zero-padded.
+    `rows_matmul_q4dot`'s layout: uint8 (ceil(out / DOT_BLK), in / 32, record), per column block and
+    group of 32 inputs a record of d (DOT_BLK scales), m (DOT_BLK scales) and the codes' nibbles (chunk
+    c's byte 4 j + k: output j's code of input 8 c + k low, of 8 c + 4 + k high), zero-padded. The
+    scales are float16 (160-byte records, "q4dot16": a Q4_1 or Q4_0 file's d and m are) where every d
+    and m is a float16 value, else float32 (192 bytes, "q4dot"): the same values, so the same bits; a
+    one-row step streams the records, and the smaller ones are the file's own size.
 
     Each group of an output is code * d + m, codes 0..15 (asymmetric round-to-nearest: m the group's
     minimum, d (max - m) / 15). A GGUF's Q4_1, Q4_0 or Q4_K weights dequantized give back the file's
@@ -294,9 +299,12 @@ def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     nibbles = codes.permute(0, 2, 3, 4, 1, 5)  # (B, G, chunk, low/high, output, k)
     packed = (nibbles[:, :, :, 0] | nibbles[:, :, :, 1] << 4).reshape(B, G, 32 * 4)
     dm = torch.stack([F.pad(t[..., 0], (0, 0, 0, pad)).view(B, blk, G) for t in (d, lo)], 1)  # (B, 2, blk, G)
-    scales = dm.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(B, G, 2 * blk * 4)
+    half = dm.half()
+    if torch.equal(half.float(), dm):  # every scale a float16 value (NaN refuses: NaN != NaN)
+        dm = half
+    scales = dm.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(B, G, 2 * blk * dm.element_size())
     record = torch.cat([scales, packed], -1).contiguous()
-    assert record.shape[-1] == lib.rows_q4dot_bytes()
+    assert record.shape[-1] == (lib.rows_q4dot16_bytes() if dm is half else lib.rows_q4dot_bytes())
     return record
 
 
@@ -315,8 +323,9 @@ def _codes(w: torch.Tensor, pack, record: int, group: int) -> torch.Tensor | Non
 def layout(blocked: torch.Tensor) -> str:
     """A kernel layout's kind: "float32" (`block` of float32), "i8dot" (`dot_block`'s 4-d int8 codes:
     `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
-    (`q8_block`), "q6" (`q6_block`) or "q4dot" (`q4dot_block`: the int4 precision's); the last four uint8
-    records, told apart by their record's bytes (768, 1152, 640, 192)."""
+    (`q8_block`), "q6" (`q6_block`), "q4dot" or "q4dot16" (`q4dot_block`: the int4 precision's, float32
+    or float16 scales); the last five uint8 records, told apart by their record's bytes (768, 1152, 640,
+    192, 160)."""
     if blocked.dtype != torch.uint8:
         return "float32" if blocked.dtype == torch.float32 else "i8dot"
     return _record_kinds()[blocked.shape[-1]]
@@ -326,7 +335,7 @@ def layout(blocked: torch.Tensor) -> str:
 def _record_kinds() -> dict[int, str]:
     lib = library()
     kinds = {lib.rows_q4_bytes(): "q4", lib.rows_q8_bytes(): "q8", lib.rows_q4dot_bytes(): "q4dot"}
-    return kinds | {lib.rows_q6_bytes(): "q6"}
+    return kinds | {lib.rows_q6_bytes(): "q6", lib.rows_q4dot16_bytes(): "q4dot16"}
 
 
 def inputs(blocked: torch.Tensor) -> int:
@@ -347,10 +356,11 @@ MATMULS = {
     "q8": "rows_matmul_q8",
     "q6": "rows_matmul_q6",
     "q4dot": "rows_matmul_q4dot",
+    "q4dot16": "rows_matmul_q4dot16",
 }
-# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8,
-# LAYER_Q6), one a matmul (`rowstack.LayerWeights`).
-LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5}
+# `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6,
+# LAYER_Q4DOT16), one a matmul (`rowstack.LayerWeights`).
+LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5, "q4dot16": 6}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:
