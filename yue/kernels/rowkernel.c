@@ -295,16 +295,6 @@ static inline __attribute__((always_inline)) vf dots(const vf *qv, int chunks, c
 }
 #endif
 
-/* Attention of T queries over a KV cache, each (batch, head, query) on its own: softmax(q.k * scale)
- * over the keys the query may see, then the weighted sum of their values in key order. A key the query
- * may not see gets weight 0 and is skipped, so a query's bits depend only on the keys it sees, never on
- * the other queries of the call: a verifying step's row equals the one-row step it stands for.
- *
- * q: (B, H, T, Dh) at strides (qb, qh, qt) floats, Dh contiguous; k, v: (B, Hkv, S >= start + T, Dh)
- * at strides (kb, kh, Dh); query head h reads kv head h / (H / Hkv). visible: (B, T, start + T) bytes at
- * strides (mb, mt), 1 = may attend (mb = 0 for one mask shared by the batch), or NULL: query t sees keys
- * [0, start + t]. o: (B, T, H, Dh) contiguous, the layout the output projection reads. Dh a multiple of
- * LANES up to 256 (`rowkernel.attention` checks). */
 /* Queries that read one kv head, taken together (up to ATT_QUERIES: a verifying step's rows times the
  * query heads that share the kv head): each block of keys is read once for all of them from L1, and
  * their value sums run side by side. Each query's arithmetic is unchanged: its scores key by key, its
@@ -406,6 +396,16 @@ static inline __attribute__((always_inline)) void att_group(
     }
 }
 
+/* Attention of T queries over a KV cache, each (batch, head, query) on its own: softmax(q.k * scale)
+ * over the keys the query may see, then the weighted sum of their values in key order. A key the query
+ * may not see gets weight 0 and is skipped, so a query's bits depend only on the keys it sees, never on
+ * the other queries of the call: a verifying step's row equals the one-row step it stands for.
+ *
+ * q: (B, H, T, Dh) at strides (qb, qh, qt) floats, Dh contiguous; k, v: (B, Hkv, S >= start + T, Dh)
+ * at strides (kb, kh, Dh); query head h reads kv head h / (H / Hkv). visible: (B, T, start + T) bytes at
+ * strides (mb, mt), 1 = may attend (mb = 0 for one mask shared by the batch), or NULL: query t sees keys
+ * [0, start + t]. o: (B, T, H, Dh) contiguous, the layout the output projection reads. Dh a multiple of
+ * LANES up to 256 (`rowkernel.attention` checks). */
 void rows_attention(const float *q, long qb, long qh, long qt, const float *k, const float *v, long kb,
                     long kh, const unsigned char *visible, long mb, long mt, float *o, int B, int H,
                     int Hkv, int T, int Dh, long start, float scale, int threads) {
