@@ -110,14 +110,14 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
     lib.rows_matmul.argtypes += [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.rows_matmul.restype = None
-    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q6, lib.rows_matmul_q4dot)
-    matmuls += (lib.rows_matmul_q4dot16,)
+    matmuls = (lib.rows_matmul_i8dot, lib.rows_matmul_q4, lib.rows_matmul_q8, lib.rows_matmul_q6)
+    matmuls += (lib.rows_matmul_q4dot, lib.rows_matmul_q4dot16)
     for codes in matmuls:
         codes.argtypes, codes.restype = lib.rows_matmul.argtypes, None
     lib.rows_block.restype = lib.rows_lanes.restype = lib.rows_code_group.restype = ctypes.c_int
     lib.rows_dot_block.restype = ctypes.c_int
-    lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = lib.rows_q4dot_bytes.restype = ctypes.c_int
-    lib.rows_q4dot16_bytes.restype = ctypes.c_int
+    lib.rows_q4_bytes.restype = lib.rows_q8_bytes.restype = ctypes.c_int
+    lib.rows_q4dot_bytes.restype = lib.rows_q4dot16_bytes.restype = ctypes.c_int
     lib.rows_screen_bytes.restype = lib.rows_q6_bytes.restype = lib.rows_q6_group.restype = ctypes.c_int
     for pack in (lib.rows_q4_pack, lib.rows_q8_pack, lib.rows_q6_pack):
         pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
