@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 import yue
@@ -17,7 +18,7 @@ from tests.stubs import chain_stub
 from tests.test_loop import _chi2_pvalue, _random_stub
 from yue.cli import app
 from yue.config import DecodeConfig
-from yue.decode.corpus import CorpusNgrams, load_ngrams
+from yue.decode.corpus import CorpusNgrams, _hash_columns, context_hashes, load_ngrams
 from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.loop import decode
@@ -71,12 +72,54 @@ def test_extended_adds_only_the_contexts_the_table_lacks():
     for k in both.keys:
         assert np.all(k[1:] > k[:-1])  # still sorted and distinct: binary search stays right
     with pytest.raises(ValueError, match="differ"):
-        old.extended(CorpusNgrams.build([([0, 1, 2, 3], 1)], vocab_size=10, max_order=3, min_count=1))
+        old.extended(CorpusNgrams.build([([0, 1, 2, 3], 1)], vocab_size=10, min_order=1, min_count=1))
+    # New answers may bring a longer order than the old table has: it comes from them alone.
+    longer = old.extended(CorpusNgrams.build([([8, 0, 1, 2, 4, 5], 1)] * 2, vocab_size=10, max_order=5))
+    assert longer.max_order == 5 and longer.match([8, 0, 1, 2, 4], 1) == (5, [5])
+    assert longer.match([0, 1, 2], 1)[1] == [3]  # the old table's entries still win
 
 
-def test_build_refuses_contexts_that_do_not_fit_a_key():
-    with pytest.raises(ValueError, match="fit at most 3"):
-        CorpusNgrams.build([([1, 2, 3], 0)], vocab_size=2**20, max_order=4)
+def test_long_contexts_of_a_large_vocabulary_hash_alike_in_a_build_and_a_lookup():
+    """Contexts are hashed (any length, any vocabulary): the build's vectorised hash and a lookup's
+    must agree, or nothing would ever match."""
+    V = 2**20
+    g = np.random.default_rng(0)
+    answer = g.integers(0, V, 60).tolist()
+    t = CorpusNgrams.build([([7, *answer], 1)] * 2, vocab_size=V, min_order=2, max_order=7)
+    assert t.nexts[0].dtype == np.uint32 and t.keys[0].dtype == np.uint32
+    assert t.match([7, *answer[:10]], 50) == (7, answer[10:60])
+    for n in range(1, 8):  # the scalar hash of each trailing n-gram, as the build computed it
+        columns = [np.array([x]) for x in answer[10 - n : 10]]
+        assert context_hashes(answer[:10], 7)[n - 1] == int(_hash_columns(columns)[0])
+
+
+def test_a_table_of_packed_contexts_loads_as_the_same_drafts(tmp_path):
+    """Tables written before contexts were hashed (n tokens packed into a uint64, the oldest highest,
+    `bits` in the metadata) still load, and draft what they drafted."""
+    _, packed = _packed_table([([9, 9, 5, 6, 7, 1, 2, 3], 2), ([9, 9, 5, 6, 7], 2)], bits=16)
+    save_file(
+        packed, str(tmp_path / NGRAMS_FILE), metadata={"bits": "16", "min_order": "2", "vocab_size": "10"}
+    )
+    back = CorpusNgrams.load(tmp_path / NGRAMS_FILE, vocab_size=10)
+    assert back.match([0, 5, 6], 3) == (2, [7, 1, 2]) and back.match([9, 5, 6, 7], 1) == (4, [1])
+
+
+def _packed_table(seqs, bits):
+    """The older file's tensors for `seqs` (min count 1): per order 2..4, packed contexts -> token."""
+    table = {}
+    for ids, p in seqs:
+        for n in (2, 3, 4):
+            for c in range(max(n, p), len(ids)):
+                key = 0
+                for t in ids[c - n : c]:
+                    key = (key << bits) | t
+                table.setdefault(n, {}).setdefault(key, ids[c])
+    tensors = {}
+    for n, entries in table.items():
+        keys = sorted(entries)
+        tensors[f"keys.{n}"] = np.array(keys, dtype=np.uint64)
+        tensors[f"next.{n}"] = np.array([entries[k] for k in keys], dtype=np.uint16)
+    return table, tensors
 
 
 def test_save_and_load_round_trip_with_checks(tmp_path):
@@ -204,7 +247,7 @@ def test_shipped_yue_smol_table_matches_its_vocabulary():
     """The table shipped beside yue-smol's NAR set reads back, for the model's vocabulary."""
     config = json.loads((ASSETS / "yue-smol" / "config.json").read_text())
     table = CorpusNgrams.load(ASSETS / "yue-smol" / NGRAMS_FILE, vocab_size=config["vocab_size"])
-    assert len(table) > 100_000 and table.bits == 16
+    assert len(table) > 100_000 and all(k.dtype == np.uint32 for k in table.keys)
 
 
 def test_batched_rows_draft_from_the_corpus_and_stay_exact(tiny_model_dir):

@@ -10,11 +10,16 @@ Design decisions:
   positions of yue-smol's held-out answers have a free draft than with context copies alone (the
   figures: docs/results-log.md; the table's settings were chosen on the calibration split; model
   card).
-- One table per context length n = `min_order`..`max_order`: the n tokens packed into one uint64
-  (`bits` per token), sorted, beside the token that most often followed them (kept where it
-  followed at least `min_count` times and in at least `min_share` of them). A draft chains: the
-  longest context that is in the table gives the next token, which joins the context. Lookups are
-  binary searches on the arrays (no Python dict: ~800k entries would cost ~80 MB of objects).
+- One table per context length n = `min_order`..`max_order`: a 32-bit hash of the n tokens
+  (`context_hashes`), sorted, beside the token that most often followed them (kept where it followed at
+  least `min_count` times and in at least `min_share` of them). A draft chains: the longest context that
+  is in the table gives the next token, which joins the context. Lookups are binary searches on the
+  arrays (no Python dict: ~800k entries would cost ~80 MB of objects).
+- A hash, not the tokens: 6 bytes a context (4 of hash, 2 of token) where the packed tokens took 10 and
+  capped a context at 4 tokens of 16 bits, so the same package budget holds more of the model's
+  answers, and longer contexts. Two contexts may share a hash (with ~800k contexts, a lookup of an
+  absent one finds a hash in the table about once in 5,000 per order); the draft it gives is then a
+  wrong guess, which verification rejects like any other: the output stays `ar`'s either way.
 - Stored as safetensors (never pickle) beside the NAR set: `ngrams.safetensors` in the model folder,
   its build settings in the metadata.
 """
@@ -31,16 +36,41 @@ from safetensors.numpy import save_file
 from yue.errors import CheckpointError
 from yue.model.hf import NGRAMS_FILE
 
+# The context hash (`context_hashes`, `_hash_columns`): the newest token first, each mixed in by
+# h = (h ^ t) * MIX mod 2^64, then a final mix whose high 32 bits are kept, so one backward pass over a
+# context gives the hashes of its trailing 1, 2, ... tokens.
+SEED, MIX, FINAL = 0x243F6A8885A308D3, 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9
+MASK64 = 2**64 - 1
+HASH_FORMAT = "hash32-v1"  # the file's "key" metadata: contexts stored as these hashes
+
+
+def context_hashes(context: Sequence[int], max_order: int) -> list[int]:
+    """The hashes of the context's trailing 1..max_order tokens (fewer where the context is shorter)."""
+    h, out = SEED, []
+    for t in reversed(context[-max_order:]):
+        h = ((h ^ t) * MIX) & MASK64
+        f = ((h ^ (h >> 31)) * FINAL) & MASK64
+        out.append(f >> 32)
+    return out
+
+
+def _hash_columns(columns: list[np.ndarray]) -> np.ndarray:
+    """`context_hashes`' hash of n-token contexts given as n columns (oldest first) -> uint32."""
+    h = np.full(len(columns[0]), SEED, dtype=np.uint64)
+    for col in reversed(columns):
+        h = (h ^ col.astype(np.uint64)) * np.uint64(MIX)  # uint64 arrays wrap: mod 2^64
+    h = (h ^ (h >> np.uint64(31))) * np.uint64(FINAL)
+    return (h >> np.uint64(32)).astype(np.uint32)
+
 
 class CorpusNgrams:
     """The n-gram table of a corpus: for each context of `min_order`..`max_order` tokens, the token
     that most often followed it.
 
     Attributes:
-        keys: per order n (index n - min_order), the packed contexts, sorted (uint64).
+        keys: per order n (index n - min_order), the contexts' hashes, sorted and distinct (uint32).
         nexts: per order, the token that followed each context most often (uint16, or uint32 for a
             vocabulary over 65,536).
-        bits: bits per token in a packed context (16 for a vocabulary of at most 65,536).
         min_order / max_order: the shortest and longest context looked up.
         vocab_size: the tokenizer's vocabulary the ids belong to.
         source: where the answers came from (the file's metadata; "" when not said).
@@ -50,14 +80,13 @@ class CorpusNgrams:
         self,
         keys: list[np.ndarray],
         nexts: list[np.ndarray],
-        bits: int,
         min_order: int,
         vocab_size: int,
         source: str = "",
     ) -> None:
         if len(keys) != len(nexts) or not keys:
             raise ValueError("keys and nexts: one array per order, at least one")
-        self.keys, self.nexts, self.bits, self.source = keys, nexts, bits, source
+        self.keys, self.nexts, self.source = keys, nexts, source
         self.min_order, self.max_order = min_order, min_order + len(keys) - 1
         self.vocab_size = vocab_size
 
@@ -67,12 +96,10 @@ class CorpusNgrams:
     def _next(self, context: Sequence[int]) -> tuple[int, int | None]:
         """(n, token): the token that followed the longest of the context's trailing n-grams in the
         table, and that n; (0, None) when none is."""
-        for n in range(min(self.max_order, len(context)), self.min_order - 1, -1):
-            key = 0
-            for t in context[-n:]:
-                key = (key << self.bits) | t
-            table = self.keys[n - self.min_order]
-            i = int(np.searchsorted(table, np.uint64(key)))
+        hashes = context_hashes(context, self.max_order)
+        for n in range(len(hashes), self.min_order - 1, -1):
+            table, key = self.keys[n - self.min_order], hashes[n - 1]
+            i = int(np.searchsorted(table, np.uint32(key)))
             if i < len(table) and int(table[i]) == key:
                 return n, int(self.nexts[n - self.min_order][i])
         return 0, None
@@ -106,42 +133,39 @@ class CorpusNgrams:
     ) -> CorpusNgrams:
         """The table of (token ids, prompt length) sequences: the tokens after each prompt (the
         answers) are what is predicted; contexts may reach back into the prompt."""
-        bits = max(16, (vocab_size - 1).bit_length())
-        if max_order * bits > 64:
-            raise ValueError(f"max_order {max_order}: {bits}-bit tokens fit at most {64 // bits} to a key")
         if not 1 <= min_order <= max_order:
             raise ValueError(f"need 1 <= min_order <= max_order, got {min_order}, {max_order}")
-        seqs = [(np.asarray(ids, dtype=np.uint64), p) for ids, p in sequences]
+        seqs = [(np.asarray(ids, dtype=np.int64), p) for ids, p in sequences]
         keys, nexts = [], []
         for n in range(min_order, max_order + 1):
             ctx, nxt = [], []
             for ids, p in seqs:
                 pos = np.arange(max(n, p), len(ids))  # predicted positions: the answer's
-                key = np.zeros(len(pos), dtype=np.uint64)
-                for j in range(n):
-                    key = (key << np.uint64(bits)) | ids[pos - n + j]
-                ctx.append(key), nxt.append(ids[pos])
+                columns = [ids[pos - n + j] for j in range(n)]
+                ctx.append(_hash_columns(columns) if len(pos) else pos.astype(np.uint32))
+                nxt.append(ids[pos])
             k, t = _most_frequent(np.concatenate(ctx), np.concatenate(nxt), min_count, min_share)
-            keys.append(k), nexts.append(t.astype(np.uint16 if bits == 16 else np.uint32))
-        return cls(keys, nexts, bits, min_order, vocab_size)
+            keys.append(k), nexts.append(t.astype(_token_dtype(vocab_size)))
+        return cls(keys, nexts, min_order, vocab_size)
 
     def extended(self, other: CorpusNgrams) -> CorpusNgrams:
         """This table plus the contexts of `other` that it lacks (its own entries win where both have
-        one): a table grown with answers to new prompts, when the old answers are not at hand."""
-        if (other.bits, other.min_order, other.max_order, other.vocab_size) != (
-            self.bits,
-            self.min_order,
-            self.max_order,
-            self.vocab_size,
-        ):
-            raise ValueError("extended: the tables differ in orders, bits or vocabulary")
+        one), orders either has: a table grown with answers to new prompts, when the old answers are
+        not at hand (so a longer order may come from the new answers alone)."""
+        if (other.min_order, other.vocab_size) != (self.min_order, self.vocab_size):
+            raise ValueError("extended: the tables differ in their shortest order or vocabulary")
         keys, nexts = [], []
-        for k, t, k2, t2 in zip(self.keys, self.nexts, other.keys, other.nexts, strict=True):
+        for i in range(max(len(self.keys), len(other.keys))):
+            if i >= len(other.keys) or i >= len(self.keys):  # an order only one of them has
+                keys.append((self.keys if i < len(self.keys) else other.keys)[i])
+                nexts.append((self.nexts if i < len(self.nexts) else other.nexts)[i])
+                continue
+            k, t, k2, t2 = self.keys[i], self.nexts[i], other.keys[i], other.nexts[i]
             new = ~np.isin(k2, k, assume_unique=True)
             both_k, both_t = np.concatenate([k, k2[new]]), np.concatenate([t, t2[new]])
             order = np.argsort(both_k, kind="stable")
             keys.append(both_k[order]), nexts.append(both_t[order])
-        return CorpusNgrams(keys, nexts, self.bits, self.min_order, self.vocab_size)
+        return CorpusNgrams(keys, nexts, self.min_order, self.vocab_size)
 
     def save(self, path: str | Path, **metadata: str) -> None:
         """Write the table (safetensors; `metadata`, e.g. where the corpus came from, goes along)."""
@@ -149,12 +173,13 @@ class CorpusNgrams:
         for n, (k, t) in enumerate(zip(self.keys, self.nexts, strict=True), start=self.min_order):
             tensors[f"keys.{n}"] = k
             tensors[f"next.{n}"] = t
-        meta = {"bits": str(self.bits), "min_order": str(self.min_order), "vocab_size": str(self.vocab_size)}
+        meta = {"key": HASH_FORMAT, "min_order": str(self.min_order), "vocab_size": str(self.vocab_size)}
         save_file(tensors, str(path), metadata=meta | metadata)
 
     @classmethod
     def load(cls, path: str | Path, vocab_size: int) -> CorpusNgrams:
-        """Read a table written by `save`, checked against the model's vocabulary.
+        """Read a table written by `save` (or by yue before 2026-12-05, whose contexts were packed
+        tokens: hashed as they load), checked against the model's vocabulary.
 
         Raises:
             CheckpointError: a truncated or corrupt file, or a table for another vocabulary.
@@ -164,8 +189,8 @@ class CorpusNgrams:
             with safe_open(str(path), "np") as f:
                 meta = f.metadata() or {}
                 tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
-            bits, min_order = int(meta["bits"]), int(meta["min_order"])
-            stored_vocab = int(meta["vocab_size"])
+            min_order, stored_vocab = int(meta["min_order"]), int(meta["vocab_size"])
+            packed = None if meta.get("key") == HASH_FORMAT else int(meta["bits"])
         except (SafetensorError, OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: not a readable n-gram table ({e})") from e
         if stored_vocab != vocab_size:
@@ -179,9 +204,27 @@ class CorpusNgrams:
         except KeyError as e:
             raise CheckpointError(f"{path}: the n-gram table lacks {e}") from e
         for k, t in zip(keys, nexts, strict=True):
-            if k.dtype != np.uint64 or len(k) != len(t) or np.any(k[1:] <= k[:-1]) or np.any(t >= vocab_size):
+            want = np.uint32 if packed is None else np.uint64
+            if k.dtype != want or len(k) != len(t) or np.any(k[1:] <= k[:-1]) or np.any(t >= vocab_size):
                 raise CheckpointError(f"{path}: a corrupt n-gram table (unsorted keys or bad token ids)")
-        return cls(keys, nexts, bits, min_order, vocab_size, meta.get("source", ""))
+        if packed is not None:
+            rehashed = [_rehash(k, t, n, packed) for n, k, t in zip(orders, keys, nexts, strict=True)]
+            keys, nexts = [k for k, _ in rehashed], [t for _, t in rehashed]
+        return cls(keys, nexts, min_order, vocab_size, meta.get("source", ""))
+
+
+def _token_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def _rehash(packed: np.ndarray, nexts: np.ndarray, n: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """An older table's order-n contexts, n tokens of `bits` bits packed into a uint64 (the oldest
+    highest), as sorted distinct hashes and their tokens (of two contexts that share a hash, the first)."""
+    mask = np.uint64(2**bits - 1)
+    columns = [(packed >> np.uint64(bits * (n - 1 - j))) & mask for j in range(n)]
+    keys = _hash_columns(columns)
+    keys, first = np.unique(keys, return_index=True)
+    return keys, nexts[first]
 
 
 def _most_frequent(ctx: np.ndarray, nxt: np.ndarray, min_count: int, min_share: float):
