@@ -12,9 +12,10 @@ turn on a quarter of the answers, batched the same way. Written as OUT_DIR/NNNNN
 that exists is skipped, so a rerun resumes. Batched, a chunk of ~115 answers takes ~65 s in int4 and
 ~105 s in float32 on one core of the 2-core EPYC (answering one request at a time, as this script did
 in session 8, took ~2.8x and ~1.7x as long). As it ran on 2026-12-05 (session 9), then the table was
-extended (docs/results-log.md, "Session 9"):
+extended (docs/results-log.md, "Session 9"). Two runs side by side take different chunk numbers, so
+different seeds (a request both draw counts once in the table: `build-ngrams` keeps one answer a prompt).
     python docs/recipes/corpus_answers.py answers-int4 0 200 int4
-    python docs/recipes/corpus_answers.py answers-float32 0 200 float32
+    python docs/recipes/corpus_answers.py answers-float32 1000 200 float32
     yue build-ngrams yue/assets/yue-smol --extend --sequences answers-int4/*.json.gz answers-float32/*.json.gz
 """
 
