@@ -16,7 +16,8 @@ extended (docs/results-log.md, "Session 9"). Two runs side by side take differen
 different seeds (a request both draw counts once in the table: `build-ngrams` keeps one answer a prompt).
     python docs/recipes/corpus_answers.py answers-int4 0 200 int4
     python docs/recipes/corpus_answers.py answers-float32 1000 200 float32
-    yue build-ngrams yue/assets/yue-smol --extend --sequences answers-int4/*.json.gz answers-float32/*.json.gz
+    yue build-ngrams yue/assets/yue-smol --extend --max-order 6 --min-share 0.5 \
+        $(for f in answers-int4/*.json.gz answers-float32/*.json.gz; do echo --sequences $f; done)
 """
 
 import gzip
