@@ -10,8 +10,8 @@ tokens) in DTYPE (int4 or float32) in lockstep batches of 16 (`topnar.greedy_ans
 turn on a quarter of the answers, batched the same way. Written as OUT_DIR/NNNNN.json.gz ({"ids",
 "prompt_lens"}, what `yue build-ngrams --sequences` reads) with the requests' hashes beside it; a chunk
 that exists is skipped, so a rerun resumes. Batched, a chunk of ~115 answers takes ~65 s in int4 and
-~105 s in float32 on one core of the 2-core EPYC (answering one request at a time, as this script did
-in session 8, took ~2.8x and ~1.7x as long). As it ran on 2026-12-05 (session 9), then the table was
+~105 s in float32 on one core of the 2-core EPYC (~290 and ~180 answer tokens a second; answering one
+request at a time in float32, as this script did in session 8, gave ~104). As it ran on 2026-12-05 (session 9), then the table was
 extended (docs/results-log.md, "Session 9"). Two runs side by side take different chunk numbers, so
 different seeds (a request both draw counts once in the table: `build-ngrams` keeps one answer a prompt).
     python docs/recipes/corpus_answers.py answers-int4 0 200 int4

@@ -17,8 +17,8 @@ Design decisions:
   arrays (no Python dict: ~800k entries would cost ~80 MB of objects).
 - A hash, not the tokens: 6 bytes a context (4 of hash, 2 of token) where the packed tokens took 10 and
   capped a context at 4 tokens of 16 bits, so the same package budget holds more of the model's
-  answers, and longer contexts. Two contexts may share a hash (with ~800k contexts, a lookup of an
-  absent one finds a hash in the table about once in 5,000 per order); the draft it gives is then a
+  answers, and longer contexts. Two contexts may share a hash (a lookup of an absent context finds
+  another's with probability (contexts of its order) / 2^32); the draft it gives is then a
   wrong guess, which verification rejects like any other: the output stays `ar`'s either way.
 - Stored as safetensors (never pickle) beside the NAR set: `ngrams.safetensors` in the model folder,
   its build settings in the metadata.
