@@ -34,7 +34,7 @@ from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.lookup import NgramIndex
 from yue.decode.policies import best_draft
 from yue.decode.sources import ContextCopies, CorpusDrafts
-from yue.train.free_drafts import free_draft_rates
+from yue.train.free_drafts import free_draft_rates, held_prefix
 from yue.train.topnar import greedy_answers
 
 parser = argparse.ArgumentParser()
@@ -50,14 +50,6 @@ n = engine.model.config.block_size - 1  # drafts a step verifies at most
 def answers(files: list[str]) -> list[tuple[list[int], int]]:
     prompts = [p.ids for f in files for p in load_prompts(f, engine)]
     return list(greedy_answers(engine.model, prompts, max_new_tokens=128, batch_size=8).pairs())
-
-
-def held(drafts: list[int], truth: list[int]) -> int:
-    """How many leading drafts equal the answer's tokens."""
-    return next(
-        (j for j, (d, t) in enumerate(zip(drafts, truth, strict=False)) if d != t),
-        min(len(drafts), len(truth)),
-    )
 
 
 def simulate(pairs, rates, costs: StepCosts, oracle: bool = False) -> dict:
@@ -78,7 +70,7 @@ def simulate(pairs, rates, costs: StepCosts, oracle: bool = False) -> dict:
                 if not drafts:
                     continue
                 if oracle:
-                    k = held(drafts, ids[c:])
+                    k = held_prefix(drafts, ids[c:])
                     rate = (1 + k) / costs.verify(k) if k else 0.0
                 else:
                     k, rate = best_draft(st, source.record(key).survival(len(drafts)), draft_pass=False)
@@ -88,7 +80,7 @@ def simulate(pairs, rates, costs: StepCosts, oracle: bool = False) -> dict:
                 emitted, step_cost = ids[c : c + 1], costs.verify(0)
             else:
                 _, source, key, drafts = best
-                a = held(drafts, ids[c:])
+                a = held_prefix(drafts, ids[c:])
                 source.record(key).observe(len(drafts), a)
                 emitted, step_cost = ids[c : c + a + 1], costs.verify(len(drafts))
                 verifying, accepted = verifying + 1, accepted + a

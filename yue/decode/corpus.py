@@ -157,8 +157,8 @@ class CorpusNgrams:
         keys, nexts = [], []
         for i in range(max(len(self.keys), len(other.keys))):
             if i >= len(other.keys) or i >= len(self.keys):  # an order only one of them has
-                keys.append((self.keys if i < len(self.keys) else other.keys)[i])
-                nexts.append((self.nexts if i < len(self.nexts) else other.nexts)[i])
+                only = self if i < len(self.keys) else other
+                keys.append(only.keys[i]), nexts.append(only.nexts[i])
                 continue
             k, t, k2, t2 = self.keys[i], self.nexts[i], other.keys[i], other.nexts[i]
             new = ~np.isin(k2, k, assume_unique=True)

@@ -20,6 +20,17 @@ from yue.train.topnar import ChatSequences
 MIN_JUDGED = 20
 
 
+def held_prefix(drafts: list[int], truth: list[int]) -> int:
+    """How many leading drafts equal the answer's tokens from their position on (`truth`; one that ends
+    before the drafts do ends the run: a miss there)."""
+    held = 0
+    for d, t in zip(drafts, truth, strict=False):
+        if d != t:
+            break
+        held += 1
+    return held
+
+
 def free_draft_rates(
     answers: ChatSequences, corpus: CorpusNgrams | None, n: int, min_judged: int = MIN_JUDGED
 ) -> dict[str, list[float]]:
@@ -38,10 +49,7 @@ def free_draft_rates(
             for source in sources:
                 order, drafts = source.match(context, n)
                 if drafts:
-                    truth = ids[c : c + len(drafts)]  # shorter at the answer's end: a miss there
-                    pairs = zip(drafts, truth, strict=False)
-                    held = next((j for j, (d, t) in enumerate(pairs) if d != t), len(truth))
-                    source.record(order).observe(len(drafts), held)
+                    source.record(order).observe(len(drafts), held_prefix(drafts, ids[c:]))
             context.extend([ids[c]])
     records = {f"{s.name}:{order}": r for s in sources for order, r in s.records.items()}
     rates = {}
