@@ -33,8 +33,8 @@ from yue.bench.prompts import load_prompts
 from yue.decode.costs import StepCosts, measured_costs
 from yue.decode.lookup import NgramIndex
 from yue.decode.policies import best_draft
-from yue.decode.sources import ContextCopies, CorpusDrafts
-from yue.train.free_drafts import free_draft_rates, held_prefix
+from yue.decode.sources import ContextCopies, CorpusDrafts, common_prefix
+from yue.train.free_drafts import free_draft_rates
 from yue.train.topnar import greedy_answers
 
 parser = argparse.ArgumentParser()
@@ -70,7 +70,7 @@ def simulate(pairs, rates, costs: StepCosts, oracle: bool = False) -> dict:
                 if not drafts:
                     continue
                 if oracle:
-                    k = held_prefix(drafts, ids[c:])
+                    k = common_prefix(drafts, ids[c:])
                     rate = (1 + k) / costs.verify(k) if k else 0.0
                 else:
                     k, rate = best_draft(st, source.record(key).survival(len(drafts)), draft_pass=False)
@@ -80,7 +80,7 @@ def simulate(pairs, rates, costs: StepCosts, oracle: bool = False) -> dict:
                 emitted, step_cost = ids[c : c + 1], costs.verify(0)
             else:
                 _, source, key, drafts = best
-                a = held_prefix(drafts, ids[c:])
+                a = common_prefix(drafts, ids[c:])
                 source.record(key).observe(len(drafts), a)
                 emitted, step_cost = ids[c : c + a + 1], costs.verify(len(drafts))
                 verifying, accepted = verifying + 1, accepted + a

@@ -280,6 +280,17 @@ class DraftSources:
             self.contexts = self.contexts + other.contexts
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share: drafts against the answer from their position on, how
+    many hold (an answer that ends before the drafts do ends the run: a miss there)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def draft_rates(model_config, temperature: float) -> Mapping[str, Sequence[float]]:
     """The priors of a request's free-draft records, measured where its drafts will be judged: a greedy
     request's drafts hold where they are the AR path's choice (`free_draft_rates`, from greedy answers);

@@ -13,22 +13,11 @@ from __future__ import annotations
 
 from yue.decode.corpus import CorpusNgrams
 from yue.decode.lookup import NgramIndex
-from yue.decode.sources import ContextCopies, CorpusDrafts, FreeSource
+from yue.decode.sources import ContextCopies, CorpusDrafts, FreeSource, common_prefix
 from yue.train.topnar import ChatSequences
 
 # A rate judged fewer times than this is left out (the record then carries its predecessor's on).
 MIN_JUDGED = 20
-
-
-def held_prefix(drafts: list[int], truth: list[int]) -> int:
-    """How many leading drafts equal the answer's tokens from their position on (`truth`; one that ends
-    before the drafts do ends the run: a miss there)."""
-    held = 0
-    for d, t in zip(drafts, truth, strict=False):
-        if d != t:
-            break
-        held += 1
-    return held
 
 
 def free_draft_rates(
@@ -49,7 +38,7 @@ def free_draft_rates(
             for source in sources:
                 order, drafts = source.match(context, n)
                 if drafts:
-                    source.record(order).observe(len(drafts), held_prefix(drafts, ids[c:]))
+                    source.record(order).observe(len(drafts), common_prefix(drafts, ids[c:]))
             context.extend([ids[c]])
     records = {f"{s.name}:{order}": r for s in sources for order, r in s.records.items()}
     rates = {}

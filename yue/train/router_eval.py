@@ -148,15 +148,6 @@ def format_report(report: dict) -> str:
 # Threshold -> speed / fidelity (needs the decode engine)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def threshold_table(
     model_dir: str | Path,
     prompts: Sequence[str],
@@ -171,6 +162,7 @@ def threshold_table(
     corpus chrF of the outputs against `ar`'s (100 = identical). `verified` must read exact = 1.
     """
     import yue
+    from yue.decode.sources import common_prefix
 
     CHRF = require("sacrebleu.metrics", "bench", "the threshold table's chrF").CHRF
 
@@ -199,7 +191,7 @@ def threshold_table(
             ),
             "prefix": round(
                 sum(
-                    _common_prefix(o.token_ids, a.token_ids) / max(1, len(a.token_ids))
+                    common_prefix(o.token_ids, a.token_ids) / max(1, len(a.token_ids))
                     for o, a in zip(outs, ar, strict=True)
                 )
                 / len(ar),
