@@ -502,7 +502,9 @@ def _is_temperature(key: object) -> bool:
         return False
 
 
-Precision = Literal["float32", "bfloat16", "int4"]
+Precision = Literal["auto", "file", "float32", "bfloat16", "int4"]
+# The context `yue.load` sizes a model for by default (tokens; capped at the model's own), as llama.cpp's.
+DEFAULT_CTX_SIZE = 4096
 DraftPrecision = Literal["auto", "int8", "bfloat16", "float32"]
 
 
@@ -516,7 +518,8 @@ class LoadConfig:
             default model).
         adapter: A `yue finetune` adapter folder for this model.
         device: cpu | cuda | cuda:N | auto (CUDA when available).
-        dtype: float32 (the GGUF's values) | bfloat16: a named precision, faster where the CPU has
+        dtype: auto (a .gguf file's own codes on a CPU, else float32) | file (a GGUF's own codes, each
+            matrix in its ggml block format: about the file's memory) | float32 (the GGUF's values) | bfloat16: a named precision, faster where the CPU has
             AVX512-BF16 or AMX | int4 (CPU): the AR layers in 4 bits (a Q4_1 GGUF's own codes) on int8
             activations, as llama.cpp runs them, the fastest; ar and verified stay exact against each
             other in each.
@@ -528,7 +531,7 @@ class LoadConfig:
     model: str | None = None
     adapter: str | None = None
     device: str = "cpu"
-    dtype: Precision = "float32"
+    dtype: Precision = "auto"
     draft_dtype: DraftPrecision = "auto"
     low_memory: bool = False
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
-from yue.config import DecodeConfig, LoadConfig, YueConfig
+from yue.config import DEFAULT_CTX_SIZE, DecodeConfig, LoadConfig, YueConfig
 from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import HeadUse, StepCosts, head_use, measured_costs
@@ -36,6 +36,8 @@ from yue.decode.prefix import PrefixCache
 from yue.decode.types import NAR_SOURCES, GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.kernels import prepare_for_decoding
 from yue.kernels.matmuls import int4_unavailable
+from yue.kernels.file_codes import install_file_codes
+from yue.kernels.prepare_codes import ggml_unavailable
 from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
@@ -490,6 +492,8 @@ def load(
     nar_dtype: torch.dtype | str | None = "auto",
     adapter: str | Path | None = None,
     low_memory: bool = False,
+    ctx_size: int | None = DEFAULT_CTX_SIZE,
+    threads: int | None = None,
 ) -> Engine:
     """Load a model (default: `registry.DEFAULT_MODEL`) into an Engine.
 
@@ -498,7 +502,10 @@ def load(
             Llama folder with safetensors + tokenizer.json), or a .gguf file (converted once and cached,
             `model/gguf.py`); None = the default model.
         device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
-        dtype: the precision the model runs in: None / "float32" (as saved, the GGUF's values
+        dtype: the precision the model runs in: None / "auto" (a .gguf file's own, "file", on a CPU;
+            else "float32"); "file" (a GGUF's AR set in the file's own codes, each matrix in its ggml
+            block format on yue's kernels for it, activations quantized to int8 as llama.cpp does: no
+            conversion, about the file's memory; `gguf_load`); "float32" (as saved, a GGUF's values
             dequantized), or "bfloat16" / torch.bfloat16, a separate, named precision: weights and
             activations in bfloat16 (as `LlamaForCausalLM` in bfloat16), attention and KV cache in
             float32 on a CPU; `ar` and `verified` are exact against each other in it (`prepare.py`).
@@ -524,7 +531,10 @@ def load(
         CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the
             file), or an adapter for another base model (`AdapterError`, naming the mismatch).
         ModelNotInstalledError: a named model whose weights come from a package that is not installed.
-        ValueError: an unavailable device.
+        ValueError: an unavailable device, a bad ctx_size or threads, or the file precision without a
+            GGUF or off the CPU.
+        InsufficientMemoryError: a GGUF that will not fit in the memory available (what it needs, what
+            is free, what to change).
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -533,11 +543,20 @@ def load(
     if device != "cpu" and not str(device).startswith("cuda"):
         raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
     drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
-    int4 = dtype == "int4"
+    for name, value in (("ctx_size", ctx_size), ("threads", threads)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    files = model_files(resolve(path))
+    precision = file_or_named_precision(dtype, files, device)
+    int4 = precision == "int4"
     if int4 and (why := int4_unavailable(device)):
         raise ValueError(f"the int4 precision needs {why}")
-    dtype = resolve_dtype(dtype)
-    model, tokenizer, files = load_unprepared(path, device, dtype)
+    dtype = None if precision == "file" else resolve_dtype(precision)
+    codes = install_file_codes if precision == "file" else None
+    model = load_model(files, device=device, dtype=dtype, file_codes=codes, ctx_size=ctx_size)
+    tokenizer = model_tokenizer(files.tokenizer_dir, model.config)
     model = apply_adapter(model, adapter)
     model = prepare_for_decoding(
         model, drafting if model.config.nar_layers != 0 else None, int4=int4, low_memory=low_memory
@@ -545,6 +564,29 @@ def load(
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
     corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
     return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)
+
+
+def file_or_named_precision(dtype: torch.dtype | str | None, files: ModelFiles, device: str) -> torch.dtype | str:
+    """The precision `load` runs: "auto" / None is a lone GGUF's own ("file") on a CPU where yue's
+    kernels build, else "float32"; "file" is checked to apply (a GGUF, the CPU, the kernels).
+
+    Raises:
+        ValueError: "file" without a GGUF, off the CPU, or where the kernels do not build.
+    """
+    if dtype not in (None, "auto", "file"):
+        return dtype
+    why = ""
+    if files.gguf is None:
+        why = "a model whose AR set is a GGUF file"
+    elif device != "cpu":
+        why = "the CPU (on a GPU load float32 or bfloat16)"
+    elif reason := ggml_unavailable():
+        why = f"yue's kernels ({reason})"
+    if dtype == "file" and why:
+        raise ValueError(f"the file precision needs {why}")
+    if dtype == "file" or (not why and files.yue_dir is None):
+        return "file"
+    return "float32"
 
 
 def load_from(config: LoadConfig) -> Engine:

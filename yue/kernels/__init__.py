@@ -7,6 +7,9 @@
 - `screen`: the LM head's integer screen for greedy steps.
 - `decode_set`: a layer's decode-time paths (fused matmuls, row-exact attention, a stack of layers as
   one call).
+- `ggml` (+ `ggml/*.c`): matmuls on a GGUF's ggml block formats, read in place; `file_codes`: the
+  modules holding a GGUF's own codes and their loader (the `file` precision).
+- `prepare_codes`: `prepare_for_decoding` for a model in a GGUF's own codes, else `prepare`'s.
 - `prepare`: `prepare_for_decoding`, which builds all of these into the `DecodePaths` of the
   `PreparedModel` it returns (`yue.model.prepared`), consuming the trained model.
 
@@ -14,6 +17,6 @@
 through the small interface `yue.model.decode_paths` names.
 """
 
-from yue.kernels.prepare import prepare_for_decoding
+from yue.kernels.prepare_codes import prepare_for_decoding
 
 __all__ = ["prepare_for_decoding"]

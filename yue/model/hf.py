@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +32,16 @@ from transformers.utils import logging as hf_logging
 from yue.config import YueConfig
 from yue.errors import CheckpointError
 from yue.model.family import FAMILIES, yue_fields
-from yue.model.gguf import convert_gguf, source_sha256
+from yue.model import gguf_load
+from yue.model.gguf_file import GGUFFile
 from yue.model.mot import YueForCausalLM
 from yue.model.prepared import PreparedModel
 from yue.registry import ar_source
 
 AutoConfig.register("yue", YueConfig, exist_ok=True)
+# Installs a GGUF's own codes into a meta-device model: (model, file, its transformers config, the
+# vector state, from which it takes the matrices' biases) -> None (`yue.kernels.file_codes`).
+FileCodes = Callable[[YueForCausalLM, GGUFFile, object, dict], None]
 AutoModelForCausalLM.register(YueConfig, YueForCausalLM, exist_ok=True)
 
 
@@ -87,11 +91,14 @@ class ModelFiles:
         ar_dir: the Llama folder holding the AR set when yue_dir does not (a Llama folder, a converted
             GGUF), else None.
         tokenizer_dir: the folder whose tokenizer.json (and tokenizer_config.json) the model uses.
+        gguf: the GGUF file holding the AR set (a .gguf loaded alone, or a yue folder's ar_source), read
+            straight into the model (`gguf_load`); None where the AR set is in a folder.
     """
 
     yue_dir: Path | None
     ar_dir: Path | None
     tokenizer_dir: Path
+    gguf: Path | None = None
 
 
 def model_files(path: str | Path) -> ModelFiles:
@@ -104,8 +111,7 @@ def model_files(path: str | Path) -> ModelFiles:
     """
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        ar = convert_gguf(path)
-        return ModelFiles(None, ar, ar)
+        return ModelFiles(None, None, GGUFFile.open(path).tokenizer_dir(), path)
     path = check_checkpoint(path)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type in FAMILIES:
@@ -121,35 +127,52 @@ def model_files(path: str | Path) -> ModelFiles:
     gguf, expected = source
     if gguf.is_dir():  # a Hugging Face folder (`ar_path`)
         return ModelFiles(path, gguf, path if (path / "tokenizer.json").is_file() else gguf)
-    ar = convert_gguf(gguf)
-    if expected is not None and source_sha256(ar) != expected:
+    opened = GGUFFile.open(gguf)
+    if expected is not None and opened.sha256() != expected:
         raise CheckpointError(
             f"{path.name}'s NAR set was trained over a GGUF with sha256 {expected[:16]}..., but {gguf} "
-            f"has {source_sha256(ar)[:16]}... (another version of its package?)"
+            f"has {opened.sha256()[:16]}... (another version of its package?)"
         )
-    return ModelFiles(path, ar, path if (path / "tokenizer.json").is_file() else ar)
+    tokenizer = path if (path / "tokenizer.json").is_file() else opened.tokenizer_dir()
+    return ModelFiles(path, None, tokenizer, gguf)
 
 
 def load_model(
-    path: str | Path | ModelFiles, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    path: str | Path | ModelFiles,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    file_codes: FileCodes | None = None,
+    ctx_size: int | None = None,
 ) -> YueForCausalLM:
     """Load a model onto `device`, in eval mode: a yue folder (safetensors only; its AR set inside or
     from the GGUF its ar_source.json names), a plain Llama folder or a .gguf file (an AR set only:
-    `nar_layers=0`), or the parts `model_files` found."""
+    `nar_layers=0`), or the parts `model_files` found.
+
+    Args:
+        file_codes: for a GGUF's AR set in the file's own codes (the `file` precision), the function
+            that installs them (`yue.kernels.file_codes.install_file_codes`: the kernels' floor, so
+            handed in); None: dequantized to `dtype`.
+        ctx_size: the model's context (positions: RoPE tables, the KV cache's limit), capped at the
+            model's own; None keeps the model's.
+    """
     files = path if isinstance(path, ModelFiles) else model_files(path)
-    if files.ar_dir is None:
-        model = _from_pretrained(files.yue_dir, dtype)
+    if files.ar_dir is None and files.gguf is None:
+        model = _from_pretrained(files.yue_dir, dtype, ctx_size)
     else:
-        model = assemble(files, dtype)
+        model = assemble(files, dtype, file_codes, ctx_size)
     return model.to(device).eval()
 
 
-def _from_pretrained(path: Path, dtype: torch.dtype | None) -> YueForCausalLM:
+def _from_pretrained(path: Path, dtype: torch.dtype | None, ctx_size: int | None = None) -> YueForCausalLM:
     """A yue folder that holds all its weights, through transformers' loader."""
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise on a CLI's stdout
+    config = YueConfig.from_pretrained(str(path)) if (path / "config.json").is_file() else None
+    if config is not None and ctx_size is not None:
+        config.max_position_embeddings = min(ctx_size, config.max_position_embeddings)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=dtype)
+        extra = {} if config is None else {"config": config}
+        model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, dtype=dtype, **extra)
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"could not load the model in {path}: {e}") from e
     finally:
@@ -160,46 +183,69 @@ def _from_pretrained(path: Path, dtype: torch.dtype | None) -> YueForCausalLM:
     return model
 
 
-def assemble(files: ModelFiles, dtype: torch.dtype | None = None) -> YueForCausalLM:
-    """A yue model whose AR set is read from `files.ar_dir` (a Llama folder) and everything else from
+def assemble(
+    files: ModelFiles,
+    dtype: torch.dtype | None = None,
+    file_codes: FileCodes | None = None,
+    ctx_size: int | None = None,
+) -> YueForCausalLM:
+    """A yue model whose AR set is read from `files.gguf` (`gguf_load`: in the file's codes, installed
+    by `file_codes`, else dequantized) or `files.ar_dir` (a Llama folder), and everything else from
     `files.yue_dir` (None: an AR set only, `nar_layers=0`).
 
     The model's parameters are built on the meta device and the tensors assigned, not copied (a
-    135M-parameter model loads in well under a second). Together the two sources must give every parameter exactly once.
+    135M-parameter model loads in well under a second). Together the two sources must give every
+    parameter exactly once. A GGUF's shapes are checked against its metadata, and its memory against
+    what is available, before anything is allocated (`gguf_load.check_memory`).
 
     Raises:
-        CheckpointError: shapes that disagree, or parameters missing or given twice (named).
+        CheckpointError: shapes that disagree, or parameters missing or given twice (named);
+            `gguf_load.InsufficientMemoryError` where the model will not fit.
     """
-    ar_dir = check_checkpoint(files.ar_dir)
-    llama = AutoConfig.from_pretrained(str(ar_dir))
-    check_llama(llama, ar_dir)
+    g = None if files.gguf is None else GGUFFile.open(files.gguf)
+    source = files.gguf if g is not None else check_checkpoint(files.ar_dir)
+    llama = gguf_load.hf_config(g) if g is not None else AutoConfig.from_pretrained(str(source))
+    check_llama(llama, source)
+    if g is not None:
+        gguf_load.check_shapes(g, llama)
     if files.yue_dir is None:
         config = yue_config_from_llama(llama, nar_layers=0)
     else:
         config = YueConfig.from_pretrained(str(files.yue_dir))
-        _check_same_ar_shape(config, yue_config_from_llama(llama), files.yue_dir, ar_dir)
+        _check_same_ar_shape(config, yue_config_from_llama(llama), files.yue_dir, source)
+    if ctx_size is not None:
+        config.max_position_embeddings = min(ctx_size, config.max_position_embeddings)
     target = dtype or torch.float32
-    state = _read_weights(ar_dir, target, drop_lm_head=config.tie_word_embeddings)
+    if g is not None:
+        precision = "float32" if file_codes is None else "file"
+        gguf_load.check_memory(g, llama, precision, config.max_position_embeddings)
+        state = gguf_load.float32_state(g, llama) if file_codes is None else gguf_load.vector_state(g, llama)
+        state = {k: v.to(target) for k, v in state.items()}
+    else:
+        state = _read_weights(source, target, drop_lm_head=config.tie_word_embeddings)
     if files.yue_dir is not None:
         rest = _read_weights(files.yue_dir, target)
         if twice := sorted(state.keys() & rest.keys()):
-            raise CheckpointError(f"{files.yue_dir} and {ar_dir} both give {', '.join(twice[:3])}")
+            raise CheckpointError(f"{files.yue_dir} and {source} both give {', '.join(twice[:3])}")
         state |= rest
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers computed as usual
         model = YueForCausalLM(config)
-    expected = {k for k in model.state_dict() if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+    if file_codes is not None:
+        file_codes(model, g, llama, state)
+    tied = config.tie_word_embeddings and file_codes is None
+    expected = {k for k in model.state_dict() if not (k == "lm_head.weight" and tied)}
     if unexpected := sorted(state.keys() - expected):
         raise CheckpointError(f"tensors the model does not have: {', '.join(unexpected[:5])}")
     missing = sorted(expected - state.keys())
     if files.yue_dir is None:
         missing = [k for k in missing if not is_nar_or_router(k)]
     if missing:
-        where = f"{files.yue_dir} and {ar_dir}" if files.yue_dir else str(ar_dir)
+        where = f"{files.yue_dir} and {source}" if files.yue_dir else str(source)
         raise CheckpointError(
             f"{where} leave {len(missing)} parameters without values: {', '.join(missing[:5])}"
         )
     model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     _fill_unused(model, target)
     return model

@@ -197,8 +197,8 @@ class MoTModel(nn.Module):
             entry: (B, n_committed, D) the committed positions' hidden states entering layer `nar_start`
                 (the slots' anchors of a later drafting pass), or None when slots enter at the embedding.
         """
-        cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
-        local = self._local(positions, self.embed_tokens.weight.dtype, mask, start, cache)
+        cos, sin = self.rope.lookup(positions, self.norm.weight.dtype)
+        local = self._local(positions, self.norm.weight.dtype, mask, start, cache)
         if self.slot_entry is None:
             h = self.embed(tokens)
             h_c, h_s = h[:, :n_committed], h[:, n_committed:]  # AR-set and NAR-set positions
@@ -223,9 +223,9 @@ class MoTModel(nn.Module):
         trained on), uncached, causal; through `paths` where given. tokens: (B, T) -> (B, T, D)."""
         T = tokens.shape[1]
         positions = torch.arange(T, device=tokens.device)
-        cos, sin = self.rope.lookup(positions, self.embed_tokens.weight.dtype)
+        cos, sin = self.rope.lookup(positions, self.norm.weight.dtype)
         mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()[None, None]
-        local = self._local(positions, self.embed_tokens.weight.dtype, mask, 0)
+        local = self._local(positions, self.norm.weight.dtype, mask, 0)
         h = self.embed(tokens)
         return self._layers(h, h[:, :0], cos, sin, mask, None, 0, 0, self.nar_start, local, paths)[0]
 
