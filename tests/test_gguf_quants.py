@@ -165,7 +165,7 @@ def test_a_4_bit_llama_gguf_runs_from_its_codes_with_transformers_tokens(tmp_pat
 
     needs_row_kernel()
     reference = write_family_gguf(tmp_path / "m.gguf", "llama3", quant, **SHAPE_256)
-    engine = yue.load(tmp_path / "m.gguf")
+    engine = yue.load(tmp_path / "m.gguf", dtype="float32")
     layers = engine.model.paths.layers
     assert [rowkernel.layout(sets[0].blocked[0]) for sets in layers] == ["q4"] * len(layers)
     ids = engine.encode("Hello, world! How are")

@@ -35,10 +35,10 @@ from yue.decode.modes import get_policy
 from yue.decode.prefix import PrefixCache
 from yue.decode.types import NAR_SOURCES, GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
 from yue.kernels import prepare_for_decoding
-from yue.kernels.matmuls import int4_unavailable
 from yue.kernels.file_codes import install_file_codes
-from yue.kernels.prepare_codes import ggml_unavailable
+from yue.kernels.matmuls import int4_unavailable
 from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
+from yue.kernels.prepare_codes import ggml_unavailable
 from yue.model.adapters import apply_adapter
 from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
 from yue.model.mot import YueForCausalLM
@@ -566,7 +566,9 @@ def load(
     return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)
 
 
-def file_or_named_precision(dtype: torch.dtype | str | None, files: ModelFiles, device: str) -> torch.dtype | str:
+def file_or_named_precision(
+    dtype: torch.dtype | str | None, files: ModelFiles, device: str
+) -> torch.dtype | str:
     """The precision `load` runs: "auto" / None is a lone GGUF's own ("file") on a CPU where yue's
     kernels build, else "float32"; "file" is checked to apply (a GGUF, the CPU, the kernels).
 

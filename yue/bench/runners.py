@@ -219,7 +219,7 @@ def load_peers(
     """The transformers model of `model`'s AR set (a name or path, as `yue.load` takes it) in `dtype`,
     with the recorder's forward hook attached, and the folder it was loaded from.
 
-    A model that is an AR set alone (a family's transformers folder, a converted GGUF) is that folder,
+    A model that is an AR set alone (a family's transformers folder, a GGUF converted to one) is that folder,
     loaded as its family's class. A yue folder's AR set is exported as stored to `tmp` as a
     `LlamaForCausalLM` (not an engine's: a model prepared for decoding may hold its layers only packed).
     """
@@ -232,6 +232,10 @@ def load_peers(
     files = model_files(resolve(model))
     if files.yue_dir is None and files.ar_dir is not None:
         folder = files.ar_dir
+    elif files.yue_dir is None:  # a GGUF alone: transformers reads the folder it converts to
+        from yue.model.gguf import convert_gguf
+
+        folder = convert_gguf(files.gguf)
     else:
         folder = export_ar(load_unprepared(model)[0], tmp)
     peer = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()

@@ -19,7 +19,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -155,7 +154,10 @@ def file_codes_layer(g: GGUFFile, config, i: int) -> dict[str, GGMLLinear]:
     blk, arch = f"blk.{i}", config.model_type
     permute = {}
     if arch == "llama":  # only llama.cpp's Llama converter permutes Q and K
-        permute = {f"{blk}.attn_q.weight": config.num_attention_heads, f"{blk}.attn_k.weight": config.num_key_value_heads}
+        permute = {
+            f"{blk}.attn_q.weight": config.num_attention_heads,
+            f"{blk}.attn_k.weight": config.num_key_value_heads,
+        }
     modules = {}
     for parts in (["attn_q", "attn_k", "attn_v"], ["ffn_gate", "ffn_up"]):
         for group in _groups(g, blk, parts):
@@ -166,7 +168,10 @@ def file_codes_layer(g: GGUFFile, config, i: int) -> dict[str, GGMLLinear]:
             modules |= dict(zip(group, linears, strict=True))
     for part in ("attn_output", "ffn_down"):
         modules[f"{blk}.{part}.weight"] = _in_place(g, f"{blk}.{part}.weight")
-    return {names.hf_name(n, arch).removeprefix(f"model.layers.{i}.").removesuffix(".weight"): m for n, m in modules.items()}
+    return {
+        names.hf_name(n, arch).removeprefix(f"model.layers.{i}.").removesuffix(".weight"): m
+        for n, m in modules.items()
+    }
 
 
 def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, torch.Tensor]) -> None:
@@ -175,7 +180,9 @@ def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, t
     from tqdm.auto import tqdm
 
     layers = model.model.layers
-    bar = tqdm(range(len(layers)), desc=f"reading {g.path.name}", unit="layer", leave=False, disable=len(layers) < 8)
+    bar = tqdm(
+        range(len(layers)), desc=f"reading {g.path.name}", unit="layer", leave=False, disable=len(layers) < 8
+    )
     for i in bar:
         for path, module in file_codes_layer(g, config, i).items():
             bias = state.pop(f"model.layers.{i}.{path}.bias", None)

@@ -152,8 +152,9 @@ def resolve_drafting_dtype(name: str | torch.dtype | None, device: torch.device 
 
 
 # A model's precision by name -> the dtype `load` converts it to (None: as saved). "int4" loads as
-# saved and holds its AR layers in 4 bits (`int4_matmul`, `prepare_for_decoding(int4=True)`).
-PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "int4": None}
+# saved and holds its AR layers in 4 bits (`int4_matmul`, `prepare_for_decoding(int4=True)`); "file"
+# holds a GGUF's own codes and "auto" picks it for a lone GGUF (`engine.file_or_named_precision`).
+PRECISIONS = {"auto": None, "file": None, "float32": None, "bfloat16": torch.bfloat16, "int4": None}
 
 
 def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:

@@ -14,8 +14,8 @@ import torch
 
 from yue.kernels import prepare, probe, rowkernel
 from yue.kernels.decode_set import DecodeSet, kernels_named
-from yue.model.decode_paths import DecodePaths
 from yue.kernels.file_codes import GGMLEmbedding, GGMLLinear, fused
+from yue.model.decode_paths import DecodePaths
 from yue.model.prepared import PreparedModel
 
 
@@ -52,11 +52,13 @@ def prepare_for_decoding(
 ) -> PreparedModel:
     """A `PreparedModel` of `model` (consumed): `prepare_file_codes` for a model in a GGUF's own codes,
     else `prepare.prepare_for_decoding` (its arguments and errors)."""
-    if holds_file_codes(model):
-        if isinstance(model, PreparedModel) or model.consumed:
+    if not isinstance(model, PreparedModel) and holds_file_codes(model):
+        if model.consumed:
             raise ValueError("the model is already prepared for decoding (prepare_for_decoding consumes it)")
         if int4:
-            raise ValueError("the int4 precision converts float32 weights; this model holds a GGUF's own codes")
+            raise ValueError(
+                "the int4 precision converts float32 weights; this model holds a GGUF's own codes"
+            )
         model.consumed = True
         return prepare_file_codes(model, drafting_dtype)
     return prepare.prepare_for_decoding(model, drafting_dtype, int4, low_memory)

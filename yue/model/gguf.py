@@ -17,12 +17,10 @@ Design decisions:
   family's transformers names, so the folder loads with `from_pretrained` as well as into yue's AR set.
   Which of the dequantized weights then run from codes on yue's row kernel is found there, by value
   (`rowkernel.q4_block`, `q8_block`); the conversion logs the file's types.
-- Metadata and the tensor table are read with transformers' GGUF reader's parsers (a memory map; it
-  parses the 49k-entry vocabulary only where asked, where `gguf.GGUFReader` is about a hundred times
-  slower, building a field per array element; docs/results-log.md). Each tensor's byte count comes from
-  the `gguf` package's block sizes, which know every ggml type: transformers' own table (`GgufHeader`)
-  refuses a file holding a type it does not dequantize itself (Q5_0, which llama.cpp's Q4_K_M writes
-  where a row is not a multiple of 256: Gemma 3 270M's). The tokenizer is transformers' own GGUF conversion
+- Metadata and the tensor table are read through `gguf_file.GGUFFile` (the `gguf` package's reader,
+  its index cached per file version). This module converts a GGUF into a Hugging Face folder for the
+  training commands (`yue distill`, the NAR-set recipes), which start from a transformers checkpoint;
+  `yue.load` reads a GGUF straight into the model instead (`gguf_load`). The tokenizer is transformers' own GGUF conversion
   (`AutoTokenizer.from_pretrained(..., gguf_file=...)`) saved as tokenizer.json + tokenizer_config.json
   (chat template, add_bos_token, special tokens), so encoding equals transformers' by construction.
 """
@@ -35,7 +33,6 @@ import logging
 import math
 import os
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -46,6 +43,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, GenerationConfig, PreTrainedConfig
 
 from yue.errors import CheckpointError
+from yue.model.gguf_file import GGUFFile
 from yue.registry import cache_root
 
 logger = logging.getLogger("yue")
@@ -188,7 +186,9 @@ def _convert(gguf_path: Path, out: Path) -> None:
     rope_freqs = None
     if ROPE_FREQS in names:  # llama.cpp's form of Llama 3's RoPE scaling: a factor per frequency
         info = next(t for t in tensors if t.name == ROPE_FREQS)
-        rope_freqs = quants.dequantize(np.asarray(info.data), GGMLQuantizationType(info.ggml_type)).reshape(-1)
+        rope_freqs = quants.dequantize(np.asarray(info.data), GGMLQuantizationType(info.ggml_type)).reshape(
+            -1
+        )
     config = config_from_gguf(metadata, names, gguf_path, rope_freqs)
     types = sorted({GGMLQuantizationType(t.ggml_type).name for t in tensors})
     logger.warning(
@@ -217,33 +217,16 @@ class GgufTensor(NamedTuple):
 
 
 def read_tensors(gguf_path: Path) -> tuple[dict, list[GgufTensor]]:
-    """A GGUF file's metadata (string arrays such as the vocabulary left unparsed) and its tensors, none
-    of them read yet.
+    """A GGUF file's metadata (long arrays such as the vocabulary as their lengths) and its tensors, none
+    of them read yet (`gguf_file.GGUFFile`: the `gguf` package's reader, its index cached).
 
     Raises:
-        CheckpointError: not a GGUF file, or a tensor of a ggml type the `gguf` package does not know.
+        CheckpointError: not a GGUF file, a truncated one, or a tensor of a ggml type the `gguf`
+            package does not know (`GGUFFile.open`).
     """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from transformers.integrations.gguf import reader
-
-    try:
-        blob = reader._mapped(str(gguf_path))
-        metadata, count, pos = reader._read_metadata(blob, str(gguf_path))
-        entries, pos = reader._read_tensor_table(blob, count, pos)
-    except (ValueError, OSError, KeyError, struct.error) as e:
-        raise CheckpointError(f"cannot read {gguf_path} as a GGUF file: {e}") from e
-    alignment = metadata.get("general.alignment", 32)  # llama.cpp's default
-    start = -(-pos // alignment) * alignment  # the data section: the next boundary after the table
-    tensors = []
-    for name, shape, ggml_type, offset in entries:
-        try:
-            per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-        except (ValueError, KeyError):
-            raise CheckpointError(f"{gguf_path}: {name} has ggml type {ggml_type}, unknown here") from None
-        begin = start + offset
-        data = blob[begin : begin + math.prod(shape) // per_block * block_bytes]
-        tensors.append(GgufTensor(name, shape, ggml_type, data))
-    return metadata, tensors
+    g = GGUFFile.open(gguf_path)
+    tensors = [GgufTensor(t.name, t.shape, t.ggml_type, g.mapped(t.name)) for t in g.tensors.values()]
+    return g.metadata, tensors
 
 
 def config_from_gguf(

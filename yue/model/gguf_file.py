@@ -186,7 +186,9 @@ def _read_index(path: Path, size: int) -> dict:
         nbytes = int(t.n_elements) // block * block_bytes
         if t.data_offset + nbytes > size:
             raise CheckpointError(_past_end(path, t.name, t.data_offset, nbytes, size))
-        tensors.append(dict(name=t.name, ggml_type=ggml_type, shape=shape, offset=int(t.data_offset), nbytes=nbytes))
+        tensors.append(
+            dict(name=t.name, ggml_type=ggml_type, shape=shape, offset=int(t.data_offset), nbytes=nbytes)
+        )
     return {"format": INDEX_FORMAT, "metadata": metadata, "tensors": tensors}
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from yue.errors import CheckpointError
 from yue.model import gguf as names
 from yue.model.gguf_file import GGUFFile
@@ -60,7 +61,12 @@ def check_shapes(g: GGUFFile, config) -> None:
     want = {"token_embd.weight": (config.vocab_size, D), "output_norm.weight": (D,)}
     if "output.weight" in g.tensors:
         want["output.weight"] = (config.vocab_size, D)
-    shapes = {"attn_q": (H * Dh, D), "attn_k": (Hkv * Dh, D), "attn_v": (Hkv * Dh, D), "attn_output": (D, H * Dh)}
+    shapes = {
+        "attn_q": (H * Dh, D),
+        "attn_k": (Hkv * Dh, D),
+        "attn_v": (Hkv * Dh, D),
+        "attn_output": (D, H * Dh),
+    }
     shapes |= {"ffn_gate": (F, D), "ffn_up": (F, D), "ffn_down": (D, F), "attn_norm": (D,)}
     for i in range(L):
         want |= {f"blk.{i}.{part}.weight": shape for part, shape in shapes.items()}
@@ -138,7 +144,7 @@ def vector_state(g: GGUFFile, config) -> dict[str, torch.Tensor]:
     """Every tensor that is not a matrix of a layer or the token table, as float32 under the family's
     transformers names (Gemma's 1 + w norms read back as w)."""
     arch, out = config.model_type, {}
-    for name, info in g.tensors.items():
+    for name in g.tensors:
         if name == names.ROPE_FREQS or name in ("token_embd.weight", "output.weight"):
             continue
         if name.startswith("blk.") and name.split(".")[2] in MATRICES and name.endswith(".weight"):
@@ -167,5 +173,3 @@ def float32_state(g: GGUFFile, config) -> dict[str, torch.Tensor]:
             values = values[unpermute_index(values.shape[0], heads)]
         state[hf] = torch.from_numpy(np.ascontiguousarray(values))
     return state
-
-

@@ -31,8 +31,8 @@ from transformers.utils import logging as hf_logging
 
 from yue.config import YueConfig
 from yue.errors import CheckpointError
-from yue.model.family import FAMILIES, yue_fields
 from yue.model import gguf_load
+from yue.model.family import FAMILIES, yue_fields
 from yue.model.gguf_file import GGUFFile
 from yue.model.mot import YueForCausalLM
 from yue.model.prepared import PreparedModel
