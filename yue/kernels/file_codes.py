@@ -180,9 +180,7 @@ def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, t
     from tqdm.auto import tqdm
 
     layers = model.model.layers
-    bar = tqdm(
-        range(len(layers)), desc=f"reading {g.path.name}", unit="layer", leave=False, disable=len(layers) < 8
-    )
+    bar = tqdm(range(len(layers)), desc=f"reading {g.path.name}", unit="layer", leave=False, disable=None)
     for i in bar:
         for path, module in file_codes_layer(g, config, i).items():
             bias = state.pop(f"model.layers.{i}.{path}.bias", None)

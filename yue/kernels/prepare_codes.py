@@ -11,6 +11,7 @@ float32 (`prepare.decode_set`).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from yue.kernels import prepare, probe, rowkernel
 from yue.kernels.decode_set import DecodeSet, kernels_named
@@ -47,6 +48,17 @@ def file_codes_set(layer, row_ops: bool) -> DecodeSet:
     )  # fmt: skip
 
 
+def draft_head(model, row_ops: bool) -> nn.Module | None:
+    """The head for slot rows: the file's head rows over `model.draft_vocab` (a copy of those rows, in the
+    file's format), or None where the file's head itself serves (no drafting vocabulary)."""
+    if model.draft_vocab is None:
+        return None
+    vocab = model.draft_vocab.long()
+    head = model.lm_head
+    rows = GGMLLinear(head.codes[vocab].contiguous(), head.ggml_type, head.in_features)
+    return prepare.DraftVocabHead(rows, vocab, model.config.vocab_size, row_ops)
+
+
 def prepare_for_decoding(
     model, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
 ) -> PreparedModel:
@@ -78,8 +90,7 @@ def prepare_file_codes(model, drafting_dtype: torch.dtype | None) -> PreparedMod
     paths = DecodePaths(layers)
     prepare.prepare_slots(model, paths, drafting_dtype, row_ops)
     paths.cache_dtype = torch.float32
-    if model.config.nar_layers:
-        paths.draft_head = prepare.draft_head(model, drafting_dtype, row_ops)
+    paths.draft_head = draft_head(model, row_ops)
     prepared = PreparedModel(model, paths)
     paths.layout = "file codes," + kernels_named(prepared)
     return prepared

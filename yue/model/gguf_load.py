@@ -165,7 +165,9 @@ def float32_state(g: GGUFFile, config) -> dict[str, torch.Tensor]:
 
     arch, state = config.model_type, vector_state(g, config)
     matrices = [n for n in g.tensors if names.hf_name(n, arch) not in state and n != names.ROPE_FREQS]
-    for name in tqdm(matrices, desc=f"dequantizing {g.path.name} to float32", unit="tensor", leave=False):
+    for name in tqdm(
+        matrices, desc=f"dequantizing {g.path.name} to float32", unit="tensor", leave=False, disable=None
+    ):
         values = g.dequantized(name)
         hf = names.hf_name(name, arch)
         if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
