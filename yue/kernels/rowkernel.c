@@ -460,10 +460,14 @@ void rows_matmul_q6(const float *x, long rows, long in, const unsigned char *w, 
  * tensors: a Q4_K_M file mixes them within a layer), int8 codes with a scale per output (a drafting set's), or the
  * int4 precision's codes. */
 enum { LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6, LAYER_Q4DOT16 };
+/* A GGUF matrix read in place (ggml/): kind LAYER_GGML_BASE + its ggml type, ggml_matmul's. */
+#define LAYER_GGML_BASE 100
+void ggml_matmul(int type, const float *x, long rows, long in, const unsigned char *w, float *y, long out,
+                 int threads);
 
 /* A matmul of rows_layer's in its `kind` (rows_matmul's, rows_matmul_q4's, rows_matmul_q8's,
- * rows_matmul_q6's, rows_matmul_q4dot's or rows_matmul_q4dot16's, or rows_matmul_i8dot's times `scale`,
- * out floats). */
+ * rows_matmul_q6's, rows_matmul_q4dot's or rows_matmul_q4dot16's, ggml_matmul's, or rows_matmul_i8dot's
+ * times `scale`, out floats). */
 static void layer_matmul(int kind, const float *x, long rows, long in, const void *w, const float *scale,
                          float *y, long out, int threads) {
     if (kind == LAYER_Q4)
@@ -478,6 +482,8 @@ static void layer_matmul(int kind, const float *x, long rows, long in, const voi
         rows_matmul_q4dot16(x, rows, in, w, y, out, threads);
     else if (kind == LAYER_F32)
         rows_matmul(x, rows, in, w, y, out, threads);
+    else if (kind >= LAYER_GGML_BASE)
+        ggml_matmul(kind - LAYER_GGML_BASE, x, rows, in, w, y, out, threads);
     else {
         rows_matmul_i8dot(x, rows, in, w, y, out, threads);
         for (long r = 0; r < rows; r++)
@@ -1695,3 +1701,15 @@ int rows_screen(const float *x, long rows, long in, const unsigned char *codes, 
 }
 
 int rows_screen_bytes(void) { return SCREEN_BYTES; }
+
+/* ---- Matmuls on a GGUF's blocks as the file stores them (ggml/common.h says how) ---- */
+#include "ggml/common.h"
+#include "ggml/float.c"
+#include "ggml/q4_0.c"
+#include "ggml/q4_1.c"
+#include "ggml/q5_0.c"
+#include "ggml/q8_0.c"
+#include "ggml/q4_k.c"
+#include "ggml/q5_k.c"
+#include "ggml/q6_k.c"
+#include "ggml/dispatch.c"

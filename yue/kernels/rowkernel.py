@@ -44,6 +44,8 @@ import torch.nn.functional as F
 from yue.registry import cache_root
 
 SOURCE = Path(__file__).with_name("rowkernel.c")
+# The GGUF block formats' sources (`ggml.py`), #included by SOURCE: part of the build's key.
+GGML_SOURCES = Path(__file__).with_name("ggml")
 # Rows per pass (`MAX_R` in the source). A second pass costs more than torch's batched GEMM over the
 # column blocks (`blocked_gemm`; measured on SmolLM2: docs/results-log.md).
 MAX_ROWS = 9
@@ -76,6 +78,12 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _sources() -> str:
+    """The text the library is built from: SOURCE and the files it includes, in a fixed order."""
+    included = sorted(GGML_SOURCES.glob("*.[ch]"))
+    return "\n".join(f"{p.name}\n{p.read_text()}" for p in [SOURCE, *included])
 
 
 def _build(cc: str, flags: list[str], target: Path) -> str:
@@ -139,6 +147,12 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_stack.argtypes += [*[ctypes.c_int] * 3, c_long, ctypes.c_float, ctypes.c_int]
     lib.rows_stack.restype = None
     lib.rows_layer_ptrs.restype = ctypes.c_int
+    lib.ggml_matmul.argtypes = [ctypes.c_int, ptr, c_long, c_long, ptr, ptr, c_long, ctypes.c_int]
+    lib.ggml_matmul.restype = None
+    lib.ggml_get_rows.argtypes = [ctypes.c_int, ptr, c_long, ptr, c_long, ptr]
+    lib.ggml_get_rows.restype = None
+    lib.ggml_supported.argtypes = [ctypes.c_int]
+    lib.ggml_supported.restype = lib.rows_layer_ggml_base.restype = ctypes.c_int
     return lib
 
 
@@ -158,7 +172,7 @@ def library() -> ctypes.CDLL:
     for flags in FLAG_SETS:
         key = hashlib.sha256(
             "\n".join(
-                [SOURCE.read_text(), version, " ".join(flags), platform.machine(), _cpu_flags()]
+                [_sources(), version, " ".join(flags), platform.machine(), _cpu_flags()]
             ).encode()
         ).hexdigest()[:20]
         path = cache_root() / "kernels" / f"rowkernel-{key}.so"

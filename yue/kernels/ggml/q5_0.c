@@ -1,0 +1,22 @@
+/* Q5_0 (ggml type 6): blocks of 32 in 22 bytes: d (float16), 4 bytes of high bits (bit e of the
+ * little-endian word: element e), 16 bytes of low nibbles as Q4_0's. Value: d (q - 16), q 0..31. */
+#define Q5_0_BYTES 22
+
+static inline __attribute__((always_inline)) void q5_0_decode(const unsigned char *blk, struct block32 *k) {
+    k->d = half_at(blk), k->m = 0.f;
+    const unsigned qh = blk[2] | blk[3] << 8 | blk[4] << 16 | (unsigned)blk[5] << 24;
+    for (int l = 0; l < 16; l++) {
+        k->q[l] = (blk[6 + l] & 15) | ((qh >> l) & 1) << 4;
+        k->q[16 + l] = (blk[6 + l] >> 4) | ((qh >> (16 + l)) & 1) << 4;
+    }
+}
+
+static NO_CONTRACT void q5_0_dequant(const unsigned char *blk, float *out) {
+    struct block32 k;
+    q5_0_decode(blk, &k);
+    for (int e = 0; e < Q32; e++) out[e] = k.d * (float)(k.q[e] - 16);
+}
+
+static void q5_0_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
+    b32_matmul(q5_0_decode, Q5_0_BYTES, 16, 0, 0, x, rows, in, w, y, out, threads);
+}
