@@ -73,7 +73,13 @@ class DecodeSet(nn.Module):
         # The family's differences ride along (`rowstack`).
         matmuls = (qkv, o_proj, gate_up, down)
         blocked = [getattr(m, "blocked", (None,))[0] for m in matmuls]
-        kinds = {rowkernel.layout(b) for b in blocked} if all(b is not None for b in blocked) else set()
+        # Q, K and V as three matmuls of their own where one is impossible (`file_codes.GGMLParts`:
+        # a GGUF's formats differ among them): Q's weight first, K's and V's beside it.
+        kv = (None, None)
+        if getattr(qkv, "split_blocked", None) is not None:
+            blocked[0], *kv = qkv.split_blocked(layer.n_heads * layer.head_dim, layer.n_kv * layer.head_dim)
+        parts = [*blocked, *(w for w in kv if w is not None)]
+        kinds = {rowkernel.layout(b) for b in parts} if all(b is not None for b in parts) else set()
         # Any mix of the AR kinds; int8 codes all four (their scales are concatenated).
         fits = bool(kinds) and kinds <= rowkernel.LAYER_KINDS.keys()
         fits = fits and ("i8dot" not in kinds or kinds == {"i8dot"})
@@ -100,13 +106,13 @@ class DecodeSet(nn.Module):
         # This layer as a stack of one (`whole_layer`); a step's run of layers stacks their `LayerWeights`.
         self.one_layer = None
         if whole:
-            weights = self._layer_weights(layer, blocked, matmuls, kinds, norm, post_norm)
+            weights = self._layer_weights(layer, blocked, matmuls, kinds, norm, post_norm, tuple(kv))
             self.one_layer = rowstack.StackWeights.of([weights], first=0)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
 
-    def _layer_weights(self, layer, blocked, matmuls, kinds, norm, post_norm) -> rowstack.LayerWeights:
+    def _layer_weights(self, layer, blocked, matmuls, kinds, norm, post_norm, kv) -> rowstack.LayerWeights:
         """The one call's unchanging arguments (`rowstack.LayerWeights`): norms as applied (Gemma's 1 + w
         folded), the family's extras, int8 codes' scales per output (the four matmuls' concatenated)."""
         scales = torch.cat([m.scale[0] for m in matmuls]) if kinds == {"i8dot"} else None
@@ -119,7 +125,7 @@ class DecodeSet(nn.Module):
         norms = (rowstack.applied_norm(norm), rowstack.applied_norm(post_norm))
         act = next(name for name, fn in ACTIVATIONS.items() if fn is self.act)
         return rowstack.LayerWeights.of(
-            norms, norm.eps, blocked, self.heads, scales, extras, act, layer.attn_scale, layer.sliding
+            norms, norm.eps, blocked, self.heads, scales, extras, act, layer.attn_scale, layer.sliding, kv
         )
 
     def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:

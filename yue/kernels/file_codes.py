@@ -34,9 +34,14 @@ class GGMLLinear(nn.Module):
     def __init__(self, codes: torch.Tensor, ggml_type: int, in_features: int) -> None:
         super().__init__()
         assert codes.dtype == torch.uint8 and codes.dim() == 2, (codes.dtype, codes.shape)
-        self.codes, self.ggml_type = codes, ggml_type
+        self.codes, self.ggml_type = kernel_codes(codes, ggml_type, in_features), ggml_type
         self.in_features, self.out_features = in_features, codes.shape[0]
         self.bias: nn.Parameter | None = None  # Qwen2's Q/K/V biases (float32, out), set by the loader
+
+    @property
+    def blocked(self) -> tuple[torch.Tensor]:
+        """The codes as `rows_layer` takes a matmul's weight (`decode_set.DecodeSet`'s one call)."""
+        return (self.codes,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) float -> (..., out) float32."""
@@ -64,6 +69,29 @@ class GGMLParts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def split_blocked(self, *widths: int) -> list[torch.Tensor] | None:
+        """The codes of consecutive output ranges `widths` (Q's, K's, V's rows), each within one part, as
+        `rows_layer` takes three matmuls; None where a range straddles two parts."""
+        bounds = [0]
+        for p in self.parts:
+            bounds.append(bounds[-1] + p.out_features)
+        out, start = [], 0
+        for width in widths:
+            i = next(i for i in range(len(self.parts)) if bounds[i] <= start < bounds[i + 1])
+            if start + width > bounds[i + 1]:
+                return None
+            part, a = self.parts[i], start - bounds[i]
+            out.append(kernel_codes(part.codes[a : a + width], part.ggml_type, part.in_features))
+            start += width
+        return out
+
+
+def kernel_codes(codes: torch.Tensor, ggml_type: int, in_features: int) -> torch.Tensor:
+    """`codes` tagged with their format and input width (`ggml_type`, `ggml_in`), as yue's row kernel
+    recognises a GGUF matrix (`rowkernel.layout`, `rowkernel.inputs`)."""
+    codes.ggml_type, codes.ggml_in = ggml_type, in_features
+    return codes
 
 
 def _follows(a: GGMLLinear, b: GGMLLinear) -> bool:

@@ -88,6 +88,8 @@ def prepare_file_codes(model, drafting_dtype: torch.dtype | None) -> PreparedMod
             sets.append(prepare.decode_set(layer, True, drafting_dtype, False, False, None, row_ops))
         layers.append(tuple(sets))
     paths = DecodePaths(layers)
+    # A step's run of layers as one row-kernel call where every layer is one (`DecodeSet.one_layer`).
+    paths.stacks = prepare.kernel_stacks(model.model.layers, paths.layers)
     prepare.prepare_slots(model, paths, drafting_dtype, row_ops)
     paths.cache_dtype = torch.float32
     paths.draft_head = draft_head(model, row_ops)

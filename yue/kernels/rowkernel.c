@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define BLK 32       /* outputs per column block: two AVX512 vectors, four AVX2 ones */
 #define MAX_R 9      /* rows per pass: a verifying step's k + 1 with k = 8 drafts */
@@ -512,9 +513,32 @@ struct rows_view {
  * post-attention norm, the weights of Q/K/V, O, gate/up and down, the int8 codes' scales (or NULL), the
  * layer's ints (its four matmuls' kinds, then 1 for a sliding-window layer), and the family's extras,
  * each NULL where the family has none: Q's and K's per-head norms, the Q/K/V biases, and Gemma's norms
- * of the MLP's input and output. Norm weights as applied (Gemma's 1 + w folded in). */
-enum { W_NORM1, W_NORM2, W_QKV, W_O, W_GU, W_DOWN, W_SCALES, W_INTS, W_QNORM, W_KNORM, W_BIAS, W_NORM3, W_NORM4 };
-#define LAYER_PTRS 13
+ * of the MLP's input and output; last, K's and V's own weights where Q, K and V are three matmuls (a
+ * GGUF's Q4_K_M file holds V in another format than Q and K: W_QKV is then Q's), their kinds the ints'
+ * sixth and seventh, else NULL. Norm weights as applied (Gemma's 1 + w folded in). */
+enum { W_NORM1, W_NORM2, W_QKV, W_O, W_GU, W_DOWN, W_SCALES, W_INTS, W_QNORM, W_KNORM, W_BIAS, W_NORM3, W_NORM4,
+       W_K, W_V };
+#define LAYER_PTRS 15
+
+/* qkv (R, (H + 2 Hkv) Dh) = x (R, D) times Q/K/V: one matmul of W_QKV, or, where W_K is set, three
+ * (Q's, K's, V's own weights and kinds) written side by side into each row. */
+static void qkv_matmul(const float *x, const void *const *w, const struct layer_shape *s, long R, float *qkv) {
+    const int *kinds = w[W_INTS];
+    const long Dh = s->Dh, nq = (long)s->H * Dh, nkv = (long)s->Hkv * Dh, nqkv = nq + 2 * nkv;
+    if (!w[W_K]) {
+        layer_matmul(kinds[0], x, R, s->D, w[W_QKV], w[W_SCALES], qkv, nqkv, s->threads);
+        return;
+    }
+    const void *part[3] = {w[W_QKV], w[W_K], w[W_V]};
+    const int kind[3] = {kinds[0], kinds[5], kinds[6]};
+    const long width[3] = {nq, nkv, nkv}, at[3] = {0, nq, nq + nkv};
+    float *y = malloc(R * nq * sizeof(float));
+    for (int p = 0; p < 3; p++) {
+        layer_matmul(kind[p], x, R, s->D, part[p], NULL, y, width[p], s->threads);
+        for (long r = 0; r < R; r++) memcpy(qkv + r * nqkv + at[p], y + r * width[p], width[p] * sizeof(float));
+    }
+    free(y);
+}
 
 /* The attention half's projections of rows_layer: x = norm1(h); qkv = x Wqkv (+ bias); each Q and K head
  * normed (where the family norms them), then rotated (half-split RoPE, as apply_rope); k, v written to
@@ -525,7 +549,7 @@ static void layer_qkv(const float *h, const void *const *w, const struct layer_s
     const float *bias = w[W_BIAS], *qn = w[W_QNORM], *kn = w[W_KNORM];
     const long R = (long)s->B * s->T, Dh = s->Dh, nqkv = (long)(s->H + 2 * s->Hkv) * Dh, half = Dh / 2;
     rows_rms_norm(h, R, s->D, w[W_NORM1], s->eps, x);
-    layer_matmul(kinds[0], x, R, s->D, w[W_QKV], w[W_SCALES], qkv, nqkv, s->threads);
+    qkv_matmul(x, w, s, R, qkv);
     for (long r = 0; r < R; r++) {
         const long b = r / s->T, t = r % s->T;
         const float *c = view->cos + b * view->cb + t * view->ct, *sn = view->sin + b * view->cb + t * view->ct;

@@ -339,7 +339,10 @@ def layout(blocked: torch.Tensor) -> str:
     `matmuls.RowInt8Linear`'s), "q4" (`q4_block`), "q8"
     (`q8_block`), "q6" (`q6_block`), "q4dot" or "q4dot16" (`q4dot_block`: the int4 precision's, float32
     or float16 scales); the last five uint8 records, told apart by their record's bytes (768, 1152, 640,
-    192, 160)."""
+    192, 160); "ggml:T", a GGUF matrix of ggml type T as the file stores it (`file_codes.kernel_codes`:
+    its rows tagged with `ggml_type` and `ggml_in`)."""
+    if getattr(blocked, "ggml_type", None) is not None:
+        return f"ggml:{blocked.ggml_type}"
     if blocked.dtype != torch.uint8:
         return "float32" if blocked.dtype == torch.float32 else "i8dot"
     return _record_kinds()[blocked.shape[-1]]
@@ -355,6 +358,8 @@ def _record_kinds() -> dict[int, str]:
 def inputs(blocked: torch.Tensor) -> int:
     """A weight's input count from its kernel layout (`block`, `dot_block`, or the records of `q4_block`,
     `q8_block` and `q4dot_block`: groups of 32 inputs; `q6_block`'s: of 16)."""
+    if getattr(blocked, "ggml_type", None) is not None:
+        return blocked.ggml_in
     if blocked.dtype == torch.uint8:
         lib = library()
         return blocked.shape[1] * (lib.rows_q6_group() if layout(blocked) == "q6" else lib.rows_code_group())
@@ -375,6 +380,10 @@ MATMULS = {
 # `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6,
 # LAYER_Q4DOT16), one a matmul (`rowstack.LayerWeights`).
 LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5, "q4dot16": 6}
+# A GGUF matrix of ggml type T read in place: kind LAYER_GGML_BASE + T (`rows_layer_ggml_base` in the C).
+LAYER_GGML_BASE = 100
+GGML_TYPES = (0, 1, 2, 3, 6, 8, 12, 13, 14, 30)  # F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K BF16 (`ggml.FORMATS`)
+LAYER_KINDS |= {f"ggml:{t}": LAYER_GGML_BASE + t for t in GGML_TYPES}
 
 
 def matmul(x: torch.Tensor, blocked: torch.Tensor, out: int) -> torch.Tensor:

@@ -68,9 +68,10 @@ class LayerWeights:
     values once (a `decode_set.DecodeSet` holds one): `pointers`, the layer's own arrays in `rows_layer`'s
     order (`LAYER_PTRS`: the input and post-attention norms, the blocked weights of Q/K/V, O, gate/up
     and down, each of any `LAYER_KINDS`, the int8 codes' scales (their outputs' float32 scales in that
-    order: `matmuls.RowInt8Linear`'s; else None), the layer's ints (the four kinds, then 1 for a
-    sliding-window layer), then the family's extras or None: Q and K head norms, the Q/K/V biases,
-    Gemma's MLP input and output norms); `shape`, what a stack's layers share: the norms' eps, the MLP's
+    order: `matmuls.RowInt8Linear`'s; else None), the layer's ints (the four kinds, 1 for a
+    sliding-window layer, then K's and V's kinds where they are matmuls of their own), the family's
+    extras or None: Q and K head norms, the Q/K/V biases, Gemma's MLP input and output norms; then K's
+    and V's weights where Q/K/V are three matmuls, else None); `shape`, what a stack's layers share: the norms' eps, the MLP's
     width and activation, the heads (H, Hkv, Dh), the softmax scale. Built once, since building a call's
     ~30 arguments in Python every step was per-call overhead worth removing. `tensors` keeps alive what
     `pointers` point into."""
@@ -81,18 +82,20 @@ class LayerWeights:
 
     @classmethod
     def of(cls, norms, eps: float, blocked, heads, scales=None, extras=(None,) * 5, act="silu", scale=None,
-           sliding=False) -> LayerWeights:  # fmt: skip
-        """norms: (input, post-attention) weights as applied; blocked: the four matmuls' kernel layouts;
-        extras: (q_norm, k_norm, qkv_bias, pre-MLP norm, post-MLP norm), each None where absent; scale:
-        the softmax scale (None: Dh ** -0.5)."""
-        kinds = [layout(b) for b in blocked]
+           sliding=False, kv=(None, None)) -> LayerWeights:  # fmt: skip
+        """norms: (input, post-attention) weights as applied; blocked: the four matmuls' kernel layouts
+        (the first Q's alone where `kv` holds K's and V's: three matmuls); extras: (q_norm, k_norm,
+        qkv_bias, pre-MLP norm, post-MLP norm), each None where absent; scale: the softmax scale (None:
+        Dh ** -0.5)."""
+        kinds = [layout(b) for b in (*blocked, *(w for w in kv if w is not None))]
         assert set(kinds) <= LAYER_KINDS.keys() and (scales is not None) == (set(kinds) == {"i8dot"})
         assert attention_fits(heads[2]) and all(
             n.dtype == torch.float32 and n.is_contiguous()
             for n in (*norms, *(e for e in extras if e is not None))
         )
-        ints = torch.tensor([LAYER_KINDS[k] for k in kinds] + [int(sliding)], dtype=torch.int32)
-        arrays = (*norms, *blocked, scales, ints, *extras)
+        split = [LAYER_KINDS[layout(w)] if w is not None else 0 for w in kv]
+        ints = torch.tensor([LAYER_KINDS[k] for k in kinds[:4]] + [int(sliding), *split], dtype=torch.int32)
+        arrays = (*norms, *blocked, scales, ints, *extras, *kv)
         softmax_scale = heads[2] ** -0.5 if scale is None else scale
         shape = (eps, inputs(blocked[3]), ACTIVATIONS[act], tuple(heads), softmax_scale)
         return cls(arrays, tuple(_pointers(*arrays)), shape)
