@@ -77,7 +77,8 @@ class DecodeSet(nn.Module):
         # a GGUF's formats differ among them): Q's weight first, K's and V's beside it.
         kv = (None, None)
         if getattr(qkv, "split_blocked", None) is not None:
-            blocked[0], *kv = qkv.split_blocked(layer.n_heads * layer.head_dim, layer.n_kv * layer.head_dim)
+            widths = (layer.n_heads * layer.head_dim, *[layer.n_kv * layer.head_dim] * 2)  # Q, K, V
+            blocked[0], *kv = qkv.split_blocked(*widths) or (None, None, None)
         parts = [*blocked, *(w for w in kv if w is not None)]
         kinds = {rowkernel.layout(b) for b in parts} if all(b is not None for b in parts) else set()
         # Any mix of the AR kinds; int8 codes all four (their scales are concatenated).
