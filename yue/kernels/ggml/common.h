@@ -56,113 +56,147 @@ static struct acts acts_quantize(const float *x, long rows, long in, long group)
 
 static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s); }
 
-/* ---- Integer dots ---- */
+/* A little-endian float16 at p, as a float (exact). */
+static inline __attribute__((always_inline)) float half_at(const unsigned char *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+#else
+    return half_float((unsigned short)(p[0] | p[1] << 8));
+#endif
+}
 
-/* sum over a super-block of sc[j] * (q . x over the 16 elements j): q unsigned codes (<= 63), x int8,
- * scw (128) each pair of elements' scale (scale j repeated 8 times: `expand_scales`). Products of
- * pairs fit 16 bits (63 * 127 * 2 < 2^15), so maddubs never saturates. */
-static inline __attribute__((always_inline)) int dot_k(const unsigned char *q, const signed char *x,
-                                                       const short *scw) {
+/* v's n lanes added in a fixed tree (n a power of two). */
+static inline float lanes_tree(float *v, int n) {
+    for (int w = n / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) v[l] += v[l + w];
+    return v[0];
+}
+
 #if defined(__AVX512BW__)
-    __m512i acc = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
-        const __m512i p = _mm512_maddubs_epi16(_mm512_loadu_si512(q + 64 * c), _mm512_loadu_si512(x + 64 * c));
-#if defined(__AVX512VNNI__)
-        acc = _mm512_dpwssd_epi32(acc, p, _mm512_loadu_si512(scw + 32 * c));
-#else
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_loadu_si512(scw + 32 * c)));
+#define K_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define K_AVX2 1
 #endif
-    }
-    return _mm512_reduce_add_epi32(acc);
-#elif defined(__AVX2__)
-    __m256i acc = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {
-        const __m256i p = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * c)),
-                                               _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_loadu_si256((const __m256i *)(scw + 16 * c))));
-    }
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-#else
-    int total = 0;
-    for (int i = 0; i < QK; i += 2) total += (q[i] * x[i] + q[i + 1] * x[i + 1]) * scw[i / 2];
-    return total;
+#if defined(__AVX2__) && defined(__FMA__)
+#define B_AVX2 1
 #endif
-}
-
-/* scw (128) from a super-block's 16 scales: pair i of elements (2i, 2i + 1) gets scale i / 8. */
-static inline __attribute__((always_inline)) void expand_scales(const short *sc, short *scw) {
-#if defined(__AVX512BW__)
-    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)sc));
-    for (int c = 0; c < 4; c++) {
-        short idx[32];
-        for (int i = 0; i < 32; i++) idx[i] = (short)(4 * c + i / 8);
-        _mm512_storeu_si512(scw + 32 * c, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), v));
-    }
-#else
-    for (int i = 0; i < QK / 2; i++) scw[i] = sc[i / 8];
-#endif
-}
-
-/* q . x over 32 elements: q unsigned codes (<= 31), x int8. */
-static inline __attribute__((always_inline)) int dot_32u(const unsigned char *q, const signed char *x) {
-#if defined(__AVX2__)
-    const __m256i qv = _mm256_loadu_si256((const __m256i *)q), xv = _mm256_loadu_si256((const __m256i *)x);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const __m256i acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qv, xv);
-#elif defined(__AVXVNNI__)
-    const __m256i acc = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qv, xv);
-#else
-    const __m256i acc = _mm256_madd_epi16(_mm256_maddubs_epi16(qv, xv), _mm256_set1_epi16(1));
-#endif
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-#else
-    int total = 0;
-    for (int i = 0; i < Q32; i++) total += q[i] * x[i];
-    return total;
-#endif
-}
-
-/* q . x over 32 elements, both int8 (-127..127 for x): |q| times x with q's signs, so that the unsigned
- * operand is |q| <= 128 and pairs of products fit 16 bits. */
-static inline __attribute__((always_inline)) int dot_32s(const signed char *q, const signed char *x) {
-#if defined(__AVX2__)
-    const __m256i qv = _mm256_loadu_si256((const __m256i *)q), xv = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i xs = _mm256_sign_epi8(xv, qv), aq = _mm256_abs_epi8(qv);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const __m256i acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, xs);
-#elif defined(__AVXVNNI__)
-    const __m256i acc = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aq, xs);
-#else
-    const __m256i acc = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), _mm256_set1_epi16(1));
-#endif
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-#else
-    int total = 0;
-    for (int i = 0; i < Q32; i++) total += q[i] * x[i];
-    return total;
-#endif
-}
 
 /* ---- K-quants: a super-block decoded to unsigned codes and integer scales ----
  *
- * A super-block's value at element e (group j = e / 16 of 16) is d * sc[j] * q[e] - dm * mn[j]: Q4_K and
- * Q5_K as stored (mn the 6-bit mins, dm = dmin); Q6_K with q its unsigned 6-bit code, mn = 32 sc and
- * dm = d (q - 32 = its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - dm dx (sum_j
- * mn[j] s[j]), s the activations' sums per 16. */
+ * A super-block's value at element e (group j = e / 16 of 16) is d sc[j] q[e] - dm mn[j]: Q4_K and Q5_K
+ * as stored (mn the 6-bit mins, dm = dmin); Q6_K with q its unsigned 6-bit code, mn = 32 sc and dm = d
+ * (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - dm dx (sum_j mn[j]
+ * s[j]), dx its activations' scale and s their sums per 16. */
 struct kblock {
     unsigned char q[QK];
-    short scw[QK / 2]; /* expand_scales of the 16 scales */
-    short sc[16], mn[16];
+    short scw[QK / 2]; /* pair i of elements (2i, 2i + 1): its group's scale, sc[i / 8] */
+    short mn[16];
     float d, dm;
 } __attribute__((aligned(64)));
 
 typedef void (*kdecode_fn)(const unsigned char *blk, struct kblock *k);
+
+/* scw and mn from the 16 groups' scales sc and mins mn16. */
+static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, const short *sc, const short *mn16) {
+#if defined(K_AVX512)
+    static const short idx[4][32] = {
+        {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+        {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+        {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+        {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)sc));
+    for (int c = 0; c < 4; c++) _mm512_store_si512(k->scw + 32 * c, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx[c]), v));
+#else
+    for (int i = 0; i < QK / 2; i++) k->scw[i] = sc[i / 8];
+#endif
+    memcpy(k->mn, mn16, sizeof k->mn);
+}
+
+/* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[i] the chain
+ * over the blocks of d dx L[i], L[i] = sum of sc q x over the elements e with e % 64 / 4 == i (AVX512's
+ * 32-bit lanes of a 64-element chunk; AVX2's two halves); 8 lanes m, m[i] the chain of dm dx (mn[2i]
+ * s[2i] + mn[2i + 1] s[2i + 1]). The output is tree(f) - tree(m). */
+struct kacc {
+#if defined(K_AVX512)
+    __m512 f;
+    __m256 m;
+#elif defined(K_AVX2)
+    __m256 f0, f1, m;
+#else
+    float f[16], m[8];
+#endif
+};
+
+/* One row's super-block into a: x its 256 codes, s its 16 sums, dd = d dx, dmd = dm dx. Pairs of
+ * products fit 16 bits (63 * 127 * 2 < 2^15), so maddubs never saturates. */
+static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const short *s,
+                                                        float dd, float dmd, struct kacc *a) {
+#if defined(K_AVX512)
+    __m512i acc = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        const __m512i p = _mm512_maddubs_epi16(_mm512_load_si512(k->q + 64 * c), _mm512_loadu_si512(x + 64 * c));
+#if defined(__AVX512VNNI__)
+        acc = _mm512_dpwssd_epi32(acc, p, _mm512_load_si512(k->scw + 32 * c));
+#else
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_load_si512(k->scw + 32 * c)));
+#endif
+    }
+    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), a->f);
+    const __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)k->mn), _mm256_loadu_si256((const __m256i *)s));
+    a->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmd), a->m);
+#elif defined(K_AVX2)
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 8; c++) {
+        const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(k->q + 32 * c)),
+                                               _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
+        const __m256i sc = _mm256_load_si256((const __m256i *)(k->scw + 16 * c));
+#if defined(__AVXVNNI__)
+        acc[c % 2] = _mm256_dpwssd_avx_epi32(acc[c % 2], p, sc);
+#else
+        acc[c % 2] = _mm256_add_epi32(acc[c % 2], _mm256_madd_epi16(p, sc));
+#endif
+    }
+    a->f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_set1_ps(dd), a->f0);
+    a->f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_set1_ps(dd), a->f1);
+    const __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)k->mn), _mm256_loadu_si256((const __m256i *)s));
+    a->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmd), a->m);
+#else
+    int L[16] = {0};
+    for (int e = 0; e < QK; e++) L[e % 64 / 4] += k->scw[e / 2] * k->q[e] * x[e];
+    for (int i = 0; i < 16; i++) a->f[i] = fmaf((float)L[i], dd, a->f[i]);
+    for (int i = 0; i < 8; i++) a->m[i] = fmaf((float)(k->mn[2 * i] * s[2 * i] + k->mn[2 * i + 1] * s[2 * i + 1]), dmd, a->m[i]);
+#endif
+}
+
+static inline __attribute__((always_inline)) float kacc_sum(const struct kacc *a) {
+    float f[16], m[8];
+#if defined(K_AVX512)
+    _mm512_storeu_ps(f, a->f), _mm256_storeu_ps(m, a->m);
+#elif defined(K_AVX2)
+    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1), _mm256_storeu_ps(m, a->m);
+#else
+    memcpy(f, a->f, sizeof f), memcpy(m, a->m, sizeof m);
+#endif
+    return lanes_tree(f, 16) - lanes_tree(m, 8);
+}
+
+/* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
+static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const struct acts *a, long r0,
+                                                           const int R, long nb, const unsigned char *wo, float *y,
+                                                           long out) {
+    struct kblock k;
+    struct kacc acc[MAX_R];
+    memset(acc, 0, sizeof acc);
+    for (long b = 0; b < nb; b++) {
+        decode(wo + b * bytes, &k);
+#pragma GCC unroll 9
+        for (int r = 0; r < R; r++) {
+            const long g = (r0 + r) * nb + b;
+            k_row(&k, a->q + g * QK, a->s + g * 16, k.d * a->d[g], k.dm * a->d[g], &acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
+}
 
 /* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / QK super-blocks of `bytes` each. */
 static inline __attribute__((always_inline)) void k_matmul(kdecode_fn decode, long bytes, const float *x, long rows,
@@ -171,22 +205,15 @@ static inline __attribute__((always_inline)) void k_matmul(kdecode_fn decode, lo
     const long nb = in / QK;
     struct acts a = acts_quantize(x, rows, in, QK);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
+        const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (long o = 0; o < out; o++) {
-            struct kblock k;
-            float acc[MAX_R] = {0};
-            for (long b = 0; b < nb; b++) {
-                decode(w + (o * nb + b) * bytes, &k);
-                for (long r = 0; r < R; r++) {
-                    const long g = (r0 + r) * nb + b;
-                    int msum = 0;
-                    for (int j = 0; j < 16; j++) msum += k.mn[j] * a.s[g * 16 + j];
-                    acc[r] = fmaf(k.d * a.d[g], (float)dot_k(k.q, a.q + g * QK, k.scw), acc[r]);
-                    acc[r] = fmaf(-k.dm * a.d[g], (float)msum, acc[r]);
-                }
+            const unsigned char *wo = w + o * nb * bytes;
+            switch (R) { /* a constant row count, so that the rows' sums stay in registers */
+#define K_CASE(N) case N: k_output(decode, bytes, &a, r0, N, nb, wo, y + o, out); break;
+                K_CASE(1) K_CASE(2) K_CASE(3) K_CASE(4) K_CASE(5) K_CASE(6) K_CASE(7) K_CASE(8) K_CASE(9)
+#undef K_CASE
             }
-            for (long r = 0; r < R; r++) y[(r0 + r) * out + o] = acc[r];
         }
     }
     acts_free(a);
@@ -194,43 +221,98 @@ static inline __attribute__((always_inline)) void k_matmul(kdecode_fn decode, lo
 
 /* ---- 32-blocks: a block decoded to codes and float scales ----
  *
- * A block's value at element e is d * (q[e] - off) + m: Q4_0 (off 8), Q5_0 (off 16), Q4_1 (off 0, m its
- * min), all with unsigned codes q; Q8_0 with signed codes (sq, off 0). A row's block sum is d dx (q.x -
- * off s) + m dx s, s the activations' code sum over the block. */
+ * A block's value at element e is d sq[e] (Q4_0, Q5_0, Q8_0: signed codes) or d q[e] + m (Q4_1). A row's
+ * block sum is d dx (sq.x), taken as |sq| times x with sq's signs (the unsigned operand <= 128, so pairs of
+ * products fit 16 bits), or d dx (q.x) + m dx s, s its activations' code sum over the block. */
 struct block32 {
-    unsigned char q[Q32];
+    unsigned char q[Q32]; /* the codes (Q4_1), or |sq| */
     signed char sq[Q32];
     float d, m;
-};
+} __attribute__((aligned(32)));
 
 typedef void (*decode32_fn)(const unsigned char *blk, struct block32 *k);
 
-/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / 32 blocks of `bytes`; `off` and `has_m` as above,
- * `is_signed` for Q8_0's signed codes. */
-static inline __attribute__((always_inline)) void b32_matmul(decode32_fn decode, long bytes, int off, int has_m,
-                                                             int is_signed, const float *x, long rows, long in,
+/* A row-output's partial sums over blocks, alike in every build: 8 float lanes f, f[i] the chain of d dx
+ * L[i], L[i] the products of elements 4 i..4 i + 3; a chain m of m dx s (Q4_1). The output is tree(f) + m. */
+struct bacc {
+#if defined(B_AVX2)
+    __m256 f;
+#else
+    float f[8];
+#endif
+    float m;
+};
+
+static inline __attribute__((always_inline)) void b_row(const struct block32 *k, const signed char *x, int is_signed,
+                                                        float dd, struct bacc *a) {
+#if defined(B_AVX2)
+    __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    if (is_signed) xv = _mm256_sign_epi8(xv, _mm256_load_si256((const __m256i *)k->sq));
+    const __m256i qv = _mm256_load_si256((const __m256i *)k->q);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    const __m256i acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qv, xv);
+#elif defined(__AVXVNNI__)
+    const __m256i acc = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qv, xv);
+#else
+    const __m256i acc = _mm256_madd_epi16(_mm256_maddubs_epi16(qv, xv), _mm256_set1_epi16(1));
+#endif
+    a->f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(dd), a->f);
+#else
+    for (int i = 0; i < 8; i++) {
+        int L = 0;
+        for (int e = 4 * i; e < 4 * i + 4; e++) L += (is_signed ? k->sq[e] : k->q[e]) * x[e];
+        a->f[i] = fmaf((float)L, dd, a->f[i]);
+    }
+#endif
+}
+
+static inline __attribute__((always_inline)) float bacc_sum(const struct bacc *a) {
+    float f[8];
+#if defined(B_AVX2)
+    _mm256_storeu_ps(f, a->f);
+#else
+    memcpy(f, a->f, sizeof f);
+#endif
+    return lanes_tree(f, 8) + a->m;
+}
+
+/* Output o of R rows (from r0) of a 32-block matmul: its row wo of nb blocks, decoded once each. */
+static inline __attribute__((always_inline)) void b32_output(decode32_fn decode, long bytes, int has_m, int is_signed,
+                                                             const struct acts *a, long r0, const int R, long nb,
+                                                             const unsigned char *wo, float *y, long out) {
+    struct block32 k;
+    struct bacc acc[MAX_R];
+    memset(acc, 0, sizeof acc);
+    for (long b = 0; b < nb; b++) {
+        decode(wo + b * bytes, &k);
+#pragma GCC unroll 9
+        for (int r = 0; r < R; r++) {
+            const long g = (r0 + r) * nb + b;
+            b_row(&k, a->q + g * Q32, is_signed, k.d * a->d[g], &acc[r]);
+            if (has_m) acc[r].m = fmaf(k.m * a->d[g], (float)(a->s[2 * g] + a->s[2 * g + 1]), acc[r].m);
+        }
+    }
+    for (int r = 0; r < R; r++) y[(r0 + r) * out] = bacc_sum(&acc[r]);
+}
+
+/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / 32 blocks of `bytes`; `has_m` for Q4_1's min,
+ * `is_signed` for signed codes. */
+static inline __attribute__((always_inline)) void b32_matmul(decode32_fn decode, long bytes, int has_m, int is_signed,
+                                                             const float *x, long rows, long in,
                                                              const unsigned char *w, float *y, long out,
                                                              int threads) {
     const long nb = in / Q32;
     struct acts a = acts_quantize(x, rows, in, Q32);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
+        const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (long o = 0; o < out; o++) {
-            struct block32 k;
-            float acc[MAX_R] = {0};
-            for (long b = 0; b < nb; b++) {
-                decode(w + (o * nb + b) * bytes, &k);
-                for (long r = 0; r < R; r++) {
-                    const long g = (r0 + r) * nb + b;
-                    const signed char *xq = a.q + g * Q32;
-                    const int s = a.s[2 * g] + a.s[2 * g + 1];
-                    const int dot = is_signed ? dot_32s(k.sq, xq) : dot_32u(k.q, xq) - off * s;
-                    acc[r] = fmaf(k.d * a.d[g], (float)dot, acc[r]);
-                    if (has_m) acc[r] = fmaf(k.m * a.d[g], (float)s, acc[r]);
-                }
+            const unsigned char *wo = w + o * nb * bytes;
+            switch (R) { /* a constant row count, so that the rows' sums stay in registers */
+#define B_CASE(N) case N: b32_output(decode, bytes, has_m, is_signed, &a, r0, N, nb, wo, y + o, out); break;
+                B_CASE(1) B_CASE(2) B_CASE(3) B_CASE(4) B_CASE(5) B_CASE(6) B_CASE(7) B_CASE(8) B_CASE(9)
+#undef B_CASE
             }
-            for (long r = 0; r < R; r++) y[(r0 + r) * out + o] = acc[r];
         }
     }
     acts_free(a);
@@ -243,6 +325,3 @@ static void blocks_get_rows(void (*deq)(const unsigned char *, float *), long el
     for (long i = 0; i < n; i++)
         for (long b = 0; b < nb; b++) deq(w + (ids[i] * nb + b) * bytes, out + i * in + b * elems);
 }
-
-/* A little-endian float16 at p, as a float. */
-static inline float half_at(const unsigned char *p) { return half_float((unsigned short)(p[0] | p[1] << 8)); }

@@ -14,5 +14,5 @@ static NO_CONTRACT void q4_1_dequant(const unsigned char *blk, float *out) {
 }
 
 static void q4_1_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    b32_matmul(q4_1_decode, Q4_1_BYTES, 0, 1, 0, x, rows, in, w, y, out, threads);
+    b32_matmul(q4_1_decode, Q4_1_BYTES, 1, 0, x, rows, in, w, y, out, threads);
 }

@@ -3,37 +3,59 @@
  * nibble, 64 c + 32 + l in its high one). Value: d sc q - dmin m. */
 #define Q4_K_BYTES 144
 
-/* The 6-bit scale and min of group j (0..7) from the 12 packed bytes (gguf's Q4_K.get_scale_min). */
-static inline void k_scale_min(const unsigned char *s, int j, short *sc, short *mn) {
-    if (j < 4)
-        *sc = s[j] & 63, *mn = s[j + 4] & 63;
-    else
-        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+/* The scales and mins of a Q4_K / Q5_K super-block (its 12 bytes at s, gguf's Q4_K.get_scale_min), per
+ * group of 16 (each group of 32's twice), and d, dmin. Bytes 0-3 hold scales 0-3 and the high bits of
+ * scales 4-7, 4-7 mins 0-3 and the high bits of mins 4-7, 8-11 the low bits of scales and mins 4-7: one
+ * word of each four. */
+static inline __attribute__((always_inline)) void k_scales(const unsigned char *blk, struct kblock *k) {
+    unsigned u[4];
+    memcpy(u, blk + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4); /* mins 4-7 */
+    const unsigned mins = u[1] & 0x3f3f3f3f;                                 /* mins 0-3 */
+    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);        /* scales 4-7 */
+    u[2] = mins;
+    u[0] &= 0x3f3f3f3f; /* scales 0-3 */
+    const unsigned char *b = (const unsigned char *)u;
+    short sc[16], mn[16];
+    for (int j = 0; j < 16; j++) sc[j] = b[j / 2], mn[j] = b[8 + j / 2];
+    k_set_scales(k, sc, mn);
+    k->d = half_at(blk), k->dm = half_at(blk + 2);
 }
 
-/* The scales of a Q4_K / Q5_K super-block, per 16 (each group of 32's twice). */
-static inline void k_scales(const unsigned char *blk, struct kblock *k) {
-    k->d = half_at(blk), k->dm = half_at(blk + 2);
-    for (int j = 0; j < 8; j++) {
-        k_scale_min(blk + 4, j, &k->sc[2 * j], &k->mn[2 * j]);
-        k->sc[2 * j + 1] = k->sc[2 * j], k->mn[2 * j + 1] = k->mn[2 * j];
+/* 128 bytes of Q4_K-ordered nibbles into 256 codes in element order. */
+static inline __attribute__((always_inline)) void k_nibbles(const unsigned char *qs, unsigned char *q) {
+#if defined(__AVX512BW__)
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int h = 0; h < 2; h++) { /* 64 bytes: elements 128 h .. 128 h + 127 */
+        const __m512i v = _mm512_loadu_si512(qs + 64 * h);
+        const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        _mm512_store_si512(q + 128 * h, _mm512_shuffle_i64x2(lo, hi, 0x44));
+        _mm512_store_si512(q + 128 * h + 64, _mm512_shuffle_i64x2(lo, hi, 0xEE));
     }
-    expand_scales(k->sc, k->scw);
+#elif defined(__AVX2__)
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        _mm256_store_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, m4));
+        _mm256_store_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    }
+#else
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) q[64 * c + l] = qs[32 * c + l] & 15, q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+#endif
 }
 
 static inline __attribute__((always_inline)) void q4_k_decode(const unsigned char *blk, struct kblock *k) {
     k_scales(blk, k);
-    const unsigned char *qs = blk + 16;
-    for (int c = 0; c < 4; c++)
-        for (int l = 0; l < 32; l++) k->q[64 * c + l] = qs[32 * c + l] & 15, k->q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+    k_nibbles(blk + 16, k->q);
 }
 
-/* (d sc) q - (dmin m), as gguf.quants dequantizes. */
+/* (d sc) q - (dmin m) per group of 32, as gguf.quants dequantizes. */
 static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q4_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.sc[e / 16], dm = k.dm * (float)k.mn[e / 16];
+        const float ds = k.d * (float)k.scw[e / 2], dm = k.dm * (float)k.mn[e / 16];
         out[e] = ds * (float)k.q[e] - dm;
     }
 }

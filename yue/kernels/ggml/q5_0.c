@@ -6,17 +6,18 @@ static inline __attribute__((always_inline)) void q5_0_decode(const unsigned cha
     k->d = half_at(blk), k->m = 0.f;
     const unsigned qh = blk[2] | blk[3] << 8 | blk[4] << 16 | (unsigned)blk[5] << 24;
     for (int l = 0; l < 16; l++) {
-        k->q[l] = (blk[6 + l] & 15) | ((qh >> l) & 1) << 4;
-        k->q[16 + l] = (blk[6 + l] >> 4) | ((qh >> (16 + l)) & 1) << 4;
+        k->sq[l] = (signed char)(((blk[6 + l] & 15) | ((qh >> l) & 1) << 4) - 16);
+        k->sq[16 + l] = (signed char)(((blk[6 + l] >> 4) | ((qh >> (16 + l)) & 1) << 4) - 16);
     }
+    for (int e = 0; e < Q32; e++) k->q[e] = (unsigned char)(k->sq[e] < 0 ? -k->sq[e] : k->sq[e]);
 }
 
 static NO_CONTRACT void q5_0_dequant(const unsigned char *blk, float *out) {
     struct block32 k;
     q5_0_decode(blk, &k);
-    for (int e = 0; e < Q32; e++) out[e] = k.d * (float)(k.q[e] - 16);
+    for (int e = 0; e < Q32; e++) out[e] = k.d * (float)k.sq[e];
 }
 
 static void q5_0_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    b32_matmul(q5_0_decode, Q5_0_BYTES, 16, 0, 0, x, rows, in, w, y, out, threads);
+    b32_matmul(q5_0_decode, Q5_0_BYTES, 0, 1, x, rows, in, w, y, out, threads);
 }

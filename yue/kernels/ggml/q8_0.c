@@ -4,6 +4,7 @@
 static inline __attribute__((always_inline)) void q8_0_decode(const unsigned char *blk, struct block32 *k) {
     k->d = half_at(blk), k->m = 0.f;
     memcpy(k->sq, blk + 2, Q32);
+    for (int e = 0; e < Q32; e++) k->q[e] = (unsigned char)(k->sq[e] < 0 ? -k->sq[e] : k->sq[e]); /* -128: 128 */
 }
 
 static NO_CONTRACT void q8_0_dequant(const unsigned char *blk, float *out) {
@@ -13,5 +14,5 @@ static NO_CONTRACT void q8_0_dequant(const unsigned char *blk, float *out) {
 }
 
 static void q8_0_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    b32_matmul(q8_0_decode, Q8_0_BYTES, 0, 0, 1, x, rows, in, w, y, out, threads);
+    b32_matmul(q8_0_decode, Q8_0_BYTES, 0, 1, x, rows, in, w, y, out, threads);
 }
