@@ -41,7 +41,10 @@ QUANT_TYPES = {
     "F32": gguf.GGMLQuantizationType.F32,
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "Q4_K": gguf.GGMLQuantizationType.Q4_K,
 }
+# "Q4_K_M": llama.cpp's mix (Q4_K matrices, Q6_K V and down): rows and columns a multiple of 256.
+Q6_K_PARTS = ("attn_v", "ffn_down")
 
 
 @dataclass
@@ -92,10 +95,28 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _stored(w: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes or floats to write, the float32 values a reader recovers from them)."""
+# Byte ranges of a K-quant super-block holding float16 scales (d, and dmin for Q4_K), set to small values
+# so that random code bytes make finite weights (gguf-py dequantizes K-quants but does not quantize them).
+K_SCALES = {gguf.GGMLQuantizationType.Q4_K: (0, 4), gguf.GGMLQuantizationType.Q6_K: (208, 210)}
+
+
+def random_k_blocks(rows: int, cols: int, qtype: gguf.GGMLQuantizationType, rng) -> np.ndarray:
+    """(rows, bytes) random K-quant blocks whose float16 scales are small and finite."""
+    elems, size = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows, cols // elems, size), dtype=np.uint8)
+    a, b = K_SCALES[qtype]
+    data[:, :, a:b] = np.frombuffer(np.full((b - a) // 2, 0.0004, np.float16).tobytes(), np.uint8)
+    return data.reshape(rows, -1)
+
+
+def _stored(w: np.ndarray, qtype: gguf.GGMLQuantizationType, rng=None) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes or floats to write, the float32 values a reader recovers from them); K-quants are random
+    blocks (`random_k_blocks`), not `w` quantized."""
     if qtype == gguf.GGMLQuantizationType.F32:
         return w, w
+    if qtype in K_SCALES:
+        data = random_k_blocks(*w.shape, qtype, rng)
+        return data, gguf.quants.dequantize(data, qtype).reshape(w.shape).astype(np.float32)
     data = gguf.quants.quantize(w, qtype)
     return data, gguf.quants.dequantize(data, qtype).reshape(w.shape).astype(np.float32)
 
@@ -117,8 +138,9 @@ def write_tiny_llama_gguf(
     """Write a tiny random Llama GGUF to `path` (a few hundred KB; well under a second).
 
     Args:
-        quant: matmul weights' storage: "F32", "Q8_0" or "Q4_1" (the embedding stays Q8_0 as in
-            SmolLM2's file, norms F32); rows must be a multiple of 32 for the block types.
+        quant: matmul weights' storage: "F32", "Q8_0", "Q4_1", or "Q4_K_M" (Q4_K, with V and down in
+            Q6_K, random blocks; sizes a multiple of 256) (the embedding stays Q8_0 as in SmolLM2's
+            file, norms F32); rows must be a multiple of 32 for the block types.
         add_bos_token: the tokenizer flag llama.cpp and transformers read to prefix BOS.
     """
     path = Path(path)
@@ -148,7 +170,7 @@ def write_tiny_llama_gguf(
     def randn(*shape: int, scale: float = 0.08) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    matmul_type = QUANT_TYPES[quant]
+    matmul_type = QUANT_TYPES["Q4_K" if quant == "Q4_K_M" else quant]
     f32 = gguf.GGMLQuantizationType.F32
     # (gguf name, HF name, values in HF layout, GGML storage type, heads to permute by or None)
     q8 = gguf.GGMLQuantizationType.Q8_0
@@ -237,8 +259,10 @@ def write_tiny_llama_gguf(
 
     state_dict = {}
     for gguf_name, hf_name, values, qtype, n_head in entries:
+        if quant == "Q4_K_M" and gguf_name.split(".")[-2] in Q6_K_PARTS:
+            qtype = gguf.GGMLQuantizationType.Q6_K
         ggml_layout = _permute(values, n_head) if n_head else values
-        data, recovered = _stored(ggml_layout, qtype)
+        data, recovered = _stored(ggml_layout, qtype, rng)
         # The reader's values: dequantized, then un-permuted (the permutation only moves rows, so this
         # equals permuting the dequantized rows back; Q/K rows quantize independently of their order).
         recovered = _permute_back(recovered, n_head) if n_head else recovered

@@ -210,3 +210,53 @@ def test_ctx_size_caps_the_context_and_rejects_nonsense(tiny_gguf):
 def test_the_file_precision_needs_a_gguf(tiny_model_dir):
     with pytest.raises(ValueError, match="the file precision needs a model whose AR set is a GGUF"):
         yue.load(tiny_model_dir, dtype="file")
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_gguf(tmp_path_factory):
+    """A tiny Llama as llama.cpp's Q4_K_M mixes formats: Q4_K Q/K/O/gate/up, Q6_K V and down."""
+    from tests.gguf_utils import write_tiny_llama_gguf
+
+    path = tmp_path_factory.mktemp("q4km") / "q4km.gguf"
+    return write_tiny_llama_gguf(path, quant="Q4_K_M", hidden=256, heads=4, kv_heads=2, intermediate=512)
+
+
+def test_a_q4_k_m_layer_is_one_call_with_q_k_v_as_three_matmuls(q4_k_m_gguf):
+    engine = yue.load(q4_k_m_gguf.path)
+    s = engine.model.paths.layers[0][0]
+    assert isinstance(s.qkv, GGMLParts)  # Q and K (Q4_K) side by side, then V (Q6_K)
+    assert [p.ggml_type for p in s.qkv.parts] == [12, 14]
+    assert s.one_layer is not None and False in engine.model.paths.stacks
+    assert "one call a layer" in engine.model.paths.layout
+
+
+def test_file_precision_rows_are_exact_whatever_the_steps_rows(q4_k_m_gguf):
+    """A verifying step's rows get the bits of the one-row steps they stand for (`verified` == `ar`)."""
+    engine = yue.load(q4_k_m_gguf.path)
+    model = engine.model
+    ids = torch.tensor([engine.encode(PROMPT)])
+    T = ids.shape[1]
+    cache = model.new_cache(1, 64)
+    model.step(ids[:, : T - 4], torch.arange(T - 4), T - 4, None, cache, n_logits=1)
+    cache.advance(T - 4)
+    rows = torch.arange(T - 4, T)
+    from yue.model.masks import decode_mask
+
+    together = model.step(ids[:, T - 4 :], rows, 4, decode_mask(cache.length, 4, 0), cache).ar_logits[0]
+    alone = []
+    for t in range(4):
+        out = model.step(ids[:, T - 4 + t : T - 3 + t], rows[t : t + 1], 1, None, cache).ar_logits[0, 0]
+        alone.append(out)
+        cache.advance(1)
+    assert torch.equal(together, torch.stack(alone))
+
+
+def test_file_precision_of_a_q4_k_m_file_tracks_float32(q4_k_m_gguf):
+    a = load_model(q4_k_m_gguf.path, file_codes=install_file_codes)
+    b = load_model(q4_k_m_gguf.path)
+    ids = torch.tensor([[3, 17, 40, 99, 5, 120, 7]])
+    with torch.no_grad():
+        la, lb = a(ids).logits[0], b(ids).logits[0]
+    # Random K-quant weights amplify the activations' int8 rounding layer by layer: compare directions.
+    assert torch.nn.functional.cosine_similarity(la, lb, dim=-1).min() > 0.95
+    assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.8
