@@ -60,12 +60,22 @@ def test_q_and_k_rows_are_put_back_in_huggingface_order(tiny_gguf):
     assert np.array_equal(got, tiny_gguf.state_dict["model.layers.0.self_attn.q_proj.weight"].numpy())
 
 
-def test_q_k_v_of_one_format_are_one_matmul_over_one_buffer(tiny_gguf):
+def test_matrices_stay_in_the_mapping_but_permuted_q_and_k_which_are_read_side_by_side(tiny_gguf):
     engine = yue.load(tiny_gguf.path)
     layer = engine.model.paths.layers[0][0]
-    assert isinstance(layer.qkv, GGMLLinear) and isinstance(layer.gate_up, GGMLLinear)
-    _, proj, _, _ = engine.model.trained.model.layers[0]._sets(False)
-    assert layer.qkv.codes.data_ptr() == proj.q_proj.codes.data_ptr()
+    _, proj, _, mlp = engine.model.trained.model.layers[0]._sets(False)
+    # Q and K read into one buffer (their rows put back in order), V in place: two matmuls.
+    assert (
+        isinstance(layer.qkv, GGMLParts)
+        and layer.qkv.parts[0].codes.data_ptr() == proj.q_proj.codes.data_ptr()
+    )
+    mapping = GGUFFile.open(tiny_gguf.path)
+    start = proj.v_proj.codes.data_ptr() - mapping.tensors["blk.0.attn_v.weight"].offset
+    # Neighbours in the file, in one format, are one matmul over the mapping itself: gate and up.
+    assert isinstance(layer.gate_up, GGMLLinear)
+    assert layer.gate_up.codes.data_ptr() - start == mapping.tensors["blk.0.ffn_gate.weight"].offset
+    assert mlp.down_proj.codes.data_ptr() - start == mapping.tensors["blk.0.ffn_down.weight"].offset
+    assert layer.one_layer is not None
 
 
 def test_parts_of_different_formats_run_side_by_side():

@@ -79,7 +79,11 @@ class DecodeSet(nn.Module):
         if getattr(qkv, "split_blocked", None) is not None:
             widths = (layer.n_heads * layer.head_dim, *[layer.n_kv * layer.head_dim] * 2)  # Q, K, V
             blocked[0], *kv = qkv.split_blocked(*widths) or (None, None, None)
-        parts = [*blocked, *(w for w in kv if w is not None)]
+        up = None  # likewise gate and up as two matmuls
+        if getattr(gate_up, "split_blocked", None) is not None:
+            half = gate_up.out_features // 2
+            blocked[2], up = gate_up.split_blocked(half, half) or (None, None)
+        parts = [*blocked, *(w for w in (*kv, up) if w is not None)]
         kinds = {rowkernel.layout(b) for b in parts} if all(b is not None for b in parts) else set()
         # Any mix of the AR kinds; int8 codes all four (their scales are concatenated).
         fits = bool(kinds) and kinds <= rowkernel.LAYER_KINDS.keys()
@@ -107,13 +111,15 @@ class DecodeSet(nn.Module):
         # This layer as a stack of one (`whole_layer`); a step's run of layers stacks their `LayerWeights`.
         self.one_layer = None
         if whole:
-            weights = self._layer_weights(layer, blocked, matmuls, kinds, norm, post_norm, tuple(kv))
+            weights = self._layer_weights(layer, blocked, matmuls, kinds, norm, post_norm, tuple(kv), up)
             self.one_layer = rowstack.StackWeights.of([weights], first=0)
         # The layer's norms and the output/down matmuls (the layer's own modules, or wrappers around
         # them), held in a tuple so that they are not registered twice.
         self.shared = (norm, o_proj, post_norm, down)
 
-    def _layer_weights(self, layer, blocked, matmuls, kinds, norm, post_norm, kv) -> rowstack.LayerWeights:
+    def _layer_weights(
+        self, layer, blocked, matmuls, kinds, norm, post_norm, kv, up
+    ) -> rowstack.LayerWeights:
         """The one call's unchanging arguments (`rowstack.LayerWeights`): norms as applied (Gemma's 1 + w
         folded), the family's extras, int8 codes' scales per output (the four matmuls' concatenated)."""
         scales = torch.cat([m.scale[0] for m in matmuls]) if kinds == {"i8dot"} else None
@@ -126,7 +132,7 @@ class DecodeSet(nn.Module):
         norms = (rowstack.applied_norm(norm), rowstack.applied_norm(post_norm))
         act = next(name for name, fn in ACTIVATIONS.items() if fn is self.act)
         return rowstack.LayerWeights.of(
-            norms, norm.eps, blocked, self.heads, scales, extras, act, layer.attn_scale, layer.sliding, kv
+            norms, norm.eps, blocked, self.heads, scales, extras, act, layer.attn_scale, layer.sliding, kv, up
         )
 
     def _norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:

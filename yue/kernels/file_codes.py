@@ -146,9 +146,11 @@ def _read_side_by_side(g: GGUFFile, parts: list[str], permute: dict[str, int]) -
     out, start = [], 0
     for part, info in zip(parts, infos, strict=True):
         view = buffer[start : start + info.shape[0]]
-        if part in permute:
+        if part in permute:  # one copy: read, then gathered into place
             order = torch.from_numpy(unpermute_index(info.shape[0], permute[part]))
-            view.copy_(torch.from_numpy(g.read(part).reshape(info.shape[0], rows))[order])
+            torch.index_select(
+                torch.from_numpy(g.read(part).reshape(info.shape[0], rows)), 0, order, out=view
+            )
         else:
             g.read(part, view.numpy().reshape(-1))
         out.append(GGMLLinear(view, info.ggml_type, info.shape[1]))
@@ -156,12 +158,10 @@ def _read_side_by_side(g: GGUFFile, parts: list[str], permute: dict[str, int]) -
     return out
 
 
-def _in_place(g: GGUFFile, name: str, permute_heads: int | None = None) -> GGMLLinear:
-    """One matrix as a `GGMLLinear`: read in place from the mapping, or (permuted rows) read and reordered."""
+def _in_place(g: GGUFFile, name: str) -> GGMLLinear:
+    """One matrix as a `GGMLLinear` read in place from the file's mapping."""
     info = g.tensors[name]
-    if permute_heads is not None:
-        return _read_side_by_side(g, [name], {name: permute_heads})[0]
-    codes = torch.from_numpy(g.mapped(name).reshape(info.shape[0], -1))
+    codes = g.mapped(name).view(info.shape[0], -1)
     return GGMLLinear(codes, info.ggml_type, info.shape[1])
 
 
@@ -187,15 +187,13 @@ def file_codes_layer(g: GGUFFile, config, i: int) -> dict[str, GGMLLinear]:
             f"{blk}.attn_k.weight": config.num_key_value_heads,
         }
     modules = {}
-    for parts in (["attn_q", "attn_k", "attn_v"], ["ffn_gate", "ffn_up"]):
-        for group in _groups(g, blk, parts):
-            if len(group) > 1 or group[0] in permute:
-                linears = _read_side_by_side(g, group, permute)
-            else:
-                linears = [_in_place(g, group[0])]
-            modules |= dict(zip(group, linears, strict=True))
-    for part in ("attn_output", "ffn_down"):
-        modules[f"{blk}.{part}.weight"] = _in_place(g, f"{blk}.{part}.weight")
+    # Q and K rows to put back in order are read, side by side where they share a format; every other
+    # matrix stays in the file's mapping (neighbours in the file, in one format, still fuse: `fused`).
+    for group in _groups(g, blk, [p for p in ("attn_q", "attn_k") if f"{blk}.{p}.weight" in permute]):
+        modules |= dict(zip(group, _read_side_by_side(g, group, permute), strict=True))
+    for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        if f"{blk}.{part}.weight" not in modules:
+            modules[f"{blk}.{part}.weight"] = _in_place(g, f"{blk}.{part}.weight")
     return {
         names.hf_name(n, arch).removeprefix(f"model.layers.{i}.").removesuffix(".weight"): m
         for n, m in modules.items()
@@ -217,7 +215,7 @@ def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, t
             parent, _, attr = path.rpartition(".")
             setattr(layers[i].get_submodule(parent), attr, module)
     table = g.tensors["token_embd.weight"]
-    codes = torch.from_numpy(g.mapped("token_embd.weight").reshape(table.shape[0], -1))
+    codes = g.mapped("token_embd.weight").view(table.shape[0], -1)
     model.model.embed_tokens = GGMLEmbedding(codes, table.ggml_type, table.shape[1])
     head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
     model.lm_head = _in_place(g, head)

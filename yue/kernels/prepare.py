@@ -218,7 +218,10 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
 
 
 def prepare_for_decoding(
-    model: YueForCausalLM, drafting_dtype: torch.dtype | None = None, int4: bool = False, low_memory: bool = False
+    model: YueForCausalLM,
+    drafting_dtype: torch.dtype | None = None,
+    int4: bool = False,
+    low_memory: bool = False,
 ) -> PreparedModel:
     """A `PreparedModel` of `model` for fast decoding: its decode paths built here, its weights
     transformed in place, so `model` is consumed (it cannot be run alone, saved, trained or adapted
@@ -276,7 +279,10 @@ def prepare_for_decoding(
     input_major(model)
     release_freed_memory()
     paths = DecodePaths(
-        [layer_paths(layer, drafting_dtype, int4, one_copy and not streamed, rows, row_ops) for layer in model.model.layers]
+        [
+            layer_paths(layer, drafting_dtype, int4, one_copy and not streamed, rows, row_ops)
+            for layer in model.model.layers
+        ]
     )
     one_call = all(sets[0].one_layer is not None for sets in paths.layers)
     calls = "one row-kernel call each" if one_call else "several calls each"
@@ -347,7 +353,9 @@ def prepare_slots(model, paths: DecodePaths, drafting_dtype: torch.dtype | None,
         # norm module is several torch calls a step.
         norm = model.model.norm
         weight = rowstack.applied_norm(norm)
-        paths.slot_norm = paths.final_norm = functools.partial(rowkernel.rms_norm, weight=weight, eps=norm.eps)
+        paths.slot_norm = paths.final_norm = functools.partial(
+            rowkernel.rms_norm, weight=weight, eps=norm.eps
+        )
         paths.softmax_stats = rowkernel.softmax_stats
 
 

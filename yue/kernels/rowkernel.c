@@ -515,10 +515,12 @@ struct rows_view {
  * each NULL where the family has none: Q's and K's per-head norms, the Q/K/V biases, and Gemma's norms
  * of the MLP's input and output; last, K's and V's own weights where Q, K and V are three matmuls (a
  * GGUF's Q4_K_M file holds V in another format than Q and K: W_QKV is then Q's), their kinds the ints'
- * sixth and seventh, else NULL. Norm weights as applied (Gemma's 1 + w folded in). */
+ * sixth and seventh, else NULL; and up's own weight where gate and up are two matmuls (W_GU then gate's;
+ * the weights read in place from a GGUF's mapping), its kind the ints' eighth, else NULL. Norm weights
+ * as applied (Gemma's 1 + w folded in). */
 enum { W_NORM1, W_NORM2, W_QKV, W_O, W_GU, W_DOWN, W_SCALES, W_INTS, W_QNORM, W_KNORM, W_BIAS, W_NORM3, W_NORM4,
-       W_K, W_V };
-#define LAYER_PTRS 15
+       W_K, W_V, W_UP };
+#define LAYER_PTRS 16
 
 /* qkv (R, (H + 2 Hkv) Dh) = x (R, D) times Q/K/V: one matmul of W_QKV, or, where W_K is set, three
  * (Q's, K's, V's own weights and kinds) written side by side into each row. */
@@ -597,7 +599,15 @@ static void rows_layer(float *h, const void *const *w, const struct layer_shape 
     if (w[W_NORM3]) rows_rms_norm(y, R, D, w[W_NORM2], s->eps, y); /* Gemma: the output normed first */
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     rows_rms_norm(h, R, D, w[W_NORM3] ? w[W_NORM3] : w[W_NORM2], s->eps, x);
-    layer_matmul(kinds[2], x, R, D, w[W_GU], sgu, gu, 2 * F, s->threads);
+    if (w[W_UP]) { /* gate and up, each its own matmul, side by side in each row of gu */
+        float *part = malloc(R * F * sizeof(float));
+        for (int p = 0; p < 2; p++) {
+            layer_matmul(p ? kinds[7] : kinds[2], x, R, D, p ? w[W_UP] : w[W_GU], NULL, part, F, s->threads);
+            for (long r = 0; r < R; r++) memcpy(gu + r * 2 * F + p * F, part + r * F, F * sizeof(float));
+        }
+        free(part);
+    } else
+        layer_matmul(kinds[2], x, R, D, w[W_GU], sgu, gu, 2 * F, s->threads);
     for (long r = 0; r < R; r++) act_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F, s->act);
     layer_matmul(kinds[3], act, R, F, w[W_DOWN], sdown, y, D, s->threads);
     if (w[W_NORM4]) rows_rms_norm(y, R, D, w[W_NORM4], s->eps, y);

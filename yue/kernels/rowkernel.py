@@ -171,9 +171,7 @@ def library() -> ctypes.CDLL:
     complaints = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(
-            "\n".join(
-                [_sources(), version, " ".join(flags), platform.machine(), _cpu_flags()]
-            ).encode()
+            "\n".join([_sources(), version, " ".join(flags), platform.machine(), _cpu_flags()]).encode()
         ).hexdigest()[:20]
         path = cache_root() / "kernels" / f"rowkernel-{key}.so"
         for attempt in range(2):  # a cached file that does not load is rebuilt once
@@ -382,7 +380,18 @@ MATMULS = {
 LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5, "q4dot16": 6}
 # A GGUF matrix of ggml type T read in place: kind LAYER_GGML_BASE + T (`rows_layer_ggml_base` in the C).
 LAYER_GGML_BASE = 100
-GGML_TYPES = (0, 1, 2, 3, 6, 8, 12, 13, 14, 30)  # F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K BF16 (`ggml.FORMATS`)
+GGML_TYPES = (
+    0,
+    1,
+    2,
+    3,
+    6,
+    8,
+    12,
+    13,
+    14,
+    30,
+)  # F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K BF16 (`ggml.FORMATS`)
 LAYER_KINDS |= {f"ggml:{t}": LAYER_GGML_BASE + t for t in GGML_TYPES}
 
 

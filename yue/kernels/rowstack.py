@@ -71,7 +71,7 @@ class LayerWeights:
     order: `matmuls.RowInt8Linear`'s; else None), the layer's ints (the four kinds, 1 for a
     sliding-window layer, then K's and V's kinds where they are matmuls of their own), the family's
     extras or None: Q and K head norms, the Q/K/V biases, Gemma's MLP input and output norms; then K's
-    and V's weights where Q/K/V are three matmuls, else None); `shape`, what a stack's layers share: the norms' eps, the MLP's
+    and V's weights where Q/K/V are three matmuls, and up's where gate and up are two, else None); `shape`, what a stack's layers share: the norms' eps, the MLP's
     width and activation, the heads (H, Hkv, Dh), the softmax scale. Built once, since building a call's
     ~30 arguments in Python every step was per-call overhead worth removing. `tensors` keeps alive what
     `pointers` point into."""
@@ -82,20 +82,21 @@ class LayerWeights:
 
     @classmethod
     def of(cls, norms, eps: float, blocked, heads, scales=None, extras=(None,) * 5, act="silu", scale=None,
-           sliding=False, kv=(None, None)) -> LayerWeights:  # fmt: skip
+           sliding=False, kv=(None, None), up=None) -> LayerWeights:  # fmt: skip
         """norms: (input, post-attention) weights as applied; blocked: the four matmuls' kernel layouts
-        (the first Q's alone where `kv` holds K's and V's: three matmuls); extras: (q_norm, k_norm,
+        (the first Q's alone where `kv` holds K's and V's: three matmuls; the third gate's alone where
+        `up` holds up's: two); extras: (q_norm, k_norm,
         qkv_bias, pre-MLP norm, post-MLP norm), each None where absent; scale: the softmax scale (None:
         Dh ** -0.5)."""
-        kinds = [layout(b) for b in (*blocked, *(w for w in kv if w is not None))]
+        kinds = [layout(b) for b in (*blocked, *(w for w in (*kv, up) if w is not None))]
         assert set(kinds) <= LAYER_KINDS.keys() and (scales is not None) == (set(kinds) == {"i8dot"})
         assert attention_fits(heads[2]) and all(
             n.dtype == torch.float32 and n.is_contiguous()
             for n in (*norms, *(e for e in extras if e is not None))
         )
-        split = [LAYER_KINDS[layout(w)] if w is not None else 0 for w in kv]
+        split = [LAYER_KINDS[layout(w)] if w is not None else 0 for w in (*kv, up)]
         ints = torch.tensor([LAYER_KINDS[k] for k in kinds[:4]] + [int(sliding), *split], dtype=torch.int32)
-        arrays = (*norms, *blocked, scales, ints, *extras, *kv)
+        arrays = (*norms, *blocked, scales, ints, *extras, *kv, up)
         softmax_scale = heads[2] ** -0.5 if scale is None else scale
         shape = (eps, inputs(blocked[3]), ACTIVATIONS[act], tuple(heads), softmax_scale)
         return cls(arrays, tuple(_pointers(*arrays)), shape)

@@ -225,7 +225,7 @@ def read_tensors(gguf_path: Path) -> tuple[dict, list[GgufTensor]]:
             package does not know (`GGUFFile.open`).
     """
     g = GGUFFile.open(gguf_path)
-    tensors = [GgufTensor(t.name, t.shape, t.ggml_type, g.mapped(t.name)) for t in g.tensors.values()]
+    tensors = [GgufTensor(t.name, t.shape, t.ggml_type, g.mapped(t.name).numpy()) for t in g.tensors.values()]
     return g.metadata, tensors
 
 

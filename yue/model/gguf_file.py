@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from yue.errors import CheckpointError
 from yue.registry import cache_root
@@ -70,7 +71,7 @@ class GGUFFile:
     metadata: dict
     tensors: dict[str, TensorInfo]
     index_dir: Path
-    _map: mmap.mmap | None = None
+    _map: torch.Tensor | None = None  # the whole file, mapped (`mapped`)
 
     @classmethod
     def open(cls, path: str | Path, cache_dir: str | Path | None = None) -> GGUFFile:
@@ -110,14 +111,17 @@ class GGUFFile:
                 raise CheckpointError(f"{self.path}: {name} is cut short (the file changed while loading?)")
         return buf
 
-    def mapped(self, name: str) -> np.ndarray:
+    def mapped(self, name: str) -> torch.Tensor:
         """Tensor `name`'s bytes as a copy-on-write view of the file (uint8 (nbytes,)): no copy; the
-        kernels read it in place, from the page cache."""
+        kernels read it in place, from the page cache. Every view shares one storage (the whole file), so
+        neighbouring tensors can be one matmul (`file_codes.fused`)."""
         if self._map is None:
             with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                self._map = torch.frombuffer(
+                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), dtype=torch.uint8
+                )
         info = self.tensors[name]
-        return np.frombuffer(self._map, np.uint8, info.nbytes, info.offset)
+        return self._map[info.offset : info.offset + info.nbytes]
 
     def dequantized(self, name: str) -> np.ndarray:
         """Tensor `name`'s values as float32, in its torch shape (`gguf.quants.dequantize`)."""
