@@ -11,7 +11,7 @@ from yue.bench.harness import BenchConfig
 from yue.bench.serving import ServeBenchConfig
 from yue.cli.common import MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
-from yue.config import LoadConfig
+from yue.settings import LoadConfig
 from yue.train.evaluate import EvalConfig
 
 

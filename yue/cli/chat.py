@@ -13,7 +13,7 @@ from yue.cli import common
 from yue.cli.common import app, user_errors
 from yue.cli.generate import load_engine
 from yue.cli.options import config_options
-from yue.config import DecodeConfig, LoadConfig
+from yue.settings import DecodeConfig, LoadConfig
 
 CHAT_HISTORY = "chat_history"  # file under the yue cache folder ($YUE_CACHE_DIR or ~/.cache/yue)
 

@@ -12,7 +12,7 @@ import typer
 from yue.cli import common
 from yue.cli.common import app, user_errors
 from yue.cli.options import config_options
-from yue.config import DecodeConfig, LoadConfig
+from yue.settings import DecodeConfig, LoadConfig
 
 
 def load_engine(load: LoadConfig):

@@ -9,8 +9,8 @@ import typer
 
 from yue.cli.common import app, user_errors
 from yue.cli.options import config_options
-from yue.config import LoadConfig
 from yue.serve.config import ServeConfig
+from yue.settings import LoadConfig
 
 
 @app.command("serve")
