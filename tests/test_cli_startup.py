@@ -10,8 +10,6 @@ import sys
 import pytest
 import typer
 
-HEAVY = ("torch", "transformers")
-
 # Runs `yue ARGS` in a fresh interpreter and prints its exit code and the heavy modules it imported.
 _PROBE = """
 import json, sys
@@ -20,8 +18,8 @@ try:
     yue.cli.app(sys.argv[1:])
 except SystemExit as e:
     code = e.code
-print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+print(json.dumps({"code": code, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}))
+"""
 
 
 def _run(*args: str) -> dict:
@@ -49,9 +47,9 @@ def test_quick_answers_import_neither_torch_nor_transformers(args, code):
 
 def test_import_yue_is_lazy_and_its_names_still_load():
     code = (
-        "import sys, yue; light = not any(m in sys.modules for m in %r); "
+        "import sys, yue; light = not any(m in sys.modules for m in ('torch', 'transformers')); "
         "print(light, sorted(yue.__all__), yue.load.__module__, yue.Engine.__name__, 'torch' in sys.modules)"
-    ) % (HEAVY,)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     all_names = ["DecodeConfig", "Engine", "YueConfig", "YueForCausalLM", "load"]
     assert out.split(" ", 1) == ["True", f"{all_names} yue.engine Engine True\n"]

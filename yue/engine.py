@@ -16,6 +16,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import weakref
@@ -549,6 +550,12 @@ def load(
 
 def load_from(config: LoadConfig) -> Engine:
     """`load` with its options as one `LoadConfig` (the CLI's loading options)."""
+    # Until `load` takes `threads` and `ctx_size` itself, the threads are set here and the KV cache
+    # keeps its own length.
+    taken = inspect.signature(load).parameters
+    extra = {name: getattr(config, name) for name in ("threads", "ctx_size") if name in taken}
+    if "threads" not in taken:
+        set_threads(config.threads)
     return load(
         config.model,
         device=config.device,
@@ -556,7 +563,14 @@ def load_from(config: LoadConfig) -> Engine:
         nar_dtype=config.draft_dtype,
         adapter=config.adapter,
         low_memory=config.low_memory,
+        **extra,
     )
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads (llama.cpp's -t); None leaves torch's choice."""
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def load_unprepared(

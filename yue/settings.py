@@ -309,6 +309,9 @@ class LoadConfig:
         draft_dtype: Drafting weights: auto (int8 on a CPU) | int8 | bfloat16 | float32; ar and verified
             output is the same whichever.
         low_memory: float32 on a CPU: each weight held once (less memory, slower verifying rows).
+        threads: torch threads for the model's work (llama.cpp's -t); None = torch's choice.
+        ctx_size: tokens the KV cache holds, prompt and answer together (llama.cpp's -c); None = 4096,
+            capped at the model's context.
     """
 
     model: str | None = None
@@ -317,8 +320,14 @@ class LoadConfig:
     dtype: Precision = "float32"
     draft_dtype: DraftPrecision = "auto"
     low_memory: bool = False
+    threads: int | None = None
+    ctx_size: int | None = None
 
     def __post_init__(self) -> None:
         for name, kind in (("dtype", Precision), ("draft_dtype", DraftPrecision)):
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
+        for name in ("threads", "ctx_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")

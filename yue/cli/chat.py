@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from yue.cli import common
-from yue.cli.common import app, user_errors
+from yue.cli.common import LLAMA_FLAGS, app, user_errors
 from yue.cli.generate import load_engine
 from yue.cli.options import config_options
 from yue.settings import DecodeConfig, LoadConfig
@@ -58,8 +58,9 @@ def _line_editing() -> Iterator[Path | None]:
     DecodeConfig,
     exclude=("trace", "logprobs"),  # a conversation prints replies only
     defaults={"max_new_tokens": 512},  # a reply, not a completion
+    aliases=LLAMA_FLAGS,
 )
-@config_options(LoadConfig, argument="load")
+@config_options(LoadConfig, argument="load", aliases=LLAMA_FLAGS)
 def chat(
     system: str | None = typer.Option(None, help="A system message opening the conversation."),
     load: LoadConfig | None = None,

@@ -152,6 +152,15 @@ def command_line(ctx: typer.Context) -> str:
     return " ".join(parts)
 
 
+# llama.cpp's everyday flags, each another name of the same field wherever a command's config has it
+# (`config_options(aliases=...)`): one meaning in the CLI, the Python API and the server.
+LLAMA_FLAGS = {
+    "threads": ("-t",),
+    "ctx_size": ("-c",),
+    "max_new_tokens": ("-n",),
+    "temperature": ("--temp",),
+}
+
 MODEL_HELP = (
     "A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the default model)."
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from yue.cli import common
-from yue.cli.common import app, user_errors
+from yue.cli.common import LLAMA_FLAGS, app, user_errors
 from yue.cli.options import config_options
 from yue.settings import DecodeConfig, LoadConfig
 
@@ -28,8 +28,9 @@ def load_engine(load: LoadConfig):
     DecodeConfig,
     exclude=("logprobs",),  # the command prints text, not log-probabilities
     helps={"trace": "Print the router's per-step trace to stderr."},
+    aliases=LLAMA_FLAGS,
 )
-@config_options(LoadConfig, argument="load")
+@config_options(LoadConfig, argument="load", aliases=LLAMA_FLAGS)
 def generate(
     prompt: str = typer.Argument(
         ..., help="Text to continue, or an instruct model's user message; - reads it from standard input."
