@@ -39,7 +39,10 @@ def generate(
         None, help="A system message before PROMPT (an instruct model's chat template; not with --raw)."
     ),
     raw: bool = typer.Option(
-        False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
+        False,
+        "--raw",
+        help="An instruct model continues PROMPT as written, not as a chat message; - keeps standard "
+        "input byte for byte (its final newline too).",
     ),
     stream: bool | None = typer.Option(
         None,
@@ -52,11 +55,9 @@ def generate(
 ) -> None:
     """Continue PROMPT and print the completion (an instruct model answers it through its chat template).
 
-    `echo "Say hello" | yue generate -` reads the prompt from standard input."""
-    if prompt == "-":
-        prompt = sys.stdin.read()
-        if not prompt.strip():
-            raise ValueError("the prompt read from standard input is empty")
+    `echo "Say hello" | yue generate -` reads the prompt from standard input, less its final newline
+    (with --raw, byte for byte)."""
+    prompt = read_prompt(prompt, raw=raw)
     if system is not None and raw:
         raise ValueError("--system needs the chat template, which --raw leaves out")
     show_trace = config.trace
@@ -76,6 +77,24 @@ def generate(
         trace_json.write_text(
             json.dumps({"steps": [asdict(s) for s in steps], "stats": stats.to_dict()}, indent=1)
         )
+
+
+def read_prompt(prompt: str, *, raw: bool) -> str:
+    """The prompt as the model gets it: PROMPT itself, or with `-` standard input less its final
+    newline (`echo "..." |` adds one; one `\n` or `\r\n`), or with `--raw` standard input byte for byte.
+    An empty prompt, from either source, is refused the same way."""
+    if prompt == "-":
+        data = sys.stdin.buffer.read()
+        if not raw:
+            newline = next((end for end in (b"\r\n", b"\n") if data.endswith(end)), b"")
+            data = data[: len(data) - len(newline)]
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"the prompt read from standard input is not UTF-8 ({e})") from None
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: give PROMPT some text, or - and text on standard input")
+    return prompt
 
 
 def _write(engine, prompt: str, config: DecodeConfig, stream: bool, show_trace: bool) -> tuple[list, object]:
