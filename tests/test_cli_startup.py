@@ -68,3 +68,16 @@ def test_the_command_list_names_every_registered_command_with_its_docstring_summ
         first = inspect.cleandoc(command.callback.__doc__ or "").split("\n\n")[0]
         assert common.summaries()[name] == " ".join(first.split()), name
     assert set(typer.main.get_command(app).commands) == set(common.COMMANDS)  # every one has an entry
+
+
+def test_verbose_prints_each_phase_time_to_stderr_and_leaves_stdout_as_it_was(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+
+    args = ["generate", "def add(a, b):", "--model", tiny_model_dir, "--mode", "ar", "-n", "4"]
+    plain, verbose = CliRunner().invoke(app, args), CliRunner().invoke(app, [*args, "--verbose"])
+    assert plain.exit_code == verbose.exit_code == 0, verbose.output
+    assert verbose.stdout == plain.stdout
+    phases = [line.split()[1] for line in verbose.stderr.splitlines() if line.startswith("[time]")]
+    assert phases == ["imports", "load", "first", "rest", "total"]

@@ -51,9 +51,15 @@ def bench_cmd(
 
 @app.command("bench-serve")
 @user_errors
-@config_options(ServeBenchConfig, csv=("batch_sizes", "clients"), aliases={"max_tokens": ("-n", "--max-new-tokens")})
 @config_options(
-    LoadConfig, argument="load", exclude=("adapter",), defaults={"model": "yue-code-mini"}, aliases=LLAMA_FLAGS
+    ServeBenchConfig, csv=("batch_sizes", "clients"), aliases={"max_tokens": ("-n", "--max-new-tokens")}
+)
+@config_options(
+    LoadConfig,
+    argument="load",
+    exclude=("adapter",),
+    defaults={"model": "yue-code-mini"},
+    aliases=LLAMA_FLAGS,
 )
 def bench_serve_cmd(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),

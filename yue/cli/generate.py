@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -50,6 +53,9 @@ def generate(
         help="Print text as it is generated (default: on when standard output is a terminal).",
     ),
     trace_json: Path | None = typer.Option(None, help="Write the per-step trace as JSON to this file."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Print each phase's time to stderr: imports, load, first token, rest."
+    ),
     load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
@@ -63,7 +69,11 @@ def generate(
     show_trace = config.trace
     if trace_json is not None:  # the file needs the steps recorded
         config = replace(config, trace=True)
-    engine = load_engine(load)
+    clock = Clock()
+    with clock("imports", "torch, transformers, the engine"):
+        import yue.engine  # noqa: F401  (timed apart from the load)
+    with clock("load", "yue.load: model files, kernels, drafting tables"):
+        engine = load_engine(load)
     if engine.instruct and not raw:
         system_message = [{"role": "system", "content": system}] if system is not None else []
         prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])
@@ -71,6 +81,8 @@ def generate(
         raise ValueError(f"--system needs an instruct model's chat template, which {engine.name} has not")
     live = common.on_terminal(sys.stdout) if stream is None else stream
     steps, stats = _write(engine, prompt, config, live, show_trace)
+    if verbose:
+        clock.report(stats)
     if show_trace and stats is not None:
         typer.echo(_stats_line(stats), err=True)
     if trace_json is not None:
@@ -116,6 +128,35 @@ def _write(engine, prompt: str, config: DecodeConfig, stream: bool, show_trace: 
         stats = ev.stats or stats
     sys.stdout.write("\n")
     return steps, stats
+
+
+class Clock:
+    """`--verbose`'s phase times: named spans timed by `with clock(name, what):`, then the run's own
+    (first token: encoding and prefill, and the rest of the tokens) from its stats."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.phases: list[tuple[str, float, str]] = []
+
+    @contextmanager
+    def __call__(self, name: str, what: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self.phases.append((name, time.perf_counter() - t, what))
+
+    def report(self, stats) -> None:
+        """Print each phase, the run's own, and the total since the command started, to stderr."""
+        rows = list(self.phases)
+        if stats is not None:
+            rest = max(stats.total_s - stats.ttft_s, 0.0)
+            n = max(stats.new_tokens - 1, 0)
+            rows += [
+                ("first token", stats.ttft_s, "encode, prefill, first step"),
+                ("rest", rest, f"{n} tokens, {n / max(rest, 1e-9):.1f} tok/s"),
+            ]
+        rows.append(("total", time.perf_counter() - self.start, "since the command started"))
+        for name, seconds, what in rows:
+            typer.echo(f"[time] {name:<12}{seconds:7.3f} s  ({what})", err=True)
 
 
 def _stats_line(stats) -> str:
