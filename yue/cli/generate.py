@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from yue.cli import common
+from yue.cli import common, remote
 from yue.cli.common import LLAMA_FLAGS, app, user_errors
 from yue.cli.options import config_options
 from yue.settings import DecodeConfig, LoadConfig
@@ -56,6 +56,7 @@ def generate(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Print each phase's time to stderr: imports, load, first token, rest."
     ),
+    server: str | None = typer.Option(None, "--server", envvar=remote.SERVER_ENV, help=remote.SERVER_HELP),
     load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
@@ -66,6 +67,11 @@ def generate(
     prompt = read_prompt(prompt, raw=raw)
     if system is not None and raw:
         raise ValueError("--system needs the chat template, which --raw leaves out")
+    live = common.on_terminal(sys.stdout) if stream is None else stream
+    if server is not None:
+        if trace_json is not None:
+            raise ValueError("--trace-json needs the steps, which a server does not send: leave out --server")
+        return _remote(server, prompt, system, raw, load, config, live, verbose)
     show_trace = config.trace
     if trace_json is not None:  # the file needs the steps recorded
         config = replace(config, trace=True)
@@ -79,7 +85,6 @@ def generate(
         prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])
     elif system is not None:
         raise ValueError(f"--system needs an instruct model's chat template, which {engine.name} has not")
-    live = common.on_terminal(sys.stdout) if stream is None else stream
     steps, stats = _write(engine, prompt, config, live, show_trace)
     if verbose:
         clock.report(stats)
@@ -107,6 +112,45 @@ def read_prompt(prompt: str, *, raw: bool) -> str:
     if not prompt.strip():
         raise ValueError("the prompt is empty: give PROMPT some text, or - and text on standard input")
     return prompt
+
+
+def _remote(
+    url: str,
+    prompt: str,
+    system: str | None,
+    raw: bool,
+    load: LoadConfig,
+    config: DecodeConfig,
+    live: bool,
+    verbose: bool,
+) -> None:
+    """`generate --server`: the same prompt, settings and printing, the model run by `yue serve`."""
+    remote.check_local_settings(load, config)
+    clock = Clock()
+    with clock("connect", "the server's model card"):
+        server = remote.Server.connect(url, load.model)
+    if server.instruct and not raw:
+        system_message = [{"role": "system", "content": system}] if system is not None else []
+        deltas = server.chat([*system_message, {"role": "user", "content": prompt}], config)
+    elif system is not None:
+        raise ValueError(f"--system needs an instruct model's chat template, which {server.model} has not")
+    else:
+        deltas = server.completion(prompt, config)
+    sent, first, text = time.perf_counter(), None, []
+    for delta in deltas:
+        first = first or time.perf_counter() - sent
+        text.append(delta)
+        if live:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    sys.stdout.write("\n" if live else "".join(text) + "\n")
+    if verbose:
+        rest = time.perf_counter() - sent - (first or 0.0)
+        clock.phases += [
+            ("first token", first or 0.0, "request sent, first text back"),
+            ("rest", rest, "streamed"),
+        ]
+        clock.report(None)
 
 
 def _write(engine, prompt: str, config: DecodeConfig, stream: bool, show_trace: bool) -> tuple[list, object]:
