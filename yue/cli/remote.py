@@ -62,18 +62,18 @@ def request_fields(config: DecodeConfig) -> dict:
     return body
 
 
-def check_local_settings(load: LoadConfig, config: DecodeConfig, ignored: tuple[str, ...] = ()) -> None:
+def check_local_settings(load: LoadConfig, config: DecodeConfig) -> None:
     """A ValueError naming the first option given that a server request cannot carry: the load options
     are the server's own (`yue serve --threads ...`), the drafting internals are not in the HTTP API."""
-    for settings, kind in ((load, LoadConfig()), (config, DecodeConfig())):
-        for f in fields(kind):
-            if f.name in ("model", *ignored, *_REQUEST_NAMES):
+    for settings, default, where in (
+        (load, LoadConfig(), "the server's own: give it to `yue serve`"),
+        (config, DecodeConfig(), "not in the HTTP API: leave out one of them"),
+    ):
+        for f in fields(default):
+            if f.name in ("model", *_REQUEST_NAMES):
                 continue
-            if getattr(settings, f.name) != getattr(kind, f.name):
-                option = "--" + f.name.replace("_", "-")
-                raise ValueError(
-                    f"{option} is not sent with --server: set it where the server runs (`yue serve`)"
-                )
+            if getattr(settings, f.name) != getattr(default, f.name):
+                raise ValueError(f"--{f.name.replace('_', '-')} with --server: it is {where}")
 
 
 @dataclass(frozen=True)
