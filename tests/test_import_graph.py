@@ -15,7 +15,7 @@ LAYERS = [
     {"decode"},  # the decode loop over a model
     {"engine", "batcher"},  # model + tokenizer + loop
     {"train", "bench", "serve"},  # what users run on an engine
-    {"cli"},  # thin commands over all of it
+    {"cli", "__main__"},  # thin commands over all of it (`python -m yue`)
 ]
 FLOOR = {name: i for i, names in enumerate(LAYERS) for name in names}
 

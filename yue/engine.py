@@ -550,12 +550,10 @@ def load(
 
 def load_from(config: LoadConfig) -> Engine:
     """`load` with its options as one `LoadConfig` (the CLI's loading options)."""
-    # Until `load` takes `threads` and `ctx_size` itself, the threads are set here and the KV cache
-    # keeps its own length.
-    taken = inspect.signature(load).parameters
+    taken = inspect.signature(load).parameters  # until `load` takes threads and ctx_size itself
     extra = {name: getattr(config, name) for name in ("threads", "ctx_size") if name in taken}
-    if "threads" not in taken:
-        set_threads(config.threads)
+    if config.threads is not None and "threads" not in taken:
+        torch.set_num_threads(config.threads)
     return load(
         config.model,
         device=config.device,
@@ -565,12 +563,6 @@ def load_from(config: LoadConfig) -> Engine:
         low_memory=config.low_memory,
         **extra,
     )
-
-
-def set_threads(threads: int | None) -> None:
-    """torch's intra-op threads (llama.cpp's -t); None leaves torch's choice."""
-    if threads is not None:
-        torch.set_num_threads(threads)
 
 
 def load_unprepared(

@@ -112,7 +112,7 @@ def eval_cmd(
     top-layer NAR set (yue-smol) or a plain Llama/GGUF, the AR loss."""
     import json
 
-    from yue.engine import set_threads
+    from yue.cli.common import set_threads
     from yue.registry import resolve
     from yue.train.evaluate import evaluate_model
 

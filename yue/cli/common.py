@@ -161,6 +161,16 @@ LLAMA_FLAGS = {
     "temperature": ("--temp",),
 }
 
+
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads (llama.cpp's -t) for a command that loads its model without
+    `engine.load_from` (which sets them); None leaves torch's choice."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 MODEL_HELP = (
     "A model's name (yue-smol, yue-code-mini), a model folder or a .gguf file (default: the default model)."
 )
