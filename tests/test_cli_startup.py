@@ -81,3 +81,12 @@ def test_verbose_prints_each_phase_time_to_stderr_and_leaves_stdout_as_it_was(ti
     assert verbose.stdout == plain.stdout
     phases = [line.split()[1] for line in verbose.stderr.splitlines() if line.startswith("[time]")]
     assert phases == ["imports", "load", "first", "rest", "total"]
+
+
+def test_a_mistyped_command_is_answered_with_the_close_ones():
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+
+    res = CliRunner().invoke(app, ["generat", "x"])
+    assert res.exit_code == 2 and "Did you mean 'generate'?" in res.output

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import importlib
 import inspect
 from importlib.util import find_spec
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
+
+try:  # the click Typer runs on: its own copy from Typer 0.24, the click package before
+    from typer import _click as click
+except ImportError:
+    import click
 
 # Each command -> the module under yue.cli that defines it, in the order `yue --help` lists them: using
 # a model first, then making and measuring one. A module loads when one of its commands runs (or shows
@@ -47,12 +52,21 @@ class LazyGroup(TyperGroup):
 
     def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
         if self._listing:
-            return click.Command(cmd_name, short_help=summaries().get(cmd_name, ""))
+            return TyperCommand(name=cmd_name, short_help=summaries().get(cmd_name, ""))
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             importlib.import_module(f"yue.cli.{COMMANDS[cmd_name]}")  # registers its commands on `app`
             for name, command in typer.main.get_command(app).commands.items():
                 self.commands.setdefault(name, command)
         return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """Typer's, with its "Did you mean" drawn from every command, not only the loaded ones."""
+        try:
+            return self._click_resolve_command(ctx, args)
+        except click.exceptions.UsageError as e:
+            if matches := difflib.get_close_matches(args[0], list(COMMANDS)) if args else []:
+                e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(map(repr, matches))}?"
+            raise
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         self._listing = True
