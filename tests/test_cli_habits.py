@@ -61,7 +61,7 @@ def test_generate_reads_the_prompt_from_standard_input(tiny_model_dir):
     assert given.exit_code == 0 and piped.exit_code == 0, piped.output
     assert piped.stdout == given.stdout and given.stdout.strip()
     empty = CliRunner().invoke(app, ["generate", "-", *args], input="  \n")
-    assert empty.exit_code == 2 and "standard input is empty" in empty.output
+    assert empty.exit_code == 2 and "the prompt is empty" in empty.output
 
 
 def test_generate_streams_only_when_asked_off_a_terminal_with_the_same_text(tiny_model_dir, monkeypatch):

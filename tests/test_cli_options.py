@@ -93,7 +93,7 @@ def _options(command: str) -> set[str]:
     """The parameter names of one `yue` command."""
     from yue.cli import app
 
-    return {p.name for p in typer.main.get_command(app).commands[command].params}
+    return {p.name for p in typer.main.get_command(app).get_command(None, command).params}
 
 
 def _fields(config_cls: type) -> set[str]:

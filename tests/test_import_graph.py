@@ -9,13 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "yue"
 # Each top-level name of the package, by floor; a module may import its own floor's and lower ones'.
 LAYERS = [
-    {"config", "errors", "jsonl", "tokenizer", "registry", "chat"},  # typed settings, text, names
+    {"config", "settings", "errors", "jsonl", "tokenizer", "registry", "chat"},  # typed settings, text, names
     {"model"},  # tensors to tensors: the trained model, knowing no kernel
     {"kernels"},  # the decode path built onto a model for this device
     {"decode"},  # the decode loop over a model
     {"engine", "batcher"},  # model + tokenizer + loop
     {"train", "bench", "serve"},  # what users run on an engine
-    {"cli"},  # thin commands over all of it
+    {"cli", "__main__"},  # thin commands over all of it (`python -m yue`)
 ]
 FLOOR = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
-from yue.config import DEFAULT_CTX_SIZE, DecodeConfig, LoadConfig, YueConfig
+from yue.config import DecodeConfig, LoadConfig, YueConfig
 from yue.decode import hf_generate
 from yue.decode.corpus import CorpusNgrams, load_ngrams
 from yue.decode.costs import HeadUse, StepCosts, head_use, measured_costs
@@ -44,6 +44,7 @@ from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
 from yue.model.mot import YueForCausalLM
 from yue.model.prepared import PreparedModel, as_decoded
 from yue.registry import DEFAULT_MODEL, model_name, resolve
+from yue.settings import DEFAULT_CTX_SIZE
 from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
 
 # Rows of a scored prompt whose (n, V) log-probs are made at once (`Engine.score`).
@@ -600,6 +601,8 @@ def load_from(config: LoadConfig) -> Engine:
         nar_dtype=config.draft_dtype,
         adapter=config.adapter,
         low_memory=config.low_memory,
+        ctx_size=config.ctx_size or DEFAULT_CTX_SIZE,
+        threads=config.threads,
     )
 
 

@@ -11,7 +11,8 @@ Design decisions:
   encoding follows transformers' exactly (control tokens in text are parsed, BOS first only where
   the tokenizer adds it), and its chat template, if any, makes the model an instruct model.
 - Streaming decodes the whole generated suffix each step and holds back text while it ends in an
-  incomplete UTF-8 sequence (U+FFFD), so a delta never splits a character.
+  incomplete UTF-8 sequence (U+FFFD), so a delta never splits a character; at the end, a character
+  still incomplete (cut by the token limit) is dropped, so neither stream nor text ends in U+FFFD.
 """
 
 from __future__ import annotations
@@ -202,7 +203,9 @@ class IncrementalDetokenizer:
         return self._advance(final=False)
 
     def flush(self) -> str:
-        """Emit whatever is held back at the end of generation (a dangling partial character)."""
+        """Emit whatever is held back at the end of generation, less a character cut short: the bytes
+        of an incomplete UTF-8 sequence at the very end (where `max_new_tokens` stopped inside a
+        character) are dropped, never printed as U+FFFD."""
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:
@@ -210,6 +213,8 @@ class IncrementalDetokenizer:
         window = self.tokenizer.decode(self.ids[self.prefix :])
         if not final and (len(window) <= len(head) or window.endswith("\ufffd")):
             return ""  # nothing new, or a character still incomplete: wait for more tokens
+        if final:  # a cut character decodes as trailing U+FFFD; `head` never ends in one (held back)
+            window = window[: max(len(head), len(window.rstrip("\ufffd")))]
         delta = window[len(head) :]
         self.text += delta
         self.prefix, self.read = self.read, len(self.ids)

@@ -2,12 +2,11 @@
 
 User mistakes (ValueError, including CheckpointError) print one line and exit with code 2, no
 traceback (`common.user_errors`). A command's options come from the typed config its library function
-takes (`options.config_options`): parse -> config (checked there, naming the field) -> call. Each
-subcommand imports the work it runs inside its body; only the configs load with the command modules.
+takes (`options.config_options`): parse -> config (checked there, naming the field) -> call. A command's
+module loads only when the command is asked for (`common.COMMANDS`), and imports the work it runs inside
+its body, so `yue --version`, `--help`, `yue models` and argument errors import no torch.
 """
 
-# Registered in the order `yue --help` lists them: using a model first, then making and measuring one.
-from yue.cli import generate, chat, models, serve, train, distill, bench  # noqa: F401, I001
 from yue.cli.common import app
 
 

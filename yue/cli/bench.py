@@ -9,9 +9,9 @@ import typer
 
 from yue.bench.harness import BenchConfig
 from yue.bench.serving import ServeBenchConfig
-from yue.cli.common import MODEL_HELP, app, user_errors
+from yue.cli.common import LLAMA_FLAGS, MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
-from yue.config import LoadConfig
+from yue.settings import LoadConfig
 from yue.train.evaluate import EvalConfig
 
 
@@ -21,6 +21,7 @@ from yue.train.evaluate import EvalConfig
     BenchConfig,
     csv=("modes", "thresholds", "verified_thresholds", "batch_sizes"),
     helps={"model": MODEL_HELP},
+    aliases=LLAMA_FLAGS,
 )
 def bench_cmd(
     adapter: Path | None = typer.Option(
@@ -50,8 +51,16 @@ def bench_cmd(
 
 @app.command("bench-serve")
 @user_errors
-@config_options(ServeBenchConfig, csv=("batch_sizes", "clients"))
-@config_options(LoadConfig, argument="load", exclude=("adapter",), defaults={"model": "yue-code-mini"})
+@config_options(
+    ServeBenchConfig, csv=("batch_sizes", "clients"), aliases={"max_tokens": ("-n", "--max-new-tokens")}
+)
+@config_options(
+    LoadConfig,
+    argument="load",
+    exclude=("adapter",),
+    defaults={"model": "yue-code-mini"},
+    aliases=LLAMA_FLAGS,
+)
 def bench_serve_cmd(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
     load: LoadConfig | None = None,
@@ -89,15 +98,23 @@ def _merged_for_bench(model: str | None, adapter: Path) -> Path:
 @app.command("eval")
 @user_errors
 @config_options(EvalConfig)
+@config_options(  # the model and its threads; the sequences' length is --seq-len
+    LoadConfig,
+    argument="load",
+    exclude=("adapter", "device", "dtype", "draft_dtype", "low_memory", "ctx_size"),
+    aliases=LLAMA_FLAGS,
+)
 def eval_cmd(
-    model: str | None = typer.Option(None, help=MODEL_HELP),
+    load: LoadConfig | None = None,
     config: EvalConfig | None = None,
 ) -> None:
     """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON); for a
     top-layer NAR set (yue-smol) or a plain Llama/GGUF, the AR loss."""
     import json
 
+    from yue.cli.common import set_threads
     from yue.registry import resolve
     from yue.train.evaluate import evaluate_model
 
-    typer.echo(json.dumps(evaluate_model(resolve(model), config)))
+    set_threads(load.threads)
+    typer.echo(json.dumps(evaluate_model(resolve(load.model), config)))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import typer
 
-from yue.cli import common
-from yue.cli.common import app, user_errors
+from yue.cli import common, remote
+from yue.cli.common import LLAMA_FLAGS, app, user_errors
 from yue.cli.generate import load_engine
 from yue.cli.options import config_options
-from yue.config import DecodeConfig, LoadConfig
+from yue.settings import DecodeConfig, LoadConfig
 
 CHAT_HISTORY = "chat_history"  # file under the yue cache folder ($YUE_CACHE_DIR or ~/.cache/yue)
 
@@ -58,10 +58,12 @@ def _line_editing() -> Iterator[Path | None]:
     DecodeConfig,
     exclude=("trace", "logprobs"),  # a conversation prints replies only
     defaults={"max_new_tokens": 512},  # a reply, not a completion
+    aliases=LLAMA_FLAGS,
 )
-@config_options(LoadConfig, argument="load")
+@config_options(LoadConfig, argument="load", aliases=LLAMA_FLAGS)
 def chat(
     system: str | None = typer.Option(None, help="A system message opening the conversation."),
+    server: str | None = typer.Option(None, "--server", envvar=remote.SERVER_ENV, help=remote.SERVER_HELP),
     load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
@@ -69,10 +71,16 @@ def chat(
     ends. Ctrl-C stops a reply (kept as far as it got) and ends the session at the prompt."""
     from dataclasses import replace
 
-    engine = load_engine(load)
+    if server is not None:
+        remote.check_local_settings(load, config)
+        engine = remote.Server.connect(server, load.model)
+        name = engine.model
+    else:
+        engine = load_engine(load)
+        name = engine.name
     config = replace(config, mode=config.mode or engine.default_mode)
     messages = [{"role": "system", "content": system}] if system else []
-    typer.echo(f"{engine.name} ({config.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
+    typer.echo(f"{name} ({config.mode}); /exit or Ctrl-D ends, Ctrl-C stops a reply.", err=True)
     with _line_editing():
         _converse(engine, config, messages)
 
@@ -92,10 +100,10 @@ def _converse(engine, cfg, messages: list[dict]) -> None:
         messages.append({"role": "user", "content": line})
         try:
             reply = []
-            for ev in engine.stream(engine.chat_prompt(messages), cfg):
-                sys.stdout.write(ev.delta)
+            for delta in _reply(engine, cfg, messages):
+                sys.stdout.write(delta)
                 sys.stdout.flush()
-                reply.append(ev.delta)
+                reply.append(delta)
         except ValueError as e:  # the conversation outgrew the context: say so, keep the session
             messages.pop()
             typer.echo(f"error: {e}", err=True)
@@ -104,3 +112,12 @@ def _converse(engine, cfg, messages: list[dict]) -> None:
             typer.echo("\n[stopped]", err=True)
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _reply(engine, cfg, messages: list[dict]) -> Iterator[str]:
+    """The reply's text deltas: from the engine here, or from a `yue serve` (`--server`)."""
+    if isinstance(engine, remote.Server):
+        yield from engine.chat(messages, cfg)
+        return
+    for ev in engine.stream(engine.chat_prompt(messages), cfg):
+        yield ev.delta

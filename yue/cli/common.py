@@ -2,11 +2,100 @@
 
 from __future__ import annotations
 
+import ast
+import difflib
 import functools
+import importlib
+import inspect
+from importlib.util import find_spec
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+
+try:  # the click Typer runs on: its own copy from Typer 0.24, the click package before
+    from typer import _click as click
+except ImportError:
+    import click
+
+# Each command -> the module under yue.cli that defines it, in the order `yue --help` lists them: using
+# a model first, then making and measuring one. A module loads when one of its commands runs (or shows
+# its own --help), so `yue --version`, `yue --help` and `yue models` import no torch.
+COMMANDS = {
+    "generate": "generate",
+    "chat": "chat",
+    "models": "models",
+    "export-ar": "models",
+    "build-ngrams": "ngrams",
+    "merge": "models",
+    "serve": "serve",
+    "train-tokenizer": "train",
+    "train": "train",
+    "self-distill": "train",
+    "train-router": "train",
+    "finetune": "train",
+    "distill": "distill",
+    "distill-recipe": "distill",
+    "bench": "bench",
+    "bench-serve": "bench",
+    "eval": "bench",
+}
+
+
+class LazyGroup(TyperGroup):
+    """The `yue` group: a command's module is imported when the command is asked for; the command list
+    of `yue --help` reads each command's summary (its docstring's first paragraph) from the source."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        if self._listing:
+            return TyperCommand(name=cmd_name, short_help=summaries().get(cmd_name, ""))
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(f"yue.cli.{COMMANDS[cmd_name]}")  # registers its commands on `app`
+            for name, command in typer.main.get_command(app).commands.items():
+                self.commands.setdefault(name, command)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """Typer's, with its "Did you mean" drawn from every command, not only the loaded ones."""
+        try:
+            return self._click_resolve_command(ctx, args)
+        except click.exceptions.UsageError as e:
+            if matches := difflib.get_close_matches(args[0], list(COMMANDS)) if args else []:
+                e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(map(repr, matches))}?"
+            raise
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+@functools.cache
+def summaries() -> dict[str, str]:
+    """Each command's summary, the first paragraph of its function's docstring, read from the command
+    modules' source without importing them."""
+    found = {}
+    for module in dict.fromkeys(COMMANDS.values()):
+        tree = ast.parse(open(find_spec(f"yue.cli.{module}").origin, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and ast.unparse(deco.func) == "app.command":
+                    name = deco.args[0].value if deco.args else node.name.replace("_", "-")
+                    text = inspect.cleandoc(ast.get_docstring(node) or "")
+                    found[name] = " ".join(text.split("\n\n")[0].split())
+    return found
+
 
 app = typer.Typer(
+    cls=LazyGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -75,6 +164,25 @@ def command_line(ctx: typer.Context) -> str:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             parts += [f"--{name.replace('_', '-')}", shlex.quote(str(v))]
     return " ".join(parts)
+
+
+# llama.cpp's everyday flags, each another name of the same field wherever a command's config has it
+# (`config_options(aliases=...)`): one meaning in the CLI, the Python API and the server.
+LLAMA_FLAGS = {
+    "threads": ("-t",),
+    "ctx_size": ("-c",),
+    "max_new_tokens": ("-n",),
+    "temperature": ("--temp",),
+}
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads (llama.cpp's -t) for a command that loads its model without
+    `engine.load_from` (which sets them); None leaves torch's choice."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 MODEL_HELP = (

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import typer
 
-from yue.cli import common
-from yue.cli.common import app, user_errors
+from yue.cli import common, remote
+from yue.cli.common import LLAMA_FLAGS, app, user_errors
 from yue.cli.options import config_options
-from yue.config import DecodeConfig, LoadConfig
+from yue.settings import DecodeConfig, LoadConfig
 
 
 def load_engine(load: LoadConfig):
@@ -28,8 +31,9 @@ def load_engine(load: LoadConfig):
     DecodeConfig,
     exclude=("logprobs",),  # the command prints text, not log-probabilities
     helps={"trace": "Print the router's per-step trace to stderr."},
+    aliases=LLAMA_FLAGS,
 )
-@config_options(LoadConfig, argument="load")
+@config_options(LoadConfig, argument="load", aliases=LLAMA_FLAGS)
 def generate(
     prompt: str = typer.Argument(
         ..., help="Text to continue, or an instruct model's user message; - reads it from standard input."
@@ -38,7 +42,10 @@ def generate(
         None, help="A system message before PROMPT (an instruct model's chat template; not with --raw)."
     ),
     raw: bool = typer.Option(
-        False, "--raw", help="An instruct model continues PROMPT as written, not as a chat message."
+        False,
+        "--raw",
+        help="An instruct model continues PROMPT as written, not as a chat message; - keeps standard "
+        "input byte for byte (its final newline too).",
     ),
     stream: bool | None = typer.Option(
         None,
@@ -46,35 +53,104 @@ def generate(
         help="Print text as it is generated (default: on when standard output is a terminal).",
     ),
     trace_json: Path | None = typer.Option(None, help="Write the per-step trace as JSON to this file."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Print each phase's time to stderr: imports, load, first token, rest."
+    ),
+    server: str | None = typer.Option(None, "--server", envvar=remote.SERVER_ENV, help=remote.SERVER_HELP),
     load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
     """Continue PROMPT and print the completion (an instruct model answers it through its chat template).
 
-    `echo "Say hello" | yue generate -` reads the prompt from standard input."""
-    if prompt == "-":
-        prompt = sys.stdin.read()
-        if not prompt.strip():
-            raise ValueError("the prompt read from standard input is empty")
+    `echo "Say hello" | yue generate -` reads the prompt from standard input, less its final newline
+    (with --raw, byte for byte)."""
+    prompt = read_prompt(prompt, raw=raw)
     if system is not None and raw:
         raise ValueError("--system needs the chat template, which --raw leaves out")
+    live = common.on_terminal(sys.stdout) if stream is None else stream
+    if server is not None:
+        if trace_json is not None:
+            raise ValueError("--trace-json needs the steps, which a server does not send: leave out --server")
+        return _remote(server, prompt, system, raw, load, config, live, verbose)
     show_trace = config.trace
     if trace_json is not None:  # the file needs the steps recorded
         config = replace(config, trace=True)
-    engine = load_engine(load)
+    clock = Clock()
+    with clock("imports", "torch, transformers, the engine"):
+        import yue.engine  # noqa: F401  (timed apart from the load)
+    with clock("load", "yue.load: model files, kernels, drafting tables"):
+        engine = load_engine(load)
     if engine.instruct and not raw:
         system_message = [{"role": "system", "content": system}] if system is not None else []
         prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])
     elif system is not None:
         raise ValueError(f"--system needs an instruct model's chat template, which {engine.name} has not")
-    live = common.on_terminal(sys.stdout) if stream is None else stream
     steps, stats = _write(engine, prompt, config, live, show_trace)
+    if verbose:
+        clock.report(stats)
     if show_trace and stats is not None:
         typer.echo(_stats_line(stats), err=True)
     if trace_json is not None:
         trace_json.write_text(
             json.dumps({"steps": [asdict(s) for s in steps], "stats": stats.to_dict()}, indent=1)
         )
+
+
+def read_prompt(prompt: str, *, raw: bool) -> str:
+    """The prompt as the model gets it: PROMPT itself, or with `-` standard input less its final
+    newline (`echo "..." |` adds one; one `\n` or `\r\n`), or with `--raw` standard input byte for byte.
+    An empty prompt, from either source, is refused the same way."""
+    if prompt == "-":
+        data = sys.stdin.buffer.read()
+        if not raw:
+            newline = next((end for end in (b"\r\n", b"\n") if data.endswith(end)), b"")
+            data = data[: len(data) - len(newline)]
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"the prompt read from standard input is not UTF-8 ({e})") from None
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: give PROMPT some text, or - and text on standard input")
+    return prompt
+
+
+def _remote(
+    url: str,
+    prompt: str,
+    system: str | None,
+    raw: bool,
+    load: LoadConfig,
+    config: DecodeConfig,
+    live: bool,
+    verbose: bool,
+) -> None:
+    """`generate --server`: the same prompt, settings and printing, the model run by `yue serve`."""
+    remote.check_local_settings(load, config)
+    clock = Clock()
+    with clock("connect", "the server's model card"):
+        server = remote.Server.connect(url, load.model)
+    if server.instruct and not raw:
+        system_message = [{"role": "system", "content": system}] if system is not None else []
+        deltas = server.chat([*system_message, {"role": "user", "content": prompt}], config)
+    elif system is not None:
+        raise ValueError(f"--system needs an instruct model's chat template, which {server.model} has not")
+    else:
+        deltas = server.completion(prompt, config)
+    sent, first, text = time.perf_counter(), None, []
+    for delta in deltas:
+        first = first or time.perf_counter() - sent
+        text.append(delta)
+        if live:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    sys.stdout.write("\n" if live else "".join(text) + "\n")
+    if verbose:
+        rest = time.perf_counter() - sent - (first or 0.0)
+        clock.phases += [
+            ("first token", first or 0.0, "request sent, first text back"),
+            ("rest", rest, "streamed"),
+        ]
+        clock.report(None)
 
 
 def _write(engine, prompt: str, config: DecodeConfig, stream: bool, show_trace: bool) -> tuple[list, object]:
@@ -96,6 +172,35 @@ def _write(engine, prompt: str, config: DecodeConfig, stream: bool, show_trace: 
         stats = ev.stats or stats
     sys.stdout.write("\n")
     return steps, stats
+
+
+class Clock:
+    """`--verbose`'s phase times: named spans timed by `with clock(name, what):`, then the run's own
+    (first token: encoding and prefill, and the rest of the tokens) from its stats."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.phases: list[tuple[str, float, str]] = []
+
+    @contextmanager
+    def __call__(self, name: str, what: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self.phases.append((name, time.perf_counter() - t, what))
+
+    def report(self, stats) -> None:
+        """Print each phase, the run's own, and the total since the command started, to stderr."""
+        rows = list(self.phases)
+        if stats is not None:
+            rest = max(stats.total_s - stats.ttft_s, 0.0)
+            n = max(stats.new_tokens - 1, 0)
+            rows += [
+                ("first token", stats.ttft_s, "encode, prefill, first step"),
+                ("rest", rest, f"{n} tokens, {n / max(rest, 1e-9):.1f} tok/s"),
+            ]
+        rows.append(("total", time.perf_counter() - self.start, "since the command started"))
+        for name, seconds, what in rows:
+            typer.echo(f"[time] {name:<12}{seconds:7.3f} s  ({what})", err=True)
 
 
 def _stats_line(stats) -> str:

@@ -143,13 +143,19 @@ def _default(f: dataclasses.Field, defaults: dict):
 
 
 def _parameter(
-    name: str, form: _Form, default, text: str, flag: str | None, envvar: str | None
+    name: str,
+    form: _Form,
+    default,
+    text: str,
+    flag: str | None,
+    envvar: str | None,
+    aliases: tuple[str, ...] = (),
 ) -> inspect.Parameter:
     """Field `name`'s keyword parameter of the command, as Typer reads it: `--name` (a bool:
-    `--name/--no-name`) unless the command names the flag."""
+    `--name/--no-name`) unless the command names the flag, and any other names (`-n`) beside it."""
     dashed = name.replace("_", "-")
     flag = flag or (f"--{dashed}/--no-{dashed}" if form.annotation is bool else f"--{dashed}")
-    option = typer.Option(default, flag, help=text, envvar=envvar, metavar=form.metavar)
+    option = typer.Option(default, flag, *aliases, help=text, envvar=envvar, metavar=form.metavar)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=form.annotation)
 
 
@@ -158,6 +164,7 @@ def config_options(
     *,
     exclude: tuple[str, ...] = (),
     flags: dict[str, str] | None = None,
+    aliases: dict[str, tuple[str, ...]] | None = None,
     zero_is_none: tuple[str, ...] = (),
     envvars: dict[str, str] | None = None,
     csv: tuple[str, ...] = (),
@@ -173,6 +180,8 @@ def config_options(
         config_cls: a dataclass whose fields are the options.
         exclude: fields the command does not offer (their defaults apply).
         flags: a field's option name where it is not `--field-name` (e.g. `{"drain_timeout_s": "--drain-timeout"}`).
+        aliases: more names of a field's option, where the config has the field (llama.cpp's `-n`,
+            `--temp`: `common.LLAMA_FLAGS`).
         zero_is_none: `int | None` fields whose "no bound" (None) is written 0 on the command line.
         envvars: a field's environment variable, read where the option is not given (e.g. a secret).
         csv: tuple fields written as one comma-separated value, not a repeated option.
@@ -181,7 +190,7 @@ def config_options(
         helps: a field's help where the command shares one text with other commands (`--model`).
         argument: the command's parameter that receives the built config.
     """
-    flags, envvars, defaults = flags or {}, envvars or {}, defaults or {}
+    flags, envvars, defaults, aliases = flags or {}, envvars or {}, defaults or {}, aliases or {}
     hints = typing.get_type_hints(config_cls)
     helps = {**field_help(config_cls), **(helps or {})}
     fields = [f for f in dataclasses.fields(config_cls) if f.name not in exclude]
@@ -195,7 +204,15 @@ def config_options(
         if f.name in zero_is_none:
             text = text.replace("None = ", "0 = ")
         default = ... if f.name in required else forms[f.name].to_cli(_default(f, defaults))
-        return _parameter(f.name, forms[f.name], default, text, flags.get(f.name), envvars.get(f.name))
+        return _parameter(
+            f.name,
+            forms[f.name],
+            default,
+            text,
+            flags.get(f.name),
+            envvars.get(f.name),
+            aliases.get(f.name, ()),
+        )
 
     def decorate(fn):
         own_hints = typing.get_type_hints(fn)  # resolved here: Typer reads them in this module's globals

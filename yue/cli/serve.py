@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-from yue.cli.common import app, user_errors
+from yue.cli.common import LLAMA_FLAGS, app, user_errors
 from yue.cli.options import config_options
-from yue.config import LoadConfig
 from yue.serve.config import ServeConfig
+from yue.settings import LoadConfig
 
 
 @app.command("serve")
@@ -22,12 +22,14 @@ from yue.serve.config import ServeConfig
     zero_is_none=("max_batch_tokens", "max_prompt_tokens"),
     envvars={"api_key": "YUE_API_KEY"},
 )
-@config_options(LoadConfig, argument="load")
+@config_options(
+    LoadConfig,
+    argument="load",
+    aliases=LLAMA_FLAGS,
+    helps={"threads": "torch threads (per replica with --replicas; default: the cores divided among them)."},
+)
 def serve_cmd(
     log_level: str = typer.Option("info", help="uvicorn log level."),
-    threads: int | None = typer.Option(
-        None, help="torch threads (per replica with --replicas; default: the cores divided among them)."
-    ),
     replicas: int | None = typer.Option(
         None, help="Run N replicas on Ray Serve, each its own model copy and batch (needs the ray extra)."
     ),
@@ -59,12 +61,6 @@ def serve_cmd(
     # Chat requests use the model's own template (`Engine.chat_prompt`). Picklable: Ray replicas run it.
     loader = functools.partial(load_from, load)
     if replicas is None and autoscale is None and address is None:
-        if threads is not None:
-            if threads < 1:
-                raise ValueError(f"threads must be >= 1, got {threads}")
-            import torch
-
-            torch.set_num_threads(threads)
         raise typer.Exit(code=serve(loader, config, log_level=log_level))
     try:
         from yue.serve import replicas as ray_replicas
@@ -75,7 +71,7 @@ def serve_cmd(
     plan = ray_replicas.ReplicaConfig(
         replicas=1 if replicas is None else replicas,
         autoscale=ray_replicas.parse_autoscale(autoscale) if autoscale else None,
-        threads=threads,
+        threads=load.threads,
         address=address,
     )
     code = ray_replicas.serve_replicas(loader, config, plan)

@@ -239,13 +239,12 @@ def _install_info_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models", response_model=s.ModelList, responses=_ERRORS)
     async def models() -> s.ModelList:
         engine = state.ready()
-        card = s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
-        return s.ModelList(data=[card])
+        return s.ModelList(data=[_card(state, engine)])
 
     @app.get("/v1/models/{model_id}", response_model=s.ModelCard, responses=_ERRORS)
     async def model(model_id: str) -> s.ModelCard:
         engine = _check_model(state, model_id)  # another id: 404 model_not_found
-        return s.ModelCard(id=engine.name, created=state.created, max_model_len=engine.context_length)
+        return _card(state, engine)
 
 
 def _install_completions(app: FastAPI, state: ServerState) -> None:
@@ -414,6 +413,16 @@ def _choices(prepared: list[Prepared], n: int) -> list[Prepared]:
             decode = p.decode if seed is None or j == 0 else replace(p.decode, seed=(seed + j) % 2**64)
             out.append(replace(p, decode=decode, prompt_index=i))
     return out
+
+
+def _card(state: ServerState, engine) -> s.ModelCard:
+    return s.ModelCard(
+        id=engine.name,
+        created=state.created,
+        max_model_len=engine.context_length,
+        instruct=engine.instruct,
+        default_mode=engine.default_mode,
+    )
 
 
 def _check_model(state: ServerState, model: str | None):

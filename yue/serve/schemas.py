@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from yue.config import Mode
+from yue.settings import Mode
 
 SEED_MAX = 2**63 - 1
 
@@ -205,6 +205,10 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "yue"
     max_model_len: int
+    # yue's: whether the model answers through its chat template (`Engine.instruct`), so that
+    # `yue generate --server` sends a plain prompt where `yue generate` would template it.
+    instruct: bool = False
+    default_mode: str | None = None  # yue's: the mode a request that names none gets
 
 
 class ModelList(BaseModel):

@@ -1,0 +1,122 @@
+"""`yue generate --server URL` and `yue chat --server URL` (or $YUE_SERVER): the request goes to a
+running `yue serve` and prints what the in-process command prints, importing no torch; a server that
+is not there is a one-line error with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import yue
+from tests.serve_utils import LiveServer
+from yue.cli import app
+
+PROMPT = "def add(a, b):"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir):
+    """A live server (uvicorn on 127.0.0.1) on the tiny model: (its URL, the model folder)."""
+    with LiveServer(yue.load(tiny_model_dir)) as srv:
+        yield srv.url, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def served_instruct(tiny_gguf, tmp_path_factory):
+    """A live server on an instruct model (the tiny GGUF's chat template): (its URL, its file)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("YUE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    with LiveServer(yue.load(tiny_gguf.path)) as srv:
+        yield srv.url, str(tiny_gguf.path)
+    mp.undo()
+
+
+def _both(url: str, model: str, *args: str, input: str | None = None) -> tuple:
+    """The command's result in-process (loading `model`) and against the server at `url`."""
+    here = CliRunner().invoke(app, [*args, "--model", model], input=input)
+    there = CliRunner().invoke(app, [*args, "--server", url], input=input)
+    assert here.exit_code == 0, here.output
+    assert there.exit_code == 0, there.output
+    return here, there
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mode", "ar", "-n", "8"],
+        ["--mode", "ar", "-n", "8", "--stream"],
+        ["-n", "10", "--temp", "0.9", "--seed", "3", "--top-k", "20"],  # the model's default mode, sampled
+        ["--mode", "ar", "-n", "12", "--stop", "b"],
+    ],
+)
+def test_generate_through_the_server_prints_what_in_process_prints(served, flags):
+    url, model = served
+    here, there = _both(url, model, "generate", PROMPT, *flags)
+    assert there.stdout == here.stdout and here.stdout.strip()
+
+
+def test_an_instruct_models_prompt_goes_through_its_chat_template_on_the_server_too(served_instruct):
+    url, model = served_instruct
+    for extra in ([], ["--system", "Be brief."], ["--raw"]):
+        here, there = _both(url, model, "generate", "Hello", "--mode", "ar", "-n", "6", *extra)
+        assert there.stdout == here.stdout, extra
+
+
+def test_a_piped_prompt_and_yue_server_work_as_the_option(served, monkeypatch):
+    url, model = served
+    monkeypatch.setenv("YUE_SERVER", url)
+    there = CliRunner().invoke(app, ["generate", "-", "--mode", "ar", "-n", "8"], input=PROMPT + "\n")
+    monkeypatch.delenv("YUE_SERVER")
+    here = CliRunner().invoke(app, ["generate", PROMPT, "--model", model, "--mode", "ar", "-n", "8"])
+    assert there.exit_code == 0 and there.stdout == here.stdout
+
+
+def test_chat_through_the_server_replies_as_in_process(served):
+    url, model = served
+    here, there = _both(url, model, "chat", "--mode", "ar", "-n", "6", input="hello\nhow are you?\n/exit\n")
+    assert there.stdout == here.stdout and here.stdout.count("\n") == 2
+
+
+def test_generate_through_the_server_imports_no_torch(served):
+    url, model = served
+    code = (
+        "import json, sys, yue.cli\n"
+        "try:\n    yue.cli.app(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(json.dumps({'code': code, 'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))"
+    )
+    args = ["generate", PROMPT, "--server", url, "--mode", "ar", "-n", "8"]
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    *text, last = out.stdout.splitlines()
+    assert json.loads(last) == {"code": 0, "heavy": []}
+    here = CliRunner().invoke(app, ["generate", PROMPT, "--model", model, "--mode", "ar", "-n", "8"])
+    assert "\n".join(text) + "\n" == here.stdout
+
+
+def test_no_server_there_is_a_clear_error_with_exit_code_2():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for command in (["generate", "x"], ["chat"]):
+        res = CliRunner().invoke(app, [*command, "--server", f"http://127.0.0.1:{port}"], input="")
+        assert res.exit_code == 2 and "error: no yue server answers at" in res.output, res.output
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--threads", "2"], "--threads with --server: it is the server's own"),
+        (["--dtype", "bfloat16"], "--dtype with --server: it is the server's own"),
+        (["--block-size", "2"], "--block-size with --server: it is not in the HTTP API"),
+        (["--model", "yue-code-mini"], "the server at"),
+    ],
+)
+def test_settings_a_request_cannot_carry_are_refused_naming_the_option(served, option, message):
+    url, _ = served
+    res = CliRunner().invoke(app, ["generate", "x", "--server", url, *option])
+    assert res.exit_code == 2 and f"error: {option[0] if 'server at' in message else ''}" in res.output
+    assert message in res.output, res.output

@@ -1,0 +1,5 @@
+"""`python -m yue`: the `yue` command."""
+
+from yue.cli import main
+
+main()
