@@ -380,18 +380,8 @@ MATMULS = {
 LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5, "q4dot16": 6}
 # A GGUF matrix of ggml type T read in place: kind LAYER_GGML_BASE + T (`rows_layer_ggml_base` in the C).
 LAYER_GGML_BASE = 100
-GGML_TYPES = (
-    0,
-    1,
-    2,
-    3,
-    6,
-    8,
-    12,
-    13,
-    14,
-    30,
-)  # F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K BF16 (`ggml.FORMATS`)
+# Every ggml type id: which of them have kernels is `ggml.FORMATS`' (and the C dispatch's) to say.
+GGML_TYPES = range(64)
 LAYER_KINDS |= {f"ggml:{t}": LAYER_GGML_BASE + t for t in GGML_TYPES}
 
 
