@@ -25,6 +25,9 @@ enum {
 
 #define QK 256 /* elements of a K-quant super-block (QK_K) */
 #define Q32 32 /* elements of a 32-block (Q4_0, Q4_1, Q5_0, Q8_0) */
+#ifndef GGML_PREFETCH
+#define GGML_PREFETCH 1024 /* bytes ahead in a weight row that each block prefetches */
+#endif
 
 /* Dequantizers compute as numpy does (a product, then a sum, each rounded): no fused multiply-add. */
 #if defined(__clang__)
@@ -96,20 +99,36 @@ struct kblock {
 
 typedef void (*kdecode_fn)(const unsigned char *blk, struct kblock *k);
 
-/* scw and mn from the 16 groups' scales sc and mins mn16. */
-static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, const short *sc, const short *mn16) {
+/* 16 shorts, a super-block's scales or mins per group of 16: one AVX2 vector where there is one. */
+#if defined(__AVX2__)
+typedef __m256i scales16;
+#else
+typedef struct {
+    short v[16];
+} scales16;
+#endif
+
+/* scw and mn from the 16 groups' scales sc and mins mn. */
+static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc, scales16 mn) {
 #if defined(K_AVX512)
     static const short idx[4][32] = {
         {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
         {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
         {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
         {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
-    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)sc));
+    const __m512i v = _mm512_castsi256_si512(sc);
     for (int c = 0; c < 4; c++) _mm512_store_si512(k->scw + 32 * c, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx[c]), v));
+    _mm256_store_si256((__m256i *)k->mn, mn);
+#elif defined(__AVX2__)
+    short g[16] __attribute__((aligned(32)));
+    _mm256_store_si256((__m256i *)g, sc);
+    for (int c = 0; c < 8; c++)
+        _mm256_store_si256((__m256i *)(k->scw + 16 * c), _mm256_set_m128i(_mm_set1_epi16(g[2 * c + 1]), _mm_set1_epi16(g[2 * c])));
+    _mm256_store_si256((__m256i *)k->mn, mn);
 #else
-    for (int i = 0; i < QK / 2; i++) k->scw[i] = sc[i / 8];
+    for (int i = 0; i < QK / 2; i++) k->scw[i] = sc.v[i / 8];
+    memcpy(k->mn, mn.v, sizeof k->mn);
 #endif
-    memcpy(k->mn, mn16, sizeof k->mn);
 }
 
 /* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[i] the chain
@@ -188,7 +207,9 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
     struct kacc acc[MAX_R];
     memset(acc, 0, sizeof acc);
     for (long b = 0; b < nb; b++) {
-        decode(wo + b * bytes, &k);
+        const unsigned char *blk = wo + b * bytes;
+        for (int l = 0; l < bytes; l += 64) __builtin_prefetch(blk + GGML_PREFETCH + l, 0, 3);
+        decode(blk, &k);
 #pragma GCC unroll 9
         for (int r = 0; r < R; r++) {
             const long g = (r0 + r) * nb + b;
