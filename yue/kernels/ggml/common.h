@@ -40,7 +40,8 @@ enum {
 struct acts {
     signed char *q; /* (rows, in) codes, round(x * 127 / amax) of the group */
     float *d;       /* (rows, in / group) amax / 127 */
-    short *s;       /* (rows, in / 16) sums of each 16 codes: the K-quants' min terms, the 32-blocks' offsets */
+    short *s;       /* (rows, in / 16) sums of each 16 codes: Q4_1's min terms */
+    float *t;       /* (rows, in / 16) each sum times its group's scale: the K-quants' min terms */
 };
 
 static struct acts acts_quantize(const float *x, long rows, long in, long group) {
@@ -48,16 +49,17 @@ static struct acts acts_quantize(const float *x, long rows, long in, long group)
     a.q = malloc(rows * in + 64);
     a.d = malloc(rows * (in / group) * sizeof(float));
     a.s = malloc(rows * (in / 16) * sizeof(short));
+    a.t = malloc(rows * (in / 16) * sizeof(float));
     quantize_groups(x, rows, in, group, (int *)a.q, a.d, NULL);
     for (long i = 0; i < rows * in / 16; i++) {
         int s = 0;
         for (int k = 0; k < 16; k++) s += a.q[16 * i + k];
-        a.s[i] = (short)s;
+        a.s[i] = (short)s, a.t[i] = a.d[i * 16 / group] * (float)s;
     }
     return a;
 }
 
-static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s); }
+static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s), free(a.t); }
 
 /* A little-endian float16 at p, as a float (exact). */
 static inline __attribute__((always_inline)) float half_at(const unsigned char *p) {
@@ -88,12 +90,13 @@ static inline float lanes_tree(float *v, int n) {
  *
  * A super-block's value at element e (group j = e / 16 of 16) is d sc[j] q[e] - dm mn[j]: Q4_K and Q5_K
  * as stored (mn the 6-bit mins, dm = dmin); Q6_K with q its unsigned 6-bit code, mn = 32 sc and dm = d
- * (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - dm dx (sum_j mn[j]
- * s[j]), dx its activations' scale and s their sums per 16. */
+ * (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - sum_j (dm mn[j]) (dx
+ * s[j]), dx its activations' scale and s their sums per 16 (the second factor `acts.t`, the first `wm`,
+ * each one product for all rows). */
 struct kblock {
     unsigned char q[QK];
     short scw[QK / 2]; /* pair i of elements (2i, 2i + 1): its group's scale, sc[i / 8] */
-    short mn[16];
+    float wm[16]; /* dm mn[j] */
     float d, dm;
 } __attribute__((aligned(64)));
 
@@ -108,7 +111,7 @@ typedef struct {
 } scales16;
 #endif
 
-/* scw and mn from the 16 groups' scales sc and mins mn. */
+/* scw and wm from the 16 groups' scales sc and mins mn (after d and dm). */
 static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc, scales16 mn) {
 #if defined(K_AVX512)
     static const short idx[4][32] = {
@@ -118,51 +121,52 @@ static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k,
         {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
     const __m512i v = _mm512_castsi256_si512(sc);
     for (int c = 0; c < 4; c++) _mm512_store_si512(k->scw + 32 * c, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx[c]), v));
-    _mm256_store_si256((__m256i *)k->mn, mn);
+    _mm512_store_ps(k->wm, _mm512_mul_ps(_mm512_set1_ps(k->dm), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(mn))));
 #elif defined(__AVX2__)
     short g[16] __attribute__((aligned(32)));
     _mm256_store_si256((__m256i *)g, sc);
     for (int c = 0; c < 8; c++)
         _mm256_store_si256((__m256i *)(k->scw + 16 * c), _mm256_set_m128i(_mm_set1_epi16(g[2 * c + 1]), _mm_set1_epi16(g[2 * c])));
-    _mm256_store_si256((__m256i *)k->mn, mn);
+    for (int h = 0; h < 2; h++) {
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
+        _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
+    }
 #else
     for (int i = 0; i < QK / 2; i++) k->scw[i] = sc.v[i / 8];
-    memcpy(k->mn, mn.v, sizeof k->mn);
+    for (int j = 0; j < 16; j++) k->wm[j] = k->dm * (float)mn.v[j];
 #endif
 }
 
 /* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[i] the chain
  * over the blocks of d dx L[i], L[i] = sum of sc q x over the elements e with e % 64 / 4 == i (AVX512's
- * 32-bit lanes of a 64-element chunk; AVX2's two halves); 8 lanes m, m[i] the chain of dm dx (mn[2i]
- * s[2i] + mn[2i + 1] s[2i + 1]). The output is tree(f) - tree(m). */
+ * 32-bit lanes of a 64-element chunk; AVX2's two halves); 16 lanes m, m[j] the chain of wm[j] t[j].
+ * The output is tree(f) - tree(m). */
 struct kacc {
 #if defined(K_AVX512)
-    __m512 f;
-    __m256 m;
+    __m512 f, m;
 #elif defined(K_AVX2)
-    __m256 f0, f1, m;
+    __m256 f0, f1, m0, m1;
 #else
-    float f[16], m[8];
+    float f[16], m[16];
 #endif
 };
 
-/* One row's super-block into a: x its 256 codes, s its 16 sums, dd = d dx, dmd = dm dx. Pairs of
+/* One row's super-block into a: x its 256 codes, t its 16 scaled sums, dd = d dx. Pairs of
  * products fit 16 bits (63 * 127 * 2 < 2^15), so maddubs never saturates. */
-static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const short *s,
-                                                        float dd, float dmd, struct kacc *a) {
+static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const float *t,
+                                                        float dd, struct kacc *a) {
 #if defined(K_AVX512)
-    __m512i acc = _mm512_setzero_si512();
+    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}; /* two chains of the same exact sums */
     for (int c = 0; c < 4; c++) {
         const __m512i p = _mm512_maddubs_epi16(_mm512_load_si512(k->q + 64 * c), _mm512_loadu_si512(x + 64 * c));
 #if defined(__AVX512VNNI__)
-        acc = _mm512_dpwssd_epi32(acc, p, _mm512_load_si512(k->scw + 32 * c));
+        acc[c % 2] = _mm512_dpwssd_epi32(acc[c % 2], p, _mm512_load_si512(k->scw + 32 * c));
 #else
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_load_si512(k->scw + 32 * c)));
+        acc[c % 2] = _mm512_add_epi32(acc[c % 2], _mm512_madd_epi16(p, _mm512_load_si512(k->scw + 32 * c)));
 #endif
     }
-    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), a->f);
-    const __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)k->mn), _mm256_loadu_si256((const __m256i *)s));
-    a->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmd), a->m);
+    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[0], acc[1])), _mm512_set1_ps(dd), a->f);
+    a->m = _mm512_fmadd_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t), a->m);
 #elif defined(K_AVX2)
     __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int c = 0; c < 8; c++) {
@@ -177,26 +181,26 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
     }
     a->f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_set1_ps(dd), a->f0);
     a->f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_set1_ps(dd), a->f1);
-    const __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)k->mn), _mm256_loadu_si256((const __m256i *)s));
-    a->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmd), a->m);
+    a->m0 = _mm256_fmadd_ps(_mm256_load_ps(k->wm), _mm256_loadu_ps(t), a->m0);
+    a->m1 = _mm256_fmadd_ps(_mm256_load_ps(k->wm + 8), _mm256_loadu_ps(t + 8), a->m1);
 #else
     int L[16] = {0};
     for (int e = 0; e < QK; e++) L[e % 64 / 4] += k->scw[e / 2] * k->q[e] * x[e];
     for (int i = 0; i < 16; i++) a->f[i] = fmaf((float)L[i], dd, a->f[i]);
-    for (int i = 0; i < 8; i++) a->m[i] = fmaf((float)(k->mn[2 * i] * s[2 * i] + k->mn[2 * i + 1] * s[2 * i + 1]), dmd, a->m[i]);
+    for (int j = 0; j < 16; j++) a->m[j] = fmaf(k->wm[j], t[j], a->m[j]);
 #endif
 }
 
 static inline __attribute__((always_inline)) float kacc_sum(const struct kacc *a) {
-    float f[16], m[8];
+    float f[16], m[16];
 #if defined(K_AVX512)
-    _mm512_storeu_ps(f, a->f), _mm256_storeu_ps(m, a->m);
+    _mm512_storeu_ps(f, a->f), _mm512_storeu_ps(m, a->m);
 #elif defined(K_AVX2)
-    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1), _mm256_storeu_ps(m, a->m);
+    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1), _mm256_storeu_ps(m, a->m0), _mm256_storeu_ps(m + 8, a->m1);
 #else
     memcpy(f, a->f, sizeof f), memcpy(m, a->m, sizeof m);
 #endif
-    return lanes_tree(f, 16) - lanes_tree(m, 8);
+    return lanes_tree(f, 16) - lanes_tree(m, 16);
 }
 
 /* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
@@ -205,7 +209,8 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
                                                            long out) {
     struct kblock k;
     struct kacc acc[MAX_R];
-    memset(acc, 0, sizeof acc);
+#pragma GCC unroll 9
+    for (int r = 0; r < R; r++) acc[r] = (struct kacc){0};
     for (long b = 0; b < nb; b++) {
         const unsigned char *blk = wo + b * bytes;
         for (int l = 0; l < bytes; l += 64) __builtin_prefetch(blk + GGML_PREFETCH + l, 0, 3);
@@ -213,9 +218,10 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
 #pragma GCC unroll 9
         for (int r = 0; r < R; r++) {
             const long g = (r0 + r) * nb + b;
-            k_row(&k, a->q + g * QK, a->s + g * 16, k.d * a->d[g], k.dm * a->d[g], &acc[r]);
+            k_row(&k, a->q + g * QK, a->t + g * 16, k.d * a->d[g], &acc[r]);
         }
     }
+#pragma GCC unroll 9
     for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
 }
 
@@ -303,7 +309,8 @@ static inline __attribute__((always_inline)) void b32_output(decode32_fn decode,
                                                              const unsigned char *wo, float *y, long out) {
     struct block32 k;
     struct bacc acc[MAX_R];
-    memset(acc, 0, sizeof acc);
+#pragma GCC unroll 9
+    for (int r = 0; r < R; r++) acc[r] = (struct bacc){0};
     for (long b = 0; b < nb; b++) {
         decode(wo + b * bytes, &k);
 #pragma GCC unroll 9
@@ -313,6 +320,7 @@ static inline __attribute__((always_inline)) void b32_output(decode32_fn decode,
             if (has_m) acc[r].m = fmaf(k.m * a->d[g], (float)(a->s[2 * g] + a->s[2 * g + 1]), acc[r].m);
         }
     }
+#pragma GCC unroll 9
     for (int r = 0; r < R; r++) y[(r0 + r) * out] = bacc_sum(&acc[r]);
 }
 

@@ -19,15 +19,16 @@ static inline __attribute__((always_inline)) void k_scales(const unsigned char *
     /* 8 bytes to 8 shorts, each twice (groups 2 j, 2 j + 1) */
     const __m128i sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((unsigned long long)u[1] << 32 | u[0])));
     const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((unsigned long long)u[3] << 32 | u[2])));
+    k->d = half_at(blk), k->dm = half_at(blk + 2);
     k_set_scales(k, _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc)),
                  _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn)));
 #else
     const unsigned char *b = (const unsigned char *)u;
     scales16 sc, mn;
     for (int j = 0; j < 16; j++) sc.v[j] = b[j / 2], mn.v[j] = b[8 + j / 2];
+    k->d = half_at(blk), k->dm = half_at(blk + 2);
     k_set_scales(k, sc, mn);
 #endif
-    k->d = half_at(blk), k->dm = half_at(blk + 2);
 }
 
 /* 128 bytes of Q4_K-ordered nibbles at qs into 256 codes in element order, with Q5_K's fifth bits from qh
@@ -84,8 +85,8 @@ static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q4_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.scw[e / 2], dm = k.dm * (float)k.mn[e / 16];
-        out[e] = ds * (float)k.q[e] - dm;
+        const float ds = k.d * (float)k.scw[e / 2];
+        out[e] = ds * (float)k.q[e] - k.wm[e / 16];
     }
 }
 

@@ -38,6 +38,7 @@ static inline __attribute__((always_inline)) void q6_k_decode(const unsigned cha
                 k->q[128 * h + 32 * i + l] = lo | ((qh[32 * h + l] >> (2 * i)) & 3) << 4;
             }
 #endif
+    k->d = k->dm = half_at(blk + 208);
 #if defined(__AVX2__)
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
     k_set_scales(k, sc, _mm256_slli_epi16(sc, 5));
@@ -47,7 +48,6 @@ static inline __attribute__((always_inline)) void q6_k_decode(const unsigned cha
     for (int j = 0; j < 16; j++) sc.v[j] = s[j], mn.v[j] = (short)(32 * s[j]);
     k_set_scales(k, sc, mn);
 #endif
-    k->d = k->dm = half_at(blk + 208);
 }
 
 /* (d sc) (q - 32), as gguf.quants dequantizes. */
