@@ -86,6 +86,28 @@ static inline float lanes_tree(float *v, int n) {
 #define B_AVX2 1
 #endif
 
+/* CALL(R) for the pass's row count R (in the caller's scope): with vectors, as a constant (1..MAX_R), so
+ * that the rows' sums stay in registers; the plain build's loops take it as it is (one copy, quick to
+ * compile). */
+#if defined(__AVX2__)
+#define ROWS_SWITCH(CALL)                                                                                   \
+    switch (R) {                                                                                            \
+    case 1: CALL(1); break;                                                                                 \
+    case 2: CALL(2); break;                                                                                 \
+    case 3: CALL(3); break;                                                                                 \
+    case 4: CALL(4); break;                                                                                 \
+    case 5: CALL(5); break;                                                                                 \
+    case 6: CALL(6); break;                                                                                 \
+    case 7: CALL(7); break;                                                                                 \
+    case 8: CALL(8); break;                                                                                 \
+    default: CALL(9); break;                                                                                \
+    }
+#define UNROLL_ROWS _Pragma("GCC unroll 9") /* each row's sums in their own registers */
+#else
+#define ROWS_SWITCH(CALL) CALL(R)
+#define UNROLL_ROWS
+#endif
+
 /* ---- K-quants: a super-block decoded to unsigned codes and integer scales ----
  *
  * A super-block's value at element e (group j = e / 16 of 16) is d sc[j] q[e] - dm mn[j]: Q4_K and Q5_K
@@ -209,19 +231,19 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
                                                            long out) {
     struct kblock k;
     struct kacc acc[MAX_R];
-#pragma GCC unroll 9
+    UNROLL_ROWS
     for (int r = 0; r < R; r++) acc[r] = (struct kacc){0};
     for (long b = 0; b < nb; b++) {
         const unsigned char *blk = wo + b * bytes;
         for (int l = 0; l < bytes; l += 64) __builtin_prefetch(blk + GGML_PREFETCH + l, 0, 3);
         decode(blk, &k);
-#pragma GCC unroll 9
+    UNROLL_ROWS
         for (int r = 0; r < R; r++) {
             const long g = (r0 + r) * nb + b;
             k_row(&k, a->q + g * QK, a->t + g * 16, k.d * a->d[g], &acc[r]);
         }
     }
-#pragma GCC unroll 9
+    UNROLL_ROWS
     for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
 }
 
@@ -236,11 +258,9 @@ static inline __attribute__((always_inline)) void k_matmul(kdecode_fn decode, lo
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (long o = 0; o < out; o++) {
             const unsigned char *wo = w + o * nb * bytes;
-            switch (R) { /* a constant row count, so that the rows' sums stay in registers */
-#define K_CASE(N) case N: k_output(decode, bytes, &a, r0, N, nb, wo, y + o, out); break;
-                K_CASE(1) K_CASE(2) K_CASE(3) K_CASE(4) K_CASE(5) K_CASE(6) K_CASE(7) K_CASE(8) K_CASE(9)
-#undef K_CASE
-            }
+#define K_OUTPUT(N) k_output(decode, bytes, &a, r0, N, nb, wo, y + o, out)
+            ROWS_SWITCH(K_OUTPUT);
+#undef K_OUTPUT
         }
     }
     acts_free(a);
@@ -309,18 +329,18 @@ static inline __attribute__((always_inline)) void b32_output(decode32_fn decode,
                                                              const unsigned char *wo, float *y, long out) {
     struct block32 k;
     struct bacc acc[MAX_R];
-#pragma GCC unroll 9
+    UNROLL_ROWS
     for (int r = 0; r < R; r++) acc[r] = (struct bacc){0};
     for (long b = 0; b < nb; b++) {
         decode(wo + b * bytes, &k);
-#pragma GCC unroll 9
+    UNROLL_ROWS
         for (int r = 0; r < R; r++) {
             const long g = (r0 + r) * nb + b;
             b_row(&k, a->q + g * Q32, is_signed, k.d * a->d[g], &acc[r]);
             if (has_m) acc[r].m = fmaf(k.m * a->d[g], (float)(a->s[2 * g] + a->s[2 * g + 1]), acc[r].m);
         }
     }
-#pragma GCC unroll 9
+    UNROLL_ROWS
     for (int r = 0; r < R; r++) y[(r0 + r) * out] = bacc_sum(&acc[r]);
 }
 
@@ -337,11 +357,9 @@ static inline __attribute__((always_inline)) void b32_matmul(decode32_fn decode,
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (long o = 0; o < out; o++) {
             const unsigned char *wo = w + o * nb * bytes;
-            switch (R) { /* a constant row count, so that the rows' sums stay in registers */
-#define B_CASE(N) case N: b32_output(decode, bytes, has_m, is_signed, &a, r0, N, nb, wo, y + o, out); break;
-                B_CASE(1) B_CASE(2) B_CASE(3) B_CASE(4) B_CASE(5) B_CASE(6) B_CASE(7) B_CASE(8) B_CASE(9)
-#undef B_CASE
-            }
+#define B_OUTPUT(N) b32_output(decode, bytes, has_m, is_signed, &a, r0, N, nb, wo, y + o, out)
+            ROWS_SWITCH(B_OUTPUT);
+#undef B_OUTPUT
         }
     }
     acts_free(a);
