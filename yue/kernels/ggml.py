@@ -39,7 +39,9 @@ class Format:
     def row_bytes(self, in_features: int) -> int:
         """Bytes of one matrix row of `in_features` weights (a multiple of `block_elems`)."""
         if in_features % self.block_elems:
-            raise ValueError(f"in_features {in_features} is not a multiple of {self.name}'s {self.block_elems}")
+            raise ValueError(
+                f"in_features {in_features} is not a multiple of {self.name}'s {self.block_elems}"
+            )
         return in_features // self.block_elems * self.block_bytes
 
 
@@ -126,5 +128,7 @@ def get_rows(w: torch.Tensor, ggml_type: int, in_features: int, ids: torch.Tenso
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < n_rows):
         raise ValueError(f"ids must be in [0, {n_rows})")
     out = torch.empty(ids.numel(), in_features, dtype=torch.float32)
-    rowkernel.library().ggml_get_rows(ggml_type, w.data_ptr(), in_features, ids.data_ptr(), ids.numel(), out.data_ptr())
+    rowkernel.library().ggml_get_rows(
+        ggml_type, w.data_ptr(), in_features, ids.data_ptr(), ids.numel(), out.data_ptr()
+    )
     return out

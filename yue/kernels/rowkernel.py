@@ -171,9 +171,7 @@ def library() -> ctypes.CDLL:
     complaints = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(
-            "\n".join(
-                [_sources(), version, " ".join(flags), platform.machine(), _cpu_flags()]
-            ).encode()
+            "\n".join([_sources(), version, " ".join(flags), platform.machine(), _cpu_flags()]).encode()
         ).hexdigest()[:20]
         path = cache_root() / "kernels" / f"rowkernel-{key}.so"
         for attempt in range(2):  # a cached file that does not load is rebuilt once
