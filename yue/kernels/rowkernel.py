@@ -3,7 +3,8 @@ a few rows that streams the weight once, the kernel of a float32 model's 1-9-row
 step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`decode_set.ExactAttention`), a whole float32
-decode layer in one call and a step's run of such layers in one call (`rowstack.stack`).
+decode layer in one call and a step's run of such layers in one call (`rowstack.stack`); and the
+matmuls on a GGUF's blocks as the file stores them (`ggml.py`, `ggml/*.c`, #included by the C file).
 
 Why each of these exists (the layer and the stack in one call, 4-bit and 8-bit codes, the NAR set's int8
 layers, the int4 precision, a kernel of our own): docs/design.md §10; the figures, with their machines,

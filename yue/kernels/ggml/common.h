@@ -5,13 +5,15 @@
  * Design decisions:
  * - Integer dot products on int8 activations, as llama.cpp computes them: the K-quants against
  *   activations quantized per 256 (Q8_K: a float scale per 256, code sums per 16 for the min terms),
- *   the 32-blocks against int8 per 32 (Q8_0 / Q8_1: a scale and a code sum per 32). The weights'
- *   codes and scales are the file's, never re-quantized.
+ *   the 32-blocks against int8 per 32 (Q8_0: a scale per 32; Q4_1 also the code sum, Q8_1's, for its
+ *   min). The weights' codes and scales are the file's, never re-quantized.
  * - Row-exact: a pass of up to MAX_R rows decodes each weight block once and runs each row's dot on
- *   it; output o of row r is one chain over the blocks in order (integer block sums, then fmaf), the
- *   same whatever the row count, the row's place in the pass or the threads (outputs are split among
- *   them). The integer sums are exact and the float steps are fmaf, so every build (AVX512 with or
- *   without VNNI, AVX2, plain C) gives the same bits for the quantized formats.
+ *   it (extra rows cost their dots, not the weights' bytes or decoding); output o of row r is a fixed
+ *   set of lanes, each an fmaf chain over the blocks in order of exact integer partial sums, added in
+ *   a fixed tree (struct kacc, struct bacc): the same whatever the row count, the row's place in the
+ *   pass or the threads (outputs are split among them). The lanes are defined by element, not by
+ *   vector width, so every build (AVX512 with or without VNNI, AVX2 with or without AVX-VNNI, plain C)
+ *   gives the same bits for the quantized formats; the float formats' lanes are the build's vectors.
  * - Each format's file (q4_k.c, ...) holds a decoder (block bytes -> codes and scales) and a
  *   dequantizer (get_rows: gguf.quants.dequantize's float32 values exactly); the drivers below loop.
  */
