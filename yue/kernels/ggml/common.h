@@ -39,25 +39,35 @@ enum {
 #endif
 
 /* ---- Activations: x (rows, in) as int8 codes, a scale per group (256 or 32), code sums per 16 ---- */
+/* Block-major, so that a pass's rows of one block lie together (one pointer for all the rows): group g of
+ * row r (g < in / group) is entry g * rows + r. */
 struct acts {
-    signed char *q; /* (rows, in) codes, round(x * 127 / amax) of the group */
-    float *d;       /* (rows, in / group) amax / 127 */
-    short *s;       /* (rows, in / 16) sums of each 16 codes: Q4_1's min terms */
-    float *t;       /* (rows, in / 16) each sum times its group's scale: the K-quants' min terms */
+    long rows;
+    signed char *q; /* (in / group, rows, group) codes, round(x * 127 / amax) of the group */
+    float *d;       /* (in / group, rows) amax / 127 */
+    short *s;       /* (in / group, rows, group / 16) sums of each 16 codes: Q4_1's min terms */
+    float *t;       /* (in / group, rows, group / 16) each sum times its group's scale: the K-quants' min terms */
 };
 
 static struct acts acts_quantize(const float *x, long rows, long in, long group) {
-    struct acts a;
-    a.q = malloc(rows * in + 64);
-    a.d = malloc(rows * (in / group) * sizeof(float));
-    a.s = malloc(rows * (in / 16) * sizeof(short));
-    a.t = malloc(rows * (in / 16) * sizeof(float));
-    quantize_groups(x, rows, in, group, (int *)a.q, a.d, NULL);
-    for (long i = 0; i < rows * in / 16; i++) {
-        int s = 0;
-        for (int k = 0; k < 16; k++) s += a.q[16 * i + k];
-        a.s[i] = (short)s, a.t[i] = a.d[i * 16 / group] * (float)s;
-    }
+    const long groups = in / group, sums = group / 16;
+    struct acts a = {rows, malloc(rows * in + 64), malloc(rows * groups * sizeof(float)),
+                     malloc(rows * in / 16 * sizeof(short)), malloc(rows * in / 16 * sizeof(float))};
+    signed char *codes = malloc(rows * in + 64);
+    float *d = malloc(rows * groups * sizeof(float));
+    quantize_groups(x, rows, in, group, (int *)codes, d, NULL); /* row-major */
+    for (long r = 0; r < rows; r++)
+        for (long g = 0; g < groups; g++) {
+            const long e = g * rows + r;
+            memcpy(a.q + e * group, codes + (r * groups + g) * group, group);
+            a.d[e] = d[r * groups + g];
+            for (long k = 0; k < sums; k++) {
+                int sum = 0;
+                for (int i = 0; i < 16; i++) sum += a.q[e * group + 16 * k + i];
+                a.s[e * sums + k] = (short)sum, a.t[e * sums + k] = a.d[e] * (float)sum;
+            }
+        }
+    free(codes), free(d);
     return a;
 }
 
@@ -119,8 +129,9 @@ static inline float lanes_tree(float *v, int n) {
  * each one product for all rows). */
 struct kblock {
     unsigned char q[QK];
-    short scw[QK / 2]; /* pair i of elements (2i, 2i + 1): its group's scale, sc[i / 8] */
-    float wm[16]; /* dm mn[j] */
+    short scp[QK / 4]; /* the scale of each 4 elements' dot, in k_row's packed order (k_set_scales) */
+    float wm[16];      /* dm mn[j] */
+    short sc[16];      /* (whole vectors, each 64-byte aligned) */
     float d, dm;
 } __attribute__((aligned(64)));
 
@@ -135,96 +146,127 @@ typedef struct {
 } scales16;
 #endif
 
-/* scw and wm from the 16 groups' scales sc and mins mn (after d and dm). */
+/* Where k_row's packed dots put element e's 4-element dot (e / 4 of 64): for 128 elements 128 h + ..,
+ * chunk c = e % 128 / 64, its dot lane i = e % 64 / 4 goes to 16-bit slot 32 h + 8 (i / 4) + 4 c + i % 4
+ * (packs_epi32 of the two chunks' dots interleaves them per 128 bits), and pairs of slots to 32-bit lane
+ * slot / 2 % 16 of the block's sums. */
+static inline __attribute__((always_inline)) int k_slot(int e) {
+    const int c = e % 128 / 64, i = e % 64 / 4;
+    return 32 * (e / 128) + 8 * (i / 4) + 4 * c + i % 4;
+}
+
+/* scp, sc and wm from the 16 groups' scales sc and mins mn (after d and dm): slot s of scp holds the
+ * scale of group 8 (s / 32) + s % 32 / 8 + 4 (s % 8 / 4) (k_slot's inverse, by group). */
 static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc, scales16 mn) {
+#if defined(__AVX2__)
+    static const short idx[64] = {0,  0,  0,  0,  4,  4,  4,  4,  1,  1,  1,  1,  5,  5,  5,  5,
+                                  2,  2,  2,  2,  6,  6,  6,  6,  3,  3,  3,  3,  7,  7,  7,  7,
+                                  8,  8,  8,  8,  12, 12, 12, 12, 9,  9,  9,  9,  13, 13, 13, 13,
+                                  10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15};
+    _mm256_store_si256((__m256i *)k->sc, sc);
+#endif
 #if defined(K_AVX512)
-    static const short idx[4][32] = {
-        {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
-        {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
-        {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
-        {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
     const __m512i v = _mm512_castsi256_si512(sc);
-    for (int c = 0; c < 4; c++) _mm512_store_si512(k->scw + 32 * c, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx[c]), v));
+    for (int h = 0; h < 2; h++)
+        _mm512_store_si512(k->scp + 32 * h, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx + 32 * h), v));
     _mm512_store_ps(k->wm, _mm512_mul_ps(_mm512_set1_ps(k->dm), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(mn))));
 #elif defined(__AVX2__)
-    short g[16] __attribute__((aligned(32)));
-    _mm256_store_si256((__m256i *)g, sc);
-    for (int c = 0; c < 8; c++)
-        _mm256_store_si256((__m256i *)(k->scw + 16 * c), _mm256_set_m128i(_mm_set1_epi16(g[2 * c + 1]), _mm_set1_epi16(g[2 * c])));
+    for (int s = 0; s < QK / 4; s++) k->scp[s] = k->sc[idx[s]];
     for (int h = 0; h < 2; h++) {
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
         _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
     }
 #else
-    for (int i = 0; i < QK / 2; i++) k->scw[i] = sc.v[i / 8];
+    memcpy(k->sc, sc.v, sizeof k->sc);
+    for (int e = 0; e < QK; e += 4) k->scp[k_slot(e)] = sc.v[e / 16];
     for (int j = 0; j < 16; j++) k->wm[j] = k->dm * (float)mn.v[j];
 #endif
 }
 
-/* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[i] the chain
- * over the blocks of d dx L[i], L[i] = sum of sc q x over the elements e with e % 64 / 4 == i (AVX512's
- * 32-bit lanes of a 64-element chunk; AVX2's two halves); 16 lanes m, m[j] the chain of wm[j] t[j].
- * The output is tree(f) - tree(m). */
+/* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[l] one chain
+ * over the blocks of + d dx L[l], then - wm[l] t[l] (one register a row: 9 rows' fit beside the block's
+ * vectors), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1, 32 + 2 l,
+ * 33 + 2 l (k_slot). The output is tree(f). */
 struct kacc {
 #if defined(K_AVX512)
-    __m512 f, m;
+    __m512 f;
 #elif defined(K_AVX2)
-    __m256 f0, f1, m0, m1;
+    __m256 f0, f1;
 #else
-    float f[16], m[16];
+    float f[16];
 #endif
 };
 
-/* One row's super-block into a: x its 256 codes, t its 16 scaled sums, dd = d dx. Pairs of
- * products fit 16 bits (63 * 127 * 2 < 2^15), so maddubs never saturates. */
+/* One row's super-block into a: x its 256 codes, t its 16 scaled sums, dd = d dx. Each 4 elements' dot
+ * (dpbusd, or maddubs and madd without VNNI: pairs of products < 2^15, no saturation) fits 16 bits
+ * (4 * 63 * 127 < 2^15), so two chunks' dots pack into one vector of 16-bit dots, multiplied by their
+ * scales in one madd: 6 multiplies a row a block with VNNI. */
 static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const float *t,
                                                         float dd, struct kacc *a) {
 #if defined(K_AVX512)
-    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}; /* two chains of the same exact sums */
-    for (int c = 0; c < 4; c++) {
-        const __m512i p = _mm512_maddubs_epi16(_mm512_load_si512(k->q + 64 * c), _mm512_loadu_si512(x + 64 * c));
+    __m512i acc = _mm512_setzero_si512(), dots[2];
+    for (int h = 0; h < 2; h++) {
+        for (int c = 0; c < 2; c++) {
+            const __m512i qv = _mm512_load_si512(k->q + 128 * h + 64 * c), xv = _mm512_loadu_si512(x + 128 * h + 64 * c);
 #if defined(__AVX512VNNI__)
-        acc[c % 2] = _mm512_dpwssd_epi32(acc[c % 2], p, _mm512_load_si512(k->scw + 32 * c));
+            dots[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, xv);
 #else
-        acc[c % 2] = _mm512_add_epi32(acc[c % 2], _mm512_madd_epi16(p, _mm512_load_si512(k->scw + 32 * c)));
+            dots[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(qv, xv), _mm512_set1_epi16(1));
+#endif
+        }
+        const __m512i p = _mm512_packs_epi32(dots[0], dots[1]), sc = _mm512_load_si512(k->scp + 32 * h);
+#if defined(__AVX512VNNI__)
+        acc = _mm512_dpwssd_epi32(acc, p, sc);
+#else
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
 #endif
     }
-    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[0], acc[1])), _mm512_set1_ps(dd), a->f);
-    a->m = _mm512_fmadd_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t), a->m);
+    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), a->f);
+    a->f = _mm512_fnmadd_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t), a->f);
 #elif defined(K_AVX2)
-    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int c = 0; c < 8; c++) {
-        const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(k->q + 32 * c)),
-                                               _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
-        const __m256i sc = _mm256_load_si256((const __m256i *)(k->scw + 16 * c));
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* 32-bit lanes 0-7, 8-15 */
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) { /* the 128-bit lanes 2 half, 2 half + 1 of AVX512's vectors */
+            __m256i dots[2];
+            for (int c = 0; c < 2; c++) {
+                const long off = 128 * h + 64 * c + 32 * half;
+                const __m256i qv = _mm256_load_si256((const __m256i *)(k->q + off));
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + off));
 #if defined(__AVXVNNI__)
-        acc[c % 2] = _mm256_dpwssd_avx_epi32(acc[c % 2], p, sc);
+                dots[c] = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qv, xv);
 #else
-        acc[c % 2] = _mm256_add_epi32(acc[c % 2], _mm256_madd_epi16(p, sc));
+                dots[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(qv, xv), _mm256_set1_epi16(1));
 #endif
-    }
+            }
+            const __m256i p = _mm256_packs_epi32(dots[0], dots[1]);
+            const __m256i sc = _mm256_load_si256((const __m256i *)(k->scp + 32 * h + 16 * half));
+#if defined(__AVXVNNI__)
+            acc[half] = _mm256_dpwssd_avx_epi32(acc[half], p, sc);
+#else
+            acc[half] = _mm256_add_epi32(acc[half], _mm256_madd_epi16(p, sc));
+#endif
+        }
     a->f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_set1_ps(dd), a->f0);
     a->f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_set1_ps(dd), a->f1);
-    a->m0 = _mm256_fmadd_ps(_mm256_load_ps(k->wm), _mm256_loadu_ps(t), a->m0);
-    a->m1 = _mm256_fmadd_ps(_mm256_load_ps(k->wm + 8), _mm256_loadu_ps(t + 8), a->m1);
+    a->f0 = _mm256_fnmadd_ps(_mm256_load_ps(k->wm), _mm256_loadu_ps(t), a->f0);
+    a->f1 = _mm256_fnmadd_ps(_mm256_load_ps(k->wm + 8), _mm256_loadu_ps(t + 8), a->f1);
 #else
     int L[16] = {0};
-    for (int e = 0; e < QK; e++) L[e % 64 / 4] += k->scw[e / 2] * k->q[e] * x[e];
-    for (int i = 0; i < 16; i++) a->f[i] = fmaf((float)L[i], dd, a->f[i]);
-    for (int j = 0; j < 16; j++) a->m[j] = fmaf(k->wm[j], t[j], a->m[j]);
+    for (int e = 0; e < QK; e++) L[k_slot(e) / 2 % 16] += k->scp[k_slot(e)] * k->q[e] * x[e];
+    for (int l = 0; l < 16; l++) a->f[l] = fmaf(-k->wm[l], t[l], fmaf((float)L[l], dd, a->f[l]));
 #endif
 }
 
 static inline __attribute__((always_inline)) float kacc_sum(const struct kacc *a) {
-    float f[16], m[16];
+    float f[16];
 #if defined(K_AVX512)
-    _mm512_storeu_ps(f, a->f), _mm512_storeu_ps(m, a->m);
+    _mm512_storeu_ps(f, a->f);
 #elif defined(K_AVX2)
-    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1), _mm256_storeu_ps(m, a->m0), _mm256_storeu_ps(m + 8, a->m1);
+    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1);
 #else
-    memcpy(f, a->f, sizeof f), memcpy(m, a->m, sizeof m);
+    memcpy(f, a->f, sizeof f);
 #endif
-    return lanes_tree(f, 16) - lanes_tree(m, 16);
+    return lanes_tree(f, 16);
 }
 
 /* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
@@ -241,7 +283,7 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
         decode(blk, &k);
     UNROLL_ROWS
         for (int r = 0; r < R; r++) {
-            const long g = (r0 + r) * nb + b;
+            const long g = b * a->rows + r0 + r;
             k_row(&k, a->q + g * QK, a->t + g * 16, k.d * a->d[g], &acc[r]);
         }
     }
@@ -337,7 +379,7 @@ static inline __attribute__((always_inline)) void b32_output(decode32_fn decode,
         decode(wo + b * bytes, &k);
     UNROLL_ROWS
         for (int r = 0; r < R; r++) {
-            const long g = (r0 + r) * nb + b;
+            const long g = b * a->rows + r0 + r;
             b_row(&k, a->q + g * Q32, is_signed, k.d * a->d[g], &acc[r]);
             if (has_m) acc[r].m = fmaf(k.m * a->d[g], (float)(a->s[2 * g] + a->s[2 * g + 1]), acc[r].m);
         }

@@ -85,7 +85,7 @@ static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q4_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.scw[e / 2];
+        const float ds = k.d * (float)k.sc[e / 16];
         out[e] = ds * (float)k.q[e] - k.wm[e / 16];
     }
 }

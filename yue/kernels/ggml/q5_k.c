@@ -12,7 +12,7 @@ static NO_CONTRACT void q5_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q5_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.scw[e / 2];
+        const float ds = k.d * (float)k.sc[e / 16];
         out[e] = ds * (float)k.q[e] - k.wm[e / 16];
     }
 }

@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) void q6_k_decode(const unsigned cha
 static NO_CONTRACT void q6_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q6_k_decode(blk, &k);
-    for (int e = 0; e < QK; e++) out[e] = (k.d * (float)k.scw[e / 2]) * (float)(k.q[e] - 32);
+    for (int e = 0; e < QK; e++) out[e] = (k.d * (float)k.sc[e / 16]) * (float)(k.q[e] - 32);
 }
 
 static void q6_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
