@@ -78,23 +78,29 @@ static inline __attribute__((always_inline)) void b32_output(decode32_fn decode,
     for (int r = 0; r < R; r++) y[(r0 + r) * out] = bacc_sum(&acc[r]);
 }
 
-/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / 32 blocks of `bytes`; `has_m` for Q4_1's min,
- * `is_signed` for signed codes. */
-static inline __attribute__((always_inline)) void b32_matmul(decode32_fn decode, long bytes, int has_m, int is_signed,
-                                                             const float *x, long rows, long in,
-                                                             const unsigned char *w, float *y, long out,
-                                                             int threads) {
+/* Output o of R rows (from r0), its row wo: b32_output for the pass's R as a constant, instantiated by
+ * each format with its decoder and constants (q4_0_output, ...; kquants.h's k_outputs says why). */
+static inline __attribute__((always_inline)) void b32_outputs(decode32_fn decode, long bytes, int has_m,
+                                                              int is_signed, const struct acts *a, long r0, int R,
+                                                              long nb, const unsigned char *wo, float *y,
+                                                              long out) {
+#define B_OUTPUT(N) b32_output(decode, bytes, has_m, is_signed, a, r0, N, nb, wo, y, out)
+    ROWS_SWITCH(B_OUTPUT);
+#undef B_OUTPUT
+}
+
+typedef void (*b32_outputs_fn)(const struct acts *, long, int, long, const unsigned char *, float *, long);
+
+/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / 32 blocks of `bytes`; `outputs` the format's
+ * b32_outputs. */
+static void b32_matmul(b32_outputs_fn outputs, long bytes, const float *x, long rows, long in,
+                       const unsigned char *w, float *y, long out, int threads) {
     const long nb = in / Q32;
     struct acts a = acts_quantize(x, rows, in, Q32);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
         const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long o = 0; o < out; o++) {
-            const unsigned char *wo = w + o * nb * bytes;
-#define B_OUTPUT(N) b32_output(decode, bytes, has_m, is_signed, &a, r0, N, nb, wo, y + o, out)
-            ROWS_SWITCH(B_OUTPUT);
-#undef B_OUTPUT
-        }
+        for (long o = 0; o < out; o++) outputs(&a, r0, R, nb, w + o * nb * bytes, y + o, out);
     }
     acts_free(a);
 }

@@ -171,21 +171,29 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
     for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
 }
 
-/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / QK super-blocks of `bytes` each. */
-static inline __attribute__((always_inline)) void k_matmul(kdecode_fn decode, long bytes, const float *x, long rows,
-                                                           long in, const unsigned char *w, float *y, long out,
-                                                           int threads) {
+/* Output o of R rows (from r0), its row wo: k_output for the pass's R as a constant (ROWS_SWITCH). Each
+ * format instantiates it with its decoder in a function of its own (q4_k_output, ...), so the decoder
+ * inlines: through OpenMP's outlined loop a decoder passed along would be an indirect call a block. */
+static inline __attribute__((always_inline)) void k_outputs(kdecode_fn decode, long bytes, const struct acts *a,
+                                                            long r0, int R, long nb, const unsigned char *wo,
+                                                            float *y, long out) {
+#define K_OUTPUT(N) k_output(decode, bytes, a, r0, N, nb, wo, y, out)
+    ROWS_SWITCH(K_OUTPUT);
+#undef K_OUTPUT
+}
+
+typedef void (*k_outputs_fn)(const struct acts *, long, int, long, const unsigned char *, float *, long);
+
+/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / QK super-blocks of `bytes` each; `outputs` the
+ * format's k_outputs. */
+static void k_matmul(k_outputs_fn outputs, long bytes, const float *x, long rows, long in, const unsigned char *w,
+                     float *y, long out, int threads) {
     const long nb = in / QK;
     struct acts a = acts_quantize(x, rows, in, QK);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
         const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long o = 0; o < out; o++) {
-            const unsigned char *wo = w + o * nb * bytes;
-#define K_OUTPUT(N) k_output(decode, bytes, &a, r0, N, nb, wo, y + o, out)
-            ROWS_SWITCH(K_OUTPUT);
-#undef K_OUTPUT
-        }
+        for (long o = 0; o < out; o++) outputs(&a, r0, R, nb, w + o * nb * bytes, y + o, out);
     }
     acts_free(a);
 }

@@ -90,6 +90,10 @@ static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     }
 }
 
+static void q4_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    k_outputs(q4_k_decode, Q4_K_BYTES, a, r0, R, nb, wo, y, out);
+}
+
 static void q4_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q4_k_decode, Q4_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q4_k_outputs, Q4_K_BYTES, x, rows, in, w, y, out, threads);
 }

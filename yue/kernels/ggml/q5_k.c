@@ -17,6 +17,10 @@ static NO_CONTRACT void q5_k_dequant(const unsigned char *blk, float *out) {
     }
 }
 
+static void q5_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    k_outputs(q5_k_decode, Q5_K_BYTES, a, r0, R, nb, wo, y, out);
+}
+
 static void q5_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q5_k_decode, Q5_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q5_k_outputs, Q5_K_BYTES, x, rows, in, w, y, out, threads);
 }

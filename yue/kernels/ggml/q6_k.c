@@ -57,6 +57,10 @@ static NO_CONTRACT void q6_k_dequant(const unsigned char *blk, float *out) {
     for (int e = 0; e < QK; e++) out[e] = (k.d * (float)k.sc[e / 16]) * (float)(k.q[e] - 32);
 }
 
+static void q6_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    k_outputs(q6_k_decode, Q6_K_BYTES, a, r0, R, nb, wo, y, out);
+}
+
 static void q6_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q6_k_decode, Q6_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q6_k_outputs, Q6_K_BYTES, x, rows, in, w, y, out, threads);
 }
