@@ -372,7 +372,8 @@ MATMULS = {
     "q4dot16": "rows_matmul_q4dot16",
 }
 # `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6,
-# LAYER_Q4DOT16), one a matmul (`rowstack.LayerWeights`).
+# LAYER_Q4DOT16), one a matmul (`rowstack.LayerWeights`); a GGUF matrix read in place is kind
+# `ggml.layer_kind(its ggml type)` (rows_layer_ggml_base() + the type: ggml_matmul).
 LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5, "q4dot16": 6}
 
 
