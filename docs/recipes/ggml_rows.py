@@ -53,10 +53,15 @@ def main(out: int = 2048, inp: int = 8192, repeats: int = 30) -> None:
         med = {r: statistics.median(v) for r, v in times.items()}
         gbs = w.numel() / med[1] / 1e9
         ratios = {r: med[r] / med[1] for r in ROWS}
-        print(f"{name}: one row {med[1] * 1e3:.3f} ms ({gbs:.1f} GB/s of weight); rows/1-row: "
-              + ", ".join(f"{r}: {ratios[r]:.2f}x" for r in ROWS[1:]))
-        report[name] = {"ms": {r: round(med[r] * 1e3, 4) for r in ROWS}, "one_row_gb_s": round(gbs, 2),
-                        "ratios": {r: round(ratios[r], 3) for r in ROWS}}
+        print(
+            f"{name}: one row {med[1] * 1e3:.3f} ms ({gbs:.1f} GB/s of weight); rows/1-row: "
+            + ", ".join(f"{r}: {ratios[r]:.2f}x" for r in ROWS[1:])
+        )
+        report[name] = {
+            "ms": {r: round(med[r] * 1e3, 4) for r in ROWS},
+            "one_row_gb_s": round(gbs, 2),
+            "ratios": {r: round(ratios[r], 3) for r in ROWS},
+        }
     print(json.dumps(report))
 
 

@@ -3,6 +3,8 @@
 - `probe`: which kernels run on this CPU (oneDNN packing, the int8 engine, yue's row kernel), probed
   once per process, each with a forced fallback.
 - `rowkernel` (+ `rowkernel.c`): yue's C row kernel, compiled for this CPU on first use.
+- `ggml` (+ `ggml/*.c`, built into the row kernel): matmuls and row lookups that read a GGUF's blocks
+  in place, with `FORMATS`, the registry of the block formats they take.
 - `matmuls`: the decode-time matmul modules on those kernels (row-exact, packed, lowered, int4).
 - `screen`: the LM head's integer screen for greedy steps.
 - `decode_set`: a layer's decode-time paths (fused matmuls, row-exact attention, a stack of layers as

@@ -6,11 +6,14 @@ Design decisions:
   the integer dots, the loops). `FORMATS` says what each format is; model code asks it, never a
   format by name.
 - Numerics as llama.cpp's: integer dot products on int8 activations (K-quants against a scale per
-  256 with code sums per 16, the 32-blocks against a scale and a code sum per 32); F32 / F16 / BF16 on
-  float FMAs. The weights' codes and scales are the file's.
+  256 with code sums per 16, the 32-blocks against a scale per 32, Q4_1 with the code sum); F32 / F16 /
+  BF16 on float FMAs. The weights' codes and scales are the file's.
 - Row-exact: a row's outputs are the same bits whatever the call's row count or threads (passes of up
   to `rowkernel.MAX_ROWS` rows decode each weight block once for all of them), and for the quantized
-  formats the same bits in every build (AVX512, AVX2, plain C).
+  formats the same bits in every build (AVX512, AVX2, plain C). Which build runs is `rowkernel`'s
+  choice (its flag sets, this CPU's features), as for every other row kernel.
+- `get_rows` dequantizes as `gguf.quants.dequantize` does (the same float32 operations, unfused),
+  so an embedding lookup is the dequantized table's row exactly.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ class Format:
     block_elems: int  # weights per block (1 for the float types)
     block_bytes: int  # bytes per block
     source: str  # its C file under yue/kernels/ggml/
-    # How the activations are taken: int8 per 256 with sums per 16 (Q8_K), int8 per 32 with the block's
-    # code sum (Q8_1: the offset or min of the weights' codes), int8 per 32 (Q8_0), or float32.
+    # How the activations are taken: int8 per 256 with sums per 16 (Q8_K, for the min terms), int8 per
+    # 32 with the block's code sum (Q8_1, for Q4_1's min), int8 per 32 (Q8_0), or float32.
     activations: Literal["q8_k", "q8_1", "q8_0", "float32"]
 
     def row_bytes(self, in_features: int) -> int:
@@ -50,9 +53,9 @@ FORMATS: dict[int, Format] = {
     0: Format("F32", 1, 4, "float.c", "float32"),
     1: Format("F16", 1, 2, "float.c", "float32"),
     30: Format("BF16", 1, 2, "float.c", "float32"),
-    2: Format("Q4_0", 32, 18, "q4_0.c", "q8_1"),
+    2: Format("Q4_0", 32, 18, "q4_0.c", "q8_0"),
     3: Format("Q4_1", 32, 20, "q4_1.c", "q8_1"),
-    6: Format("Q5_0", 32, 22, "q5_0.c", "q8_1"),
+    6: Format("Q5_0", 32, 22, "q5_0.c", "q8_0"),
     8: Format("Q8_0", 32, 34, "q8_0.c", "q8_0"),
     12: Format("Q4_K", 256, 144, "q4_k.c", "q8_k"),
     13: Format("Q5_K", 256, 176, "q5_k.c", "q8_k"),

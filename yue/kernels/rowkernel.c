@@ -1738,6 +1738,8 @@ int rows_screen_bytes(void) { return SCREEN_BYTES; }
 
 /* ---- Matmuls on a GGUF's blocks as the file stores them (ggml/common.h says how) ---- */
 #include "ggml/common.h"
+#include "ggml/kquants.h"
+#include "ggml/blocks32.h"
 #include "ggml/float.c"
 #include "ggml/q4_0.c"
 #include "ggml/q4_1.c"

@@ -3,7 +3,8 @@ a few rows that streams the weight once, the kernel of a float32 model's 1-9-row
 step and a verifying step's k + 1 alike (`matmuls.StreamedLinear`), so each row gets the same bits
 whatever the step's row count and float32 `verified` == `ar` by construction; and, row-exact the same
 way, RMSNorm, the exact layers' attention (`decode_set.ExactAttention`), a whole float32
-decode layer in one call and a step's run of such layers in one call (`rowstack.stack`).
+decode layer in one call and a step's run of such layers in one call (`rowstack.stack`); and the
+matmuls on a GGUF's blocks as the file stores them (`ggml.py`, `ggml/*.c`, #included by the C file).
 
 Why each of these exists (the layer and the stack in one call, 4-bit and 8-bit codes, the NAR set's int8
 layers, the int4 precision, a kernel of our own): docs/design.md §10; the figures, with their machines,
@@ -376,7 +377,8 @@ MATMULS = {
     "q4dot16": "rows_matmul_q4dot16",
 }
 # `rows_layer`'s weight kinds by layout (its LAYER_F32, LAYER_Q4, LAYER_I8, LAYER_Q4DOT, LAYER_Q8, LAYER_Q6,
-# LAYER_Q4DOT16), one a matmul (`rowstack.LayerWeights`).
+# LAYER_Q4DOT16), one a matmul (`rowstack.LayerWeights`); a GGUF matrix read in place is kind
+# `ggml.layer_kind(its ggml type)` (rows_layer_ggml_base() + the type: ggml_matmul).
 LAYER_KINDS = {"float32": 0, "q4": 1, "i8dot": 2, "q4dot": 3, "q8": 4, "q6": 5, "q4dot16": 6}
 # A GGUF matrix of ggml type T read in place: kind LAYER_GGML_BASE + T (`rows_layer_ggml_base` in the C).
 LAYER_GGML_BASE = 100

@@ -5,15 +5,18 @@
  * Design decisions:
  * - Integer dot products on int8 activations, as llama.cpp computes them: the K-quants against
  *   activations quantized per 256 (Q8_K: a float scale per 256, code sums per 16 for the min terms),
- *   the 32-blocks against int8 per 32 (Q8_0 / Q8_1: a scale and a code sum per 32). The weights'
- *   codes and scales are the file's, never re-quantized.
+ *   the 32-blocks against int8 per 32 (Q8_0: a scale per 32; Q4_1 also the code sum, Q8_1's, for its
+ *   min). The weights' codes and scales are the file's, never re-quantized.
  * - Row-exact: a pass of up to MAX_R rows decodes each weight block once and runs each row's dot on
- *   it; output o of row r is one chain over the blocks in order (integer block sums, then fmaf), the
- *   same whatever the row count, the row's place in the pass or the threads (outputs are split among
- *   them). The integer sums are exact and the float steps are fmaf, so every build (AVX512 with or
- *   without VNNI, AVX2, plain C) gives the same bits for the quantized formats.
+ *   it (extra rows cost their dots, not the weights' bytes or decoding); output o of row r is a fixed
+ *   set of lanes, each an fmaf chain over the blocks in order of exact integer partial sums, added in
+ *   a fixed tree (struct kacc, struct bacc): the same whatever the row count, the row's place in the
+ *   pass or the threads (outputs are split among them). The lanes are defined by element, not by
+ *   vector width, so every build (AVX512 with or without VNNI, AVX2 with or without AVX-VNNI, plain C)
+ *   gives the same bits for the quantized formats; the float formats' lanes are the build's vectors.
  * - Each format's file (q4_k.c, ...) holds a decoder (block bytes -> codes and scales) and a
- *   dequantizer (get_rows: gguf.quants.dequantize's float32 values exactly); the drivers below loop.
+ *   dequantizer (get_rows: gguf.quants.dequantize's float32 values exactly); the loops they share are
+ *   kquants.h's (the K-quants) and blocks32.h's (the 32-blocks).
  */
 #include <string.h>
 
@@ -25,6 +28,9 @@ enum {
 
 #define QK 256 /* elements of a K-quant super-block (QK_K) */
 #define Q32 32 /* elements of a 32-block (Q4_0, Q4_1, Q5_0, Q8_0) */
+#ifndef GGML_PREFETCH
+#define GGML_PREFETCH 1024 /* bytes ahead in a weight row that each block prefetches */
+#endif
 
 /* Dequantizers compute as numpy does (a product, then a sum, each rounded): no fused multiply-add. */
 #if defined(__clang__)
@@ -34,27 +40,39 @@ enum {
 #endif
 
 /* ---- Activations: x (rows, in) as int8 codes, a scale per group (256 or 32), code sums per 16 ---- */
+/* Block-major, so that a pass's rows of one block lie together (one pointer for all the rows): group g of
+ * row r (g < in / group) is entry g * rows + r. */
 struct acts {
-    signed char *q; /* (rows, in) codes, round(x * 127 / amax) of the group */
-    float *d;       /* (rows, in / group) amax / 127 */
-    short *s;       /* (rows, in / 16) sums of each 16 codes: the K-quants' min terms, the 32-blocks' offsets */
+    long rows;
+    signed char *q; /* (in / group, rows, group) codes, round(x * 127 / amax) of the group */
+    float *d;       /* (in / group, rows) amax / 127 */
+    short *s;       /* (in / group, rows, group / 16) sums of each 16 codes: Q4_1's min terms */
+    float *t;       /* (in / group, rows, group / 16) each sum times its group's scale: the K-quants' min terms */
 };
 
 static struct acts acts_quantize(const float *x, long rows, long in, long group) {
-    struct acts a;
-    a.q = malloc(rows * in + 64);
-    a.d = malloc(rows * (in / group) * sizeof(float));
-    a.s = malloc(rows * (in / 16) * sizeof(short));
-    quantize_groups(x, rows, in, group, (int *)a.q, a.d, NULL);
-    for (long i = 0; i < rows * in / 16; i++) {
-        int s = 0;
-        for (int k = 0; k < 16; k++) s += a.q[16 * i + k];
-        a.s[i] = (short)s;
-    }
+    const long groups = in / group, sums = group / 16;
+    struct acts a = {rows, malloc(rows * in + 64), malloc(rows * groups * sizeof(float)),
+                     malloc(rows * in / 16 * sizeof(short)), malloc(rows * in / 16 * sizeof(float))};
+    signed char *codes = malloc(rows * in + 64);
+    float *d = malloc(rows * groups * sizeof(float));
+    quantize_groups(x, rows, in, group, (int *)codes, d, NULL); /* row-major */
+    for (long r = 0; r < rows; r++)
+        for (long g = 0; g < groups; g++) {
+            const long e = g * rows + r;
+            memcpy(a.q + e * group, codes + (r * groups + g) * group, group);
+            a.d[e] = d[r * groups + g];
+            for (long k = 0; k < sums; k++) {
+                int sum = 0;
+                for (int i = 0; i < 16; i++) sum += a.q[e * group + 16 * k + i];
+                a.s[e * sums + k] = (short)sum, a.t[e * sums + k] = a.d[e] * (float)sum;
+            }
+        }
+    free(codes), free(d);
     return a;
 }
 
-static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s); }
+static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s), free(a.t); }
 
 /* A little-endian float16 at p, as a float (exact). */
 static inline __attribute__((always_inline)) float half_at(const unsigned char *p) {
@@ -81,242 +99,27 @@ static inline float lanes_tree(float *v, int n) {
 #define B_AVX2 1
 #endif
 
-/* ---- K-quants: a super-block decoded to unsigned codes and integer scales ----
- *
- * A super-block's value at element e (group j = e / 16 of 16) is d sc[j] q[e] - dm mn[j]: Q4_K and Q5_K
- * as stored (mn the 6-bit mins, dm = dmin); Q6_K with q its unsigned 6-bit code, mn = 32 sc and dm = d
- * (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - dm dx (sum_j mn[j]
- * s[j]), dx its activations' scale and s their sums per 16. */
-struct kblock {
-    unsigned char q[QK];
-    short scw[QK / 2]; /* pair i of elements (2i, 2i + 1): its group's scale, sc[i / 8] */
-    short mn[16];
-    float d, dm;
-} __attribute__((aligned(64)));
-
-typedef void (*kdecode_fn)(const unsigned char *blk, struct kblock *k);
-
-/* scw and mn from the 16 groups' scales sc and mins mn16. */
-static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, const short *sc, const short *mn16) {
-#if defined(K_AVX512)
-    static const short idx[4][32] = {
-        {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
-        {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
-        {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
-        {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
-    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)sc));
-    for (int c = 0; c < 4; c++) _mm512_store_si512(k->scw + 32 * c, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx[c]), v));
-#else
-    for (int i = 0; i < QK / 2; i++) k->scw[i] = sc[i / 8];
-#endif
-    memcpy(k->mn, mn16, sizeof k->mn);
-}
-
-/* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[i] the chain
- * over the blocks of d dx L[i], L[i] = sum of sc q x over the elements e with e % 64 / 4 == i (AVX512's
- * 32-bit lanes of a 64-element chunk; AVX2's two halves); 8 lanes m, m[i] the chain of dm dx (mn[2i]
- * s[2i] + mn[2i + 1] s[2i + 1]). The output is tree(f) - tree(m). */
-struct kacc {
-#if defined(K_AVX512)
-    __m512 f;
-    __m256 m;
-#elif defined(K_AVX2)
-    __m256 f0, f1, m;
-#else
-    float f[16], m[8];
-#endif
-};
-
-/* One row's super-block into a: x its 256 codes, s its 16 sums, dd = d dx, dmd = dm dx. Pairs of
- * products fit 16 bits (63 * 127 * 2 < 2^15), so maddubs never saturates. */
-static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const short *s,
-                                                        float dd, float dmd, struct kacc *a) {
-#if defined(K_AVX512)
-    __m512i acc = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
-        const __m512i p = _mm512_maddubs_epi16(_mm512_load_si512(k->q + 64 * c), _mm512_loadu_si512(x + 64 * c));
-#if defined(__AVX512VNNI__)
-        acc = _mm512_dpwssd_epi32(acc, p, _mm512_load_si512(k->scw + 32 * c));
-#else
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_load_si512(k->scw + 32 * c)));
-#endif
+/* CALL(R) for the pass's row count R (in the caller's scope): with vectors, as a constant (1..MAX_R), so
+ * that the rows' sums stay in registers; the plain build's loops take it as it is (one copy, quick to
+ * compile). */
+#if defined(__AVX2__)
+#define ROWS_SWITCH(CALL)                                                                                   \
+    switch (R) {                                                                                            \
+    case 1: CALL(1); break;                                                                                 \
+    case 2: CALL(2); break;                                                                                 \
+    case 3: CALL(3); break;                                                                                 \
+    case 4: CALL(4); break;                                                                                 \
+    case 5: CALL(5); break;                                                                                 \
+    case 6: CALL(6); break;                                                                                 \
+    case 7: CALL(7); break;                                                                                 \
+    case 8: CALL(8); break;                                                                                 \
+    default: CALL(9); break;                                                                                \
     }
-    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), a->f);
-    const __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)k->mn), _mm256_loadu_si256((const __m256i *)s));
-    a->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmd), a->m);
-#elif defined(K_AVX2)
-    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int c = 0; c < 8; c++) {
-        const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(k->q + 32 * c)),
-                                               _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
-        const __m256i sc = _mm256_load_si256((const __m256i *)(k->scw + 16 * c));
-#if defined(__AVXVNNI__)
-        acc[c % 2] = _mm256_dpwssd_avx_epi32(acc[c % 2], p, sc);
+#define UNROLL_ROWS _Pragma("GCC unroll 9") /* each row's sums in their own registers */
 #else
-        acc[c % 2] = _mm256_add_epi32(acc[c % 2], _mm256_madd_epi16(p, sc));
+#define ROWS_SWITCH(CALL) CALL(R)
+#define UNROLL_ROWS
 #endif
-    }
-    a->f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_set1_ps(dd), a->f0);
-    a->f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_set1_ps(dd), a->f1);
-    const __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)k->mn), _mm256_loadu_si256((const __m256i *)s));
-    a->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmd), a->m);
-#else
-    int L[16] = {0};
-    for (int e = 0; e < QK; e++) L[e % 64 / 4] += k->scw[e / 2] * k->q[e] * x[e];
-    for (int i = 0; i < 16; i++) a->f[i] = fmaf((float)L[i], dd, a->f[i]);
-    for (int i = 0; i < 8; i++) a->m[i] = fmaf((float)(k->mn[2 * i] * s[2 * i] + k->mn[2 * i + 1] * s[2 * i + 1]), dmd, a->m[i]);
-#endif
-}
-
-static inline __attribute__((always_inline)) float kacc_sum(const struct kacc *a) {
-    float f[16], m[8];
-#if defined(K_AVX512)
-    _mm512_storeu_ps(f, a->f), _mm256_storeu_ps(m, a->m);
-#elif defined(K_AVX2)
-    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1), _mm256_storeu_ps(m, a->m);
-#else
-    memcpy(f, a->f, sizeof f), memcpy(m, a->m, sizeof m);
-#endif
-    return lanes_tree(f, 16) - lanes_tree(m, 8);
-}
-
-/* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
-static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const struct acts *a, long r0,
-                                                           const int R, long nb, const unsigned char *wo, float *y,
-                                                           long out) {
-    struct kblock k;
-    struct kacc acc[MAX_R];
-    memset(acc, 0, sizeof acc);
-    for (long b = 0; b < nb; b++) {
-        decode(wo + b * bytes, &k);
-#pragma GCC unroll 9
-        for (int r = 0; r < R; r++) {
-            const long g = (r0 + r) * nb + b;
-            k_row(&k, a->q + g * QK, a->s + g * 16, k.d * a->d[g], k.dm * a->d[g], &acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
-}
-
-/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / QK super-blocks of `bytes` each. */
-static inline __attribute__((always_inline)) void k_matmul(kdecode_fn decode, long bytes, const float *x, long rows,
-                                                           long in, const unsigned char *w, float *y, long out,
-                                                           int threads) {
-    const long nb = in / QK;
-    struct acts a = acts_quantize(x, rows, in, QK);
-    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long o = 0; o < out; o++) {
-            const unsigned char *wo = w + o * nb * bytes;
-            switch (R) { /* a constant row count, so that the rows' sums stay in registers */
-#define K_CASE(N) case N: k_output(decode, bytes, &a, r0, N, nb, wo, y + o, out); break;
-                K_CASE(1) K_CASE(2) K_CASE(3) K_CASE(4) K_CASE(5) K_CASE(6) K_CASE(7) K_CASE(8) K_CASE(9)
-#undef K_CASE
-            }
-        }
-    }
-    acts_free(a);
-}
-
-/* ---- 32-blocks: a block decoded to codes and float scales ----
- *
- * A block's value at element e is d sq[e] (Q4_0, Q5_0, Q8_0: signed codes) or d q[e] + m (Q4_1). A row's
- * block sum is d dx (sq.x), taken as |sq| times x with sq's signs (the unsigned operand <= 128, so pairs of
- * products fit 16 bits), or d dx (q.x) + m dx s, s its activations' code sum over the block. */
-struct block32 {
-    unsigned char q[Q32]; /* the codes (Q4_1), or |sq| */
-    signed char sq[Q32];
-    float d, m;
-} __attribute__((aligned(32)));
-
-typedef void (*decode32_fn)(const unsigned char *blk, struct block32 *k);
-
-/* A row-output's partial sums over blocks, alike in every build: 8 float lanes f, f[i] the chain of d dx
- * L[i], L[i] the products of elements 4 i..4 i + 3; a chain m of m dx s (Q4_1). The output is tree(f) + m. */
-struct bacc {
-#if defined(B_AVX2)
-    __m256 f;
-#else
-    float f[8];
-#endif
-    float m;
-};
-
-static inline __attribute__((always_inline)) void b_row(const struct block32 *k, const signed char *x, int is_signed,
-                                                        float dd, struct bacc *a) {
-#if defined(B_AVX2)
-    __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-    if (is_signed) xv = _mm256_sign_epi8(xv, _mm256_load_si256((const __m256i *)k->sq));
-    const __m256i qv = _mm256_load_si256((const __m256i *)k->q);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const __m256i acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qv, xv);
-#elif defined(__AVXVNNI__)
-    const __m256i acc = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qv, xv);
-#else
-    const __m256i acc = _mm256_madd_epi16(_mm256_maddubs_epi16(qv, xv), _mm256_set1_epi16(1));
-#endif
-    a->f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(dd), a->f);
-#else
-    for (int i = 0; i < 8; i++) {
-        int L = 0;
-        for (int e = 4 * i; e < 4 * i + 4; e++) L += (is_signed ? k->sq[e] : k->q[e]) * x[e];
-        a->f[i] = fmaf((float)L, dd, a->f[i]);
-    }
-#endif
-}
-
-static inline __attribute__((always_inline)) float bacc_sum(const struct bacc *a) {
-    float f[8];
-#if defined(B_AVX2)
-    _mm256_storeu_ps(f, a->f);
-#else
-    memcpy(f, a->f, sizeof f);
-#endif
-    return lanes_tree(f, 8) + a->m;
-}
-
-/* Output o of R rows (from r0) of a 32-block matmul: its row wo of nb blocks, decoded once each. */
-static inline __attribute__((always_inline)) void b32_output(decode32_fn decode, long bytes, int has_m, int is_signed,
-                                                             const struct acts *a, long r0, const int R, long nb,
-                                                             const unsigned char *wo, float *y, long out) {
-    struct block32 k;
-    struct bacc acc[MAX_R];
-    memset(acc, 0, sizeof acc);
-    for (long b = 0; b < nb; b++) {
-        decode(wo + b * bytes, &k);
-#pragma GCC unroll 9
-        for (int r = 0; r < R; r++) {
-            const long g = (r0 + r) * nb + b;
-            b_row(&k, a->q + g * Q32, is_signed, k.d * a->d[g], &acc[r]);
-            if (has_m) acc[r].m = fmaf(k.m * a->d[g], (float)(a->s[2 * g] + a->s[2 * g + 1]), acc[r].m);
-        }
-    }
-    for (int r = 0; r < R; r++) y[(r0 + r) * out] = bacc_sum(&acc[r]);
-}
-
-/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / 32 blocks of `bytes`; `has_m` for Q4_1's min,
- * `is_signed` for signed codes. */
-static inline __attribute__((always_inline)) void b32_matmul(decode32_fn decode, long bytes, int has_m, int is_signed,
-                                                             const float *x, long rows, long in,
-                                                             const unsigned char *w, float *y, long out,
-                                                             int threads) {
-    const long nb = in / Q32;
-    struct acts a = acts_quantize(x, rows, in, Q32);
-    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
-        const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long o = 0; o < out; o++) {
-            const unsigned char *wo = w + o * nb * bytes;
-            switch (R) { /* a constant row count, so that the rows' sums stay in registers */
-#define B_CASE(N) case N: b32_output(decode, bytes, has_m, is_signed, &a, r0, N, nb, wo, y + o, out); break;
-                B_CASE(1) B_CASE(2) B_CASE(3) B_CASE(4) B_CASE(5) B_CASE(6) B_CASE(7) B_CASE(8) B_CASE(9)
-#undef B_CASE
-            }
-        }
-    }
-    acts_free(a);
-}
 
 /* Rows ids[0..n) of W (each `in` wide, in / elems blocks of `bytes`) dequantized by `deq` into out (n, in). */
 static void blocks_get_rows(void (*deq)(const unsigned char *, float *), long elems, long bytes,

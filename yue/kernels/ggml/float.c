@@ -40,31 +40,46 @@ static inline __attribute__((always_inline)) vf float_load(int type, const unsig
 #endif
 }
 
-static inline __attribute__((always_inline)) void float_matmul(int type, const float *x, long rows, long in,
-                                                               const unsigned char *w, float *y, long out,
-                                                               int threads) {
-    const long row_bytes = in * float_bytes(type), whole = in / LANES * LANES;
+/* Output o of R rows xp (rows of `in`), its row wr, into y (stride out): instantiated per type (f32_output,
+ * ...) so that the loads inline with their type known (kquants.h's k_outputs says why). */
+static inline __attribute__((always_inline)) void float_output(int type, const float *xp, long R, long in,
+                                                               const unsigned char *wr, float *y, long out) {
+    const long whole = in / LANES * LANES;
+    vf acc[MAX_R] = {{0}};
+    for (long i = 0; i < whole; i += LANES) {
+        const vf wv = float_load(type, wr, i);
+        for (long r = 0; r < R; r++) {
+            vf xv;
+            memcpy(&xv, xp + r * in + i, sizeof xv);
+            acc[r] = vfma(wv, xv, acc[r]);
+        }
+    }
+    for (long r = 0; r < R; r++) {
+        float s = lanes_sum(acc[r]);
+        for (long i = whole; i < in; i++) s = fmaf(float_at(type, wr, i), xp[r * in + i], s);
+        y[r * out] = s;
+    }
+}
+
+typedef void (*float_output_fn)(const float *, long, long, const unsigned char *, float *, long);
+static void f32_output(const float *xp, long R, long in, const unsigned char *wr, float *y, long out) {
+    float_output(GGML_F32, xp, R, in, wr, y, out);
+}
+static void f16_output(const float *xp, long R, long in, const unsigned char *wr, float *y, long out) {
+    float_output(GGML_F16, xp, R, in, wr, y, out);
+}
+static void bf16_output(const float *xp, long R, long in, const unsigned char *wr, float *y, long out) {
+    float_output(GGML_BF16, xp, R, in, wr, y, out);
+}
+
+static void float_matmul(int type, const float *x, long rows, long in, const unsigned char *w, float *y, long out,
+                         int threads) {
+    const float_output_fn output = type == GGML_F32 ? f32_output : type == GGML_F16 ? f16_output : bf16_output;
+    const long row_bytes = in * float_bytes(type);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
         const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;
-        const float *xp = x + r0 * in;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long o = 0; o < out; o++) {
-            const unsigned char *wr = w + o * row_bytes;
-            vf acc[MAX_R] = {{0}};
-            for (long i = 0; i < whole; i += LANES) {
-                const vf wv = float_load(type, wr, i);
-                for (long r = 0; r < R; r++) {
-                    vf xv;
-                    memcpy(&xv, xp + r * in + i, sizeof xv);
-                    acc[r] = vfma(wv, xv, acc[r]);
-                }
-            }
-            for (long r = 0; r < R; r++) {
-                float s = lanes_sum(acc[r]);
-                for (long i = whole; i < in; i++) s = fmaf(float_at(type, wr, i), xp[r * in + i], s);
-                y[(r0 + r) * out + o] = s;
-            }
-        }
+        for (long o = 0; o < out; o++) output(x + r0 * in, R, in, w + o * row_bytes, y + r0 * out + o, out);
     }
 }
 

@@ -13,6 +13,10 @@ static NO_CONTRACT void q4_1_dequant(const unsigned char *blk, float *out) {
     for (int e = 0; e < Q32; e++) out[e] = k.d * (float)k.q[e] + k.m;
 }
 
+static void q4_1_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    b32_outputs(q4_1_decode, Q4_1_BYTES, 1, 0, a, r0, R, nb, wo, y, out);
+}
+
 static void q4_1_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    b32_matmul(q4_1_decode, Q4_1_BYTES, 1, 0, x, rows, in, w, y, out, threads);
+    b32_matmul(q4_1_outputs, Q4_1_BYTES, x, rows, in, w, y, out, threads);
 }

@@ -15,39 +15,69 @@ static inline __attribute__((always_inline)) void k_scales(const unsigned char *
     u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);        /* scales 4-7 */
     u[2] = mins;
     u[0] &= 0x3f3f3f3f; /* scales 0-3 */
-    const unsigned char *b = (const unsigned char *)u;
-    short sc[16], mn[16];
-    for (int j = 0; j < 16; j++) sc[j] = b[j / 2], mn[j] = b[8 + j / 2];
-    k_set_scales(k, sc, mn);
+#if defined(__AVX2__)
+    /* 8 bytes to 8 shorts, each twice (groups 2 j, 2 j + 1) */
+    const __m128i sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((unsigned long long)u[1] << 32 | u[0])));
+    const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((unsigned long long)u[3] << 32 | u[2])));
     k->d = half_at(blk), k->dm = half_at(blk + 2);
+    k_set_scales(k, _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc)),
+                 _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn)));
+#else
+    const unsigned char *b = (const unsigned char *)u;
+    scales16 sc, mn;
+    for (int j = 0; j < 16; j++) sc.v[j] = b[j / 2], mn.v[j] = b[8 + j / 2];
+    k->d = half_at(blk), k->dm = half_at(blk + 2);
+    k_set_scales(k, sc, mn);
+#endif
 }
 
-/* 128 bytes of Q4_K-ordered nibbles into 256 codes in element order. */
-static inline __attribute__((always_inline)) void k_nibbles(const unsigned char *qs, unsigned char *q) {
+/* 128 bytes of Q4_K-ordered nibbles at qs into 256 codes in element order, with Q5_K's fifth bits from qh
+ * (bit i of byte l: element 32 i + l) where qh is not NULL. Whole vectors stored as they are loaded
+ * again (a wider load of narrower stores would wait for them). */
+static inline __attribute__((always_inline)) void k_codes(const unsigned char *qs, const unsigned char *qh,
+                                                          unsigned char *q) {
 #if defined(__AVX512BW__)
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i hb = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : m4;
     for (int h = 0; h < 2; h++) { /* 64 bytes: elements 128 h .. 128 h + 127 */
         const __m512i v = _mm512_loadu_si512(qs + 64 * h);
         const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        _mm512_store_si512(q + 128 * h, _mm512_shuffle_i64x2(lo, hi, 0x44));
-        _mm512_store_si512(q + 128 * h + 64, _mm512_shuffle_i64x2(lo, hi, 0xEE));
+        for (int c = 0; c < 2; c++) { /* elements 128 h + 64 c ..: groups of 32 i = 4 h + 2 c, i + 1 */
+            __m512i codes = _mm512_shuffle_i64x2(lo, hi, c ? 0xEE : 0x44);
+            if (qh) {
+                const int i = 4 * h + 2 * c;
+                const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)i), _mm256_set1_epi16((short)(i + 1)), 1);
+                const __m512i bit = _mm512_and_si512(_mm512_srlv_epi16(hb, shift), one);
+                codes = _mm512_or_si512(codes, _mm512_slli_epi16(bit, 4));
+            }
+            _mm512_store_si512(q + 128 * h + 64 * c, codes);
+        }
     }
 #elif defined(__AVX2__)
-    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : m4;
     for (int c = 0; c < 4; c++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        _mm256_store_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, m4));
-        _mm256_store_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (qh) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+        }
+        _mm256_store_si256((__m256i *)(q + 64 * c), lo);
+        _mm256_store_si256((__m256i *)(q + 64 * c + 32), hi);
     }
 #else
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) q[64 * c + l] = qs[32 * c + l] & 15, q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+    if (qh)
+        for (int i = 0; i < 8; i++)
+            for (int l = 0; l < 32; l++) q[32 * i + l] |= ((qh[l] >> i) & 1) << 4;
 #endif
 }
 
 static inline __attribute__((always_inline)) void q4_k_decode(const unsigned char *blk, struct kblock *k) {
     k_scales(blk, k);
-    k_nibbles(blk + 16, k->q);
+    k_codes(blk + 16, NULL, k->q);
 }
 
 /* (d sc) q - (dmin m) per group of 32, as gguf.quants dequantizes. */
@@ -55,11 +85,15 @@ static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q4_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.scw[e / 2], dm = k.dm * (float)k.mn[e / 16];
-        out[e] = ds * (float)k.q[e] - dm;
+        const float ds = k.d * (float)k.sc[e / 16];
+        out[e] = ds * (float)k.q[e] - k.wm[e / 16];
     }
 }
 
+static void q4_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    k_outputs(q4_k_decode, Q4_K_BYTES, a, r0, R, nb, wo, y, out);
+}
+
 static void q4_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q4_k_decode, Q4_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q4_k_outputs, Q4_K_BYTES, x, rows, in, w, y, out, threads);
 }

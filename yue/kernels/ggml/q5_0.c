@@ -18,6 +18,10 @@ static NO_CONTRACT void q5_0_dequant(const unsigned char *blk, float *out) {
     for (int e = 0; e < Q32; e++) out[e] = k.d * (float)k.sq[e];
 }
 
+static void q5_0_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    b32_outputs(q5_0_decode, Q5_0_BYTES, 0, 1, a, r0, R, nb, wo, y, out);
+}
+
 static void q5_0_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    b32_matmul(q5_0_decode, Q5_0_BYTES, 0, 1, x, rows, in, w, y, out, threads);
+    b32_matmul(q5_0_outputs, Q5_0_BYTES, x, rows, in, w, y, out, threads);
 }

@@ -1,34 +1,26 @@
 /* Q5_K (ggml type 13): super-blocks of 256 in 176 bytes: d, dmin (float16), Q4_K's 12 bytes of scales and
  * mins, 32 bytes of high bits (bit i of byte l: element 32 i + l), 128 bytes of low nibbles as Q4_K's.
- * Value: d sc q - dmin m, q 0..31. Uses q4_k.c's k_scales and k_nibbles. */
+ * Value: d sc q - dmin m, q 0..31. Uses q4_k.c's k_scales and k_codes. */
 #define Q5_K_BYTES 176
 
 static inline __attribute__((always_inline)) void q5_k_decode(const unsigned char *blk, struct kblock *k) {
     k_scales(blk, k);
-    k_nibbles(blk + 48, k->q);
-    const unsigned char *qh = blk + 16;
-#if defined(__AVX2__)
-    const __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
-    for (int i = 0; i < 8; i++) { /* elements 32 i + l: bit i of qh[l] as bit 4 */
-        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, i), one);
-        __m256i *q = (__m256i *)(k->q + 32 * i);
-        _mm256_store_si256(q, _mm256_or_si256(_mm256_load_si256(q), _mm256_slli_epi16(bit, 4)));
-    }
-#else
-    for (int i = 0; i < 8; i++)
-        for (int l = 0; l < 32; l++) k->q[32 * i + l] |= ((qh[l] >> i) & 1) << 4;
-#endif
+    k_codes(blk + 48, blk + 16, k->q);
 }
 
 static NO_CONTRACT void q5_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q5_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.scw[e / 2], dm = k.dm * (float)k.mn[e / 16];
-        out[e] = ds * (float)k.q[e] - dm;
+        const float ds = k.d * (float)k.sc[e / 16];
+        out[e] = ds * (float)k.q[e] - k.wm[e / 16];
     }
 }
 
+static void q5_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    k_outputs(q5_k_decode, Q5_K_BYTES, a, r0, R, nb, wo, y, out);
+}
+
 static void q5_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q5_k_decode, Q5_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q5_k_outputs, Q5_K_BYTES, x, rows, in, w, y, out, threads);
 }

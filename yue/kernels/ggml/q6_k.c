@@ -6,7 +6,19 @@
 
 static inline __attribute__((always_inline)) void q6_k_decode(const unsigned char *blk, struct kblock *k) {
     const unsigned char *ql = blk, *qh = blk + 128;
-#if defined(__AVX2__)
+#if defined(__AVX512BW__) /* whole vectors stored as k_row loads them (k_codes says why) */
+    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3 << 4);
+    for (int h = 0; h < 2; h++) {
+        const __m512i l4 = _mm512_loadu_si512(ql + 64 * h); /* low nibbles: i = 0, 1; high: i = 2, 3 */
+        const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qh + 32 * h)));
+        /* bits 2 i, 2 i + 1 of qh as bits 4, 5: shifted left by 4 - 2 i for i = 0, 1, right by 2 i - 4 for 2, 3 */
+        const __m512i left = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        const __m512i right = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        const __m512i a = _mm512_and_si512(l4, m4), b = _mm512_and_si512(_mm512_srli_epi16(l4, 4), m4);
+        _mm512_store_si512(k->q + 128 * h, _mm512_or_si512(a, _mm512_and_si512(_mm512_sllv_epi16(hb, left), m3)));
+        _mm512_store_si512(k->q + 128 * h + 64, _mm512_or_si512(b, _mm512_and_si512(_mm512_srlv_epi16(hb, right), m3)));
+    }
+#elif defined(__AVX2__)
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3 << 4);
     for (int h = 0; h < 2; h++) {
         const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
@@ -26,20 +38,29 @@ static inline __attribute__((always_inline)) void q6_k_decode(const unsigned cha
                 k->q[128 * h + 32 * i + l] = lo | ((qh[32 * h + l] >> (2 * i)) & 3) << 4;
             }
 #endif
-    const signed char *s = (const signed char *)(blk + 192);
-    short sc[16], mn[16];
-    for (int j = 0; j < 16; j++) sc[j] = s[j], mn[j] = (short)(32 * s[j]);
-    k_set_scales(k, sc, mn);
     k->d = k->dm = half_at(blk + 208);
+#if defined(__AVX2__)
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    k_set_scales(k, sc, _mm256_slli_epi16(sc, 5));
+#else
+    const signed char *s = (const signed char *)(blk + 192);
+    scales16 sc, mn;
+    for (int j = 0; j < 16; j++) sc.v[j] = s[j], mn.v[j] = (short)(32 * s[j]);
+    k_set_scales(k, sc, mn);
+#endif
 }
 
 /* (d sc) (q - 32), as gguf.quants dequantizes. */
 static NO_CONTRACT void q6_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q6_k_decode(blk, &k);
-    for (int e = 0; e < QK; e++) out[e] = (k.d * (float)k.scw[e / 2]) * (float)(k.q[e] - 32);
+    for (int e = 0; e < QK; e++) out[e] = (k.d * (float)k.sc[e / 16]) * (float)(k.q[e] - 32);
+}
+
+static void q6_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    k_outputs(q6_k_decode, Q6_K_BYTES, a, r0, R, nb, wo, y, out);
 }
 
 static void q6_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q6_k_decode, Q6_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q6_k_outputs, Q6_K_BYTES, x, rows, in, w, y, out, threads);
 }

@@ -13,6 +13,10 @@ static NO_CONTRACT void q8_0_dequant(const unsigned char *blk, float *out) {
     for (int e = 0; e < Q32; e++) out[e] = (float)k.sq[e] * k.d;
 }
 
+static void q8_0_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
+    b32_outputs(q8_0_decode, Q8_0_BYTES, 0, 1, a, r0, R, nb, wo, y, out);
+}
+
 static void q8_0_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    b32_matmul(q8_0_decode, Q8_0_BYTES, 0, 1, x, rows, in, w, y, out, threads);
+    b32_matmul(q8_0_outputs, Q8_0_BYTES, x, rows, in, w, y, out, threads);
 }

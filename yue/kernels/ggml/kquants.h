@@ -1,0 +1,199 @@
+/* The K-quants' shared decoded form and loops (Q4_K, Q5_K, Q6_K; common.h says how they read). */
+
+/* ---- K-quants: a super-block decoded to unsigned codes and integer scales ----
+ *
+ * A super-block's value at element e (group j = e / 16 of 16) is d sc[j] q[e] - dm mn[j]: Q4_K and Q5_K
+ * as stored (mn the 6-bit mins, dm = dmin); Q6_K with q its unsigned 6-bit code, mn = 32 sc and dm = d
+ * (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - sum_j (dm mn[j]) (dx
+ * s[j]), dx its activations' scale and s their sums per 16 (the second factor `acts.t`, the first `wm`,
+ * each one product for all rows). */
+struct kblock {
+    unsigned char q[QK];
+    short scp[QK / 4]; /* the scale of each 4 elements' dot, in k_row's packed order (k_set_scales) */
+    float wm[16];      /* dm mn[j] */
+    short sc[16];      /* (whole vectors, each 64-byte aligned) */
+    float d, dm;
+} __attribute__((aligned(64)));
+
+typedef void (*kdecode_fn)(const unsigned char *blk, struct kblock *k);
+
+/* 16 shorts, a super-block's scales or mins per group of 16: one AVX2 vector where there is one. */
+#if defined(__AVX2__)
+typedef __m256i scales16;
+#else
+typedef struct {
+    short v[16];
+} scales16;
+#endif
+
+/* Where k_row's packed dots put element e's 4-element dot (e / 4 of 64): for 128 elements 128 h + ..,
+ * chunk c = e % 128 / 64, its dot lane i = e % 64 / 4 goes to 16-bit slot 32 h + 8 (i / 4) + 4 c + i % 4
+ * (packs_epi32 of the two chunks' dots interleaves them per 128 bits), and pairs of slots to 32-bit lane
+ * slot / 2 % 16 of the block's sums. */
+static inline __attribute__((always_inline)) int k_slot(int e) {
+    const int c = e % 128 / 64, i = e % 64 / 4;
+    return 32 * (e / 128) + 8 * (i / 4) + 4 * c + i % 4;
+}
+
+/* scp, sc and wm from the 16 groups' scales sc and mins mn (after d and dm): slot s of scp holds the
+ * scale of group 8 (s / 32) + s % 32 / 8 + 4 (s % 8 / 4) (k_slot's inverse, by group). */
+static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc, scales16 mn) {
+#if defined(__AVX2__)
+    static const short idx[64] = {0,  0,  0,  0,  4,  4,  4,  4,  1,  1,  1,  1,  5,  5,  5,  5,
+                                  2,  2,  2,  2,  6,  6,  6,  6,  3,  3,  3,  3,  7,  7,  7,  7,
+                                  8,  8,  8,  8,  12, 12, 12, 12, 9,  9,  9,  9,  13, 13, 13, 13,
+                                  10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15};
+    _mm256_store_si256((__m256i *)k->sc, sc);
+#endif
+#if defined(K_AVX512)
+    const __m512i v = _mm512_castsi256_si512(sc);
+    for (int h = 0; h < 2; h++)
+        _mm512_store_si512(k->scp + 32 * h, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx + 32 * h), v));
+    _mm512_store_ps(k->wm, _mm512_mul_ps(_mm512_set1_ps(k->dm), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(mn))));
+#elif defined(__AVX2__)
+    for (int s = 0; s < QK / 4; s++) k->scp[s] = k->sc[idx[s]];
+    for (int h = 0; h < 2; h++) {
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
+        _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
+    }
+#else
+    memcpy(k->sc, sc.v, sizeof k->sc);
+    for (int e = 0; e < QK; e += 4) k->scp[k_slot(e)] = sc.v[e / 16];
+    for (int j = 0; j < 16; j++) k->wm[j] = k->dm * (float)mn.v[j];
+#endif
+}
+
+/* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[l] one chain
+ * over the blocks of + d dx L[l], then - wm[l] t[l] (one register a row: 9 rows' fit beside the block's
+ * vectors), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1, 32 + 2 l,
+ * 33 + 2 l (k_slot). The output is tree(f). */
+struct kacc {
+#if defined(K_AVX512)
+    __m512 f;
+#elif defined(K_AVX2)
+    __m256 f0, f1;
+#else
+    float f[16];
+#endif
+};
+
+/* One row's super-block into a: x its 256 codes, t its 16 scaled sums, dd = d dx. Each 4 elements' dot
+ * (dpbusd, or maddubs and madd without VNNI: pairs of products < 2^15, no saturation) fits 16 bits
+ * (4 * 63 * 127 < 2^15), so two chunks' dots pack into one vector of 16-bit dots, multiplied by their
+ * scales in one madd: 6 multiplies a row a block with VNNI. */
+static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const float *t,
+                                                        float dd, struct kacc *a) {
+#if defined(K_AVX512)
+    __m512i acc = _mm512_setzero_si512(), dots[2];
+    for (int h = 0; h < 2; h++) {
+        for (int c = 0; c < 2; c++) {
+            const __m512i qv = _mm512_load_si512(k->q + 128 * h + 64 * c), xv = _mm512_loadu_si512(x + 128 * h + 64 * c);
+#if defined(__AVX512VNNI__)
+            dots[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, xv);
+#else
+            dots[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(qv, xv), _mm512_set1_epi16(1));
+#endif
+        }
+        const __m512i p = _mm512_packs_epi32(dots[0], dots[1]), sc = _mm512_load_si512(k->scp + 32 * h);
+#if defined(__AVX512VNNI__)
+        acc = _mm512_dpwssd_epi32(acc, p, sc);
+#else
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
+#endif
+    }
+    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), a->f);
+    a->f = _mm512_fnmadd_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t), a->f);
+#elif defined(K_AVX2)
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* 32-bit lanes 0-7, 8-15 */
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) { /* the 128-bit lanes 2 half, 2 half + 1 of AVX512's vectors */
+            __m256i dots[2];
+            for (int c = 0; c < 2; c++) {
+                const long off = 128 * h + 64 * c + 32 * half;
+                const __m256i qv = _mm256_load_si256((const __m256i *)(k->q + off));
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + off));
+#if defined(__AVXVNNI__)
+                dots[c] = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qv, xv);
+#else
+                dots[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(qv, xv), _mm256_set1_epi16(1));
+#endif
+            }
+            const __m256i p = _mm256_packs_epi32(dots[0], dots[1]);
+            const __m256i sc = _mm256_load_si256((const __m256i *)(k->scp + 32 * h + 16 * half));
+#if defined(__AVXVNNI__)
+            acc[half] = _mm256_dpwssd_avx_epi32(acc[half], p, sc);
+#else
+            acc[half] = _mm256_add_epi32(acc[half], _mm256_madd_epi16(p, sc));
+#endif
+        }
+    a->f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_set1_ps(dd), a->f0);
+    a->f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_set1_ps(dd), a->f1);
+    a->f0 = _mm256_fnmadd_ps(_mm256_load_ps(k->wm), _mm256_loadu_ps(t), a->f0);
+    a->f1 = _mm256_fnmadd_ps(_mm256_load_ps(k->wm + 8), _mm256_loadu_ps(t + 8), a->f1);
+#else
+    int L[16] = {0};
+    for (int e = 0; e < QK; e++) L[k_slot(e) / 2 % 16] += k->scp[k_slot(e)] * k->q[e] * x[e];
+    for (int l = 0; l < 16; l++) a->f[l] = fmaf(-k->wm[l], t[l], fmaf((float)L[l], dd, a->f[l]));
+#endif
+}
+
+static inline __attribute__((always_inline)) float kacc_sum(const struct kacc *a) {
+    float f[16];
+#if defined(K_AVX512)
+    _mm512_storeu_ps(f, a->f);
+#elif defined(K_AVX2)
+    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1);
+#else
+    memcpy(f, a->f, sizeof f);
+#endif
+    return lanes_tree(f, 16);
+}
+
+/* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
+static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const struct acts *a, long r0,
+                                                           const int R, long nb, const unsigned char *wo, float *y,
+                                                           long out) {
+    struct kblock k;
+    struct kacc acc[MAX_R];
+    UNROLL_ROWS
+    for (int r = 0; r < R; r++) acc[r] = (struct kacc){0};
+    for (long b = 0; b < nb; b++) {
+        const unsigned char *blk = wo + b * bytes;
+        for (int l = 0; l < bytes; l += 64) __builtin_prefetch(blk + GGML_PREFETCH + l, 0, 3);
+        decode(blk, &k);
+    UNROLL_ROWS
+        for (int r = 0; r < R; r++) {
+            const long g = b * a->rows + r0 + r;
+            k_row(&k, a->q + g * QK, a->t + g * 16, k.d * a->d[g], &acc[r]);
+        }
+    }
+    UNROLL_ROWS
+    for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
+}
+
+/* Output o of R rows (from r0), its row wo: k_output for the pass's R as a constant (ROWS_SWITCH). Each
+ * format instantiates it with its decoder in a function of its own (q4_k_output, ...), so the decoder
+ * inlines: through OpenMP's outlined loop a decoder passed along would be an indirect call a block. */
+static inline __attribute__((always_inline)) void k_outputs(kdecode_fn decode, long bytes, const struct acts *a,
+                                                            long r0, int R, long nb, const unsigned char *wo,
+                                                            float *y, long out) {
+#define K_OUTPUT(N) k_output(decode, bytes, a, r0, N, nb, wo, y, out)
+    ROWS_SWITCH(K_OUTPUT);
+#undef K_OUTPUT
+}
+
+typedef void (*k_outputs_fn)(const struct acts *, long, int, long, const unsigned char *, float *, long);
+
+/* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / QK super-blocks of `bytes` each; `outputs` the
+ * format's k_outputs. */
+static void k_matmul(k_outputs_fn outputs, long bytes, const float *x, long rows, long in, const unsigned char *w,
+                     float *y, long out, int threads) {
+    const long nb = in / QK;
+    struct acts a = acts_quantize(x, rows, in, QK);
+    for (long r0 = 0; r0 < rows; r0 += MAX_R) {
+        const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (long o = 0; o < out; o++) outputs(&a, r0, R, nb, w + o * nb * bytes, y + o, out);
+    }
+    acts_free(a);
+}
