@@ -554,6 +554,8 @@ def load_from(config: LoadConfig) -> Engine:
     extra = {name: getattr(config, name) for name in ("threads", "ctx_size") if name in taken}
     if config.threads is not None and "threads" not in taken:
         torch.set_num_threads(config.threads)
+    if config.ctx_size is not None and "ctx_size" not in taken:
+        logger.warning("ctx_size %d not applied: this yue.load sizes the KV cache itself", config.ctx_size)
     return load(
         config.model,
         device=config.device,
