@@ -81,8 +81,7 @@ def generate(
     with clock("load", "yue.load: model files, kernels, drafting tables"):
         engine = load_engine(load)
     if engine.instruct and not raw:
-        system_message = [{"role": "system", "content": system}] if system is not None else []
-        prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])
+        prompt = engine.chat_prompt(_messages(prompt, system))
     elif system is not None:
         raise ValueError(f"--system needs an instruct model's chat template, which {engine.name} has not")
     steps, stats = _write(engine, prompt, config, live, show_trace)
@@ -94,6 +93,14 @@ def generate(
         trace_json.write_text(
             json.dumps({"steps": [asdict(s) for s in steps], "stats": stats.to_dict()}, indent=1)
         )
+
+
+def _messages(prompt: str, system: str | None) -> list[dict]:
+    """An instruct model's conversation for PROMPT: the system message, if any, then PROMPT."""
+    return [
+        *([{"role": "system", "content": system}] if system is not None else []),
+        {"role": "user", "content": prompt},
+    ]
 
 
 def read_prompt(prompt: str, *, raw: bool) -> str:
@@ -130,8 +137,7 @@ def _remote(
     with clock("connect", "the server's model card"):
         server = remote.Server.connect(url, load.model)
     if server.instruct and not raw:
-        system_message = [{"role": "system", "content": system}] if system is not None else []
-        deltas = server.chat([*system_message, {"role": "user", "content": prompt}], config)
+        deltas = server.chat(_messages(prompt, system), config)
     elif system is not None:
         raise ValueError(f"--system needs an instruct model's chat template, which {server.model} has not")
     else:
