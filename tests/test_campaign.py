@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from recipes.yue_smol_campaign import export_chunks
 from tests.test_distill import save_tiny_llama
 from yue.train import topnar as tn
-from yue.train.campaign import Campaign, CampaignConfig, export_chunks
 from yue.train.everyday import everyday_prompts
+from yue.train.rounds import Rounds, RoundsConfig
 from yue.train.selfinstruct import content_hash
 from yue.train.topnar_run import TopNARRecipe, build_model, save_nar_folder, tokenize_chats
 
@@ -43,7 +44,7 @@ def eval_sets(tmp_path) -> dict[str, str]:
     return out
 
 
-CFG = CampaignConfig(
+CFG = RoundsConfig(
     chunk_prompts=6,
     max_new_tokens=10,
     long_new_tokens=14,
@@ -73,7 +74,7 @@ def test_rounds_make_distinct_unseen_data_log_tau_and_resume(base_and_init, tmp_
     start = {k: v.float() for k, v in load_file(str(init / "model.safetensors")).items() if ".nar_" in k}
     other_set = tmp_path / "other.jsonl"
     other_set.write_text(json.dumps({"messages": [{"role": "user", "content": "Never train on me."}]}) + "\n")
-    camp = Campaign(folder, base, init, evals, "calib", CFG, exclude=[other_set])
+    camp = Rounds(folder, base, init, evals, "calib", CFG, exclude=[other_set])
     assert content_hash("Never train on me.") in camp.seen
     record = camp.run_round()
     chunk = camp.chunk(0)
@@ -92,7 +93,7 @@ def test_rounds_make_distinct_unseen_data_log_tau_and_resume(base_and_init, tmp_
         folder / "best" / "model.safetensors"
     ).is_file()
     # A new process carries on: the next round adds a chunk of requests not seen before.
-    again = Campaign(folder, base, init, evals, "calib", CFG)
+    again = Rounds(folder, base, init, evals, "calib", CFG)
     last = {k: v.clone() for k, v in again.model.state_dict().items() if ".nar_" in k}
     for k, v in last.items():  # from last/ (stored in float16), not from the starting folder
         torch.testing.assert_close(v, camp.model.state_dict()[k].half().float(), rtol=0, atol=0)
@@ -106,7 +107,7 @@ def test_rounds_make_distinct_unseen_data_log_tau_and_resume(base_and_init, tmp_
     assert sum(len(json.loads(gzip.decompress(p.read_bytes()))["ids"]) for p in out) == len(
         chunk["ids"]
     ) + len(again.chunk(1)["ids"])
-    other = Campaign(tmp_path / "other", base, init, evals, "calib", CFG)
+    other = Rounds(tmp_path / "other", base, init, evals, "calib", CFG)
     made = other.import_sequences(out[0], per_chunk=3)
     assert len(made) >= 2 and other.import_sequences(out[0]) == []
     assert set(chunk["hashes"]) <= other.seen
@@ -128,7 +129,7 @@ def test_everyday_prompts_return_fewer_when_spent_unless_strict(monkeypatch):
 def test_command_line_sets_the_rounds_slot_weights():
     """--slot-decay / --kl-weight reach the rounds' training config (a lower decay weights the first
     drafts, which decide the accepted prefix); a decay outside (0, 1] is refused."""
-    from yue.train.campaign import _arguments, _config
+    from recipes.yue_smol_campaign import _arguments, _config
 
     need = ["--dir", "d", "--base", "b.gguf", "--init", "i", "--calibration", "c"]
     cfg = _config(_arguments(need + ["--slot-decay", "0.3", "--kl-weight", "2"])).train

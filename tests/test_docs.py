@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [
     ROOT / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "recipes" / "README.md",
     *sorted((ROOT / "yue" / "assets").glob("*/README.md")),
 ]
 LINK = re.compile(r"\]\(([^)\s]+)\)")  # markdown [text](target) and ![alt](target)

@@ -408,7 +408,7 @@ def test_same_entry_point_runs_under_accelerate_launch(tmp_path):
 
 
 def test_run_summary_reads_every_number_from_the_run_folder(tmp_path):
-    from yue.train.summary import summarize
+    from recipes.summary import summarize
 
     cfg = tiny_train_config(tmp_path)
     train(cfg, stop_at=4)

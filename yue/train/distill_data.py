@@ -1,21 +1,21 @@
-"""`yue distill`'s data: the model's own answers to prompts it is given, in the campaign's folder layout.
+"""`yue distill`'s data: the model's own answers to prompts it is given, in the layout of a `rounds.Rounds` folder.
 
 Design decisions:
 - An instruct model (its tokenizer brings a chat template) answers everyday chat requests through that
-  template, exactly as `campaign.Campaign.make_chunk` makes them (templates, long forms, requests the
+  template, exactly as `rounds.Rounds.make_chunk` makes them (templates, long forms, requests the
   model writes itself, follow-up turns; greedy and sampled). A base model (no template) continues text:
   passages of the Python documentation on disk (pydoc topics' sections, as `prompts.py` cuts them) and
   windows of the standard library's source code, cut part-way; greedy and sampled continuations.
 - Held-out splits are the model's own too: a calibration split (router, free-draft rates, choosing the
   best round) and a test split (the report), never trained on. Chat splits are everyday requests the
-  training chunks refuse by content hash (the campaign's `seen`); text splits come from other files and
+  training chunks refuse by content hash (the rounds folder's `seen`); text splits come from other files and
   packages than the training text (split by a hash of the package or pydoc section).
 - Prompts are encoded as `Engine.encode` does (`YueTokenizer.encode_prompt`: BOS where the tokenizer
   adds one), and a template is rendered with the tokenizer's BOS/EOS strings, so the answers are the
   ones users get.
-- `DistillCampaign` is a `Campaign` (its state file, chunks, cached features, resumable rounds, last/
+- `DistillRounds` is a `Rounds` (its state file, chunks, cached features, resumable rounds, last/
   and best/ folders) that makes continuation chunks for a base model and keeps its evaluation splits'
-  features in memory (the campaign recomputes them each round; a distill budget is too short for that).
+  features in memory (`Rounds` recomputes them each round; a distill budget is too short for that).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 
 from yue.engine import model_tokenizer
 from yue.jsonl import iter_jsonl
-from yue.train.campaign import Campaign, CampaignConfig, _save_gz
 from yue.train.data import EXCLUDED_DIR_NAMES, is_test_path, stdlib_root
 from yue.train.everyday import everyday_prompts
+from yue.train.rounds import Rounds, RoundsConfig, save_gz
 from yue.train.selfinstruct import content_hash
 from yue.train.stdlib_docs import stable_int, topic_items
 from yue.train.topnar import ChatSequences, entry_features, greedy_answers
@@ -102,7 +102,7 @@ def heldout_prompts(instruct: bool, n: int, seed: int = 0) -> dict[str, list[str
 
 
 def write_prompt_set(texts: list[str], path: Path) -> None:
-    """A JSONL of one-turn chats (the campaign's evaluation-set format; a base model continues `content`)."""
+    """A JSONL of one-turn chats (the rounds' evaluation-set format; a base model continues `content`)."""
     import json
 
     tmp = path.with_suffix(".tmp")
@@ -110,8 +110,8 @@ def write_prompt_set(texts: list[str], path: Path) -> None:
     tmp.replace(path)
 
 
-class DistillCampaign(Campaign):
-    """A `Campaign` for `yue distill` (module docstring)."""
+class DistillRounds(Rounds):
+    """A `Rounds` for `yue distill` (module docstring)."""
 
     def __init__(
         self,
@@ -120,7 +120,7 @@ class DistillCampaign(Campaign):
         init_from: str | Path,
         eval_sets: dict[str, Path],
         instruct: bool,
-        cfg: CampaignConfig,
+        cfg: RoundsConfig,
         device: str = "cpu",
         progress: bool = True,
     ) -> None:
@@ -185,7 +185,7 @@ class DistillCampaign(Campaign):
                     self.model, self._encode(chats), self.cfg.eval_new_tokens, self.cfg.gen_batch_size,
                     self.progress,
                 )  # fmt: skip
-                _save_gz({"ids": seqs.ids, "prompt_lens": seqs.prompt_lens}, path)
+                save_gz({"ids": seqs.ids, "prompt_lens": seqs.prompt_lens}, path)
             self._eval[name] = (seqs, entry_features(self.model, seqs, progress=False))
         return self._eval[name]
 

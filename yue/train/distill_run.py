@@ -8,7 +8,7 @@ The stages, in order, each resumable (a rerun of the same command carries on whe
 2. heldout: the model's greedy answers to the calibration and test prompts (`distill_data.py`).
 3. data: chunks of the model's own answers to training prompts, until the data share of the budget is
    spent; each chunk's entry features are cached with it.
-4. train: the drafting vocabulary from the training answers, then campaign rounds (`campaign.py`: each
+4. train: the drafting vocabulary from the training answers, then rounds (`rounds.py`: each
    round trains on every chunk, measures teacher-forced tau on both held-out splits, keeps the best on
    calibration) until the training share is spent.
 5. calibrate: the router on the calibration split's blocks, the free-draft rates on its answers, the
@@ -40,11 +40,11 @@ from yue.model.family import FAMILIES
 from yue.model.gguf import convert_gguf, source_sha256
 from yue.model.hf import NGRAMS_FILE, export_ar, load_model
 from yue.registry import AR_SOURCE, ar_source, resolve
-from yue.train.campaign import CampaignConfig
-from yue.train.distill_data import DistillCampaign, heldout_prompts, write_prompt_set
+from yue.train.distill_data import DistillRounds, heldout_prompts, write_prompt_set
 from yue.train.distill_plan import DistillPlan, make_plan
 from yue.train.distill_report import bench_heldout, write_report
 from yue.train.free_drafts import free_draft_rates
+from yue.train.rounds import RoundsConfig
 from yue.train.router import RouterTrainConfig, train_router
 from yue.train.router_eval import evaluate_router
 from yue.train.topnar import (
@@ -129,7 +129,7 @@ class DistillRun:
                 "rerun with that model, or give another --out"
             )
         self.state["model"] = self.model_name
-        self.camp: DistillCampaign | None = None
+        self.camp: DistillRounds | None = None
         self._mark = time.perf_counter()
 
     # ---------------------------------------------------------------------------------------------
@@ -216,12 +216,12 @@ class DistillRun:
         )
         gc.collect()
 
-    def campaign(self) -> DistillCampaign:
+    def campaign(self) -> DistillRounds:
         """The campaign over the work folder (built once per run)."""
         if self.camp is None:
-            cfg = CampaignConfig(window=1_000_000, eval_prompts=self.plan.heldout_prompts)
+            cfg = RoundsConfig(window=1_000_000, eval_prompts=self.plan.heldout_prompts)
             sets = {s: self.work / "heldout" / f"{s}.jsonl" for s in ("calibration", "test")}
-            self.camp = DistillCampaign(
+            self.camp = DistillRounds(
                 self.work / "campaign", self.state["base"], self.work / "init", sets,
                 self.state["instruct"], cfg, self.device, self.progress,
             )  # fmt: skip

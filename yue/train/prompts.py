@@ -16,13 +16,12 @@ Design decisions:
   them (tasks interleaved by weight). Past the pool size the order starts again, reshuffled, and the
   prompts repeat (a warning says so).
 
-`python -m yue.train.prompts` rewrites `yue/assets/chat_calibration.jsonl` and prints the pool sizes.
+`python -m recipes.calibration_set` (outside the package) wrote `yue/assets/chat_calibration.jsonl` from it.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import random
 import textwrap
@@ -31,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from yue.train.stdlib_docs import (
-    SPLITS,
     DocItem,
     Split,
     approx_tokens,
@@ -44,7 +42,6 @@ from yue.train.stdlib_docs import (
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_TOKENS = 340  # by `approx_tokens` (~0.9 of real tokens): keeps dense code or tables near 400
-CALIBRATION_OUT = Path(__file__).resolve().parent.parent / "assets" / "chat_calibration.jsonl"
 
 
 @dataclass(frozen=True)
@@ -367,27 +364,3 @@ def stdlib_chat_prompts(n: int, seed: int = 0, split: Split = "train") -> list[l
     top-level packages / pydoc sections (see the module docstring).
     """
     return [[dict(m) for m in p.messages] for p in chat_prompt_records(n, seed, split)]
-
-
-def write_calibration_set(out: str | Path = CALIBRATION_OUT, n: int = 40, seed: int = 0) -> Path:
-    """Write `n` calibration prompts as JSONL `{"messages": [...], "source": ...}`."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for p in chat_prompt_records(n, seed, "calibration"):
-            record = {
-                "messages": p.messages,
-                "source": f"stdlib-calibration:{p.task}:{p.source.removeprefix('stdlib:')}",
-            }
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return out
-
-
-if __name__ == "__main__":
-    path = write_calibration_set()
-    for split in SPLITS:
-        sizes = {t: len(p) for t, p in prompt_pool(split).items()}
-        print(
-            f"{split}: {count_chat_prompts(split)} distinct prompts, {len(split_items(split))} items; {sizes}"
-        )
-    print(f"wrote {path}")

@@ -7,7 +7,7 @@ features, a drafting vocabulary mixed from the new answers (VOCAB=mix: tokens se
 them, most frequent first, up to NEW_TOP, then the shipped vocabulary's order), and training from the
 shipped NAR set. Every stage resumes from $W. The choice split is chat_calibration_everyday, with the
 standard-library calibration split as a guard; chat_test is never read. As it ran (2026-12-03):
-    VOCAB=mix GEN_UNTIL=<35 min of generation> STEPS=450 W=/work/r4/work python docs/recipes/yue_smol_round4.py
+    VOCAB=mix GEN_UNTIL=<35 min of generation> STEPS=450 W=/work/r4/work python recipes/yue_smol_round4.py
 then `yue build-ngrams <model> --sequences <the training answers, $W/everyday.json less its first HELD> --extend`.
 Not shipped: on the everyday calibration split it left `verified` where round 3 is (measurement log,
 "Session 17"), so the shipped NAR set stays round 3's; the report is docs/topnar-round4-experiment-2026-12-03.json.

@@ -1,7 +1,7 @@
 """Greedy answers of yue-smol to fresh everyday requests, for its n-gram table (a development script, not
 part of the package).
 
-    python docs/recipes/corpus_answers.py OUT_DIR FIRST_CHUNK CHUNKS DTYPE [SEEN.txt ...]
+    python recipes/corpus_answers.py OUT_DIR FIRST_CHUNK CHUNKS DTYPE [SEEN.txt ...]
 
 Each chunk: 96 requests from the everyday templates (`train.everyday`, seed 20,000 + chunk; a sixth of
 them in a long form, 384 tokens), none whose content hash is in a SEEN file, an earlier chunk's, or a
@@ -14,8 +14,8 @@ that exists is skipped, so a rerun resumes. Batched, a chunk of ~115 answers tak
 request at a time in float32, as this script did in session 8, gave ~104). As it ran on 2026-12-05 (session 9), then the table was
 extended (docs/results-log.md, "Session 9"). Two runs side by side take different chunk numbers, so
 different seeds (a request both draw counts once in the table: `build-ngrams` keeps one answer a prompt).
-    python docs/recipes/corpus_answers.py answers-int4 0 200 int4
-    python docs/recipes/corpus_answers.py answers-float32 1000 200 float32
+    python recipes/corpus_answers.py answers-int4 0 200 int4
+    python recipes/corpus_answers.py answers-float32 1000 200 float32
     yue build-ngrams yue/assets/yue-smol --extend --max-order 6 --min-share 0.5 \
         $(for f in answers-int4/*.json.gz answers-float32/*.json.gz; do echo --sequences $f; done)
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 import yue
-from yue.train.campaign import FOLLOW_UPS, LONG_FORMS
 from yue.train.everyday import everyday_prompts
+from yue.train.rounds import FOLLOW_UPS, LONG_FORMS
 from yue.train.selfinstruct import content_hash, shipped_set_hashes
 from yue.train.topnar import greedy_answers
 

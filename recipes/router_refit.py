@@ -1,9 +1,9 @@
 """Refit a top-layer NAR folder's router to its current NAR set, on calibration answers only (issue 42;
 a development script).
 
-    python docs/recipes/router_refit.py MODEL_FOLDER BASE.gguf ANSWERS.json.gz [ANSWERS ...]
+    python recipes/router_refit.py MODEL_FOLDER BASE.gguf ANSWERS.json.gz [ANSWERS ...]
 
-ANSWERS: greedy answers of calibration prompts (`yue.train.campaign`'s eval/<split>.json.gz). Router
+ANSWERS: greedy answers of calibration prompts (a `yue.train.rounds` folder's eval/<split>.json.gz). Router
 examples from every block of them (`topnar.router_examples`), a fifth of the sequences held out by
 group; prints the current router's and the refit router's AUC / ECE on that fifth, and writes the refit
 router into MODEL_FOLDER/model.safetensors only if its BCE there is lower.

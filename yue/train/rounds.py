@@ -1,9 +1,8 @@
-"""A resumable, open-ended training campaign for a top-layer NAR set on the model's own answers.
+"""Resumable, open-ended rounds of training a top-layer NAR set on the model's own answers.
 
-Why: the rounds of `topnar_run` trained on one fixed set of answers and flattened as it repeated (the
-yue-smol model card's curves); acceptance on everyday chat needs many distinct requests, answered the
-way users get answers (greedy and sampled at chat temperatures). A campaign alternates two things for
-as long as it is left running, one round at a time:
+Why: one fixed set of answers flattens as training repeats it; acceptance on everyday chat needs many
+distinct requests, answered the way users get answers (greedy and sampled at chat temperatures). A
+`Rounds` folder alternates two things for as long as it is left running, one round at a time:
 
 1. a new chunk of data: `chunk_prompts` requests never seen before (everyday templates, the same in long
    form, requests the model writes itself, and follow-up turns of conversations), each answered greedily
@@ -14,7 +13,10 @@ as long as it is left running, one round at a time:
    `log.jsonl` (tau against training answer tokens and distinct prompts), the NAR folder in `last/`,
    and in `best/` when the calibration split's tau is the best so far (chosen on calibration only).
 
-Layout of the campaign folder (everything a rerun needs to carry on where the last one stopped):
+`yue distill` runs its training through it (`distill_data.DistillRounds`); the yue-smol campaign that
+made round 5 is its command line (`recipes/yue_smol_campaign.py`, outside the package).
+
+Layout of the folder (everything a rerun needs to carry on where the last one stopped):
 
     state.json            rounds done, chunks made, answer tokens trained on, best calibration tau
     seen.txt              content hash of every request used (one a line; the evaluation sets' first)
@@ -30,7 +32,6 @@ Chunks written elsewhere (a GPU round's answers) join with `import_sequences`.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import logging
@@ -63,7 +64,6 @@ from yue.train.topnar_run import (
     load_nar_tensors,
     read_chat_prompts,
     save_nar_folder,
-    top_nar_base,
 )
 from yue.train.trainer import append_jsonl
 
@@ -95,8 +95,8 @@ KINDS = ("template", "long", "model_written", "multi_turn")
 
 
 @dataclass(frozen=True)
-class CampaignConfig:
-    """Sizes of one round. Defaults: the CPU campaign (one thread, shared cores)."""
+class RoundsConfig:
+    """Sizes of one round. Defaults: the yue-smol campaign's on CPU (one thread, shared cores)."""
 
     chunk_prompts: int = 48  # distinct new requests per chunk (before follow-up turns)
     mix: tuple[float, float, float] = (0.5, 0.15, 0.35)  # template, long, model-written shares
@@ -124,8 +124,8 @@ class CampaignConfig:
             raise ValueError(f"temperatures must be in (0, 2], got {self.temperatures}")
 
 
-class Campaign:
-    """A campaign folder (see the module docstring) over a base Llama folder and a starting NAR folder."""
+class Rounds:
+    """A rounds folder (see the module docstring) over a base Llama folder and a starting NAR folder."""
 
     def __init__(
         self,
@@ -134,7 +134,7 @@ class Campaign:
         init_from: str | Path,
         eval_sets: dict[str, str | Path],
         calibration: str,
-        cfg: CampaignConfig = CampaignConfig(),
+        cfg: RoundsConfig = RoundsConfig(),
         device: str = "cpu",
         progress: bool = False,
         exclude: Sequence[str | Path] = (),
@@ -311,9 +311,9 @@ class Campaign:
         }
 
     def add_chunk(self, chunk: dict) -> int:
-        """Write a chunk (this campaign's or imported) and remember its requests; returns its number."""
+        """Write a chunk (made here or imported) and remember its requests; returns its number."""
         n = self.state["chunks"]
-        _save_gz(chunk, self.dir / "chunks" / f"{n:05d}.json.gz")
+        save_gz(chunk, self.dir / "chunks" / f"{n:05d}.json.gz")
         self._remember(chunk.get("hashes", []))
         self.state["chunks"] = n + 1
         self._write_state()
@@ -368,7 +368,7 @@ class Campaign:
                 self.cfg.gen_batch_size,
                 self.progress,
             )
-            _save_gz({"ids": seqs.ids, "prompt_lens": seqs.prompt_lens}, path)
+            save_gz({"ids": seqs.ids, "prompt_lens": seqs.prompt_lens}, path)
         return seqs, entry_features(self.model, seqs, progress=False)
 
     # ---------------------------------------------------------------------------------------------
@@ -410,12 +410,12 @@ class Campaign:
         self.state["tokens_seen"] += history[-1]["answer_tokens_seen"]
         tau = self.evaluate()
         save_nar_folder(self.model, self.dir / "last.tmp", {"base": str(self.base)})
-        _replace_dir(self.dir / "last.tmp", self.dir / "last")
+        replace_dir(self.dir / "last.tmp", self.dir / "last")
         best = self.state["best_calibration_tau"]
         if best is None or tau[self.calibration] > best:
             self.state["best_calibration_tau"] = tau[self.calibration]
             shutil.copytree(self.dir / "last", self.dir / "best.tmp")
-            _replace_dir(self.dir / "best.tmp", self.dir / "best")
+            replace_dir(self.dir / "best.tmp", self.dir / "best")
         record = {
             "round": r + 1,
             "tokens_seen": self.state["tokens_seen"],
@@ -434,7 +434,7 @@ class Campaign:
 
     def _log(self, record: dict) -> None:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
-        log.info("campaign: %s", json.dumps(record))
+        log.info("round: %s", json.dumps(record))
         append_jsonl(self.dir / "log.jsonl", record)
 
 
@@ -451,149 +451,14 @@ def _eos(model: YueForCausalLM) -> int:
     return eos if isinstance(eos, int) else eos[0]
 
 
-def _save_gz(obj: dict, path: Path) -> None:
+def save_gz(obj: dict, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(gzip.compress(json.dumps(obj).encode(), 6))
     tmp.replace(path)
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
+def replace_dir(src: Path, dst: Path) -> None:
     """Swap a finished folder in (the old one is removed first; a kill between leaves `src` whole)."""
     if dst.exists():
         shutil.rmtree(dst)
     src.rename(dst)
-
-
-def export_chunks(campaign: Campaign, dest: str | Path, parts: int = 1, first: int = 0) -> list[Path]:
-    """Chunks `first`.. of a campaign merged and cut into `parts` gzip JSON files (`import_sequences`
-    reads each), e.g. to carry a GPU round's answers to the CPU campaign."""
-    keys = ("ids", "prompt_lens", "kinds")
-    merged: dict = {k: [] for k in keys}
-    merged["hashes"], prompts = [], 0
-    for n in range(first, campaign.state["chunks"]):
-        c = campaign.chunk(n)
-        for k in keys:
-            merged[k] += c[k]
-        merged["hashes"] += c.get("hashes", [])
-        prompts += c["prompts"]
-    size = -(-len(merged["ids"]) // parts)
-    out = []
-    for i in range(parts):
-        part = {k: merged[k][i * size : (i + 1) * size] for k in keys}
-        part["prompts"], part["hashes"] = (prompts, merged["hashes"]) if i == 0 else (0, [])
-        path = Path(dest) / f"answers-{i + 1}-of-{parts}.json.gz"
-        _save_gz(part, path)
-        out.append(path)
-    return out
-
-
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    """`main`'s command line."""
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--dir", required=True, help="campaign folder (created, or resumed)")
-    ap.add_argument("--base", required=True, help="the AR set: a .gguf file or a model whose AR set is one")
-    ap.add_argument("--init", required=True, help="the top-layer NAR folder the campaign starts from")
-    ap.add_argument("--eval", action="append", default=[], metavar="NAME=JSONL", help="evaluation splits")
-    ap.add_argument("--exclude", action="append", default=[], help="more JSONL chat sets never to train on")
-    ap.add_argument("--calibration", required=True, help="the evaluation split that chooses best/")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (default: never)")
-    ap.add_argument("--data-for", type=float, default=None, help="seconds from start to make new chunks for")
-    ap.add_argument("--stop-after", type=float, default=None, help="seconds from start to start rounds for")
-    ap.add_argument("--import", dest="imports", action="append", default=[], help="answers-*.json.gz to add")
-    ap.add_argument("--import-per-chunk", type=int, default=512, help="sequences per imported chunk")
-    ap.add_argument(
-        "--adopt", default=None, help="a NAR folder to continue from (replaces last/), e.g. a GPU round's"
-    )
-    ap.add_argument("--export", default=None, help="folder for this run's chunks and NAR folder at the end")
-    ap.add_argument("--export-parts", type=int, default=2, help="files the exported answers are cut into")
-    ap.add_argument("--chunk-prompts", type=int, default=CampaignConfig.chunk_prompts)
-    ap.add_argument("--gen-batch", type=int, default=CampaignConfig.gen_batch_size)
-    ap.add_argument("--window", type=int, default=CampaignConfig.window)
-    ap.add_argument("--eval-prompts", type=int, default=CampaignConfig.eval_prompts)
-    ap.add_argument("--steps", type=int, default=60, help="training steps per round")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--anchors", type=int, default=24)
-    ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument(
-        "--slot-decay",
-        type=float,
-        default=TopNARConfig.slot_decay,
-        help="slot i's loss weight ~ decay ** (i - 2): lower puts the rounds' weight on the first drafts",
-    )
-    ap.add_argument("--kl-weight", type=float, default=TopNARConfig.kl_weight, help="KL(p_AR || p_slot) weight")
-    ap.add_argument("--max-new-tokens", type=int, default=CampaignConfig.max_new_tokens)
-    ap.add_argument("--long-new-tokens", type=int, default=CampaignConfig.long_new_tokens)
-    return ap.parse_args(argv)
-
-
-def _config(a: argparse.Namespace) -> CampaignConfig:
-    """The campaign's settings from its command line: a round trains at a constant learning rate after
-    a short warm-up, and evaluates once, at its end."""
-    return CampaignConfig(
-        chunk_prompts=a.chunk_prompts,
-        gen_batch_size=a.gen_batch,
-        window=a.window,
-        eval_prompts=a.eval_prompts,
-        max_new_tokens=a.max_new_tokens,
-        long_new_tokens=a.long_new_tokens,
-        train=TopNARConfig(
-            steps=a.steps,
-            batch_size=a.batch_size,
-            anchors=a.anchors,
-            lr=a.lr,
-            slot_decay=a.slot_decay,
-            kl_weight=a.kl_weight,
-            warmup_steps=max(1, min(20, a.steps // 10)),
-            min_lr_ratio=1.0,
-            eval_every=a.steps,
-        ),
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m yue.train.campaign --dir D --base X.gguf --init yue/assets/yue-smol [...]`: start or
-    resume a campaign (the same command resumes it)."""
-    a = _arguments(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(a.threads)
-    t0 = time.perf_counter()
-    evals = dict(e.split("=", 1) for e in a.eval)
-    cfg = _config(a)
-    base, _ = top_nar_base(a.base)
-    if a.adopt:
-        Path(a.dir).mkdir(parents=True, exist_ok=True)
-        shutil.copytree(a.adopt, Path(a.dir) / "last.tmp")
-        _replace_dir(Path(a.dir) / "last.tmp", Path(a.dir) / "last")
-    camp = Campaign(a.dir, base, a.init, evals, a.calibration, cfg, a.device, exclude=a.exclude)
-    first_chunk = camp.state["chunks"]
-    for path in a.imports:
-        camp.import_sequences(path, a.import_per_chunk)
-
-    def elapsed() -> float:
-        return time.perf_counter() - t0
-
-    done = 0
-    try:
-        while a.rounds is None or done < a.rounds:
-            if a.stop_after is not None and elapsed() > a.stop_after:
-                break
-            camp.run_round(make_data=a.data_for is None or elapsed() < a.data_for)
-            done += 1
-    finally:  # what was made is exported even if a round fails
-        if a.export:
-            export(camp, Path(a.export), first_chunk, a.export_parts)
-
-
-def export(camp: Campaign, dest: Path, first_chunk: int, parts: int) -> None:
-    """The chunks made since `first_chunk`, the current NAR folder (15 MiB shards) and the log, in `dest`."""
-    dest.mkdir(parents=True, exist_ok=True)
-    if camp.state["chunks"] > first_chunk:
-        export_chunks(camp, dest, parts=parts, first=first_chunk)
-    save_nar_folder(camp.model, dest / "nar", {"base": str(camp.base)}, max_shard_bytes=15 << 20)
-    shutil.copy(camp.dir / "log.jsonl", dest / "log.jsonl")
-
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,7 @@
 Everything comes from the run folder (`train_config.json`, `log.jsonl`, `model/`): no number is typed
 in by hand. Usage:
 
-    python -m yue.train.summary RUN_DIR --out RUN_DIR/stage1.json [--note "..."]
+    python -m recipes.summary RUN_DIR --out RUN_DIR/stage1.json [--note "..."]
 """
 
 from __future__ import annotations

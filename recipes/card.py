@@ -1,8 +1,8 @@
 """The model card of a trained model, written from the run's own reports (never typed by hand).
 
-    python -m yue.train.card MODEL_DIR --stage1 RUN/stage1.json [--bench BENCH.json] [--calibration CAL.json]
+    python -m recipes.card MODEL_DIR --stage1 RUN/stage1.json [--bench BENCH.json] [--calibration CAL.json]
 
-Reads `stage1.json` (yue.train.summary), `selfdistill_report.json` and `router_report.json` from
+Reads `stage1.json` (recipes.summary), `selfdistill_report.json` and `router_report.json` from
 MODEL_DIR when present, generates three greedy completions with the model itself, and writes
 MODEL_DIR/README.md. Every number in the card comes from one of those files or from that generation.
 """

@@ -8,7 +8,7 @@ if [ -z "$SKIP_WHL" ]; then
   export PYTHONPATH=$PWD/.gpu42/code:/tmp/site
 fi
 export YUE_CACHE_DIR=${YUE_CACHE_DIR:-/tmp/cache42} PYTHONUNBUFFERED=1
-${PY:-python3} .gpu42/code/docs/recipes/yue_smol_round5.py --dir ${DIR:-/tmp/c42} --base $GGUF \
+${PY:-python3} .gpu42/code/recipes/yue_smol_round5.py --dir ${DIR:-/tmp/c42} --base $GGUF \
   --init yue/assets/yue-smol \
   --eval chat_test=yue/assets/chat_test.jsonl \
   --eval chat_calibration_everyday=yue/assets/chat_calibration_everyday.jsonl \

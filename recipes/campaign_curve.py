@@ -1,7 +1,7 @@
 """The campaign's curve: teacher-forced tau on the held-out and the calibration split against training
-answer tokens, from `log.jsonl` files of `yue.train.campaign` runs in order (a development script).
+answer tokens, from `log.jsonl` files of `recipes/yue_smol_campaign.py` runs in order (a development script).
 
-    python docs/recipes/campaign_curve.py OUT.png LOG [LOG ...]
+    python recipes/campaign_curve.py OUT.png LOG [LOG ...]
 
 A later file's tokens continue from the earlier files' last count unless its own count already does
 (a run that resumed the same folder); its round 0 (the starting weights, measured again) is skipped.

@@ -1,0 +1,163 @@
+"""`docs/results.md`: the current figures, generated from the `yue bench` JSON files in `docs/results/`.
+
+    python -m recipes.results_table            # rewrites docs/results.md
+    python -m recipes.results_table --check    # exits 1 if docs/results.md is not what the JSONs give
+
+Design decisions:
+- A bench file is read as `yue bench` writes it: its last JSON document (`yue/bench/report.py`); files
+  without "modes" (A/Bs, serving, distill reports) are not bench runs and are skipped.
+- Only held-out runs count: the first prompt set's name ends in `_test` (chat_test, code_test,
+  text_test). Calibration runs are the set choices were made on, so they never give a current figure.
+  Only the models in `MODELS` count; experiments on ad-hoc folders ("model", "smol16384") do not.
+- A run's group is (model, precision of ours, sampling). Its latest run gives every row of the group,
+  so the ratios in a row come from one process, as `yue bench` measured them: `× ar` is the entry's
+  median tokens/s over `ar`'s, `× llama.cpp` and `× transformers` the bench's own
+  `speedup_vs_llamacpp_greedy` / `speedup_vs_hf_greedy`; a peer that did not run is "–".
+- "Latest" is read from the file name, the only order the files carry (`docs/results/README.md`: the
+  date is the run's): the date, then the session (`-s9-`), then a stage word (`before`/`first`
+  before the rest, `after`/`mended`/`final` after), then the run letter or number (`-b`, `-run2`,
+  `-rerun`), then the name. The machine is the name's tag where it has one (`amd-avx512`,
+  `xeon`, ...), else the CPU features the run recorded (`settings.kernels`), with its thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+OUT = ROOT / "docs" / "results.md"
+# The shipped models, the optional Gemma 3 270M, and Gemma with a NAR set from `yue distill`.
+MODELS = ("yue-smol", "yue-code-mini", "gemma-3-270m", "gemma-3-270m-yue")
+PEERS = ("hf-greedy", "llamacpp-greedy")
+MACHINES = ("amd-avx2", "amd-avx512", "epyc-avx512", "xeon", "h200")
+DATE = re.compile(r"-(\d{4}-\d{2}-\d{2})$")
+# Words of a name that place a run before or after the others of its session (a fix's before/after pair).
+STAGE_EARLY, STAGE_LATE = {"before", "first"}, {"after", "mended", "final"}
+
+
+def last_document(path: Path) -> dict:
+    """The last JSON document of a file: the whole file, or else its last non-empty line."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(text.strip().splitlines()[-1])
+
+
+def run_order(stem: str) -> tuple:
+    """Sort key of a run by its file name (module docstring): date, session, stage, run number, name."""
+    date = DATE.search(stem)
+    session = re.search(r"-s(\d+)(?:-|$)", stem)
+    words = set(stem.split("-"))
+    stage = -1 if words & STAGE_EARLY else 1 if words & STAGE_LATE else 0
+    run = re.search(r"-(?:run|rerun)(\d*)(?:-|$)|-([b-z])(?:-|$)", stem)
+    number = 0
+    if run:
+        number = int(run.group(1) or 2) if run.group(2) is None else ord(run.group(2)) - ord("a") + 1
+    return (date.group(1) if date else "", int(session.group(1)) if session else 0, stage, number, stem)
+
+
+def precision(settings: dict) -> str:
+    """Ours of `settings.dtype`: "int4 (ours), float32 (hf peers)" -> "int4"."""
+    return re.split(r" \(ours", settings.get("dtype", "?"))[0]
+
+
+def sampling(doc: dict) -> str:
+    t = doc.get("temperature")
+    return "greedy" if not t else f"T={t:g}, top-p {doc.get('top_p', 1.0):g}"
+
+
+def machine(stem: str, settings: dict) -> str:
+    tag = next((m for m in MACHINES if f"-{m}-" in stem + "-"), None)
+    where = tag or settings.get("kernels", settings.get("device", "?")).split(" (")[0].split(";")[0]
+    threads = settings.get("threads", "?")
+    return f"{where}, {threads} thread{'s' if str(threads) != '1' else ''}"
+
+
+def latest_runs(results: Path = RESULTS) -> dict[tuple[str, str, str], tuple[Path, dict]]:
+    """(model, precision, sampling) -> its latest held-out run (path, document)."""
+    runs: dict[tuple[str, str, str], tuple[Path, dict]] = {}
+    for path in sorted(results.glob("*.json"), key=lambda p: run_order(p.stem)):
+        doc = last_document(path)
+        sets = doc.get("prompt_sets") if isinstance(doc, dict) else None
+        if not sets or "modes" not in doc or doc.get("model") not in MODELS:
+            continue
+        if not sets[0].get("name", "").endswith("_test"):
+            continue
+        runs[(doc["model"], precision(doc.get("settings", {})), sampling(doc))] = (path, doc)
+    return runs
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def table(results: Path = RESULTS) -> str:
+    """The Markdown of `docs/results.md`."""
+    head = [
+        "<!-- Generated by `python -m recipes.results_table` from docs/results/*.json: do not edit by hand. -->",
+        "# Current results",
+        "",
+        "The latest held-out `yue bench` run of each model, precision and sampling, one row per decoding",
+        "mode of that run. Ratios are medians of tokens/s within that one run (`× ar`: against our own `ar`;",
+        "`× llama.cpp`, `× transformers`: against those peers' greedy decoding of the same model), so they",
+        "compare across rows only as far as the machines do. How a run is chosen and read:",
+        "[recipes/results_table.py](../recipes/results_table.py). Every earlier run, with what it shows and",
+        "the command that made it: the chronological history, [results-log.md](results-log.md).",
+        "",
+        "| model | precision | sampling | mode | × ar | × llama.cpp | × transformers | exact vs ar"
+        " | prompts | date | machine | run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for (model, prec, samp), (path, doc) in sorted(latest_runs(results).items()):
+        modes, settings = doc["modes"], doc.get("settings", {})
+        ar = (modes.get("ar") or {}).get("tokens_per_s")
+        date = DATE.search(path.stem)
+        for name, v in modes.items():
+            if name in PEERS:
+                continue
+            tps = v.get("tokens_per_s")
+            cells = [
+                f"`{model}`",
+                prec,
+                samp,
+                f"`{name}`",
+                _ratio(tps / ar if tps and ar else None),
+                _ratio(v.get("speedup_vs_llamacpp_greedy")),
+                _ratio(v.get("speedup_vs_hf_greedy")),
+                _ratio(v.get("exact_match_vs_ar")),
+                f"{doc['prompt_sets'][0]['prompts']} {doc['prompt_sets'][0]['name']}",
+                date.group(1) if date else "?",
+                machine(path.stem, settings),
+                f"[{path.name}](results/{path.name})",
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(head + rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with docs/results.md instead of writing it")
+    a = ap.parse_args(argv)
+    text = table()
+    if a.check:
+        same = OUT.is_file() and OUT.read_text(encoding="utf-8") == text
+        print(
+            "docs/results.md is current"
+            if same
+            else "docs/results.md differs: run python -m recipes.results_table"
+        )
+        return 0 if same else 1
+    OUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
