@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from yue.config import DecodeConfig
-from yue.decode.loop import DecodeBatch, StepEmission, batch_key, grid_ends
-from yue.decode.prefix import PrefixCache, PrefixFill
+from yue.decode.loop import DecodeBatch, StepEmission, batch_key, fill_plan
+from yue.decode.prefix import PrefixCache, PrefixFill, split_exact
 from yue.decode.types import StreamEvent
 
 log = logging.getLogger("yue.batcher")
@@ -273,10 +273,9 @@ class Batcher:
         fails is dropped, and logged: it costs no request anything."""
         while self._filling is not None or self._fills:
             if self._filling is None:
-                tokens = self._fills.popleft()
-                self._filling = PrefixFill(
-                    self.engine.model, self.prefix_cache, tokens, grid_ends(len(tokens), inclusive=True)
-                )
+                tokens, model = self._fills.popleft(), self.engine.model
+                plan = fill_plan(len(tokens), split_exact(model))
+                self._filling = PrefixFill(model, self.prefix_cache, tokens, *plan)
             try:
                 fed = self._filling.step()
             except Exception as error:  # noqa: BLE001 - a fill is an optimization: drop it, serve on

@@ -49,7 +49,16 @@ from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.modes import get_policy
 from yue.decode.policies import rows_at
-from yue.decode.prefix import PrefixCache, PrefixHit, feed_chunk, write_hit
+from yue.decode.prefix import (
+    BLOCK,
+    MIN_ROWS,
+    PrefixCache,
+    PrefixHit,
+    feed_chunk,
+    split_exact,
+    store,
+    write_hit,
+)
 from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.sources import DraftSources, draft_rates, free_sources
 from yue.decode.state import Advance, LoopState
@@ -100,11 +109,22 @@ PREFILL_CHUNK = 128
 PREFILL_KEYS = 1280
 
 
-def chunk_end(done: int, length: int) -> int:
-    """Where the prefill chunk starting at prompt position `done` ends (a function of positions alone)."""
+def chunk_end(done: int, length: int, exact: bool = False) -> int:
+    """Where the prefill chunk starting at prompt position `done` ends: a function of positions alone;
+    `exact` (a `prefix.split_exact` model), cut so that any cut keeps the bits: position 0's chunk is
+    [0, BLOCK) (or the whole prompt, where fewer than MIN_ROWS would follow it), and no forward past it,
+    the last (the first decode step's) included, takes fewer than MIN_ROWS rows."""
     quantum = min(16, PREFILL_CHUNK)
     n = PREFILL_CHUNK * PREFILL_KEYS // (done + PREFILL_KEYS) // quantum * quantum
-    return min(done + max(quantum, min(PREFILL_CHUNK, n)), length)
+    end = min(done + max(quantum, min(PREFILL_CHUNK, n)), length)
+    if not exact:
+        return end
+    if done == 0:
+        return BLOCK if length >= BLOCK + MIN_ROWS else length
+    if end < length and length - end < MIN_ROWS:  # leave the last forward MIN_ROWS rows, or take them all
+        end = (length - MIN_ROWS) // BLOCK * BLOCK
+        return end if end > done else length
+    return end
 
 
 def chunk_work(done: int, n: int) -> int:
@@ -123,6 +143,30 @@ def grid_ends(length: int, inclusive: bool = False) -> list[int]:
     return ends
 
 
+def lookup_ends(length: int, exact: bool) -> list[int]:
+    """Where a prompt of `length` tokens may resume its prefill from the prefix cache, ascending: the grid's
+    boundaries (`grid_ends`), or, `exact`, every BLOCK boundary that leaves at least MIN_ROWS tokens to
+    feed (`chunk_end`'s rule)."""
+    if not exact:
+        return grid_ends(length)
+    return list(range(BLOCK, length - MIN_ROWS + 1, BLOCK)) if length >= BLOCK + MIN_ROWS else []
+
+
+def fill_plan(length: int, exact: bool) -> tuple[list[int], list[int], int | None]:
+    """How `prefix.PrefixFill` extends the cache with a finished sequence of `length` tokens: (the
+    boundaries it looks up, where its chunks end, the block size it stores or None): the grid's up to its
+    last boundary, or, `exact`, every BLOCK up to the last whole one, fed in the grid's chunks."""
+    if not exact:
+        ends = grid_ends(length, inclusive=True)
+        return ends, ends, None
+    last = length // BLOCK * BLOCK
+    ends = list(range(BLOCK, last + 1, BLOCK))
+    chunks, end = [BLOCK] if last else [], BLOCK
+    while last and (end := chunk_end(end, last)) < last:
+        chunks.append(end)
+    return ends, chunks + [last] if last > BLOCK else chunks, BLOCK
+
+
 @dataclass
 class Prefill:
     """A bucket of rows (one prompt length) being prefilled, a chunk at a time, before it joins the batch.
@@ -136,10 +180,11 @@ class Prefill:
     cache: KVCache
     prompt: torch.Tensor
     done: int = 0
+    exact: bool = False  # cut on `chunk_end`'s exact rule (`prefix.split_exact`)
 
     def next_end(self) -> int:
         """Where the next chunk ends (`chunk_end`)."""
-        return chunk_end(self.done, self.prompt.shape[1])
+        return chunk_end(self.done, self.prompt.shape[1], self.exact)
 
     def next_work(self) -> int:
         """Its next chunk's prefill work (`chunk_work`), every row's counted."""
@@ -187,6 +232,8 @@ class DecodeBatch:
         model = as_decoded(model)
         self.model, self.key, self.costs = model, batch_key(cfg), costs
         self.prefix_cache = prefix_cache
+        # Whether any cut of a prefill keeps its bits (`prefix.split_exact`): it then resumes at blocks.
+        self.exact = split_exact(model)
         self.corpus = corpus if self.key.corpus_drafts else None
         self.policy = get_policy(cfg.mode)
         self.argmax_only = self.policy.argmax_only(self.key, model.config)
@@ -262,6 +309,7 @@ class DecodeBatch:
             self.prefilling.pop(0)
             group = self._group(p)
             emissions.append(self._step(group))
+            self._store_tail(p)
             group = without_finished(group)
             if group is not None:
                 vocab = self.model.config.vocab_size
@@ -279,7 +327,7 @@ class DecodeBatch:
         fit the budget beside the `fed` tokens already fed this step (at least one chunk a step)."""
         taken, tokens = [], fed
         while self.queued:
-            n = chunk_end(0, len(self.queued[0].prompt))
+            n = chunk_end(0, len(self.queued[0].prompt), self.exact)
             if tokens and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
                 break
             taken.append(self.queued.pop(0))
@@ -295,7 +343,9 @@ class DecodeBatch:
         was compute."""
         cache = self.prefix_cache
         hits = [
-            cache.lookup(r.prompt, grid_ends(len(r.prompt))) if cache is not None else PrefixHit()
+            cache.lookup(r.prompt, lookup_ends(len(r.prompt), self.exact))
+            if cache is not None
+            else PrefixHit()
             for r in rows
         ]
         buckets: list[tuple[list[Row], list[PrefixHit]]] = []
@@ -319,13 +369,25 @@ class DecodeBatch:
         for b, hit in enumerate(hits):
             write_hit(cache, b, hit, 0)
         cache.advance(hits[0].length)
-        return Prefill(rows, cache, prompt, hits[0].length)
+        return Prefill(rows, cache, prompt, hits[0].length, self.exact)
 
     def _feed(self, p: Prefill) -> None:
         """Feed a bucket's next chunk (not its last) into its cache; no logits."""
         end = p.next_end()
-        feed_chunk(self.model, p.cache, p.prompt, p.done, end, self._arange(end - p.done), self.prefix_cache)
+        block = BLOCK if self.exact else None
+        offsets = self._arange(end - p.done)
+        feed_chunk(self.model, p.cache, p.prompt, p.done, end, offsets, self.prefix_cache, block)
         p.done = end
+
+    def _store_tail(self, p: Prefill) -> None:
+        """After a bucket's first step (which fed its prompts' last chunk, at least MIN_ROWS rows past
+        position 0 where `exact`), store the whole blocks of that chunk in the prefix cache: on the exact
+        rule they are the bits any prefill of these tokens writes. Its cache has no holes yet."""
+        if self.prefix_cache is None or not self.exact or p.done == 0:
+            return
+        end = p.prompt.shape[1] // BLOCK * BLOCK
+        if end > p.done:
+            store(self.prefix_cache, p.cache, p.prompt[:, :end].tolist(), p.done, end, BLOCK)
 
     def _group(self, p: Prefill) -> Group:
         """The group of a bucket whose prompts are fed but for the last chunk, which its first step feeds."""
