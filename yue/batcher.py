@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from yue.config import DecodeConfig
-from yue.decode.loop import DecodeBatch, StepEmission, batch_key, fill_plan
+from yue.decode.loop import DecodeBatch, PhaseTimes, StepEmission, batch_key, fill_plan
 from yue.decode.prefix import PrefixCache, PrefixFill, split_exact
 from yue.decode.types import StreamEvent
 
@@ -78,10 +78,12 @@ class Request:
 
 @dataclass
 class BatchStep:
-    """What one `Batcher.step` did: requests that took part (0: nothing to do), tokens they got."""
+    """What one `Batcher.step` did: requests that took part (0: nothing to do), tokens they got, and the
+    time and tokens of its prefill and decode phases (`loop.PhaseTimes`)."""
 
     rows: int
     tokens: int
+    phases: PhaseTimes = field(default_factory=PhaseTimes)
 
 
 class Batcher:
@@ -185,6 +187,7 @@ class Batcher:
             return report
         finally:
             self._last_busy = time.perf_counter()
+        report.phases = batch.phases
         for em in emissions:
             report.tokens += sum(len(t) for t in em.tokens)
             self._deliver(key, em)

@@ -75,6 +75,26 @@ class Level:
     ttft_p50_ms: float
     ttft_p95_ms: float
     identical: int
+    # The server's prefill and decode phases apart (its `yue_prefill_*` / `yue_decode_*` counters over the
+    # level): tokens per second of scheduler time spent in each.
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+@dataclass
+class ChatTurn:
+    """One turn of the chat bench (`--chat-turns`) on one server (prefix cache on or off) in one round:
+    time to first token over its conversations, and the prefix cache's hits (prompt tokens) during it."""
+
+    turn: int
+    cache: bool
+    round: int
+    requests: int
+    prompt_tokens: int
+    ttft_p50_ms: float
+    ttft_max_ms: float
+    hit_tokens: int
+    identical: int  # answers equal to the other server's, same conversation and turn
 
 
 @dataclass
@@ -88,6 +108,8 @@ class ServeBench:
     precision: str = "float32"  # the model's (`yue.load`'s dtype)
     load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15-min, at start and end
     levels: list[Level] = field(default_factory=list)
+    chat_turns: list[ChatTurn] = field(default_factory=list)
+    think_s: float = 0.0
 
     def ratios(self, base: int, other: int) -> dict[str, dict[str, dict]]:
         """Per client count: other's tokens/s and p95 TTFT over base's, taken within each round
@@ -97,13 +119,44 @@ class ServeBench:
         for lv in self.levels:
             if lv.max_batch_size == base and (other, lv.clients, lv.round) in by:
                 pairs.setdefault(lv.clients, []).append((lv, by[(other, lv.clients, lv.round)]))
+
+        def over(name: str, runs: list[tuple[Level, Level]]) -> dict:
+            return ratio_summary([getattr(o, name) / max(getattr(b, name), 1e-9) for b, o in runs])
+
         return {
             str(n): {
-                "tokens_per_s": ratio_summary([o.tokens_per_s / b.tokens_per_s for b, o in runs]),
-                "ttft_p95": ratio_summary([o.ttft_p95_ms / b.ttft_p95_ms for b, o in runs]),
+                "tokens_per_s": over("tokens_per_s", runs),
+                "ttft_p95": over("ttft_p95_ms", runs),
+                "prefill_tokens_per_s": over("prefill_tokens_per_s", runs),
+                "decode_tokens_per_s": over("decode_tokens_per_s", runs),
             }
             for n, runs in pairs.items()
         }
+
+    def chat_medians(self) -> list[dict]:
+        """Per turn: TTFT medians over rounds with the cache and without, their ratio (off / on: the
+        cache's speed-up, taken within each round, median and range), hits, identical answers."""
+        by = {(t.turn, t.cache, t.round): t for t in self.chat_turns}
+        out = []
+        for turn in sorted({t.turn for t in self.chat_turns}):
+            on = [t for t in self.chat_turns if t.turn == turn and t.cache]
+            pairs = [(by[(turn, False, t.round)], t) for t in on if (turn, False, t.round) in by]
+            out.append(
+                {
+                    "turn": turn,
+                    "rounds": len(pairs),
+                    "requests": sum(t.requests for t in on),
+                    "prompt_tokens": sum(t.prompt_tokens for t in on),
+                    "ttft_p50_ms_off": round(median(off.ttft_p50_ms for off, _ in pairs), 1),
+                    "ttft_p50_ms_on": round(median(t.ttft_p50_ms for _, t in pairs), 1),
+                    "speedup": ratio_summary(
+                        [off.ttft_p50_ms / max(t.ttft_p50_ms, 1e-9) for off, t in pairs]
+                    ),
+                    "hit_tokens": sum(t.hit_tokens for t in on),
+                    "identical": sum(t.identical for t in on),
+                }
+            )
+        return out
 
     def medians(self) -> list[dict]:
         """Per (max_batch_size, clients): tokens/s and TTFT medians over the rounds, outputs summed."""
@@ -120,6 +173,8 @@ class ServeBench:
                 "ttft_p50_ms": round(median(lv.ttft_p50_ms for lv in runs), 1),
                 "ttft_p95_ms": round(median(lv.ttft_p95_ms for lv in runs), 1),
                 "identical": sum(lv.identical for lv in runs),
+                "prefill_tokens_per_s": round(median(lv.prefill_tokens_per_s for lv in runs), 1),
+                "decode_tokens_per_s": round(median(lv.decode_tokens_per_s for lv in runs), 1),
             }
             for (size, n), runs in sorted(groups.items())
         ]
@@ -178,6 +233,31 @@ def _level(
     return time.perf_counter() - t0, results
 
 
+def _counters(url: str, names: Sequence[str]) -> dict[str, float]:
+    """The server's counters `names` (their `_total` samples, summed over labels) from `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    out = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in out and sample.name.endswith("_total"):
+                out[name] += sample.value
+    return out
+
+
+PHASES = ("yue_prefill_tokens", "yue_prefill_seconds", "yue_decode_tokens", "yue_decode_seconds")
+
+
+def _phase_rates(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    """(prefill, decode) tokens per second of the server's time in each, between two `_counters` reads."""
+    d = {k: after[k] - before[k] for k in PHASES}
+    prefill = d["yue_prefill_tokens"] / d["yue_prefill_seconds"] if d["yue_prefill_seconds"] else 0.0
+    decode = d["yue_decode_tokens"] / d["yue_decode_seconds"] if d["yue_decode_seconds"] else 0.0
+    return round(prefill, 1), round(decode, 1)
+
+
 def client_process() -> ProcessPoolExecutor:
     """One process that runs a bench's clients (`_level`), apart from the server under test in this one.
     Spawned, not forked: this process holds threads (the servers') and torch's thread pools."""
@@ -197,6 +277,9 @@ class ServeBenchConfig:
         requests_per_client: requests each client sends (at least 8 per level and round).
         max_queue: each server's queue bound (`ServeConfig.max_queue`).
         rounds: times each level is measured, interleaved with the others (`interleaved`).
+        chat_turns: N > 0: instead of the levels, time to first token of N-turn chats (`bench_chat`),
+            on a server with the prefix cache and one without; 0 = the levels.
+        think_s: seconds between a chat's turns (a reader's pause; the cache fills answers while idle).
     """
 
     batch_sizes: tuple[int, ...] = (1, 16)
@@ -207,6 +290,8 @@ class ServeBenchConfig:
     requests_per_client: int = 2
     max_queue: int = 256
     rounds: int = 3
+    chat_turns: int = 0
+    think_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "clients"):
@@ -217,6 +302,8 @@ class ServeBenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if self.chat_turns < 0 or self.think_s < 0:
+            raise ValueError(f"chat_turns and think_s must be >= 0, got {self.chat_turns}, {self.think_s}")
 
 
 def bench_serve(
@@ -228,7 +315,8 @@ def bench_serve(
     precision: str = "float32",
 ) -> ServeBench:
     """Measure the server at each max_batch_size and client count (see the module docstring); one server
-    per size, all started first, idle while another is measured.
+    per size, all started first, idle while another is measured. With `cfg.chat_turns`, the chat bench
+    instead (`bench_chat`).
 
     Each level sends max(8, clients * requests_per_client) requests a round over the first `cfg.n_prompts`
     held-out code prompts (cycled), or over `prompts` when given. `precision`: the engine's, as loaded
@@ -237,6 +325,8 @@ def bench_serve(
     from yue.serve import ServeConfig
     from yue.serve.server import LocalServer
 
+    if cfg.chat_turns:
+        return bench_chat(engine, cfg, prompts=prompts, log=log, precision=precision)
     mode, max_tokens = cfg.mode, cfg.max_tokens
     if prompts is None:
         prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][: cfg.n_prompts]
@@ -260,7 +350,11 @@ def bench_serve(
         levels = [(n, i) for n in cfg.clients for i in range(len(urls))]
         for r, (n, i) in interleaved(levels, cfg.rounds):
             n_requests = max(8, n * cfg.requests_per_client)
-            wall, rows = clients.submit(_level, urls[i], prompts, refs, n, n_requests, mode, max_tokens).result()
+            before = _counters(urls[i], PHASES)
+            wall, rows = clients.submit(
+                _level, urls[i], prompts, refs, n, n_requests, mode, max_tokens
+            ).result()
+            prefill, decode = _phase_rates(before, _counters(urls[i], PHASES))
             ttfts = [row[0] * 1e3 for row in rows]
             tokens = sum(row[1] for row in rows)
             level = Level(
@@ -274,11 +368,181 @@ def bench_serve(
                 round(percentile(ttfts, 50), 1),
                 round(percentile(ttfts, 95), 1),
                 sum(row[2] for row in rows),
+                prefill,
+                decode,
             )
             log(json.dumps(asdict(level)))
             result.levels.append(level)
     result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return result
+
+
+# The chat bench's system prompt (~260 tokens on yue's tokenizers): what a coding assistant's deployment
+# puts before every conversation, so that a chat's turns share a long start.
+CHAT_SYSTEM = (
+    "You are a careful senior Python engineer helping a colleague. Answer with code first and prose "
+    "second. Follow these rules in every answer. Use the standard library unless asked otherwise. Type "
+    "every public function with PEP 604 unions, and write a Google-style docstring with Args and Returns. "
+    "Prefer small pure functions over classes with hidden state. Never swallow exceptions: raise "
+    "ValueError with the name of the bad argument. Keep lines under 100 characters. When you change "
+    "code, show the whole function, not a diff. When a test would help, write one with pytest, named "
+    "after the invariant it checks. If a question is ambiguous, state the assumption you made in one "
+    "sentence. Do not invent APIs: if you are unsure that a function exists, say so. Prefer clear names "
+    "over comments, and comments that say why over comments that say what. Measure before optimising, "
+    "and say what you measured. Be brief: the colleague reads code faster than prose."
+)
+# What each later turn of a chat asks (turn 2 the first of these).
+CHAT_FOLLOW_UPS = (
+    "Now add type hints and a docstring.",
+    "Write a pytest test for it.",
+    "Make it faster, and say why it is faster.",
+    "Explain it in one sentence.",
+)
+
+
+def chat_conversations(prompts: Sequence[str], n: int, turns: int, round_: int) -> list[list[str]]:
+    """The user messages of a round's `n` chats, one per turn: a held-out code prompt to complete, then
+    `CHAT_FOLLOW_UPS` in turn; each round takes the next n prompts (a new chat, not one cached)."""
+    firsts = [prompts[(round_ * n + c) % len(prompts)] for c in range(n)]
+    ups = [CHAT_FOLLOW_UPS[t % len(CHAT_FOLLOW_UPS)] for t in range(turns - 1)]
+    return [["Complete this code:\n\n" + first, *ups] for first in firsts]
+
+
+def _chat_turn(client: httpx.Client, url: str, messages: list[dict], mode: str, max_tokens: int):
+    """One streamed chat completion: (text, seconds to the first content chunk, prompt tokens)."""
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "mode": mode,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft, parts, prompt_tokens = None, [], 0
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                prompt_tokens = chunk["usage"]["prompt_tokens"]
+            for choice in chunk.get("choices", []):
+                if choice.get("delta", {}).get("content"):
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    parts.append(choice["delta"]["content"])
+    return "".join(parts), ttft if ttft is not None else time.perf_counter() - t0, prompt_tokens
+
+
+def _chats(url: str, conversations: list[list[str]], mode: str, max_tokens: int, think_s: float, system: str):
+    """Each chat in turn, one client (no queueing in the figures): per chat, per turn, (TTFT seconds,
+    answer, prompt tokens, prefix-cache hit tokens booked by that request); `think_s` between turns."""
+    hits = ["yue_prefix_cache_hits"]
+    out = []
+    with httpx.Client() as http:
+        for messages_in in conversations:
+            messages, turns = [{"role": "system", "content": system}], []
+            for t, message in enumerate(messages_in):
+                if t:
+                    time.sleep(think_s)
+                messages.append({"role": "user", "content": message})
+                before = _counters(url, hits)["yue_prefix_cache_hits"]
+                text, ttft, prompt_tokens = _chat_turn(http, url, messages, mode, max_tokens)
+                hit = _counters(url, hits)["yue_prefix_cache_hits"] - before
+                turns.append((ttft, text, prompt_tokens, int(hit)))
+                messages.append({"role": "assistant", "content": text})
+            out.append(turns)
+    return out
+
+
+def bench_chat(
+    engine,
+    cfg: ServeBenchConfig,
+    *,
+    prompts: list[str] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+    precision: str = "float32",
+    system: str = CHAT_SYSTEM,
+) -> ServeBench:
+    """Time to first token of `cfg.chat_turns`-turn chats (`system`, then `chat_conversations`'
+    messages), `cfg.n_prompts` chats a round, on a server with the prefix cache (its default bound) and
+    one without, in the same run, interleaved by round (`interleaved`); each round's chats are new. Each
+    turn's answers are compared between the two servers. Greedy, `cfg.mode`, `cfg.max_tokens` a turn."""
+    from yue.serve import ServeConfig
+    from yue.serve.server import LocalServer
+
+    if prompts is None:
+        prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)]
+    result = ServeBench(
+        engine.name, cfg.mode, cfg.max_tokens, cfg.n_prompts, torch.get_num_threads(), os.cpu_count() or 0
+    )
+    result.precision, result.think_s = precision, cfg.think_s
+    result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
+    with contextlib.ExitStack() as stack:
+        default_mb = ServeConfig().prefix_cache_mb
+        urls = {
+            cache: stack.enter_context(
+                LocalServer(engine, ServeConfig(prefix_cache_mb=default_mb if cache else 0, max_batch_size=1))
+            ).url
+            for cache in (False, True)
+        }
+        clients = stack.enter_context(client_process())
+        warm = [["Say hi."]]
+        for url in urls.values():  # warm-up (imports, first forwards), not reported
+            clients.submit(_chats, url, warm, cfg.mode, 4, 0.0, system).result()
+        answers: dict[tuple[int, bool], list] = {}
+        for r, cache in interleaved([False, True], cfg.rounds):
+            chats = chat_conversations(prompts, cfg.n_prompts, cfg.chat_turns, r)
+            answers[(r, cache)] = clients.submit(
+                _chats, urls[cache], chats, cfg.mode, cfg.max_tokens, cfg.think_s, system
+            ).result()
+            log(f"round {r}, cache {'on' if cache else 'off'}: {len(chats)} chats done")
+        for (r, cache), runs in sorted(answers.items()):
+            other = answers.get((r, not cache))
+            for t in range(cfg.chat_turns):
+                rows = [turns[t] for turns in runs]
+                ttfts = [row[0] * 1e3 for row in rows]
+                same = sum(other is not None and row[1] == other[c][t][1] for c, row in enumerate(rows))
+                turn = ChatTurn(
+                    t + 1,
+                    cache,
+                    r,
+                    len(rows),
+                    sum(row[2] for row in rows),
+                    round(percentile(ttfts, 50), 1),
+                    round(max(ttfts), 1),
+                    sum(row[3] for row in rows),
+                    same,
+                )
+                log(json.dumps(asdict(turn)))
+                result.chat_turns.append(turn)
+    result.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
+    return result
+
+
+def chat_report(result: ServeBench) -> str:
+    """The chat bench's table (per turn, medians over rounds) and, last, one JSON line."""
+    lines = [
+        f"`yue serve` chats, {result.model} ({result.precision}), {result.mode}, greedy, {result.max_tokens} "
+        f"tokens a turn, {result.prompts} chats a round, {result.think_s} s between turns, one client, "
+        f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
+        f"{result.load_average['start']} at start, {result.load_average['end']} at end",
+        "",
+        "| turn | rounds | requests | prompt tokens | TTFT p50 no cache (ms) | TTFT p50 cache (ms) "
+        "| speed-up (median, range) | cache hit tokens | answers identical |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    medians = result.chat_medians()
+    for m in medians:
+        sp = m["speedup"]
+        lines.append(
+            f"| {m['turn']} | {m['rounds']} | {m['requests']} | {m['prompt_tokens']} | {m['ttft_p50_ms_off']} "
+            f"| {m['ttft_p50_ms_on']} | {sp['median']}x ({sp['range'][0]}-{sp['range'][1]}) "
+            f"| {m['hit_tokens']} | {m['identical']}/{m['requests']} |"
+        )
+    doc = asdict(result) | {"chat_medians": medians}
+    return "\n".join(lines) + "\n" + json.dumps(doc)
 
 
 def report(result: ServeBench, base: int, other: int) -> str:
@@ -288,22 +552,25 @@ def report(result: ServeBench, base: int, other: int) -> str:
         f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
         f"{result.load_average['start']} at start, {result.load_average['end']} at end",
         "",
-        "| max batch size | clients | rounds | requests | tokens/s (median) | TTFT p50 (ms) | TTFT p95 (ms) "
-        "| identical to alone |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| max batch size | clients | rounds | requests | tokens/s (median) | prefill tokens/s "
+        "| decode tokens/s | TTFT p50 (ms) | TTFT p95 (ms) | identical to alone |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in result.medians():
         lines.append(
             f"| {m['max_batch_size']} | {m['clients']} | {m['rounds']} | {m['requests']} | {m['tokens_per_s']} "
+            f"| {m['prefill_tokens_per_s']} | {m['decode_tokens_per_s']} "
             f"| {m['ttft_p50_ms']} | {m['ttft_p95_ms']} | {m['identical']}/{m['requests']} |"
         )
     ratios = result.ratios(base, other)
     lines.append("")
     for n, r in ratios.items():
         t = r["tokens_per_s"]
+        pre, dec = r["prefill_tokens_per_s"], r["decode_tokens_per_s"]
         lines.append(
             f"b{other}/b{base} tokens/s at {n} clients: {t['median']}x median, "
-            f"{t['range'][0]}-{t['range'][1]}x over {len(t['rounds'])} rounds"
+            f"{t['range'][0]}-{t['range'][1]}x over {len(t['rounds'])} rounds; prefill {pre['median']}x, "
+            f"decode {dec['median']}x"
         )
     doc = asdict(result) | {"medians": result.medians(), "ratios": {f"b{other}/b{base}": ratios}}
     return "\n".join(lines) + "\n" + json.dumps(doc)

@@ -191,6 +191,19 @@ class Prefill:
         return len(self.rows) * chunk_work(self.done, self.next_end() - self.done)
 
 
+@dataclass
+class PhaseTimes:
+    """What a `DecodeBatch.step` spent on each phase: prefill (chunks fed, and each bucket's first step,
+    which feeds its prompts' last chunk and writes their first tokens) and decode (the running rows'
+    step). Tokens: prompt tokens fed, and tokens the running rows wrote. Seconds: wall time on the
+    stepping thread."""
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+
+
 def slot_capacity(cfg: DecodeConfig) -> int:
     """Cache positions a request may need beyond prompt + max_new_tokens (drafts and slots)."""
     k = cfg.block_size or 1
@@ -243,6 +256,7 @@ class DecodeBatch:
         self.queued: list[Row] = []
         self.prefilling: list[Prefill] = []  # buckets part-way through their prompts, oldest first
         self._ids = 0
+        self.phases = PhaseTimes()  # the last `step`'s
         self._offsets = torch.arange(64, device=model.device)  # `_arange`'s table
         eos = model.config.eos_token_id
         self._eos = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -288,10 +302,22 @@ class DecodeBatch:
         through first, then queued rows (first come first served); a bucket's last chunk is its first
         step, and its rows join the running batch. Finished rows leave. Returns one emission per forward
         group that wrote tokens (the running rows, then each bucket that finished its prompt)."""
-        emissions = []
+        emissions, phases, t0 = [], PhaseTimes(), time.perf_counter()
+        self.phases = phases
         if self.running is not None:
             emissions.append(self._step(self.running))
+            phases.decode_tokens = sum(len(t) for t in emissions[0].tokens)
             self.running = without_finished(self.running)
+        t1 = time.perf_counter()
+        phases.decode_s = t1 - t0
+        try:
+            self._prefill(emissions)
+        finally:
+            phases.prefill_s = time.perf_counter() - t1
+        return emissions
+
+    def _prefill(self, emissions: list[StepEmission]) -> None:
+        """`step`'s prefill phase: chunks within the budget; a bucket's last chunk is its first step."""
         fed, budget = 0, self.max_prefill_tokens
         while True:
             if not self.prefilling:
@@ -303,6 +329,7 @@ class DecodeBatch:
             if fed and budget is not None and fed + n > budget:
                 break
             fed += n
+            self.phases.prefill_tokens += len(p.rows) * (p.next_end() - p.done)
             if p.next_end() < p.prompt.shape[1]:
                 self._feed(p)
                 continue
@@ -314,7 +341,6 @@ class DecodeBatch:
             if group is not None:
                 vocab = self.model.config.vocab_size
                 self.running = group if self.running is None else merge(self.running, group, vocab)
-        return emissions
 
     def _arange(self, n: int) -> torch.Tensor:
         """torch.arange(n) on the model's device, as a view of a table grown on demand (no per-step op)."""
