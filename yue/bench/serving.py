@@ -14,6 +14,15 @@ Design decisions:
   other round (A B, B A, A B), so a drift in a shared machine's load falls on every level alike. A
   ratio is taken within each round (the two levels ran side by side) and reported as the median over
   rounds with its range; a level's figures are medians over its rounds.
+- Prefill and decode apart: each level's increase of the server's phase counters (`yue_prefill_*`,
+  `yue_decode_*`: tokens and scheduler-thread seconds of each phase, `loop.PhaseTimes`) gives each
+  phase's tokens/s under that load, so a batching gain is seen where it is (decode) and where it is not
+  (distinct prompts, each prefilled in a forward of its own length). The level servers run without the
+  prefix cache: the levels send the same prompts again, which would measure the cache.
+- `--chat-turns N` (`bench_chat`): time to first token of N-turn chats, per turn, on a server with the
+  prefix cache and one without, in the same run, interleaved by round; each round's chats are new,
+  all share one system prompt (`CHAT_SYSTEM`), and one client sends them one after another, a reader's
+  pause (`--think-s`) between turns.
 - Honest: a warm-up request per server first (not reported); every output is compared with the
   single-request output of the same prompt (`Engine.generate`), and the count of identical ones is
   reported beside the speed. Use an exact mode (`verified`, `ar`) for that check to mean anything:
@@ -338,7 +347,8 @@ def bench_serve(
     result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
     with contextlib.ExitStack() as stack:  # every server started is stopped, even if a later one fails
         servers = [
-            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=cfg.max_queue))
+            # No prefix cache: the levels send the same prompts again, which would measure the cache.
+            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=cfg.max_queue, prefix_cache_mb=0))
             for size in cfg.batch_sizes
         ]
         urls = [stack.enter_context(server).url for server in servers]
