@@ -396,3 +396,4 @@ def test_the_server_answers_a_short_chats_next_turn_from_blocks_as_without_the_c
     assert hit >= (total - 1) // BLOCK * BLOCK - BLOCK  # turn 1's prompt and answer, up to a block
     assert metric(text, "yue_prefix_cache_lookups_total", result="hit") == 1
     assert metric(text, "yue_prefix_cache_usage_bytes") > 0
+    assert metric(text, "yue_prefill_tokens_total") > 0 and metric(text, "yue_decode_seconds_total") > 0

@@ -299,7 +299,8 @@ def test_bench_serve_chat_turns_times_each_turn_with_and_without_the_prefix_cach
     import json
 
     import yue
-    from yue.bench.serving import ServeBenchConfig, bench_chat, chat_report
+    from yue.bench.chat import bench_chat, chat_report
+    from yue.bench.serving import ServeBenchConfig
 
     engine = yue.load(tiny_gguf.path)
     cfg = ServeBenchConfig(chat_turns=2, n_prompts=2, rounds=2, max_tokens=8, mode="ar", think_s=0.8)

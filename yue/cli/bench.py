@@ -60,7 +60,8 @@ def bench_serve_cmd(
     """Tokens/s (prefill and decode apart) and time to first token of `yue serve` under concurrent
     streamed clients; with --chat-turns N, time to first token per turn of N-turn chats with the prefix
     cache and without. JSON last."""
-    from yue.bench.serving import bench_serve, chat_report, report
+    from yue.bench.chat import chat_report
+    from yue.bench.serving import bench_serve, report
     from yue.engine import load_from
 
     engine = load_from(load)

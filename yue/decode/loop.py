@@ -27,12 +27,17 @@ Design decisions:
   its whole prefill, and a request cancelled mid-prefill leaves at the next chunk. A chunk's attention
   costs its length times the keys before it, so chunks shrink along the prompt: each holds about the
   same work, and a long prompt stalls the running rows no longer at its end than at its start.
-  The chunks are fixed by the prompt's positions alone, never by what else is queued or by the budget,
-  so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
-- With a prefix cache (`decode/prefix.py`), each chunk fed is stored, and a queued row whose prompt
-  starts with stored chunks starts its prefill after them (bucketed with rows of the same prompt length
-  and cached length), in the state its own chunks would have left: the same bits. Its policy state
-  (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without the cache.
+  The chunks are fixed by the prompt's positions (and, on a `prefix.split_exact` model, its length:
+  no forward past position 0 of fewer than `prefix.MIN_ROWS` rows), never by what else is queued or by
+  the budget, so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
+- With a prefix cache (`decode/prefix.py`), each chunk fed is stored (as 16-token blocks on a
+  `split_exact` model, whose prompt tails are stored after their first step too), and a queued row
+  whose prompt starts with stored ones starts its prefill after them (bucketed with rows of the same
+  prompt length and cached length), in the state a prefill without the cache reaches: the same bits.
+  Its policy state (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without
+  the cache.
+- `phases` (`PhaseTimes`) records each step's prefill and decode time and tokens apart, for the
+  server's metrics and `yue bench-serve`.
 """
 
 from __future__ import annotations
