@@ -140,7 +140,8 @@ class PrefixHit:
 
 
 class PrefixCache:
-    """Chunks of prefilled K/V by prefix key, at most `max_bytes` of them, least recently used first out.
+    """Blocks (or grid chunks) of prefilled K/V by prefix key, at most `max_bytes` of them, least recently
+    used first out.
 
     Single-threaded by contract, like the batcher that owns it (the server's scheduler thread); the
     counters in `stats` may be read from another thread.
@@ -165,8 +166,8 @@ class PrefixCache:
         return prefix_key(tokens) in self._entries
 
     def lookup(self, tokens: list[int], ends: list[int], count: bool = True) -> PrefixHit:
-        """The longest run of cached chunks at the start of `tokens`, trying chunk ends `ends` (the grid's
-        boundaries the caller may resume at, ascending). `count`: book it in `stats` (a request's lookup;
+        """The longest run of cached blocks or chunks at the start of `tokens`, trying their ends `ends`
+        (the boundaries the caller may resume at, ascending: `loop.lookup_ends`). `count`: book it in `stats` (a request's lookup;
         the cache's own, by an idle fill, is not)."""
         hit, keys = PrefixHit(), []
         for end, key in zip(ends, prefix_keys(tokens, ends), strict=True):
