@@ -14,8 +14,17 @@ from tests.test_batching import exact_batch_model, head_rows
 from yue.batcher import Batcher
 from yue.config import DecodeConfig
 from yue.decode import loop
-from yue.decode.loop import DecodeBatch, grid_ends
-from yue.decode.prefix import PrefixCache
+from yue.decode.loop import DecodeBatch, chunk_end, fill_plan, grid_ends, lookup_ends
+from yue.decode.prefix import (
+    BLOCK,
+    MIN_ROWS,
+    PrefixCache,
+    PrefixFill,
+    feed_chunk,
+    prefix_key,
+    prefix_keys,
+    split_exact,
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +92,56 @@ def test_grid_ends_are_the_chunk_ends_of_a_prefill(monkeypatch):
     assert all(loop.chunk_end(a, 10**9) == b for a, b in zip([0, *ends], ends, strict=False))
 
 
+def test_prefix_keys_fed_along_a_sequence_are_the_whole_prefixes_keys():
+    tokens = list(range(100, 150))
+    assert prefix_keys(tokens, [3, 16, 50]) == [prefix_key(tokens[:n]) for n in (3, 16, 50)]
+
+
+def test_the_exact_cut_starts_with_a_block_and_leaves_no_forward_fewer_than_min_rows():
+    """`chunk_end(exact=True)`: [0, BLOCK) first (or all of a prompt too short for MIN_ROWS after it),
+    then chunks of whole blocks, the last forward (the first decode step's) at least MIN_ROWS rows; a
+    lookup stops where MIN_ROWS are left; a fill's chunks end on blocks."""
+    for length in range(1, 400):
+        ends, done = [], 0
+        while done < length:
+            done = chunk_end(done, length, exact=True)
+            ends.append(done)
+        if length < BLOCK + MIN_ROWS:
+            assert ends == [length]
+            continue
+        assert ends[0] == BLOCK and all(e % BLOCK == 0 for e in ends[:-1])
+        assert all(b - a >= MIN_ROWS for a, b in zip(ends, ends[1:], strict=False))
+        found = lookup_ends(length, exact=True)
+        assert found == list(range(BLOCK, found[-1] + 1, BLOCK)) and length - found[-1] >= MIN_ROWS
+        assert length - found[-1] - BLOCK < MIN_ROWS
+    blocks, chunks, block = fill_plan(200, exact=True)
+    assert blocks == list(range(16, 193, 16)) and chunks[0] == 16 and chunks[-1] == 192 and block == BLOCK
+    assert fill_plan(200, exact=False) == (grid_ends(200, inclusive=True),) * 2 + (None,)
+
+
+@pytest.mark.parametrize("precision", ["float32 4-bit codes", "int4"])
+def test_on_blocks_any_cut_past_the_first_block_writes_the_same_kv_bits(precision):
+    """The measurement the block rule stands on (`split_exact`): a 120-token prompt fed as [0, 16) then
+    one chunk, or in cuts of 10-40 rows (each more than the row kernel's one-call rows), writes the same
+    K/V bits, every layer, every position; a cut of fewer rows (one row-kernel call a layer) may not."""
+    model = block_model(precision)
+    g = torch.Generator().manual_seed(11)
+    T = 120
+    prompt = torch.randint(4, 96, (1, T), generator=g)
+
+    def kv(cuts: list[int]) -> torch.Tensor:
+        cache, done = model.new_cache(1, T + 8), 0
+        for end in [*cuts, T]:
+            feed_chunk(model, cache, prompt, done, end, torch.arange(end - done), None)
+            done = end
+        return torch.cat([cache.k[:, 0, :, :T], cache.v[:, 0, :, :T]])
+
+    with torch.inference_mode():
+        whole = kv([16])
+        for cuts in ([16, 32, 48, 64, 80, 96], [16, 26, 53, 93], [16, 50], [16, 27, 67, 110]):
+            assert torch.equal(kv(cuts), whole), cuts
+
+
 def _same_rows(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """The same hidden rows, bit for bit, in any order (rows that join at other steps are read in
     other calls)."""
@@ -106,14 +165,26 @@ def _decode_rows(
     return [got[i] for i in ids]
 
 
+def block_model(precision: str):
+    """A random model whose prefill keeps its bits however it is cut (`split_exact`): the int4 precision,
+    or float32 weights the row kernel holds as 4-bit codes; "float32" is a grid model."""
+    from tests.test_precision import row_stream_model
+
+    if precision == "float32 4-bit codes":
+        return row_stream_model(1, q4=True)
+    return exact_batch_model(precision)
+
+
 @pytest.mark.parametrize("mode", ["ar", "verified"])
-@pytest.mark.parametrize("precision", ["float32", "int4"])
+@pytest.mark.parametrize("precision", ["float32", "int4", "float32 4-bit codes"])
 def test_a_prompt_resumed_from_the_cache_reads_the_bits_it_reads_without_it(precision, mode, monkeypatch):
     """Chunks of 16: a prompt sharing 37 tokens with one prefilled before resumes at 32 (the last grid
-    boundary inside the shared part), and every hidden row the head reads, and every token, is the same
-    as without the cache; then again (now at 64, its own chunks stored), beside a prompt that shares
-    only the first chunk (another bucket), where the tokens are the same and, in `ar`, the rows."""
-    model = exact_batch_model(precision)
+    boundary, or block, inside the shared part), and every hidden row the head reads, and every token, is
+    the same as without the cache; then again (now at 64, its own chunks stored; on blocks at 48, the last
+    that leaves MIN_ROWS to feed), beside a prompt that shares only the first chunk (another bucket),
+    where the tokens are the same and, in `ar`, the rows."""
+    model = block_model(precision)
+    assert split_exact(model) == (precision != "float32")
     monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(3)
@@ -138,7 +209,7 @@ def test_a_prompt_resumed_from_the_cache_reads_the_bits_it_reads_without_it(prec
         assert got == want
         # (verified rows that join at other steps verify other drafts: their tokens are the invariant)
         assert _same_rows(rows, reference) or (mode == "verified" and len(prompts) > 1)
-    assert cache.stats.hit_tokens == 32 + 64 + 16
+    assert cache.stats.hit_tokens == 32 + (48 if split_exact(model) else 64) + 16
 
 
 def _serve(engine, prompts: list[list[int]], cfg: DecodeConfig, batcher: Batcher) -> list[list[int]]:
@@ -252,3 +323,77 @@ def test_a_negative_bound_is_refused_naming_the_field():
         ServeConfig(prefix_cache_mb=-1)
     with pytest.raises(ValueError, match="max_bytes"):
         PrefixCache(0)
+
+
+@pytest.mark.parametrize("mode", ["ar", "verified"])
+@pytest.mark.parametrize("precision", ["float32 4-bit codes", "int4"])
+def test_a_short_chats_next_turn_resumes_at_a_block_past_its_prompt_and_answer_with_the_same_bits(
+    precision, mode, monkeypatch
+):
+    """The prefill's own chunk sizes (a first grid chunk of 128 would hold this whole chat): turn 1's
+    45 tokens store [0, 16) and, from its first decode step, [16, 32); the fill of its prompt + answer
+    (57 tokens) adds [32, 48); turn 2 (77 tokens) resumes at 48, and its tokens and every hidden row the
+    head reads are those without the cache."""
+    model = block_model(precision)
+    seen = head_rows(model, monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    turn1 = torch.randint(4, 96, (45,), generator=g).tolist()
+    cfg = DecodeConfig(mode=mode, max_new_tokens=12, ignore_eos=True).resolved(model.config)
+    cache = PrefixCache(1 << 26)
+    (answer,) = _decode_rows(model, [turn1], cfg, cache)
+    assert len(cache) == 2 and turn1[:32] in cache
+    fill = PrefixFill(model, cache, turn1 + answer, *fill_plan(len(turn1 + answer), exact=True))
+    while not fill.finished:
+        fill.step()
+    assert cache.stats.filled_tokens == 16 and len(cache) == 3
+    turn2 = turn1 + answer + torch.randint(4, 96, (20,), generator=g).tolist()
+    seen.clear()
+    got = _decode_rows(model, [turn2], cfg, cache)
+    rows = [r for x in seen for r in x]
+    seen.clear()
+    want = _decode_rows(model, [turn2], cfg, None)
+    assert got == want and _same_rows(rows, [r for x in seen for r in x])
+    assert cache.stats.hit_tokens == 48 and cache.stats.hits == 1
+
+
+def test_the_server_answers_a_short_chats_next_turn_from_blocks_as_without_the_cache(tiny_gguf):
+    """A two-turn chat on a tiny Q4_1 GGUF (its rows on the row kernel's 4-bit codes: blocks), the prompts
+    far shorter than a grid chunk: turn 2 finds turn 1's prompt and answer (filled while idle) in the
+    cache, and both answers equal a server's without it."""
+    from fastapi.testclient import TestClient
+
+    from tests.test_serve import _wait_ready, metric
+    from yue.serve import ServeConfig, create_app
+
+    engine = yue.load(tiny_gguf.path)
+    assert split_exact(engine.model)
+    first = [
+        {"role": "system", "content": "You answer questions about the sea, briefly and kindly. " * 2},
+        {"role": "user", "content": "Hello there, who are you?"},
+    ]
+
+    def chat(c, messages: list[dict]) -> dict:
+        body = {"messages": messages, "max_tokens": 12, "temperature": 0, "mode": "ar"}
+        return c.post("/v1/chat/completions", json=body).json()
+
+    def conversation(mb: int):
+        app = create_app(engine, ServeConfig(prefix_cache_mb=mb))
+        with TestClient(app) as c:
+            _wait_ready(c)
+            one = chat(c, first)
+            answer = one["choices"][0]["message"]["content"]
+            while app.state.yue.scheduler.batcher.filling:
+                time.sleep(0.01)
+            second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
+            two = chat(c, second)
+            return [answer, two["choices"][0]["message"]["content"]], c.get("/metrics").text, one["usage"]
+
+    (cached, text, usage), (plain, _, _) = conversation(64), conversation(0)
+    assert cached == plain
+    hit = metric(text, "yue_prefix_cache_hits_total")
+    total = usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["prompt_tokens"] < 128 and hit % BLOCK == 0
+    assert hit >= (total - 1) // BLOCK * BLOCK - BLOCK  # turn 1's prompt and answer, up to a block
+    assert metric(text, "yue_prefix_cache_lookups_total", result="hit") == 1
+    assert metric(text, "yue_prefix_cache_usage_bytes") > 0
+    assert metric(text, "yue_prefill_tokens_total") > 0 and metric(text, "yue_decode_seconds_total") > 0

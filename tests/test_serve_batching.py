@@ -275,6 +275,8 @@ def test_bench_serve_measures_every_level_in_rounds_and_checks_outputs(trained):
         (0, 1, 1), (0, 1, 4), (0, 4, 1), (0, 4, 4), (1, 4, 4), (1, 4, 1), (1, 1, 4), (1, 1, 1),
     ]  # fmt: skip
     assert all(lv.identical == lv.requests == 8 and lv.tokens_per_s > 0 for lv in result.levels)
+    # Prefill and decode apart, from the server's phase counters over each level.
+    assert all(lv.prefill_tokens_per_s > 0 and lv.decode_tokens_per_s > 0 for lv in result.levels)
     # A ratio per round, of the two sizes in that round; its median and range over the rounds.
     by = {(lv.round, lv.clients, lv.max_batch_size): lv.tokens_per_s for lv in result.levels}
     ratio = result.ratios(1, 4)["4"]["tokens_per_s"]
@@ -286,6 +288,33 @@ def test_bench_serve_measures_every_level_in_rounds_and_checks_outputs(trained):
     assert medians[4, 4]["tokens_per_s"] == round((by[0, 4, 4] + by[1, 4, 4]) / 2, 1)  # median of two
     text = report(result, 1, 4)
     assert '"b4/b1"' in text.splitlines()[-1] and "| 4 | 4 | 2 | 16 |" in text
+    assert "prefill tokens/s" in text
+    assert set(result.ratios(1, 4)["4"]) >= {"prefill_tokens_per_s", "decode_tokens_per_s"}
+
+
+def test_bench_serve_chat_turns_times_each_turn_with_and_without_the_prefix_cache(tiny_gguf):
+    """`--chat-turns 2` end to end on a tiny Q4_1 GGUF (blocks: `prefix.split_exact`): two rounds of two
+    new chats, each on a server with the cache and one without; every turn's answers agree between
+    them, turn 2 finds its earlier turn in the cache, and the report has a row per turn and JSON last."""
+    import json
+
+    import yue
+    from yue.bench.chat import bench_chat, chat_report
+    from yue.bench.serving import ServeBenchConfig
+
+    engine = yue.load(tiny_gguf.path)
+    cfg = ServeBenchConfig(chat_turns=2, n_prompts=2, rounds=2, max_tokens=8, mode="ar", think_s=0.8)
+    prompts = ["def add(a, b):", "class Point:", "x = 1", "import os"]
+    result = bench_chat(engine, cfg, prompts=prompts, system="You are kind and brief, a sailor of the sea.")
+    assert [(t.round, t.cache) for t in result.chat_turns if t.turn == 1] == [
+        (0, False), (0, True), (1, False), (1, True)
+    ]  # fmt: skip
+    assert all(t.identical == t.requests == 2 for t in result.chat_turns)
+    medians = {m["turn"]: m for m in result.chat_medians()}
+    assert medians[2]["hit_tokens"] > 0 and medians[2]["rounds"] == 2
+    assert all(t.hit_tokens == 0 for t in result.chat_turns if not t.cache)
+    text = chat_report(result)
+    assert "| 2 | 2 | 4 |" in text and json.loads(text.splitlines()[-1])["chat_medians"][1]["turn"] == 2
 
 
 def test_echo_with_logprobs_scores_the_prompt_as_yue_eval_does(client, trained, trained_model_dir):
@@ -313,8 +342,13 @@ def test_echo_with_logprobs_scores_the_prompt_as_yue_eval_does(client, trained, 
     assert -sum(lp["token_logprobs"][1:]) / (len(ids) - 1) == pytest.approx(expected, abs=1e-4)
     # streamed, and after a generation: the same prompt entries lead
     events = parse_sse(client.post("/v1/completions", json=body | {"stream": True}).text)
-    assert events[-1] == "[DONE]" and events[0]["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
-    both = client.post("/v1/completions", json=body | {"max_tokens": 5, "temperature": 0}).json()["choices"][0]
+    assert (
+        events[-1] == "[DONE]"
+        and events[0]["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
+    )
+    both = client.post("/v1/completions", json=body | {"max_tokens": 5, "temperature": 0}).json()["choices"][
+        0
+    ]
     assert both["logprobs"]["token_logprobs"][0] is None
     assert both["logprobs"]["token_logprobs"][1 : len(ids)] == pytest.approx(lp["token_logprobs"][1:])
     assert len(ids) < len(both["logprobs"]["tokens"]) <= len(ids) + 5 and both["text"].startswith(text)

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from yue.config import DecodeConfig
-from yue.decode.loop import DecodeBatch, StepEmission, batch_key, grid_ends
-from yue.decode.prefix import PrefixCache, PrefixFill
+from yue.decode.loop import DecodeBatch, PhaseTimes, StepEmission, batch_key, fill_plan
+from yue.decode.prefix import PrefixCache, PrefixFill, split_exact
 from yue.decode.types import StreamEvent
 
 log = logging.getLogger("yue.batcher")
@@ -78,10 +78,12 @@ class Request:
 
 @dataclass
 class BatchStep:
-    """What one `Batcher.step` did: requests that took part (0: nothing to do), tokens they got."""
+    """What one `Batcher.step` did: requests that took part (0: nothing to do), tokens they got, and the
+    time and tokens of its prefill and decode phases (`loop.PhaseTimes`)."""
 
     rows: int
     tokens: int
+    phases: PhaseTimes = field(default_factory=PhaseTimes)
 
 
 class Batcher:
@@ -185,6 +187,7 @@ class Batcher:
             return report
         finally:
             self._last_busy = time.perf_counter()
+        report.phases = batch.phases
         for em in emissions:
             report.tokens += sum(len(t) for t in em.tokens)
             self._deliver(key, em)
@@ -273,10 +276,9 @@ class Batcher:
         fails is dropped, and logged: it costs no request anything."""
         while self._filling is not None or self._fills:
             if self._filling is None:
-                tokens = self._fills.popleft()
-                self._filling = PrefixFill(
-                    self.engine.model, self.prefix_cache, tokens, grid_ends(len(tokens), inclusive=True)
-                )
+                tokens, model = self._fills.popleft(), self.engine.model
+                plan = fill_plan(len(tokens), split_exact(model))
+                self._filling = PrefixFill(model, self.prefix_cache, tokens, *plan)
             try:
                 fed = self._filling.step()
             except Exception as error:  # noqa: BLE001 - a fill is an optimization: drop it, serve on

@@ -14,6 +14,13 @@ Design decisions:
   other round (A B, B A, A B), so a drift in a shared machine's load falls on every level alike. A
   ratio is taken within each round (the two levels ran side by side) and reported as the median over
   rounds with its range; a level's figures are medians over its rounds.
+- Prefill and decode apart: each level's increase of the server's phase counters (`yue_prefill_*`,
+  `yue_decode_*`: tokens and scheduler-thread seconds of each phase, `loop.PhaseTimes`) gives each
+  phase's tokens/s under that load, so a batching gain is seen where it is (decode) and where it is not
+  (distinct prompts, each prefilled in a forward of its own length). The level servers run without the
+  prefix cache: the levels send the same prompts again, which would measure the cache.
+- `--chat-turns N`: time to first token of N-turn chats per turn, with the prefix cache and without
+  (`bench/chat.py`).
 - Honest: a warm-up request per server first (not reported); every output is compared with the
   single-request output of the same prompt (`Engine.generate`), and the count of identical ones is
   reported beside the speed. Use an exact mode (`verified`, `ar`) for that check to mean anything:
@@ -75,6 +82,26 @@ class Level:
     ttft_p50_ms: float
     ttft_p95_ms: float
     identical: int
+    # The server's prefill and decode phases apart (its `yue_prefill_*` / `yue_decode_*` counters over the
+    # level): tokens per second of scheduler time spent in each.
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+@dataclass
+class ChatTurn:
+    """One turn of the chat bench (`--chat-turns`) on one server (prefix cache on or off) in one round:
+    time to first token over its conversations, and the prefix cache's hits (prompt tokens) during it."""
+
+    turn: int
+    cache: bool
+    round: int
+    requests: int
+    prompt_tokens: int
+    ttft_p50_ms: float
+    ttft_max_ms: float
+    hit_tokens: int
+    identical: int  # answers equal to the other server's, same conversation and turn
 
 
 @dataclass
@@ -88,6 +115,8 @@ class ServeBench:
     precision: str = "float32"  # the model's (`yue.load`'s dtype)
     load_average: dict[str, list[float]] = field(default_factory=dict)  # 1/5/15-min, at start and end
     levels: list[Level] = field(default_factory=list)
+    chat_turns: list[ChatTurn] = field(default_factory=list)
+    think_s: float = 0.0
 
     def ratios(self, base: int, other: int) -> dict[str, dict[str, dict]]:
         """Per client count: other's tokens/s and p95 TTFT over base's, taken within each round
@@ -97,13 +126,44 @@ class ServeBench:
         for lv in self.levels:
             if lv.max_batch_size == base and (other, lv.clients, lv.round) in by:
                 pairs.setdefault(lv.clients, []).append((lv, by[(other, lv.clients, lv.round)]))
+
+        def over(name: str, runs: list[tuple[Level, Level]]) -> dict:
+            return ratio_summary([getattr(o, name) / max(getattr(b, name), 1e-9) for b, o in runs])
+
         return {
             str(n): {
-                "tokens_per_s": ratio_summary([o.tokens_per_s / b.tokens_per_s for b, o in runs]),
-                "ttft_p95": ratio_summary([o.ttft_p95_ms / b.ttft_p95_ms for b, o in runs]),
+                "tokens_per_s": over("tokens_per_s", runs),
+                "ttft_p95": over("ttft_p95_ms", runs),
+                "prefill_tokens_per_s": over("prefill_tokens_per_s", runs),
+                "decode_tokens_per_s": over("decode_tokens_per_s", runs),
             }
             for n, runs in pairs.items()
         }
+
+    def chat_medians(self) -> list[dict]:
+        """Per turn: TTFT medians over rounds with the cache and without, their ratio (off / on: the
+        cache's speed-up, taken within each round, median and range), hits, identical answers."""
+        by = {(t.turn, t.cache, t.round): t for t in self.chat_turns}
+        out = []
+        for turn in sorted({t.turn for t in self.chat_turns}):
+            on = [t for t in self.chat_turns if t.turn == turn and t.cache]
+            pairs = [(by[(turn, False, t.round)], t) for t in on if (turn, False, t.round) in by]
+            out.append(
+                {
+                    "turn": turn,
+                    "rounds": len(pairs),
+                    "requests": sum(t.requests for t in on),
+                    "prompt_tokens": sum(t.prompt_tokens for t in on),
+                    "ttft_p50_ms_off": round(median(off.ttft_p50_ms for off, _ in pairs), 1),
+                    "ttft_p50_ms_on": round(median(t.ttft_p50_ms for _, t in pairs), 1),
+                    "speedup": ratio_summary(
+                        [off.ttft_p50_ms / max(t.ttft_p50_ms, 1e-9) for off, t in pairs]
+                    ),
+                    "hit_tokens": sum(t.hit_tokens for t in on),
+                    "identical": sum(t.identical for t in on),
+                }
+            )
+        return out
 
     def medians(self) -> list[dict]:
         """Per (max_batch_size, clients): tokens/s and TTFT medians over the rounds, outputs summed."""
@@ -120,6 +180,8 @@ class ServeBench:
                 "ttft_p50_ms": round(median(lv.ttft_p50_ms for lv in runs), 1),
                 "ttft_p95_ms": round(median(lv.ttft_p95_ms for lv in runs), 1),
                 "identical": sum(lv.identical for lv in runs),
+                "prefill_tokens_per_s": round(median(lv.prefill_tokens_per_s for lv in runs), 1),
+                "decode_tokens_per_s": round(median(lv.decode_tokens_per_s for lv in runs), 1),
             }
             for (size, n), runs in sorted(groups.items())
         ]
@@ -178,6 +240,31 @@ def _level(
     return time.perf_counter() - t0, results
 
 
+def _counters(url: str, names: Sequence[str]) -> dict[str, float]:
+    """The server's counters `names` (their `_total` samples, summed over labels) from `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    out = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in out and sample.name.endswith("_total"):
+                out[name] += sample.value
+    return out
+
+
+PHASES = ("yue_prefill_tokens", "yue_prefill_seconds", "yue_decode_tokens", "yue_decode_seconds")
+
+
+def _phase_rates(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    """(prefill, decode) tokens per second of the server's time in each, between two `_counters` reads."""
+    d = {k: after[k] - before[k] for k in PHASES}
+    prefill = d["yue_prefill_tokens"] / d["yue_prefill_seconds"] if d["yue_prefill_seconds"] else 0.0
+    decode = d["yue_decode_tokens"] / d["yue_decode_seconds"] if d["yue_decode_seconds"] else 0.0
+    return round(prefill, 1), round(decode, 1)
+
+
 def client_process() -> ProcessPoolExecutor:
     """One process that runs a bench's clients (`_level`), apart from the server under test in this one.
     Spawned, not forked: this process holds threads (the servers') and torch's thread pools."""
@@ -197,6 +284,9 @@ class ServeBenchConfig:
         requests_per_client: requests each client sends (at least 8 per level and round).
         max_queue: each server's queue bound (`ServeConfig.max_queue`).
         rounds: times each level is measured, interleaved with the others (`interleaved`).
+        chat_turns: N > 0: instead of the levels, time to first token of N-turn chats (`bench_chat`),
+            on a server with the prefix cache and one without; 0 = the levels.
+        think_s: seconds between a chat's turns (a reader's pause; the cache fills answers while idle).
     """
 
     batch_sizes: tuple[int, ...] = (1, 16)
@@ -207,6 +297,8 @@ class ServeBenchConfig:
     requests_per_client: int = 2
     max_queue: int = 256
     rounds: int = 3
+    chat_turns: int = 0
+    think_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "clients"):
@@ -217,6 +309,8 @@ class ServeBenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if self.chat_turns < 0 or self.think_s < 0:
+            raise ValueError(f"chat_turns and think_s must be >= 0, got {self.chat_turns}, {self.think_s}")
 
 
 def bench_serve(
@@ -228,7 +322,8 @@ def bench_serve(
     precision: str = "float32",
 ) -> ServeBench:
     """Measure the server at each max_batch_size and client count (see the module docstring); one server
-    per size, all started first, idle while another is measured.
+    per size, all started first, idle while another is measured. With `cfg.chat_turns`, the chat bench
+    instead (`bench_chat`).
 
     Each level sends max(8, clients * requests_per_client) requests a round over the first `cfg.n_prompts`
     held-out code prompts (cycled), or over `prompts` when given. `precision`: the engine's, as loaded
@@ -237,6 +332,10 @@ def bench_serve(
     from yue.serve import ServeConfig
     from yue.serve.server import LocalServer
 
+    if cfg.chat_turns:
+        from yue.bench.chat import bench_chat
+
+        return bench_chat(engine, cfg, prompts=prompts, log=log, precision=precision)
     mode, max_tokens = cfg.mode, cfg.max_tokens
     if prompts is None:
         prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][: cfg.n_prompts]
@@ -248,7 +347,8 @@ def bench_serve(
     result.load_average["start"] = [round(x, 2) for x in os.getloadavg()]
     with contextlib.ExitStack() as stack:  # every server started is stopped, even if a later one fails
         servers = [
-            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=cfg.max_queue))
+            # No prefix cache: the levels send the same prompts again, which would measure the cache.
+            LocalServer(engine, ServeConfig(max_batch_size=size, max_queue=cfg.max_queue, prefix_cache_mb=0))
             for size in cfg.batch_sizes
         ]
         urls = [stack.enter_context(server).url for server in servers]
@@ -260,7 +360,11 @@ def bench_serve(
         levels = [(n, i) for n in cfg.clients for i in range(len(urls))]
         for r, (n, i) in interleaved(levels, cfg.rounds):
             n_requests = max(8, n * cfg.requests_per_client)
-            wall, rows = clients.submit(_level, urls[i], prompts, refs, n, n_requests, mode, max_tokens).result()
+            before = _counters(urls[i], PHASES)
+            wall, rows = clients.submit(
+                _level, urls[i], prompts, refs, n, n_requests, mode, max_tokens
+            ).result()
+            prefill, decode = _phase_rates(before, _counters(urls[i], PHASES))
             ttfts = [row[0] * 1e3 for row in rows]
             tokens = sum(row[1] for row in rows)
             level = Level(
@@ -274,6 +378,8 @@ def bench_serve(
                 round(percentile(ttfts, 50), 1),
                 round(percentile(ttfts, 95), 1),
                 sum(row[2] for row in rows),
+                prefill,
+                decode,
             )
             log(json.dumps(asdict(level)))
             result.levels.append(level)
@@ -288,22 +394,25 @@ def report(result: ServeBench, base: int, other: int) -> str:
         f"{result.torch_threads} torch threads, {result.cpus} CPUs, load average (1/5/15 min) "
         f"{result.load_average['start']} at start, {result.load_average['end']} at end",
         "",
-        "| max batch size | clients | rounds | requests | tokens/s (median) | TTFT p50 (ms) | TTFT p95 (ms) "
-        "| identical to alone |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| max batch size | clients | rounds | requests | tokens/s (median) | prefill tokens/s "
+        "| decode tokens/s | TTFT p50 (ms) | TTFT p95 (ms) | identical to alone |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in result.medians():
         lines.append(
             f"| {m['max_batch_size']} | {m['clients']} | {m['rounds']} | {m['requests']} | {m['tokens_per_s']} "
+            f"| {m['prefill_tokens_per_s']} | {m['decode_tokens_per_s']} "
             f"| {m['ttft_p50_ms']} | {m['ttft_p95_ms']} | {m['identical']}/{m['requests']} |"
         )
     ratios = result.ratios(base, other)
     lines.append("")
     for n, r in ratios.items():
         t = r["tokens_per_s"]
+        pre, dec = r["prefill_tokens_per_s"], r["decode_tokens_per_s"]
         lines.append(
             f"b{other}/b{base} tokens/s at {n} clients: {t['median']}x median, "
-            f"{t['range'][0]}-{t['range'][1]}x over {len(t['rounds'])} rounds"
+            f"{t['range'][0]}-{t['range'][1]}x over {len(t['rounds'])} rounds; prefill {pre['median']}x, "
+            f"decode {dec['median']}x"
         )
     doc = asdict(result) | {"medians": result.medians(), "ratios": {f"b{other}/b{base}": ratios}}
     return "\n".join(lines) + "\n" + json.dumps(doc)

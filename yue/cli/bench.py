@@ -66,7 +66,10 @@ def bench_serve_cmd(
     load: LoadConfig | None = None,
     config: ServeBenchConfig | None = None,
 ) -> None:
-    """Tokens/s and time to first token of `yue serve` under concurrent streamed clients; JSON last."""
+    """Tokens/s (prefill and decode apart) and time to first token of `yue serve` under concurrent
+    streamed clients; with --chat-turns N, time to first token per turn of N-turn chats with the prefix
+    cache and without. JSON last."""
+    from yue.bench.chat import chat_report
     from yue.bench.serving import bench_serve, report
     from yue.engine import load_from
 
@@ -74,7 +77,10 @@ def bench_serve_cmd(
     result = bench_serve(
         engine, config, log=lambda s: typer.echo(f"[bench-serve] {s}", err=True), precision=load.dtype
     )
-    text = report(result, config.batch_sizes[0], config.batch_sizes[-1])
+    if config.chat_turns:
+        text = chat_report(result)
+    else:
+        text = report(result, config.batch_sizes[0], config.batch_sizes[-1])
     typer.echo(text)
     if json_out is not None:
         json_out.write_text(text.splitlines()[-1] + "\n")

@@ -27,12 +27,17 @@ Design decisions:
   its whole prefill, and a request cancelled mid-prefill leaves at the next chunk. A chunk's attention
   costs its length times the keys before it, so chunks shrink along the prompt: each holds about the
   same work, and a long prompt stalls the running rows no longer at its end than at its start.
-  The chunks are fixed by the prompt's positions alone, never by what else is queued or by the budget,
-  so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
-- With a prefix cache (`decode/prefix.py`), each chunk fed is stored, and a queued row whose prompt
-  starts with stored chunks starts its prefill after them (bucketed with rows of the same prompt length
-  and cached length), in the state its own chunks would have left: the same bits. Its policy state
-  (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without the cache.
+  The chunks are fixed by the prompt's positions (and, on a `prefix.split_exact` model, its length:
+  no forward past position 0 of fewer than `prefix.MIN_ROWS` rows), never by what else is queued or by
+  the budget, so a prompt's bits are the same however it is scheduled, alone or in a server's batch.
+- With a prefix cache (`decode/prefix.py`), each chunk fed is stored (as 16-token blocks on a
+  `split_exact` model, whose prompt tails are stored after their first step too), and a queued row
+  whose prompt starts with stored ones starts its prefill after them (bucketed with rows of the same
+  prompt length and cached length), in the state a prefill without the cache reaches: the same bits.
+  Its policy state (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without
+  the cache.
+- `phases` (`PhaseTimes`) records each step's prefill and decode time and tokens apart, for the
+  server's metrics and `yue bench-serve`.
 """
 
 from __future__ import annotations
@@ -49,7 +54,16 @@ from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.modes import get_policy
 from yue.decode.policies import rows_at
-from yue.decode.prefix import PrefixCache, PrefixHit, feed_chunk, write_hit
+from yue.decode.prefix import (
+    BLOCK,
+    MIN_ROWS,
+    PrefixCache,
+    PrefixHit,
+    feed_chunk,
+    split_exact,
+    store,
+    write_hit,
+)
 from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.sources import DraftSources, draft_rates, free_sources
 from yue.decode.state import Advance, LoopState
@@ -100,11 +114,22 @@ PREFILL_CHUNK = 128
 PREFILL_KEYS = 1280
 
 
-def chunk_end(done: int, length: int) -> int:
-    """Where the prefill chunk starting at prompt position `done` ends (a function of positions alone)."""
+def chunk_end(done: int, length: int, exact: bool = False) -> int:
+    """Where the prefill chunk starting at prompt position `done` ends: a function of positions alone;
+    `exact` (a `prefix.split_exact` model), cut so that any cut keeps the bits: position 0's chunk is
+    [0, BLOCK) (or the whole prompt, where fewer than MIN_ROWS would follow it), and no forward past it,
+    the last (the first decode step's) included, takes fewer than MIN_ROWS rows."""
     quantum = min(16, PREFILL_CHUNK)
     n = PREFILL_CHUNK * PREFILL_KEYS // (done + PREFILL_KEYS) // quantum * quantum
-    return min(done + max(quantum, min(PREFILL_CHUNK, n)), length)
+    end = min(done + max(quantum, min(PREFILL_CHUNK, n)), length)
+    if not exact:
+        return end
+    if done == 0:
+        return BLOCK if length >= BLOCK + MIN_ROWS else length
+    if end < length and length - end < MIN_ROWS:  # leave the last forward MIN_ROWS rows, or take them all
+        end = (length - MIN_ROWS) // BLOCK * BLOCK
+        return end if end > done else length
+    return end
 
 
 def chunk_work(done: int, n: int) -> int:
@@ -123,6 +148,30 @@ def grid_ends(length: int, inclusive: bool = False) -> list[int]:
     return ends
 
 
+def lookup_ends(length: int, exact: bool) -> list[int]:
+    """Where a prompt of `length` tokens may resume its prefill from the prefix cache, ascending: the grid's
+    boundaries (`grid_ends`), or, `exact`, every BLOCK boundary that leaves at least MIN_ROWS tokens to
+    feed (`chunk_end`'s rule)."""
+    if not exact:
+        return grid_ends(length)
+    return list(range(BLOCK, length - MIN_ROWS + 1, BLOCK)) if length >= BLOCK + MIN_ROWS else []
+
+
+def fill_plan(length: int, exact: bool) -> tuple[list[int], list[int], int | None]:
+    """How `prefix.PrefixFill` extends the cache with a finished sequence of `length` tokens: (the
+    boundaries it looks up, where its chunks end, the block size it stores or None): the grid's up to its
+    last boundary, or, `exact`, every BLOCK up to the last whole one, fed in the grid's chunks."""
+    if not exact:
+        ends = grid_ends(length, inclusive=True)
+        return ends, ends, None
+    last = length // BLOCK * BLOCK
+    ends = list(range(BLOCK, last + 1, BLOCK))
+    chunks, end = [BLOCK] if last else [], BLOCK
+    while last and (end := chunk_end(end, last)) < last:
+        chunks.append(end)
+    return ends, chunks + [last] if last > BLOCK else chunks, BLOCK
+
+
 @dataclass
 class Prefill:
     """A bucket of rows (one prompt length) being prefilled, a chunk at a time, before it joins the batch.
@@ -136,14 +185,28 @@ class Prefill:
     cache: KVCache
     prompt: torch.Tensor
     done: int = 0
+    exact: bool = False  # cut on `chunk_end`'s exact rule (`prefix.split_exact`)
 
     def next_end(self) -> int:
         """Where the next chunk ends (`chunk_end`)."""
-        return chunk_end(self.done, self.prompt.shape[1])
+        return chunk_end(self.done, self.prompt.shape[1], self.exact)
 
     def next_work(self) -> int:
         """Its next chunk's prefill work (`chunk_work`), every row's counted."""
         return len(self.rows) * chunk_work(self.done, self.next_end() - self.done)
+
+
+@dataclass
+class PhaseTimes:
+    """What a `DecodeBatch.step` spent on each phase: prefill (chunks fed, and each bucket's first step,
+    which feeds its prompts' last chunk and writes their first tokens) and decode (the running rows'
+    step). Tokens: prompt tokens fed, and tokens the running rows wrote. Seconds: wall time on the
+    stepping thread."""
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
 
 
 def slot_capacity(cfg: DecodeConfig) -> int:
@@ -187,6 +250,8 @@ class DecodeBatch:
         model = as_decoded(model)
         self.model, self.key, self.costs = model, batch_key(cfg), costs
         self.prefix_cache = prefix_cache
+        # Whether any cut of a prefill keeps its bits (`prefix.split_exact`): it then resumes at blocks.
+        self.exact = split_exact(model)
         self.corpus = corpus if self.key.corpus_drafts else None
         self.policy = get_policy(cfg.mode)
         self.argmax_only = self.policy.argmax_only(self.key, model.config)
@@ -196,6 +261,7 @@ class DecodeBatch:
         self.queued: list[Row] = []
         self.prefilling: list[Prefill] = []  # buckets part-way through their prompts, oldest first
         self._ids = 0
+        self.phases = PhaseTimes()  # the last `step`'s
         self._offsets = torch.arange(64, device=model.device)  # `_arange`'s table
         eos = model.config.eos_token_id
         self._eos = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -241,10 +307,22 @@ class DecodeBatch:
         through first, then queued rows (first come first served); a bucket's last chunk is its first
         step, and its rows join the running batch. Finished rows leave. Returns one emission per forward
         group that wrote tokens (the running rows, then each bucket that finished its prompt)."""
-        emissions = []
+        emissions, phases, t0 = [], PhaseTimes(), time.perf_counter()
+        self.phases = phases
         if self.running is not None:
             emissions.append(self._step(self.running))
+            phases.decode_tokens = sum(len(t) for t in emissions[0].tokens)
             self.running = without_finished(self.running)
+        t1 = time.perf_counter()
+        phases.decode_s = t1 - t0
+        try:
+            self._prefill(emissions)
+        finally:
+            phases.prefill_s = time.perf_counter() - t1
+        return emissions
+
+    def _prefill(self, emissions: list[StepEmission]) -> None:
+        """`step`'s prefill phase: chunks within the budget; a bucket's last chunk is its first step."""
         fed, budget = 0, self.max_prefill_tokens
         while True:
             if not self.prefilling:
@@ -256,17 +334,18 @@ class DecodeBatch:
             if fed and budget is not None and fed + n > budget:
                 break
             fed += n
+            self.phases.prefill_tokens += len(p.rows) * (p.next_end() - p.done)
             if p.next_end() < p.prompt.shape[1]:
                 self._feed(p)
                 continue
             self.prefilling.pop(0)
             group = self._group(p)
             emissions.append(self._step(group))
+            self._store_tail(p)
             group = without_finished(group)
             if group is not None:
                 vocab = self.model.config.vocab_size
                 self.running = group if self.running is None else merge(self.running, group, vocab)
-        return emissions
 
     def _arange(self, n: int) -> torch.Tensor:
         """torch.arange(n) on the model's device, as a view of a table grown on demand (no per-step op)."""
@@ -279,7 +358,7 @@ class DecodeBatch:
         fit the budget beside the `fed` tokens already fed this step (at least one chunk a step)."""
         taken, tokens = [], fed
         while self.queued:
-            n = chunk_end(0, len(self.queued[0].prompt))
+            n = chunk_end(0, len(self.queued[0].prompt), self.exact)
             if tokens and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
                 break
             taken.append(self.queued.pop(0))
@@ -295,7 +374,9 @@ class DecodeBatch:
         was compute."""
         cache = self.prefix_cache
         hits = [
-            cache.lookup(r.prompt, grid_ends(len(r.prompt))) if cache is not None else PrefixHit()
+            cache.lookup(r.prompt, lookup_ends(len(r.prompt), self.exact))
+            if cache is not None
+            else PrefixHit()
             for r in rows
         ]
         buckets: list[tuple[list[Row], list[PrefixHit]]] = []
@@ -319,13 +400,25 @@ class DecodeBatch:
         for b, hit in enumerate(hits):
             write_hit(cache, b, hit, 0)
         cache.advance(hits[0].length)
-        return Prefill(rows, cache, prompt, hits[0].length)
+        return Prefill(rows, cache, prompt, hits[0].length, self.exact)
 
     def _feed(self, p: Prefill) -> None:
         """Feed a bucket's next chunk (not its last) into its cache; no logits."""
         end = p.next_end()
-        feed_chunk(self.model, p.cache, p.prompt, p.done, end, self._arange(end - p.done), self.prefix_cache)
+        block = BLOCK if self.exact else None
+        offsets = self._arange(end - p.done)
+        feed_chunk(self.model, p.cache, p.prompt, p.done, end, offsets, self.prefix_cache, block)
         p.done = end
+
+    def _store_tail(self, p: Prefill) -> None:
+        """After a bucket's first step (which fed its prompts' last chunk, at least MIN_ROWS rows past
+        position 0 where `exact`), store the whole blocks of that chunk in the prefix cache: on the exact
+        rule they are the bits any prefill of these tokens writes. Its cache has no holes yet."""
+        if self.prefix_cache is None or not self.exact or p.done == 0:
+            return
+        end = p.prompt.shape[1] // BLOCK * BLOCK
+        if end > p.done:
+            store(self.prefix_cache, p.cache, p.prompt[:, :end].tolist(), p.done, end, BLOCK)
 
     def _group(self, p: Prefill) -> Group:
         """The group of a bucket whose prompts are fed but for the last chunk, which its first step feeds."""

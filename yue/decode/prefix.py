@@ -1,23 +1,38 @@
-"""The prefix cache: KV columns of prompts prefilled before, so that a later prompt starting with the same
-tokens (a conversation's earlier turns) is not prefilled again, and its output does not change by a bit.
+"""The prefix cache: K/V columns of sequences prefilled before, so that a later prompt starting with the
+same tokens (a conversation's earlier turns and answers, a shared system prompt) is not prefilled again,
+and its output does not change by a bit.
 
 Design decisions:
-- Reuse happens only at the prefill chunk grid (`loop.chunk_end` from position 0: a function of positions
-  alone). A position's float32 K/V bits depend on which rows shared its forward, so stored columns equal
-  what a fresh prefill would write only if the same chunks wrote them: the grid's chunks [b0, b1),
-  [b1, b2), ... A prompt whose first b_j tokens equal a stored prefix's starts its prefill at b_j, in the
-  very state a prefill without the cache reaches there, and the rest follows the same grid.
-- An entry is one chunk's columns, every layer's K and V ((L, Hkv, n, Dh) each, copies), keyed by a
-  digest of all the tokens up to its end (blake2b, 128 bits): a key names the whole prefix, whatever
-  follows it. A lookup tries the grid's boundaries from the start and stops at the first miss.
+- A position's K/V bits depend on how the forward that wrote it was cut, so stored columns are reused
+  only where a prefill without the cache would have written the same bits. Which cuts keep the bits is
+  the model's decode paths' business, and there are two cases (`split_exact`, measured on yue-smol and
+  yue-code-mini: docs/serve.md):
+  - **Blocks** (`split_exact`: every AR matmul of every layer takes its rows on yue's row kernel for any
+    row count, as 4-bit or 8-bit codes, and attention is row-exact): a committed row's bits do not depend
+    on how many rows share its forward, once that forward starts past position 0 and takes more than
+    `rowkernel.MAX_ROWS` rows (the parts path; 1-9 rows run the layer as one row-kernel call, whose
+    bits are its own). The prefill then cuts a prompt so that every forward does
+    (`loop.chunk_end(exact=True)`: position 0's chunk is [0, BLOCK), every later one at least
+    `MIN_ROWS` rows), and any cut on that rule gives the same bits: the cache stores and finds
+    `BLOCK`-token blocks, a prompt resumes at the last block boundary it shares that leaves it at least
+    `MIN_ROWS` tokens, and a prompt's tail, fed by its first decode step, is stored too.
+  - **Grid** (any other path: float32 weights through torch's GEMM past 9 rows, a GPU, bfloat16): a
+    prefill's chunks are fixed by positions alone (`loop.chunk_end` from position 0), the cache keeps
+    whole grid chunks, and a prompt resumes only at a grid boundary, in the very state a prefill
+    without the cache reaches there.
+- An entry is one block's (or chunk's) columns, every layer's K and V ((L, Hkv, n, Dh) each, copies),
+  keyed by a digest of all the tokens up to its end (blake2b, 128 bits, fed incrementally: `prefix_keys`):
+  a key names the whole prefix, whatever follows it. A lookup tries the boundaries from the start and
+  stops at the first miss.
 - Prefill chunks compute no slots and no logits, so their K/V do not depend on the decode config: one
   cache serves every mode and batch of a model.
 - Bounded in bytes, evicted least recently used. A hit touches its chain deepest first, so a prefix is
   more recent than its extensions (an extension left without its prefix is unreachable; it is next in
   line anyway). A hit copies the columns into the request's own cache, so eviction never touches a
   running request.
-- Decoded tokens' K/V are not a prefill's bits either (other rows, other kernels), so an answer is
-  reused only once `PrefixFill` has prefilled it on the grid, while the server idles (`batcher.py`).
+- Decoded tokens' K/V are not a prefill's bits (a one-row step runs the layer as one row-kernel call, a
+  verifying step other rows), so an answer is reused once `PrefixFill` has prefilled it, on the same
+  rule, while the server idles (`batcher.py`).
 - Counters follow vLLM's prefix-cache metrics (queries and hits counted in tokens), plus lookups by
   result; `serve.metrics` exposes them.
 """
@@ -25,23 +40,73 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
+import weakref
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from yue.kernels import rowkernel
 from yue.model.cache import KVCache
+from yue.model.decode_paths import exact_rows
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
 
 # One MiB, the unit of `--prefix-cache-mb`.
 MIB = 1 << 20
+# Tokens a stored block holds where any cut keeps the bits (`split_exact`).
+BLOCK = 16
+# The fewest rows a prefill forward past position 0 takes where any cut keeps the bits: more than the
+# row kernel's one-call rows (`rowkernel.MAX_ROWS`), whose layer, one call in C, has bits of its own.
+MIN_ROWS = rowkernel.MAX_ROWS + 1
+
+
+def prefix_keys(tokens: list[int], ends: list[int]) -> list[bytes]:
+    """The entry keys of the prefixes tokens[:e] for each e of `ends` (ascending): a 128-bit blake2b
+    digest of the token ids (int64), one hash fed along the sequence (O(len), not O(len * ends))."""
+    h, keys, done = hashlib.blake2b(digest_size=16), [], 0
+    for end in ends:
+        h.update(array("q", tokens[done:end]).tobytes())
+        keys.append(h.copy().digest())
+        done = end
+    return keys
 
 
 def prefix_key(tokens: list[int]) -> bytes:
-    """The entry key of a token prefix: a 128-bit blake2b digest of the token ids (int64)."""
-    return hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
+    """The entry key of a token prefix (`prefix_keys`' for its whole length)."""
+    return prefix_keys(tokens, [len(tokens)])[0]
+
+
+# Row-exact matmuls for every row count (a prefill's too): the row kernel's on 4-bit or 8-bit codes.
+_CODED = ("q4", "q8", "q6", "q4dot", "q4dot16")
+_split_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def split_exact(model) -> bool:
+    """Whether a prefill's committed rows keep their bits however it is cut, as long as every forward past
+    position 0 takes at least `MIN_ROWS` rows (see the module's notes): each layer's AR set row-exact
+    (`decode_paths.exact_rows`, attention included) with its four matmuls on yue's row kernel for every
+    row count (`matmuls.StreamedLinear` holding codes, `matmuls.RowInt4Linear`). Float32 weights are not:
+    past 9 rows torch's GEMM takes them, whose bits depend on the row count (measured on yue-code-mini:
+    a 107-row chunk's rows differed from a 124-row chunk's at 7 of 124 positions). Cached per model."""
+    paths = getattr(model, "paths", None)
+    if paths is None or model.device.type != "cpu":
+        return False
+    verdict = _split_verdicts.get(model)
+    if verdict is None:
+        verdict = bool(paths.layers) and all(_layer_split_exact(sets) for sets in paths.layers)
+        _split_verdicts[model] = verdict
+    return verdict
+
+
+def _layer_split_exact(sets) -> bool:
+    if not exact_rows(sets):
+        return False
+    ar = sets[0]
+    matmuls = (ar.qkv, ar.shared[1], ar.gate_up, ar.shared[3])
+    blocked = [getattr(m, "blocked", None) for m in matmuls]
+    return all(b is not None and rowkernel.layout(b[0]) in _CODED for b in blocked)
 
 
 @dataclass
@@ -75,7 +140,8 @@ class PrefixHit:
 
 
 class PrefixCache:
-    """Chunks of prefilled K/V by prefix key, at most `max_bytes` of them, least recently used first out.
+    """Blocks (or grid chunks) of prefilled K/V by prefix key, at most `max_bytes` of them, least recently
+    used first out.
 
     Single-threaded by contract, like the batcher that owns it (the server's scheduler thread); the
     counters in `stats` may be read from another thread.
@@ -100,12 +166,11 @@ class PrefixCache:
         return prefix_key(tokens) in self._entries
 
     def lookup(self, tokens: list[int], ends: list[int], count: bool = True) -> PrefixHit:
-        """The longest run of cached chunks at the start of `tokens`, trying chunk ends `ends` (the grid's
-        boundaries the caller may resume at, ascending). `count`: book it in `stats` (a request's lookup;
+        """The longest run of cached blocks or chunks at the start of `tokens`, trying their ends `ends`
+        (the boundaries the caller may resume at, ascending: `loop.lookup_ends`). `count`: book it in `stats` (a request's lookup;
         the cache's own, by an idle fill, is not)."""
         hit, keys = PrefixHit(), []
-        for end in ends:
-            key = prefix_key(tokens[:end])
+        for end, key in zip(ends, prefix_keys(tokens, ends), strict=True):
             entry = self._entries.get(key)
             if entry is None:
                 break
@@ -122,11 +187,13 @@ class PrefixCache:
             s.misses += hit.length == 0
         return hit
 
-    def put(self, tokens: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def put(
+        self, tokens: list[int], start: int, k: torch.Tensor, v: torch.Tensor, key: bytes | None = None
+    ) -> None:
         """Store the chunk [start, len(tokens)) of prefix `tokens`: its K and V (L, Hkv, n, Dh), which the
         cache then owns (pass copies). A key already there is only touched; a chunk larger than the
-        whole bound is not stored."""
-        key = prefix_key(tokens)
+        whole bound is not stored. `key`: the prefix's `prefix_key`, where the caller has it."""
+        key = prefix_key(tokens) if key is None else key
         if key in self._entries:
             self._entries.move_to_end(key)
             return
@@ -150,6 +217,24 @@ def write_hit(cache: KVCache, b: int, hit: PrefixHit, after: int) -> None:
             cache.v[:, b, :, start : start + v.shape[2]] = v
 
 
+def store(
+    prefix_cache: PrefixCache, cache: KVCache, rows: list[list[int]], done: int, end: int, block: int | None
+) -> None:
+    """Store columns [done, end) of each row of `cache` (its tokens `rows`, each at least `end` long, its
+    columns its positions: no holes) in `prefix_cache`: as `block`-token blocks (`end` - done a multiple),
+    or as one chunk (None)."""
+    step = block or end - done
+    ends = list(range(done + step, end + 1, step))
+    for b, tokens in enumerate(rows):
+        keys = prefix_keys(tokens, [done, *ends])[1:]
+        for e, key in zip(ends, keys, strict=True):
+            k, v = (
+                cache.k[:, b, :, e - step : e].clone(),
+                cache.v[:, b, :, e - step : e].clone(),
+            )  # (L, Hkv, n, Dh)
+            prefix_cache.put(tokens[:e], e - step, k, v, key)
+
+
 def feed_chunk(
     model: YueForCausalLM,
     cache: KVCache,
@@ -158,40 +243,48 @@ def feed_chunk(
     end: int,
     offsets: torch.Tensor,
     prefix_cache: PrefixCache | None,
+    block: int | None = None,
 ) -> None:
     """Feed prompt columns [done, end) of rows `prompt` (B, T) into `cache` (which holds [0, done)), no
-    logits; with `prefix_cache`, store each row's new columns there (`end` must be on the chunk grid).
-    offsets: arange(end - done) on the model's device."""
+    logits; with `prefix_cache`, store each row's new columns there (`store`: as `block`-token blocks, or
+    as one chunk, `end` then on the chunk grid). offsets: arange(end - done) on the model's device."""
     n = end - done
     mask = decode_mask(cache.length, n, 0, cache.key_valid, model.device)
     model.step(prompt[:, done:end], cache.positions(offsets), n, mask, cache, 0)
     cache.advance(n)
     if prefix_cache is not None:
-        for b, tokens in enumerate(prompt[:, :end].tolist()):
-            k, v = cache.k[:, b, :, done:end].clone(), cache.v[:, b, :, done:end].clone()  # (L, Hkv, n, Dh)
-            prefix_cache.put(tokens, done, k, v)
+        store(prefix_cache, cache, prompt[:, :end].tolist(), done, end, block)
 
 
 class PrefixFill:
-    """Extends a prefix cache with a token sequence, a grid chunk per `step`, from what the cache holds.
+    """Extends a prefix cache with a token sequence, a chunk per `step`, from what the cache holds.
 
     The batcher runs one for each finished request's prompt + answer (the start of its conversation's
     next turn) while no request waits, so that the next turn finds its earlier turns prefilled: an
     answer's K/V from decoding are not a prefill's bits, so they cannot be reused as they are. The
-    chunks are the grid's, fed as a lone prompt's prefill feeds them (`feed_chunk`): the same bits.
+    chunks are fed as a lone prompt's prefill feeds them (`feed_chunk`): the same bits.
 
     Args:
         model: the MoT model (eval mode).
         prefix_cache: the cache to extend.
         tokens: the sequence.
-        ends: the chunk grid's boundaries up to its length, ascending (`loop.grid_ends(len(tokens),
-            inclusive=True)`); the sequence is filled up to the last.
+        ends: the boundaries a lookup may resume at, up to its length, ascending (`loop.fill_plan`); the
+            sequence is filled up to the last.
+        chunks: where the chunks fed end, ascending, ending at ends[-1] (grid: `ends` itself).
+        block: store as `block`-token blocks (`split_exact` models), or each chunk as one (None).
     """
 
     def __init__(
-        self, model: YueForCausalLM, prefix_cache: PrefixCache, tokens: list[int], ends: list[int]
+        self,
+        model: YueForCausalLM,
+        prefix_cache: PrefixCache,
+        tokens: list[int],
+        ends: list[int],
+        chunks: list[int] | None = None,
+        block: int | None = None,
     ) -> None:
         self.model, self.prefix_cache, self.ends = model, prefix_cache, ends
+        self.chunks, self.block = ends if chunks is None else chunks, block
         self.tokens = tokens[: ends[-1]] if ends else []
         self.cache: KVCache | None = None
         self.done = 0
@@ -215,11 +308,11 @@ class PrefixFill:
             self.done = hit.length
         if self.finished:
             return 0
-        end = next(e for e in self.ends if e > self.done)
+        end = next(e for e in self.chunks if e > self.done)
         device = self.model.device
         prompt = torch.tensor([self.tokens[:end]], device=device)  # (1, end)
         offsets = torch.arange(end - self.done, device=device)
-        feed_chunk(self.model, self.cache, prompt, self.done, end, offsets, self.prefix_cache)
+        feed_chunk(self.model, self.cache, prompt, self.done, end, offsets, self.prefix_cache, self.block)
         fed, self.done = end - self.done, end
         self.prefix_cache.stats.filled_tokens += fed
         return fed

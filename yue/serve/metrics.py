@@ -96,12 +96,24 @@ class Metrics:
         self.step_time = Histogram(
             "yue_step_seconds", "Wall time of a decode step.", registry=r, buckets=_ITL_BUCKETS
         )
+        # The steps' two phases apart (`loop.PhaseTimes`): prefill (prompt chunks, and each new request's
+        # first step) and decode (the running requests' steps), tokens and scheduler-thread seconds, so
+        # that each phase's tokens/s under load is a ratio of two counters' increases.
+        self.prefill_tokens = Counter("yue_prefill_tokens", "Prompt tokens prefilled.", registry=r)
+        self.prefill_seconds = Counter("yue_prefill_seconds", "Seconds spent prefilling.", registry=r)
+        self.decode_tokens = Counter("yue_decode_tokens", "Tokens written by decode steps.", registry=r)
+        self.decode_seconds = Counter("yue_decode_seconds", "Seconds spent in decode steps.", registry=r)
 
     def step(self, report: BatchStep, seconds: float) -> None:
         """Book one decode step (called on the scheduler thread)."""
         self.batch_size.observe(report.rows)
         self.step_tokens.observe(report.tokens)
         self.step_time.observe(seconds)
+        phases = report.phases
+        self.prefill_tokens.inc(phases.prefill_tokens)
+        self.prefill_seconds.inc(phases.prefill_s)
+        self.decode_tokens.inc(phases.decode_tokens)
+        self.decode_seconds.inc(phases.decode_s)
 
     def render(self) -> bytes:
         return generate_latest(_WithModelName(self.registry, self.model_name))
