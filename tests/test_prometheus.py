@@ -77,7 +77,15 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 def test_dashboard_needs_only_yue_metrics_and_covers_what_the_issue_lists():
     titles = " ".join(t for t, _ in dashboard_queries()).lower()
-    for word in ["throughput", "time to first token", "latency", "source", "waiting", "batch", "prefix cache"]:
+    for word in [
+        "throughput",
+        "time to first token",
+        "latency",
+        "source",
+        "waiting",
+        "batch",
+        "prefix cache",
+    ]:
         assert word in titles, word
     assert all("yue:" in e for _, e in dashboard_queries())
 
@@ -175,7 +183,9 @@ def test_prometheus_scrapes_the_vllm_names_with_model_name_labels(scraped, tiny_
         assert series, name
         assert all(s["metric"]["model_name"] == Path(tiny_model_dir).name for s in series), name
     # Prometheus holds what the server counted.
-    assert _values(prom_url, "sum(yue:generation_tokens_total)")[0] == _metric(url, "yue:generation_tokens_total")
+    assert _values(prom_url, "sum(yue:generation_tokens_total)")[0] == _metric(
+        url, "yue:generation_tokens_total"
+    )
 
 
 @pytest.mark.parametrize("title, expr", dashboard_queries(), ids=[t for t, _ in dashboard_queries()])

@@ -46,6 +46,9 @@ def generate(
         help="Print text as it is generated (default: on when standard output is a terminal).",
     ),
     trace_json: Path | None = typer.Option(None, help="Write the per-step trace as JSON to this file."),
+    suffix: str | None = typer.Option(
+        None, help="Fill in the middle: PROMPT is the text before, this the text after (needs FIM tokens)."
+    ),
     load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
@@ -62,7 +65,9 @@ def generate(
     if trace_json is not None:  # the file needs the steps recorded
         config = replace(config, trace=True)
     engine = load_engine(load)
-    if engine.instruct and not raw:
+    if suffix is not None:  # the model's FIM tokens, never its chat template
+        prompt = engine.infill(prompt, suffix)
+    elif engine.instruct and not raw:
         system_message = [{"role": "system", "content": system}] if system is not None else []
         prompt = engine.chat_prompt([*system_message, {"role": "user", "content": prompt}])
     elif system is not None:

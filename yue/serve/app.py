@@ -40,6 +40,7 @@ from yue.serve.api_error import overloaded
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
 from yue.serve.gate import Gate
+from yue.serve.infill import InfillFormat, infill_body, infill_prompt, without_done
 from yue.serve.metrics import Metrics
 from yue.serve.request_fields import check_unsupported, check_unsupported_chat, completion_prompts, logit_bias
 from yue.serve.scheduler import Overloaded, Scheduler
@@ -59,7 +60,7 @@ from yue.serve.streaming import (
 )
 
 log = logging.getLogger("yue.serve")
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate", "/infill")
 DEMO_PAGE = Path(__file__).parent / "static" / "index.html"
 _REQUEST_FIELD = {"max_new_tokens": "max_tokens"}  # DecodeConfig names that differ from the request's
 _ROLES = {"developer": "system"}  # chat roles the template knows by another name
@@ -207,11 +208,12 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
 
 def _install_routes(app: FastAPI, state: ServerState) -> None:
     """Every route: the demo page and the server's own (health, metrics, models), then the generation
-    endpoints (OpenAI's completions and chat completions, and yue's /generate)."""
+    endpoints (OpenAI's completions and chat completions, yue's /generate, llama.cpp's /infill)."""
     _install_info_routes(app, state)
     _install_completions(app, state)
     _install_chat_completions(app, state)
     _install_generate(app, state)
+    _install_infill(app, state)
 
 
 def _install_info_routes(app: FastAPI, state: ServerState) -> None:
@@ -257,6 +259,8 @@ def _install_completions(app: FastAPI, state: ServerState) -> None:
         engine = _check_model(state, body.model)
         check_unsupported(body)
         prompts = completion_prompts(body.prompt, engine)  # no tokenizing yet
+        if body.suffix:  # fill in the middle: each text prompt is the prefix (yue.serve.infill)
+            prompts = [_with_suffix(engine, p, body.suffix) for p in prompts]
         check_choices(state.config, len(prompts), body.n)
         # max_tokens 0 with echo: score the prompt, generate nothing (the config is checked as for 1).
         only_score = body.max_tokens == 0
@@ -379,6 +383,48 @@ def _install_generate(app: FastAPI, state: ServerState) -> None:
         return await _respond(state, request, [prepared], fmt, body.stream, lambda o: generate_body(o[0]))
 
 
+def _install_infill(app: FastAPI, state: ServerState) -> None:
+    """llama.cpp's /infill (what editor plugins speak): prefix, suffix and other files' chunks in, the
+    middle out, through the model's FIM tokens (yue.serve.infill)."""
+
+    @app.post("/infill", responses=_ERRORS | _STREAM)
+    async def infill(body: s.InfillRequest, request: Request):
+        engine = state.ready()
+        extra = [(c.filename, c.text) for c in body.input_extra]
+
+        def prepare() -> Prepared:
+            ids = infill_prompt(
+                engine,
+                body.input_prefix,
+                body.input_suffix,
+                param="input_suffix",
+                extra=extra,
+                start=body.prompt,
+            )
+            return _prepare(state, body, ids, "input_prefix", default_max_tokens=128, temperature=None)
+
+        prepared = await asyncio.to_thread(prepare)
+        if body.stream:
+            return await _respond(
+                state, request, [prepared], InfillFormat(engine.name), True, None, without_done
+            )
+        return await _respond(
+            state,
+            request,
+            [prepared],
+            InfillFormat(engine.name),
+            False,
+            lambda o: infill_body(o[0], engine.name),
+        )
+
+
+def _with_suffix(engine, prompt: str | list[int], suffix: str) -> list[int]:
+    """A completion prompt filled in the middle before `suffix` (text prompts only)."""
+    if not isinstance(prompt, str):
+        raise ApiError(400, "suffix needs text prompts, not token ids", param="suffix", code="invalid_value")
+    return infill_prompt(engine, prompt, suffix, param="suffix")
+
+
 def _envelope(fmt, outcomes: list[Outcome]) -> dict:
     """The fields every OpenAI completion response shares: id, created, model, usage."""
     return {
@@ -486,10 +532,16 @@ def _prepare(
 
 
 async def _respond(
-    state: ServerState, request: Request, prepared: list[Prepared], fmt: Format, stream: bool, build
+    state: ServerState,
+    request: Request,
+    prepared: list[Prepared],
+    fmt: Format,
+    stream: bool,
+    build,
+    events=None,
 ):
-    """Admit the request's generations (all or none), then stream them or collect them; a disconnect
-    cancels them."""
+    """Admit the request's generations (all or none), then stream them (through `events`, a filter of
+    the event stream, when given) or collect them; a disconnect cancels them."""
     arrival = request.scope.get("yue.arrival") or time.perf_counter()
     scheduler = state.scheduler
     try:
@@ -506,7 +558,8 @@ async def _respond(
             scheduler.cancel(job)
 
     if stream:
-        return EventStream(sse_events(choices, fmt), on_close=cancel_all)
+        stream_events = sse_events(choices, fmt)
+        return EventStream(events(stream_events) if events else stream_events, on_close=cancel_all)
     try:
         task = asyncio.ensure_future(asyncio.gather(*(collect(c) for c in choices)))
         while not (await asyncio.wait({task}, timeout=0.25))[0]:

@@ -41,7 +41,10 @@ _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 # is not simply ours with `yue:` for `yue_`. vLLM renamed a few over its versions: both names are kept.
 VLLM_NAMES: dict[str, tuple[str, ...]] = {
     # vLLM v0's per-token histogram, and V1's name for it.
-    "yue_inter_token_latency_seconds": ("yue:inter_token_latency_seconds", "yue:time_per_output_token_seconds"),
+    "yue_inter_token_latency_seconds": (
+        "yue:inter_token_latency_seconds",
+        "yue:time_per_output_token_seconds",
+    ),
     # vLLM's per-engine-step token count.
     "yue_step_tokens": ("yue:iteration_tokens_total",),
     # The prefix cache is yue's one shared K/V store (each request's own cache is preallocated).
@@ -80,7 +83,10 @@ class Metrics:
             buckets=_ITL_BUCKETS,
         )
         self.request_prompt_tokens = Histogram(
-            "yue_request_prompt_tokens", "Prompt tokens per finished request.", registry=r, buckets=_TOKEN_BUCKETS
+            "yue_request_prompt_tokens",
+            "Prompt tokens per finished request.",
+            registry=r,
+            buckets=_TOKEN_BUCKETS,
         )
         self.request_generation_tokens = Histogram(
             "yue_request_generation_tokens",
