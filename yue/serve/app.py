@@ -40,8 +40,9 @@ from yue.serve.api_error import overloaded
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
 from yue.serve.gate import Gate
-from yue.serve.infill import InfillFormat, infill_body, infill_prompt, without_done
+from yue.serve.infill import install_infill, suffixed_prompt
 from yue.serve.metrics import Metrics
+from yue.serve.pii import PiiGuard
 from yue.serve.request_fields import check_unsupported, check_unsupported_chat, completion_prompts, logit_bias
 from yue.serve.scheduler import Overloaded, Scheduler
 from yue.serve.streaming import (
@@ -103,6 +104,7 @@ class ServerState:
         self.failed: str | None = None
         self.lifespans = 0
         self.created = int(time.time())
+        self.pii: PiiGuard | None = None  # loaded with the model when --redact-pii is on
         mb = config.prefix_cache_mb
         self.prefix_cache = PrefixCache(mb * MIB) if mb else None
         self.metrics = Metrics(
@@ -118,6 +120,8 @@ class ServerState:
         if self.scheduler is not None:
             return
         try:
+            if self.config.redact_pii != "off" and self.pii is None:
+                self.pii = await asyncio.to_thread(PiiGuard)
             if self.engine is None:
                 self.engine = await asyncio.to_thread(self.loader)
             # An override given by the caller; None: the model's own (`Engine.chat_prompt`).
@@ -162,6 +166,20 @@ class ServerState:
                 503, message, type="service_unavailable_error", code=status, headers=self.retry_after
             )
         return self.engine
+
+    def screen(self, text: str, where: str) -> str:
+        """A prompt's text on its way to the model: logged (at debug), redacted in the log with
+        `--redact-pii logs` and in the prompt too with `prompts`; returns what the model gets."""
+        redact_prompt = self.config.redact_pii == "prompts"
+        if not (redact_prompt or log.isEnabledFor(logging.DEBUG)):
+            return text
+        clean = text
+        if self.pii is not None:
+            start = time.perf_counter()
+            clean = self.pii.redact(text)
+            self.metrics.pii.observe(time.perf_counter() - start)
+        log.debug("prompt (%s): %r", where, clean)
+        return clean if redact_prompt else text
 
     @property
     def retry_after(self) -> dict[str, str]:
@@ -213,7 +231,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     _install_completions(app, state)
     _install_chat_completions(app, state)
     _install_generate(app, state)
-    _install_infill(app, state)
+    install_infill(app, state, _prepare, _respond)
 
 
 def _install_info_routes(app: FastAPI, state: ServerState) -> None:
@@ -259,9 +277,10 @@ def _install_completions(app: FastAPI, state: ServerState) -> None:
         engine = _check_model(state, body.model)
         check_unsupported(body)
         prompts = completion_prompts(body.prompt, engine)  # no tokenizing yet
-        if body.suffix:  # fill in the middle: each text prompt is the prefix (yue.serve.infill)
-            prompts = [_with_suffix(engine, p, body.suffix) for p in prompts]
         check_choices(state.config, len(prompts), body.n)
+        if body.suffix:  # fill in the middle: each text prompt is the prefix (yue.serve.infill)
+            texts = prompts
+            prompts = await asyncio.to_thread(lambda: [suffixed_prompt(state, p, body.suffix) for p in texts])
         # max_tokens 0 with echo: score the prompt, generate nothing (the config is checked as for 1).
         only_score = body.max_tokens == 0
         checked = body.model_copy(update={"max_tokens": 1}) if only_score else body
@@ -383,48 +402,6 @@ def _install_generate(app: FastAPI, state: ServerState) -> None:
         return await _respond(state, request, [prepared], fmt, body.stream, lambda o: generate_body(o[0]))
 
 
-def _install_infill(app: FastAPI, state: ServerState) -> None:
-    """llama.cpp's /infill (what editor plugins speak): prefix, suffix and other files' chunks in, the
-    middle out, through the model's FIM tokens (yue.serve.infill)."""
-
-    @app.post("/infill", responses=_ERRORS | _STREAM)
-    async def infill(body: s.InfillRequest, request: Request):
-        engine = state.ready()
-        extra = [(c.filename, c.text) for c in body.input_extra]
-
-        def prepare() -> Prepared:
-            ids = infill_prompt(
-                engine,
-                body.input_prefix,
-                body.input_suffix,
-                param="input_suffix",
-                extra=extra,
-                start=body.prompt,
-            )
-            return _prepare(state, body, ids, "input_prefix", default_max_tokens=128, temperature=None)
-
-        prepared = await asyncio.to_thread(prepare)
-        if body.stream:
-            return await _respond(
-                state, request, [prepared], InfillFormat(engine.name), True, None, without_done
-            )
-        return await _respond(
-            state,
-            request,
-            [prepared],
-            InfillFormat(engine.name),
-            False,
-            lambda o: infill_body(o[0], engine.name),
-        )
-
-
-def _with_suffix(engine, prompt: str | list[int], suffix: str) -> list[int]:
-    """A completion prompt filled in the middle before `suffix` (text prompts only)."""
-    if not isinstance(prompt, str):
-        raise ApiError(400, "suffix needs text prompts, not token ids", param="suffix", code="invalid_value")
-    return infill_prompt(engine, prompt, suffix, param="suffix")
-
-
 def _envelope(fmt, outcomes: list[Outcome]) -> dict:
     """The fields every OpenAI completion response shares: id, created, model, usage."""
     return {
@@ -486,6 +463,8 @@ def _prepare(
 ) -> Prepared:
     """Request fields -> a validated `DecodeConfig` within the server's limits (or a 400)."""
     engine = state.engine
+    if isinstance(prompt, str):
+        prompt = state.screen(prompt, prompt_param)
     try:
         ids = engine.encode(prompt) if isinstance(prompt, str) else prompt
     except ValueError as e:  # text the tokenizer cannot take (a lone UTF-16 surrogate, `YueTokenizer.encode`)

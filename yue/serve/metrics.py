@@ -130,7 +130,11 @@ class Metrics:
         self.router = Counter(
             "yue_router_decisions", "Drafted block positions by the path chosen.", ["mode"], registry=r
         )
-        # Continuous batching: how many requests each decode step served, what it wrote, how long it took.
+        self._add_step_metrics(r)
+
+    def _add_step_metrics(self, r: CollectorRegistry) -> None:
+        """Per decode step (continuous batching) and per prompt screened for personal data."""
+        # How many requests each decode step served, what it wrote, how long it took.
         self.batch_size = Histogram(
             "yue_batch_size", "Requests stepped together per decode step.", registry=r, buckets=_BATCH_BUCKETS
         )
@@ -142,6 +146,12 @@ class Metrics:
         )
         self.step_time = Histogram(
             "yue_step_seconds", "Wall time of a decode step.", registry=r, buckets=_ITL_BUCKETS
+        )
+        self.pii = Histogram(
+            "yue_pii_redaction_seconds",
+            "Time to find and redact personal data in a prompt.",
+            registry=r,
+            buckets=_ITL_BUCKETS,
         )
 
     def step(self, report: BatchStep, seconds: float) -> None:
