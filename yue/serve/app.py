@@ -11,6 +11,9 @@ Design decisions:
   is replaced by 400 (in the handlers and in the OpenAPI document); a 500 never shows a traceback.
 - API key and body size are checked by a pure ASGI middleware (`Gate`) before anything parses the
   body; it counts bytes as they arrive, so a chunked body cannot slip past the limit.
+- Every prompt's text passes `ServerState.screen` before it is tokenized: logged at debug, and with
+  `--redact-pii` redacted in the log or in the prompt too (serve/pii.py). llama.cpp's `/infill` and
+  completions' `suffix` build a fill-in-the-middle prompt from the model's FIM tokens (serve/infill.py).
 - `create_app` takes an engine or a loader; with a loader the model loads in the background and
   `/health` answers 503 until it is ready (and again while draining after SIGTERM, see server.py).
 """
