@@ -249,6 +249,21 @@ def test_each_app_has_its_own_metrics_registry_with_the_documented_names(tiny_en
         assert f"\n{name}" in text_a, name
     assert metric(text_a, "yue_spec_decode_num_accepted_tokens_per_pos_total", position="1") >= 0
     assert 'position="1"' in text_a
+    # vLLM's names (`yue:` for `vllm:`), from the same samples as ours
+    assert metric(text_a, "yue:generation_tokens_total") == r["tokens"]
+    assert metric(text_a, "yue:spec_decode_num_draft_tokens_total") == r["drafted"]
+    assert metric(text_a, "yue:time_per_output_token_seconds_count") == metric(
+        text_a, "yue_inter_token_latency_seconds_count"
+    )
+    for name in ["yue:num_requests_running", "yue:iteration_tokens_total_count", "yue:kv_cache_usage_perc"]:
+        assert f"\n{name}" in text_a, name
+    assert (
+        sum(
+            metric(text_a, "yue:generation_tokens_by_source_total", source=w)
+            for w in ("nar", "copy", "corpus", "ar")
+        )
+        == r["tokens"]
+    )
     # vLLM's labels: every sample names the served model
     samples = [s for f in text_string_to_metric_families(text_a) for s in f.samples]
     assert samples and all(s.labels.get("model_name") == tiny_engine.name for s in samples)
@@ -472,7 +487,9 @@ def test_chat_pieces_split_each_delta_by_the_path_that_wrote_it(client):
     events = parse_sse(client.post("/v1/chat/completions", json=body).text)
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
     with_pieces = [d for d in deltas if "pieces" in d]
-    assert with_pieces and all("".join(t for t, _ in d["pieces"]) == d.get("content", "") for d in with_pieces)
+    assert with_pieces and all(
+        "".join(t for t, _ in d["pieces"]) == d.get("content", "") for d in with_pieces
+    )
     assert {s for d in with_pieces for _, s in d["pieces"]} <= {"ar", "nar"}
     plain = parse_sse(client.post("/v1/chat/completions", json=body | {"pieces": False}).text)
     assert not any("pieces" in e["choices"][0]["delta"] for e in plain[:-1] if e["choices"])

@@ -147,7 +147,15 @@ CASES = [
         "logit_bias",
         "invalid_value",
     ),
-    ("suffix", "/v1/completions", OK | {"suffix": "end"}, KEY, 400, "suffix", "unsupported"),
+    (
+        "suffix-without-fim-tokens",
+        "/v1/completions",
+        OK | {"suffix": "end"},
+        KEY,
+        400,
+        "suffix",
+        "no_fim_tokens",
+    ),
     ("best-of", "/v1/completions", OK | {"best_of": 2}, KEY, 400, "best_of", "unsupported"),
     (
         "tools",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from yue.decode.loop import DecodeBatch, StepEmission, decode
 from yue.decode.modes import get_policy
 from yue.decode.prefix import PrefixCache
 from yue.decode.types import NAR_SOURCES, GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
+from yue.infill import infill_ids
 from yue.kernels import prepare_for_decoding
 from yue.kernels.file_codes import install_file_codes
 from yue.kernels.matmuls import int4_unavailable
@@ -217,6 +218,17 @@ class Engine:
         one, and an empty prompt gets one token to condition on (BOS, if there is no prefix)."""
         return self.tokenizer.encode_prompt(text)
 
+    def infill(
+        self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (), start: str = ""
+    ) -> list[int]:
+        """A fill-in-the-middle prompt's ids from the vocabulary's FIM tokens (`yue.infill.infill_ids`);
+        pass them to `generate`/`stream` as the prompt.
+
+        Raises:
+            NoFimTokens (a ValueError): the model's vocabulary has no FIM tokens.
+        """
+        return infill_ids(self.tokenizer, prefix, suffix, extra=extra, start=start, model_name=self.name)
+
     def _config(self, config: DecodeConfig | None, overrides: dict) -> DecodeConfig:
         # No mode named: the model's own default (`YueConfig.decode_mode`), filled by `resolved`.
         cfg = config or DecodeConfig()
@@ -240,7 +252,7 @@ class Engine:
 
     def stream(
         self,
-        prompt: str,
+        prompt: str | list[int],
         config: DecodeConfig | None = None,
         cancel: Callable[[], bool] | None = None,
         **overrides,
@@ -309,11 +321,11 @@ class Engine:
         return self.costs_by_use[use]
 
     def generate(
-        self, prompt: str | list[str], config: DecodeConfig | None = None, **overrides
+        self, prompt: str | list[int] | list[str], config: DecodeConfig | None = None, **overrides
     ) -> GenerationResult | list[GenerationResult]:
-        """Generate for one prompt (-> GenerationResult) or a batch of prompts (-> list, decoded together
-        with per-row acceptance; row b seeded with seed + b)."""
-        if isinstance(prompt, list):
+        """Generate for one prompt, a text or its token ids (-> GenerationResult), or a batch of texts
+        (-> list, decoded together with per-row acceptance; row b seeded with seed + b)."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             return self._generate_batch(prompt, self._config(config, overrides))
         ids, cfg = self.request(prompt, config, overrides)
         parts, tokens, trace = [], [], []

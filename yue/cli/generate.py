@@ -57,6 +57,9 @@ def generate(
         False, "--verbose", "-v", help="Print each phase's time to stderr: imports, load, first token, rest."
     ),
     server: str | None = typer.Option(None, "--server", envvar=remote.SERVER_ENV, help=remote.SERVER_HELP),
+    suffix: str | None = typer.Option(
+        None, help="Fill in the middle: PROMPT is the text before, this the text after (needs FIM tokens)."
+    ),
     load: LoadConfig | None = None,
     config: DecodeConfig | None = None,
 ) -> None:
@@ -80,7 +83,9 @@ def generate(
         import yue.engine  # noqa: F401  (timed apart from the load)
     with clock("load", "yue.load: model files, kernels, drafting tables"):
         engine = load_engine(load)
-    if engine.instruct and not raw:
+    if suffix is not None:  # the model's FIM tokens, never its chat template
+        prompt = engine.infill(prompt, suffix)
+    elif engine.instruct and not raw:
         prompt = engine.chat_prompt(_messages(prompt, system))
     elif system is not None:
         raise ValueError(f"--system needs an instruct model's chat template, which {engine.name} has not")

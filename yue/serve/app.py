@@ -11,6 +11,9 @@ Design decisions:
   is replaced by 400 (in the handlers and in the OpenAPI document); a 500 never shows a traceback.
 - API key and body size are checked by a pure ASGI middleware (`Gate`) before anything parses the
   body; it counts bytes as they arrive, so a chunked body cannot slip past the limit.
+- Every prompt's text passes `ServerState.screen` before it is tokenized: logged at debug, and with
+  `--redact-pii` redacted in the log or in the prompt too (serve/pii.py). llama.cpp's `/infill` and
+  completions' `suffix` build a fill-in-the-middle prompt from the model's FIM tokens (serve/infill.py).
 - `create_app` takes an engine or a loader; with a loader the model loads in the background and
   `/health` answers 503 until it is ready (and again while draining after SIGTERM, see server.py).
 """
@@ -40,7 +43,9 @@ from yue.serve.api_error import overloaded
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
 from yue.serve.gate import Gate
+from yue.serve.infill import install_infill, suffixed_prompt
 from yue.serve.metrics import Metrics
+from yue.serve.pii import PiiGuard
 from yue.serve.request_fields import check_unsupported, check_unsupported_chat, completion_prompts, logit_bias
 from yue.serve.scheduler import Overloaded, Scheduler
 from yue.serve.streaming import (
@@ -59,7 +64,7 @@ from yue.serve.streaming import (
 )
 
 log = logging.getLogger("yue.serve")
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate", "/infill")
 DEMO_PAGE = Path(__file__).parent / "static" / "index.html"
 _REQUEST_FIELD = {"max_new_tokens": "max_tokens"}  # DecodeConfig names that differ from the request's
 _ROLES = {"developer": "system"}  # chat roles the template knows by another name
@@ -102,6 +107,7 @@ class ServerState:
         self.failed: str | None = None
         self.lifespans = 0
         self.created = int(time.time())
+        self.pii: PiiGuard | None = None  # loaded with the model when --redact-pii is on
         mb = config.prefix_cache_mb
         self.prefix_cache = PrefixCache(mb * MIB) if mb else None
         self.metrics = Metrics(
@@ -117,6 +123,8 @@ class ServerState:
         if self.scheduler is not None:
             return
         try:
+            if self.config.redact_pii != "off" and self.pii is None:
+                self.pii = await asyncio.to_thread(PiiGuard)
             if self.engine is None:
                 self.engine = await asyncio.to_thread(self.loader)
             # An override given by the caller; None: the model's own (`Engine.chat_prompt`).
@@ -161,6 +169,20 @@ class ServerState:
                 503, message, type="service_unavailable_error", code=status, headers=self.retry_after
             )
         return self.engine
+
+    def screen(self, text: str, where: str) -> str:
+        """A prompt's text on its way to the model: logged (at debug), redacted in the log with
+        `--redact-pii logs` and in the prompt too with `prompts`; returns what the model gets."""
+        redact_prompt = self.config.redact_pii == "prompts"
+        if not (redact_prompt or log.isEnabledFor(logging.DEBUG)):
+            return text
+        clean = text
+        if self.pii is not None:
+            start = time.perf_counter()
+            clean = self.pii.redact(text)
+            self.metrics.pii.observe(time.perf_counter() - start)
+        log.debug("prompt (%s): %r", where, clean)
+        return clean if redact_prompt else text
 
     @property
     def retry_after(self) -> dict[str, str]:
@@ -207,11 +229,12 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
 
 def _install_routes(app: FastAPI, state: ServerState) -> None:
     """Every route: the demo page and the server's own (health, metrics, models), then the generation
-    endpoints (OpenAI's completions and chat completions, and yue's /generate)."""
+    endpoints (OpenAI's completions and chat completions, yue's /generate, llama.cpp's /infill)."""
     _install_info_routes(app, state)
     _install_completions(app, state)
     _install_chat_completions(app, state)
     _install_generate(app, state)
+    install_infill(app, state, _prepare, _respond)
 
 
 def _install_info_routes(app: FastAPI, state: ServerState) -> None:
@@ -257,6 +280,9 @@ def _install_completions(app: FastAPI, state: ServerState) -> None:
         check_unsupported(body)
         prompts = completion_prompts(body.prompt, engine)  # no tokenizing yet
         check_choices(state.config, len(prompts), body.n)
+        if body.suffix:  # fill in the middle: each text prompt is the prefix (yue.serve.infill)
+            texts = prompts
+            prompts = await asyncio.to_thread(lambda: [suffixed_prompt(state, p, body.suffix) for p in texts])
         # max_tokens 0 with echo: score the prompt, generate nothing (the config is checked as for 1).
         only_score = body.max_tokens == 0
         checked = body.model_copy(update={"max_tokens": 1}) if only_score else body
@@ -449,6 +475,8 @@ def _prepare(
 ) -> Prepared:
     """Request fields -> a validated `DecodeConfig` within the server's limits (or a 400)."""
     engine = state.engine
+    if isinstance(prompt, str):
+        prompt = state.screen(prompt, prompt_param)
     try:
         ids = engine.encode(prompt) if isinstance(prompt, str) else prompt
     except ValueError as e:  # text the tokenizer cannot take (a lone UTF-16 surrogate, `YueTokenizer.encode`)
@@ -495,10 +523,16 @@ def _prepare(
 
 
 async def _respond(
-    state: ServerState, request: Request, prepared: list[Prepared], fmt: Format, stream: bool, build
+    state: ServerState,
+    request: Request,
+    prepared: list[Prepared],
+    fmt: Format,
+    stream: bool,
+    build,
+    events=None,
 ):
-    """Admit the request's generations (all or none), then stream them or collect them; a disconnect
-    cancels them."""
+    """Admit the request's generations (all or none), then stream them (through `events`, a filter of
+    the event stream, when given) or collect them; a disconnect cancels them."""
     arrival = request.scope.get("yue.arrival") or time.perf_counter()
     scheduler = state.scheduler
     try:
@@ -515,7 +549,8 @@ async def _respond(
             scheduler.cancel(job)
 
     if stream:
-        return EventStream(sse_events(choices, fmt), on_close=cancel_all)
+        stream_events = sse_events(choices, fmt)
+        return EventStream(events(stream_events) if events else stream_events, on_close=cancel_all)
     try:
         task = asyncio.ensure_future(asyncio.gather(*(collect(c) for c in choices)))
         while not (await asyncio.wait({task}, timeout=0.25))[0]:

@@ -15,6 +15,9 @@ Design decisions:
 - Labels follow vLLM's, so its dashboards' queries read ours: every sample carries `model_name` (the
   served model's name, added when the exposition is written: one place, every metric), and finished
   requests are counted by `finished_reason`.
+- Every metric is also written under vLLM's naming, `yue:` for `vllm:` (`VLLM_NAMES`: vLLM's name where
+  it has one, else `yue:` + ours), so a vLLM dashboard reads yue after one substitution. The copy is
+  made when the exposition is written, from the same samples: the two names can never disagree.
 """
 
 from __future__ import annotations
@@ -32,6 +35,26 @@ from yue.decode.types import GenerationStats, StreamEvent
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+# Our family -> the vLLM-style names it is also written under (`vllm:` read as `yue:`), where vLLM's name
+# is not simply ours with `yue:` for `yue_`. vLLM renamed a few over its versions: both names are kept.
+VLLM_NAMES: dict[str, tuple[str, ...]] = {
+    # vLLM v0's per-token histogram, and V1's name for it.
+    "yue_inter_token_latency_seconds": (
+        "yue:inter_token_latency_seconds",
+        "yue:time_per_output_token_seconds",
+    ),
+    # vLLM's per-engine-step token count.
+    "yue_step_tokens": ("yue:iteration_tokens_total",),
+    # The prefix cache is yue's one shared K/V store (each request's own cache is preallocated).
+    "yue_prefix_cache_usage_perc": ("yue:kv_cache_usage_perc", "yue:gpu_cache_usage_perc"),
+}
+
+
+def vllm_names(family: str) -> tuple[str, ...]:
+    """The vLLM-style names a family is also exposed under (`yue_x` -> `yue:x` unless `VLLM_NAMES` says)."""
+    return VLLM_NAMES.get(family, ("yue:" + family.removeprefix("yue_"),))
 
 
 class Metrics:
@@ -52,6 +75,24 @@ class Metrics:
         )
         self.e2e = Histogram(
             "yue_e2e_request_latency_seconds", "Arrival to last token.", registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.tpot = Histogram(
+            "yue_request_time_per_output_token_seconds",
+            "Per request: (last token - first token) / (tokens - 1).",
+            registry=r,
+            buckets=_ITL_BUCKETS,
+        )
+        self.request_prompt_tokens = Histogram(
+            "yue_request_prompt_tokens",
+            "Prompt tokens per finished request.",
+            registry=r,
+            buckets=_TOKEN_BUCKETS,
+        )
+        self.request_generation_tokens = Histogram(
+            "yue_request_generation_tokens",
+            "Generated tokens per finished request.",
+            registry=r,
+            buckets=_TOKEN_BUCKETS,
         )
         self.queue = Histogram(
             "yue_request_queue_time_seconds",
@@ -80,10 +121,20 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.by_source = Counter(
+            "yue_generation_tokens_by_source",
+            "Generated tokens by the source that wrote them (an accepted draft counts for its proposer).",
+            ["source"],
+            registry=r,
+        )
         self.router = Counter(
             "yue_router_decisions", "Drafted block positions by the path chosen.", ["mode"], registry=r
         )
-        # Continuous batching: how many requests each decode step served, what it wrote, how long it took.
+        self._add_step_metrics(r)
+
+    def _add_step_metrics(self, r: CollectorRegistry) -> None:
+        """Per decode step (continuous batching) and per prompt screened for personal data."""
+        # How many requests each decode step served, what it wrote, how long it took.
         self.batch_size = Histogram(
             "yue_batch_size", "Requests stepped together per decode step.", registry=r, buckets=_BATCH_BUCKETS
         )
@@ -103,6 +154,12 @@ class Metrics:
         self.prefill_seconds = Counter("yue_prefill_seconds", "Seconds spent prefilling.", registry=r)
         self.decode_tokens = Counter("yue_decode_tokens", "Tokens written by decode steps.", registry=r)
         self.decode_seconds = Counter("yue_decode_seconds", "Seconds spent in decode steps.", registry=r)
+        self.pii = Histogram(
+            "yue_pii_redaction_seconds",
+            "Time to find and redact personal data in a prompt.",
+            registry=r,
+            buckets=_ITL_BUCKETS,
+        )
 
     def step(self, report: BatchStep, seconds: float) -> None:
         """Book one decode step (called on the scheduler thread)."""
@@ -130,6 +187,7 @@ class RequestTracker:
         self.arrival = arrival
         self.first_token: float | None = None
         self.last_token: float | None = None
+        self.tokens = 0
         self.done = False
         self.queue_booked = False
 
@@ -147,6 +205,7 @@ class RequestTracker:
         if not n:
             return
         self.metrics.generation_tokens.inc(n)
+        self.tokens += n
         now = time.perf_counter()
         if self.first_token is None:  # the first chunk has a TTFT, not an inter-token latency
             self.first_token = now
@@ -173,6 +232,10 @@ class RequestTracker:
         else:
             m.success.labels(finished_reason=finish_reason).inc()
             m.e2e.observe(latency)
+            m.request_prompt_tokens.observe(prompt_tokens)
+            m.request_generation_tokens.observe(self.tokens)
+            if self.tokens > 1:
+                m.tpot.observe((self.last_token - self.first_token) / (self.tokens - 1))
         m.prompt_tokens.inc(prompt_tokens)
         if stats is not None:
             self._book_stats(stats)
@@ -190,6 +253,8 @@ class RequestTracker:
         m.accepted_tokens.inc(stats.accepted)
         for pos, count in enumerate(stats.accepted_per_pos, start=1):
             m.accepted_per_pos.labels(position=str(pos)).inc(count)
+        for source, count in stats.token_sources.items():
+            m.by_source.labels(source=source).inc(count)
         for mode, count in stats.router_decisions.items():
             m.router.labels(mode=mode).inc(count)
 
@@ -226,18 +291,27 @@ class _PrefixCacheCollector:
         )
         yield GaugeMetricFamily("yue_prefix_cache_usage_bytes", "Bytes the prefix cache holds.", c.bytes)
         yield GaugeMetricFamily("yue_prefix_cache_capacity_bytes", "The prefix cache's bound.", c.max_bytes)
+        yield GaugeMetricFamily(
+            "yue_prefix_cache_usage_perc", "Prefix cache usage: 1 means full.", c.bytes / max(c.max_bytes, 1)
+        )
 
 
 class _WithModelName:
-    """A registry's metrics with `model_name` added to every sample, as vLLM labels its own."""
+    """A registry's metrics with `model_name` added to every sample, as vLLM labels its own, each family
+    written under its own name and then under its vLLM-style names (`vllm_names`)."""
 
     def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
         self.registry, self.model_name = registry, model_name
 
     def collect(self):
         for family in self.registry.collect():
-            out = Metric(family.name, family.documentation, family.type, family.unit)
-            out.samples = [
-                s._replace(labels={**s.labels, "model_name": self.model_name}) for s in family.samples
-            ]
-            yield out
+            for name in (family.name, *vllm_names(family.name)):
+                out = Metric(name, family.documentation, family.type, family.unit)
+                out.samples = [  # a sample's name is its family's plus a suffix (_total, _bucket, ...)
+                    s._replace(
+                        name=name + s.name[len(family.name) :],
+                        labels={**s.labels, "model_name": self.model_name},
+                    )
+                    for s in family.samples
+                ]
+                yield out

@@ -83,7 +83,11 @@ class ReplicaLost:
                 streaming = kind.startswith(b"text/event-stream")
                 # The proxy's own 503 past its queue: plain text with the Retry-After it was configured with
                 # (a deployment with no replica up answers a plain 503 without one: left as it is).
-                if message["status"] == 503 and b"retry-after" in headers and not kind.startswith(b"application/json"):
+                if (
+                    message["status"] == 503
+                    and b"retry-after" in headers
+                    and not kind.startswith(b"application/json")
+                ):
                     replaced = finished = True
                     return await send_error(overloaded({"Retry-After": headers[b"retry-after"].decode()}))
             elif message["type"] == "http.response.body" and not message.get("more_body", False):

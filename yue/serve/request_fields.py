@@ -26,8 +26,8 @@ def logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
 
 def check_unsupported(body: s.CompletionRequest) -> None:
     """A 400 for OpenAI completion fields yue cannot honour, rather than an answer that ignores them."""
-    if body.suffix:
-        raise ApiError(400, "suffix is not supported (no insertion)", param="suffix", code="unsupported")
+    if body.suffix and body.echo:
+        raise ApiError(400, "suffix is not supported with echo", param="suffix", code="unsupported")
     if body.best_of not in (None, 1):
         raise ApiError(400, "best_of is not supported: use n", param="best_of", code="unsupported")
     if body.max_tokens == 0 and not body.echo:

@@ -7,8 +7,8 @@ Design decisions:
   and a non-empty `messages`.
 - Unknown fields are ignored (as OpenAI-compatible servers commonly do), so clients that send
   `user`, `service_tier`, ... keep working. OpenAI fields that would change the answer are either
-  honoured (penalties, `logit_bias`, `echo`, with `logprobs` the prompt's log-probs too) or refused
-  with a 400 when set (`suffix`, `best_of` > 1, chat's `tools` / `functions` and a non-text
+  honoured (penalties, `logit_bias`, `echo`, with `logprobs` the prompt's log-probs too, `suffix`
+  through the model's FIM tokens) or refused with a 400 when set (`best_of` > 1, chat's `tools` / `functions` and a non-text
   `response_format`). `n` choices per prompt, a list of prompts and token-id
   prompts (`/v1/completions`) each become one generation of the running batch; log-probs come from
   the AR path (`DecodeConfig.logprobs`: a token committed unverified reports null).
@@ -80,7 +80,11 @@ class CompletionRequest(_OpenAI):
         description="prepend the prompt's text to each choice's; with logprobs, the prompt tokens' log-probs "
         "too (the first null); with max_tokens 0, only that: the prompt scored",
     )
-    suffix: str | None = Field(None, description="not supported: only null or empty")
+    suffix: str | None = Field(
+        None,
+        description="text after the insertion point: the prompt is filled in the middle through the model's "
+        "FIM tokens (a model without them: 400); text prompts only, not with echo",
+    )
     best_of: int | None = Field(None, description="not supported: only null or 1")
 
 
@@ -126,6 +130,30 @@ class ChatCompletionRequest(_OpenAI):
 
 class GenerateRequest(_Sampling):
     prompt: str
+
+
+class InfillExtra(_Body):
+    filename: str = ""
+    text: str
+
+
+class InfillRequest(_Sampling):
+    """llama.cpp's `/infill` body. Its other tuning fields (`cache_prompt`, `samplers`, `n_indent`,
+    `t_max_predict_ms`, ...) are ignored, as unknown fields are everywhere."""
+
+    input_prefix: str = Field("", description="the text before the cursor")
+    input_suffix: str = Field("", description="the text after the cursor")
+    input_extra: list[InfillExtra] = Field(
+        default_factory=list, description="other files' chunks, as context before the prefix"
+    )
+    prompt: str = Field("", description="text the middle starts with (after the FIM middle token)")
+    n_predict: int | None = Field(None, description="llama.cpp's max_tokens; -1 = the server's default")
+
+    @model_validator(mode="after")
+    def _n_predict(self) -> InfillRequest:
+        if self.max_tokens is None and self.n_predict is not None and self.n_predict != -1:
+            self.max_tokens = self.n_predict
+        return self
 
 
 class Usage(BaseModel):
