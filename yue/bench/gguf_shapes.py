@@ -77,6 +77,8 @@ class Shape:
     sliding_window: int | None = None
 
 
+# fmt: off
+# name, arch, layers, hidden, intermediate, heads, kv heads, head_dim, vocab, context, theta, eps, tied, ...
 SHAPES = {
     s.name: s
     for s in (
@@ -89,6 +91,7 @@ SHAPES = {
         Shape("tiny", "llama", 2, 256, 512, 4, 2, 64, 49280, 4096, 500000.0, 1e-5, True, (32.0, 8192)),
     )
 }
+# fmt: on
 # Tiny variants of the other two families, for tests (Gemma's rows of 320 take the fallback types).
 SHAPES["tiny-qwen2"] = replace(SHAPES["tiny"], name="tiny-qwen2", arch="qwen2", llama3_rope=None)
 SHAPES["tiny-gemma3"] = replace(
@@ -192,7 +195,9 @@ def _values(spec: TensorSpec, s: Shape) -> np.ndarray:
         from yue.model.gguf import llama3_factors
 
         factor, old = s.llama3_rope
-        rope = dict(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=old)
+        rope = dict(
+            factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=old
+        )
         return llama3_factors(s.rope_theta, s.head_dim, rope)
     fill = 0.0 if spec.name.endswith(".bias") else 1.0
     return np.full(spec.shape, fill, dtype=np.float32)
@@ -211,7 +216,9 @@ def smollm2_gguf() -> Path:
 @functools.cache  # parsing the file takes seconds: once per process
 def _smollm2_tokenizer() -> tuple[tuple[str, object, gguf.GGUFValueType], ...]:
     reader = gguf.GGUFReader(smollm2_gguf())
-    return tuple((k, f.contents(), f.types[0]) for k, f in reader.fields.items() if k.startswith("tokenizer."))
+    return tuple(
+        (k, f.contents(), f.types[0]) for k, f in reader.fields.items() if k.startswith("tokenizer.")
+    )
 
 
 def tokenizer_fields(vocab: int) -> Iterator[tuple[str, object, gguf.GGUFValueType]]:
@@ -221,7 +228,12 @@ def tokenizer_fields(vocab: int) -> Iterator[tuple[str, object, gguf.GGUFValueTy
             if len(value) > vocab:
                 raise ValueError(f"vocab: {vocab} is below the tokenizer's {len(value)} tokens")
             pad = range(len(value), vocab)
-            value = value + [f"[PAD{i}]" for i in pad] if key.endswith("tokens") else [int(gguf.TokenType.UNUSED)] * len(pad)
+            extra = (
+                [f"[PAD{i}]" for i in pad]
+                if key.endswith("tokens")
+                else [int(gguf.TokenType.UNUSED)] * len(pad)
+            )
+            value = value + extra
         yield key, value, kind
 
 
