@@ -113,7 +113,9 @@ def _curve_llamacpp(llm) -> list[float]:
     def step(k: int):
         def call():
             llm._ctx.kv_cache_seq_rm(-1, CURVE_CONTEXT, -1)  # roll back: the cache holds the context only
-            llm._batch.set_batch(batch=ids[CURVE_CONTEXT : CURVE_CONTEXT + k], n_past=CURVE_CONTEXT, logits_all=True)
+            llm._batch.set_batch(
+                batch=ids[CURVE_CONTEXT : CURVE_CONTEXT + k], n_past=CURVE_CONTEXT, logits_all=True
+            )
             llm._ctx.decode(llm._batch)
 
         return call
