@@ -140,13 +140,14 @@ class PeerResult:
     page_cache: str = "warm"
     runs: dict[int, list[dict]] = field(default_factory=dict)
     skipped: str | None = None
+    extra_buffers: bool | None = None  # llama.cpp's extra CPU buffer types (off where they crash)
 
     def values(self, threads: int, key: str) -> list[float]:
         return [r[key] for r in self.runs.get(threads, []) if key in r]
 
 
 def measure_peer(peer: str, path: Path, cfg: SizesConfig, extra: bool | None, log: Callable) -> PeerResult:
-    out = PeerResult()
+    out = PeerResult(extra_buffers=extra)
     base = dict(peer=peer, path=str(path), ctx_size=cfg.ctx_size, prompt=PROMPT, extra_buffers=extra)
     files = [path] + (_yue_cache_files() if peer == "yue" else [])
     out.page_cache = "evicted (posix_fadvise DONTNEED)" if evict(files) else "page cache warm"
@@ -205,6 +206,8 @@ def shape_document(shape, path: Path, peers: dict[str, PeerResult], bw: dict[int
     }
     for name, p in peers.items():
         d = {"skipped": p.skipped, "page_cache": p.page_cache, "load_cold_s": p.cold.get("load_s")}
+        if name == "llamacpp":
+            d["extra_buffers"] = p.extra_buffers
         d["load_plus_8_cold_s"] = p.cold.get("load_plus_8_s")
         d["peak_rss_mb"] = max((r.get("peak_rss_mb", 0) for rs in p.runs.values() for r in rs), default=None)
         for t in cfg.threads:
