@@ -70,7 +70,7 @@ def test_q4_k_m_types_follow_llama_cpp_rules():
     assert specs["blk.0.attn_q.weight"] == Q.Q4_K
     gemma = {t.name: t.qtype for t in gguf_shapes.tensor_specs(SHAPES["gemma-3-1b"])}
     assert gemma["token_embd.weight"] == Q.Q8_0 and gemma["blk.1.attn_q.weight"] == Q.Q5_0  # rows of 1152
-    assert gemma["blk.1.ffn_down.weight"] == Q.Q4_K  # rows of 6912 = 27 x 256
+    assert gemma["blk.4.ffn_down.weight"] == Q.Q4_K  # rows of 6912 = 27 x 256
     # A real Llama 3.2 1B Q4_K_M is ~0.81 GB, a Llama 3.1 8B ~4.9 GB.
     assert 0.75e9 < gguf_shapes.file_bytes(SHAPES["llama-3.2-1b"]) < 0.85e9
     assert 4.8e9 < gguf_shapes.file_bytes(SHAPES["llama-3.1-8b"]) < 5.0e9
