@@ -124,3 +124,31 @@ def eval_cmd(
 
     set_threads(load.threads)
     typer.echo(json.dumps(evaluate_model(resolve(load.model), config)))
+
+
+@app.command("bench-sizes")
+@user_errors
+def bench_sizes_cmd(
+    shapes: str = typer.Option("llama-3.2-1b", help="Comma-separated shapes (yue.bench.gguf_shapes.SHAPES)."),
+    threads: str = typer.Option("1,2", help="Comma-separated thread counts."),
+    repeats: int = typer.Option(3, help="Speed runs (fresh processes) per thread count, for the spread."),
+    tokens: int = typer.Option(32, help="Timed new tokens per run."),
+    ctx_size: int = typer.Option(4096, help="KV cache length both peers allocate."),
+    peers: str = typer.Option("yue,llamacpp", help="Comma-separated: yue, llamacpp."),
+    out: Path | None = typer.Option(None, help="Also write the JSON document here."),
+) -> None:
+    """yue vs llama.cpp on random-weight GGUFs of real shapes (speed and memory only); JSON last."""
+    from yue.bench.sizes import SizesConfig, print_report, run_sizes
+
+    def csv(s: str) -> tuple[str, ...]:
+        return tuple(x.strip() for x in s.split(",") if x.strip())
+
+    try:
+        thread_counts = tuple(int(x) for x in csv(threads))
+    except ValueError:
+        raise ValueError(f"threads: {threads!r} is not a comma-separated list of integers") from None
+    config = SizesConfig(csv(shapes), thread_counts, repeats, tokens, ctx_size, csv(peers))
+    doc = run_sizes(config, log=lambda s: typer.echo(f"[bench-sizes] {s}", err=True))
+    line = print_report(doc)
+    if out is not None:
+        out.write_text(line + "\n")

@@ -37,6 +37,7 @@ COMMANDS = {
     "distill-recipe": "distill",
     "bench": "bench",
     "bench-serve": "bench",
+    "bench-sizes": "bench",
     "eval": "bench",
 }
 
