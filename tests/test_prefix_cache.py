@@ -365,7 +365,9 @@ def test_the_server_answers_a_short_chats_next_turn_from_blocks_as_without_the_c
     from tests.test_serve import _wait_ready, metric
     from yue.serve import ServeConfig, create_app
 
-    engine = yue.load(tiny_gguf.path)
+    engine = yue.load(
+        tiny_gguf.path, dtype="float32"
+    )  # float32 on 4-bit codes; the file precision is not measured for blocks yet
     assert split_exact(engine.model)
     first = [
         {"role": "system", "content": "You answer questions about the sea, briefly and kindly. " * 2},

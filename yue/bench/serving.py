@@ -322,8 +322,7 @@ def bench_serve(
     precision: str = "float32",
 ) -> ServeBench:
     """Measure the server at each max_batch_size and client count (see the module docstring); one server
-    per size, all started first, idle while another is measured. With `cfg.chat_turns`, the chat bench
-    instead (`bench_chat`).
+    per size, all started first, idle while another is measured. (`cfg.chat_turns` is `bench.chat`'s.)
 
     Each level sends max(8, clients * requests_per_client) requests a round over the first `cfg.n_prompts`
     held-out code prompts (cycled), or over `prompts` when given. `precision`: the engine's, as loaded
@@ -332,10 +331,6 @@ def bench_serve(
     from yue.serve import ServeConfig
     from yue.serve.server import LocalServer
 
-    if cfg.chat_turns:
-        from yue.bench.chat import bench_chat
-
-        return bench_chat(engine, cfg, prompts=prompts, log=log, precision=precision)
     mode, max_tokens = cfg.mode, cfg.max_tokens
     if prompts is None:
         prompts = [row["prompt"] for _, row in iter_jsonl(CODE_TEST)][: cfg.n_prompts]

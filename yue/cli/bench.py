@@ -69,12 +69,13 @@ def bench_serve_cmd(
     """Tokens/s (prefill and decode apart) and time to first token of `yue serve` under concurrent
     streamed clients; with --chat-turns N, time to first token per turn of N-turn chats with the prefix
     cache and without. JSON last."""
-    from yue.bench.chat import chat_report
+    from yue.bench.chat import bench_chat, chat_report
     from yue.bench.serving import bench_serve, report
     from yue.engine import load_from
 
     engine = load_from(load)
-    result = bench_serve(
+    run = bench_chat if config.chat_turns else bench_serve  # the chat bench, or the levels
+    result = run(
         engine, config, log=lambda s: typer.echo(f"[bench-serve] {s}", err=True), precision=load.dtype
     )
     if config.chat_turns:
