@@ -112,7 +112,7 @@ def _parses_as_serve(args: list[str]) -> dict:
     """`yue <args>` parsed by the real command (types and option names checked); its parameters."""
     command = typer.main.get_command(cli_app)
     assert args[0] == "serve"
-    ctx = command.commands["serve"].make_context("serve", list(args[1:]))
+    ctx = command.get_command(None, "serve").make_context("serve", list(args[1:]))
     return ctx.params
 
 
