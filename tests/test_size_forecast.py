@@ -17,7 +17,14 @@ spec.loader.exec_module(sf)
 
 def step(source: str, drafted: int, accepted: int, draft_pass: bool = False, prefill: bool = False) -> dict:
     tokens = 1 if prefill else accepted + 1
-    return dict(source=source, drafted=drafted, accepted=accepted, tokens=tokens, draft_pass=draft_pass, prefill=prefill)
+    return dict(
+        source=source,
+        drafted=drafted,
+        accepted=accepted,
+        tokens=tokens,
+        draft_pass=draft_pass,
+        prefill=prefill,
+    )
 
 
 def test_price_of_a_hand_made_trace_is_the_hand_computed_ratio():

@@ -197,7 +197,8 @@ def without_nar(steps: list[dict]) -> list[dict]:
     out = []
     for s in steps:
         if s["source"] == "nar" and not s.get("prefill"):
-            out += [{**s, "source": "", "drafted": 0, "accepted": 0, "tokens": 1, "draft_pass": False}] * s["tokens"]
+            ar_step = {**s, "source": "", "drafted": 0, "accepted": 0, "tokens": 1, "draft_pass": False}
+            out += [ar_step] * s["tokens"]
         else:
             out.append({**s, "draft_pass": False})
     return out
@@ -222,9 +223,6 @@ def by_source(steps: list[dict]) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # Curves from the command line and from `yue bench-sizes`'s JSON.
-
-# The figures measured in issue 59's text (yue int4 and llama.cpp at Llama 3.2 1B's shape, one thread).
-ISSUE_59 = {"llama-3.2-1b": {"yue": {2: 1.15, 3: 1.47, 4: 1.84, 8: 3.24}, "llamacpp": {2: 1.73, 4: 3.30, 8: 6.81}}}
 
 
 def parse_curve(arg: str) -> Curve:
@@ -315,7 +313,9 @@ def collect(name: str, n_prompts: int, tokens: int) -> dict:
     runs = []
     for ids in prompts:
         v, a = run(engine, ids, cfg), run(engine, ids, ar_cfg)
-        runs.append({"steps": v["steps"], "equal": v["ids"] == a["ids"], "verified_s": v["s"], "ar_s": a["s"]})
+        runs.append(
+            {"steps": v["steps"], "equal": v["ids"] == a["ids"], "verified_s": v["s"], "ar_s": a["s"]}
+        )
     config = engine.model.config
     nar_layers = config.num_hidden_layers if config.nar_layers is None else config.nar_layers
     own = Curve(
@@ -414,7 +414,7 @@ def table(trace: dict, rows: list[dict]) -> str:
             f"{k}: {v['steps']} steps, drafted {v['drafted']}, accepted {v['accepted']}, {v['token_share']:.0%} of tokens"
             for k, v in by_source([s for r in runs for s in r["steps"]]).items()
         ),
-        f"| curve | rows 2/3/5/9 | drafting pass | verified ÷ ar | without the NAR set |",
+        "| curve | rows 2/3/5/9 | drafting pass | verified ÷ ar | without the NAR set |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
