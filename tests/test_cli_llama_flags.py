@@ -4,27 +4,16 @@ that loads a model: each another name of one config field, so it means the same 
 from __future__ import annotations
 
 import importlib
-from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.test_cli_options import _Engine
 from yue.cli import app
 from yue.settings import DecodeConfig, LoadConfig
 
 SHORT = ["-t", "2", "-c", "512", "-n", "5", "--temp", "0.7", "--seed", "3"]
 LONG = ["--threads", "2", "--ctx-size", "512", "--max-new-tokens", "5", "--temperature", "0.7", "--seed", "3"]
-
-
-class _Engine:
-    instruct, name, default_mode = False, "stub", "ar"
-
-    def __init__(self) -> None:
-        self.configs: list = []
-
-    def generate(self, prompt, config):
-        self.configs.append(config)
-        return SimpleNamespace(text="done", trace=[], stats=None)
 
 
 def _stub_loads(monkeypatch) -> tuple[list, _Engine]:

@@ -162,7 +162,7 @@ def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
 def test_llama3_rope_parameters_come_back_from_llama_cpp_factors_or_the_file_is_refused(tmp_path):
     """A GGUF keeps Llama 3's RoPE scaling as llama.cpp's per-frequency factors (`rope_freqs`): Llama
     3.1's parameters are read back from them exactly; factors no parameters give are refused by name."""
-    from yue.model.gguf import llama3_factors, llama3_rope_parameters
+    from yue.model.gguf_names import llama3_factors, llama3_rope_parameters
 
     llama31 = dict(
         rope_type="llama3",
@@ -218,7 +218,7 @@ def test_a_llama3_ar_set_exports_as_transformers_llama_and_other_families_are_re
 
 
 def test_a_gguf_with_a_logit_softcap_is_refused_by_name(tmp_path):
-    from yue.model.gguf import config_from_gguf
+    from yue.model.gguf_names import config_from_gguf
 
     metadata = {
         "general.architecture": "gemma3",

@@ -25,17 +25,9 @@ import torch
 import yue
 from yue.bench import llamacpp
 from yue.bench.prompts import load_prompts
+from yue.decode.sources import common_prefix
 from yue.model.hf import model_files
 from yue.registry import resolve
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def main() -> None:

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from yue.bench import gguf_shapes
+
 HEADER = (
     "SIMULATION, not a measurement: the acceptance traces are the small models' own (real `verified` "
     "runs on held-out prompts), the step costs are another model's cost curve; the forecast prices the "
@@ -53,43 +55,13 @@ ROWS = 9  # a verifying step's rows: 1 (a plain AR step) .. 9 (K = 8 drafts)
 Q4K, Q6K = 144 / 256, 210 / 256
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The sizes a step's weight bytes follow (as `yue/bench/gguf_shapes.py`'s shapes state them)."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-
-    def head_share(self) -> float:
-        """The head's share of the bytes a one-row step streams (Q4_K_M-like file; the embedding table
-        is read a row at a time, so it is not streamed even where it is tied to the head)."""
-
-        def more_bits(i: int) -> bool:  # llama.cpp's use_more_bits
-            n = self.layers
-            return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-        q, kv = self.heads * self.head_dim * self.hidden, self.kv_heads * self.head_dim * self.hidden
-        ffn = self.hidden * self.intermediate
-        layers = 0.0
-        for i in range(self.layers):
-            v, down = (Q6K, Q6K) if more_bits(i) else (Q4K, Q4K)
-            layers += 2 * q * Q4K + kv * Q4K + kv * v + 2 * ffn * Q4K + ffn * down
-        head = self.vocab * self.hidden * Q6K
-        return head / (head + layers)
-
-
-SHAPES = {
-    "llama-3.2-1b": Shape(16, 2048, 8192, 32, 8, 64, 128256),
-    "llama-3.2-3b": Shape(28, 3072, 8192, 24, 8, 128, 128256),
-    "llama-3.1-8b": Shape(32, 4096, 14336, 32, 8, 128, 128256),
-    "qwen2.5-1.5b": Shape(28, 1536, 8960, 12, 2, 128, 151936),
-    "gemma-3-1b": Shape(26, 1152, 6912, 4, 1, 256, 262144),
-}
+def head_share(shape: str) -> float:
+    """The head's share of the bytes a one-row step streams, for a `gguf_shapes` shape (its Q4_K_M-like
+    file: `gguf_shapes.bytes_per_token`; an untied embedding table is read a row at a time)."""
+    s = gguf_shapes.SHAPES[shape]
+    head = "token_embd.weight" if s.tied else "output.weight"
+    head_bytes = next(t.nbytes for t in gguf_shapes.tensor_specs(s) if t.name == head)
+    return head_bytes / gguf_shapes.bytes_per_token(s)
 
 
 @dataclass(frozen=True)
@@ -146,9 +118,9 @@ def drafting_cost(curve: Curve, nar_share: float, slots: int) -> float | None:
     known."""
     if curve.draft is not None:
         return curve.draft
-    if curve.shape not in SHAPES:
+    if curve.shape not in gguf_shapes.SHAPES:
         return None
-    head = SHAPES[curve.shape].head_share()
+    head = head_share(curve.shape)
     return (nar_share * (1 - head) + head) * row_cost(curve.rows, slots)
 
 
@@ -472,8 +444,8 @@ def main() -> None:
     for c in curves:
         if c.note:
             print(f"curve {c.name}: {c.note}")
-    for name, shape in SHAPES.items():
-        print(f"head share of a step's bytes, {name} (Q4_K_M-like): {shape.head_share():.3f}")
+    for name in ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen2.5-1.5b", "gemma-3-1b"):
+        print(f"head share of a step's bytes, {name} (Q4_K_M-like): {head_share(name):.3f}")
     report = {"header": HEADER, "assumptions": assumptions, "models": []}
     for trace in traces:
         if "skipped" in trace:

@@ -29,7 +29,15 @@ import torch
 
 from yue.bench.metrics import percentile
 from yue.bench.prompts import CODE_TEST
-from yue.bench.serving import ChatTurn, ServeBench, ServeBenchConfig, _counters, client_process, interleaved
+from yue.bench.serving import (
+    ChatTurn,
+    ServeBench,
+    ServeBenchConfig,
+    _counters,
+    client_process,
+    interleaved,
+    stream_timed,
+)
 from yue.jsonl import iter_jsonl
 
 # The chat bench's system prompt (~260 tokens on yue's tokenizers): what a coding assistant's deployment
@@ -65,29 +73,8 @@ def chat_conversations(prompts: Sequence[str], n: int, turns: int, round_: int) 
 
 def _chat_turn(client: httpx.Client, url: str, messages: list[dict], mode: str, max_tokens: int):
     """One streamed chat completion: (text, seconds to the first content chunk, prompt tokens)."""
-    body = {
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "mode": mode,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    ttft, parts, prompt_tokens = None, [], 0
-    with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                prompt_tokens = chunk["usage"]["prompt_tokens"]
-            for choice in chunk.get("choices", []):
-                if choice.get("delta", {}).get("content"):
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    parts.append(choice["delta"]["content"])
-    return "".join(parts), ttft if ttft is not None else time.perf_counter() - t0, prompt_tokens
+    body = {"messages": messages, "max_tokens": max_tokens, "mode": mode}
+    return stream_timed(client, url, "/v1/chat/completions", body, "content", "prompt_tokens")
 
 
 def _chats(url: str, conversations: list[list[str]], mode: str, max_tokens: int, think_s: float, system: str):

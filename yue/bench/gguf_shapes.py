@@ -192,7 +192,7 @@ def random_blocks(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
 def _values(spec: TensorSpec, s: Shape) -> np.ndarray:
     """A float32 tensor's values: norms 1, biases 0, Llama 3's RoPE factors as the converter writes them."""
     if spec.name == "rope_freqs.weight":
-        from yue.model.gguf import llama3_factors
+        from yue.model.gguf_names import llama3_factors
 
         factor, old = s.llama3_rope
         rope = dict(

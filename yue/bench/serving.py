@@ -187,33 +187,35 @@ class ServeBench:
         ]
 
 
-def _complete(
-    client: httpx.Client, url: str, prompt: str, mode: str, max_tokens: int
-) -> tuple[str, float, int]:
-    """One streamed completion: (text, seconds to the first text chunk, completion tokens)."""
-    body = {
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "mode": mode,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def stream_timed(client: httpx.Client, url: str, route: str, body: dict, text: str, usage: str):
+    """One streamed OpenAI request to `route` (greedy, usage included): (its text, seconds to the first
+    text chunk, the usage's `usage` count). `text`: where a chunk's choice holds its text (`text` for
+    completions, `content` of `delta` for chat)."""
+    body = body | {"temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    ttft, parts, tokens = None, [], 0
-    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+    ttft, parts, count = None, [], 0
+    with client.stream("POST", f"{url}{route}", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+                count = chunk["usage"][usage]
             for choice in chunk.get("choices", []):
-                if choice.get("text"):
+                piece = choice.get("delta", {}).get("content") if text == "content" else choice.get("text")
+                if piece:
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    parts.append(choice["text"])
-    return "".join(parts), ttft if ttft is not None else time.perf_counter() - t0, tokens
+                    parts.append(piece)
+    return "".join(parts), ttft if ttft is not None else time.perf_counter() - t0, count
+
+
+def _complete(
+    client: httpx.Client, url: str, prompt: str, mode: str, max_tokens: int
+) -> tuple[str, float, int]:
+    """One streamed completion: (text, seconds to the first text chunk, completion tokens)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "mode": mode}
+    return stream_timed(client, url, "/v1/completions", body, "text", "completion_tokens")
 
 
 def _level(

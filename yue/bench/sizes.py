@@ -14,13 +14,12 @@ Design decisions:
   min(yue)/max(llama.cpp) .. max(yue)/min(llama.cpp) over the repeats.
 - The ceiling: this machine's bandwidth (torch.sum over 2 GiB, per thread count) / the bytes one
   decode step reads (`gguf_shapes.bytes_per_token`).
-- yue is skipped on a shape whose load would not fit in memory: today's loader dequantizes to float32
-  (~7x the file); a loader taking `ctx_size` (the in-place one) is assumed to need ~1.5x.
+- A shape that will not fit in memory is refused by `yue.load` itself before it allocates
+  (`gguf_load.check_memory`); the run reports the child's one-line error as that peer's skip.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import statistics
@@ -108,28 +107,7 @@ def evict(paths: list[Path]) -> bool:
 def _yue_cache_files() -> list[Path]:
     from yue.registry import cache_root
 
-    return [p for p in (cache_root() / "gguf").rglob("*") if p.is_file()]
-
-
-def _mem_available() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def yue_fits(shape: gguf_shapes.Shape) -> str | None:
-    """Why yue must not load this shape here (its float32 copy would not fit), or None."""
-    import yue
-
-    factor = 1.5 if "ctx_size" in inspect.signature(yue.load).parameters else 7.5
-    need, free = gguf_shapes.file_bytes(shape) * factor, _mem_available()
-    if free is not None and need > 0.8 * free:
-        return f"yue's loader would need ~{need / 1e9:.1f} GB here ({free / 1e9:.1f} GB available)"
-    return None
+    return [p for p in (cache_root() / "gguf-index").rglob("*") if p.is_file()]
 
 
 @dataclass
@@ -247,7 +225,7 @@ def run_sizes(cfg: SizesConfig, log: Callable[[str], None] = lambda s: None) -> 
         path = gguf_shapes.ensure_gguf(name, log=log)
         peers: dict[str, PeerResult] = {}
         for peer in cfg.peers:
-            why = yue_fits(shape) if peer == "yue" else llamacpp.unavailable(str(path))
+            why = None if peer == "yue" else llamacpp.unavailable(str(path))
             if why is not None:
                 doc["skipped"][f"{peer}/{name}"] = why
                 log(f"{peer} skipped on {name}: {why}")

@@ -19,7 +19,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 import time
@@ -59,19 +58,11 @@ class WorkerSpec:
 
 
 def load_yue(path: str, threads: int, ctx_size: int):
-    """`yue.load(path, dtype=None)`, with `ctx_size` and `threads` where the loader takes them."""
-    import torch
-
+    """`yue.load(path)` in its default precision (a lone GGUF: the file's own codes) with `ctx_size` and
+    `threads`; a file that will not fit stops there, naming what it needs (`gguf_load.check_memory`)."""
     import yue
 
-    torch.set_num_threads(threads)
-    params = inspect.signature(yue.load).parameters
-    kw = {"dtype": None}
-    if "ctx_size" in params:
-        kw["ctx_size"] = ctx_size
-    if "threads" in params:
-        kw["threads"] = threads
-    return yue.load(path, **kw)
+    return yue.load(path, ctx_size=ctx_size, threads=threads)
 
 
 def _times_yue(engine, prompt: str, n: int) -> list[float]:

@@ -10,7 +10,7 @@ Design decisions:
   place from the file's mapping (O and down, the token table and a tied head), or into one buffer per
   run of Q/K/V or gate/up parts in one format, side by side. A Llama's Q and K rows, which llama.cpp's
   converter permuted for its interleaved RoPE, are put back in Hugging Face's rotate-half order as they
-  are read (`gguf_load.unpermute_index`).
+  are read (`gguf_names.unpermute_index`).
 - Inference only: the codes are not parameters (no gradient, nothing to save), so a model holding them
   decodes but does not train; the training commands load float32 (`yue.load(dtype="float32")`).
 - Each output row's bits depend on its input row only (the kernels' contract), so a verifying step's
@@ -23,9 +23,8 @@ import torch
 from torch import nn
 
 from yue.kernels import ggml
-from yue.model import gguf as names
+from yue.model import gguf_names as names
 from yue.model.gguf_file import GGUFFile
-from yue.model.gguf_load import unpermute_index
 
 
 class GGMLLinear(nn.Module):
@@ -147,7 +146,7 @@ def _read_side_by_side(g: GGUFFile, parts: list[str], permute: dict[str, int]) -
     for part, info in zip(parts, infos, strict=True):
         view = buffer[start : start + info.shape[0]]
         if part in permute:  # one copy: read, then gathered into place
-            order = torch.from_numpy(unpermute_index(info.shape[0], permute[part]))
+            order = torch.from_numpy(names.unpermute_index(info.shape[0], permute[part]))
             torch.index_select(
                 torch.from_numpy(g.read(part).reshape(info.shape[0], rows)), 0, order, out=view
             )

@@ -522,8 +522,23 @@ enum { W_NORM1, W_NORM2, W_QKV, W_O, W_GU, W_DOWN, W_SCALES, W_INTS, W_QNORM, W_
        W_K, W_V, W_UP };
 #define LAYER_PTRS 16
 
+/* y (R, stride) = x (R, in) times n matmuls side by side: part p (its kind and weight) writes width[p]
+ * outputs at column at[p] of each row. Q/K/V or gate/up held as matmuls of their own (a GGUF's formats
+ * differ among them, or its weights are read in place). */
+static void side_by_side(const float *x, long R, long in, int n, const int *kind, const void *const *w,
+                         const long *width, const long *at, float *y, long stride, int threads) {
+    long widest = 0;
+    for (int p = 0; p < n; p++) widest = width[p] > widest ? width[p] : widest;
+    float *part = malloc(R * widest * sizeof(float));
+    for (int p = 0; p < n; p++) {
+        layer_matmul(kind[p], x, R, in, w[p], NULL, part, width[p], threads);
+        for (long r = 0; r < R; r++) memcpy(y + r * stride + at[p], part + r * width[p], width[p] * sizeof(float));
+    }
+    free(part);
+}
+
 /* qkv (R, (H + 2 Hkv) Dh) = x (R, D) times Q/K/V: one matmul of W_QKV, or, where W_K is set, three
- * (Q's, K's, V's own weights and kinds) written side by side into each row. */
+ * (Q's, K's, V's own weights and kinds) side by side. */
 static void qkv_matmul(const float *x, const void *const *w, const struct layer_shape *s, long R, float *qkv) {
     const int *kinds = w[W_INTS];
     const long Dh = s->Dh, nq = (long)s->H * Dh, nkv = (long)s->Hkv * Dh, nqkv = nq + 2 * nkv;
@@ -534,12 +549,7 @@ static void qkv_matmul(const float *x, const void *const *w, const struct layer_
     const void *part[3] = {w[W_QKV], w[W_K], w[W_V]};
     const int kind[3] = {kinds[0], kinds[5], kinds[6]};
     const long width[3] = {nq, nkv, nkv}, at[3] = {0, nq, nq + nkv};
-    float *y = malloc(R * nq * sizeof(float));
-    for (int p = 0; p < 3; p++) {
-        layer_matmul(kind[p], x, R, s->D, part[p], NULL, y, width[p], s->threads);
-        for (long r = 0; r < R; r++) memcpy(qkv + r * nqkv + at[p], y + r * width[p], width[p] * sizeof(float));
-    }
-    free(y);
+    side_by_side(x, R, s->D, 3, kind, part, width, at, qkv, nqkv, s->threads);
 }
 
 /* The attention half's projections of rows_layer: x = norm1(h); qkv = x Wqkv (+ bias); each Q and K head
@@ -599,13 +609,11 @@ static void rows_layer(float *h, const void *const *w, const struct layer_shape 
     if (w[W_NORM3]) rows_rms_norm(y, R, D, w[W_NORM2], s->eps, y); /* Gemma: the output normed first */
     for (long i = 0; i < R * D; i++) h[i] = h[i] + y[i];
     rows_rms_norm(h, R, D, w[W_NORM3] ? w[W_NORM3] : w[W_NORM2], s->eps, x);
-    if (w[W_UP]) { /* gate and up, each its own matmul, side by side in each row of gu */
-        float *part = malloc(R * F * sizeof(float));
-        for (int p = 0; p < 2; p++) {
-            layer_matmul(p ? kinds[7] : kinds[2], x, R, D, p ? w[W_UP] : w[W_GU], NULL, part, F, s->threads);
-            for (long r = 0; r < R; r++) memcpy(gu + r * 2 * F + p * F, part + r * F, F * sizeof(float));
-        }
-        free(part);
+    if (w[W_UP]) { /* gate and up, each its own matmul */
+        const void *part[2] = {w[W_GU], w[W_UP]};
+        const int kind[2] = {kinds[2], kinds[7]};
+        const long width[2] = {F, F}, at[2] = {0, F};
+        side_by_side(x, R, D, 2, kind, part, width, at, gu, 2 * F, s->threads);
     } else
         layer_matmul(kinds[2], x, R, D, w[W_GU], sgu, gu, 2 * F, s->threads);
     for (long r = 0; r < R; r++) act_mul(gu + r * 2 * F, gu + r * 2 * F + F, act + r * F, F, s->act);

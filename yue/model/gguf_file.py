@@ -6,7 +6,7 @@ Design decisions:
   the tensor table, the tokenizer as tokenizer.json) is cached under `<cache root>/gguf-index/<key>/`.
   The key is the file's size, its mtime and a sha256 of its first `HEADER_BYTES`, never a hash of the
   whole file: a warm load reads a few kilobytes of JSON, not gigabytes (`GGUFReader` builds a Python
-  object per vocabulary entry: seconds for a 128k vocabulary).
+  object per vocabulary entry, slow for a large vocabulary).
 - The index is written into a temporary folder and renamed into place whole; a folder without its
   `index.json` (a killed write) is rebuilt, and temporary folders older than an hour are removed.
 - Every tensor is checked against the file before anything is allocated: a known ggml type, its bytes
@@ -148,7 +148,7 @@ class GGUFFile:
         """The folder of this file's tokenizer (tokenizer.json, tokenizer_config.json with the chat
         template), built once from the file by transformers' GGUF tokenizer conversion."""
         if not (self.index_dir / "tokenizer.json").is_file():
-            _save_tokenizer(self.path, self.index_dir)
+            save_tokenizer(self.path, self.index_dir)
         return self.index_dir
 
 
@@ -224,7 +224,7 @@ def _write_index(parent: Path, folder: Path, index: dict, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _save_tokenizer(gguf_path: Path, out: Path) -> None:
+def save_tokenizer(gguf_path: Path, out: Path) -> None:
     """transformers' tokenizer for the GGUF, saved with its chat template inside tokenizer_config.json."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging

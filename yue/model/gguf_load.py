@@ -2,14 +2,14 @@
 stays in its ggml block format, `ggml_modules`), or dequantized to float32 in memory (`float32`).
 
 Design decisions:
-- One pass, top to bottom: the file's index (`gguf_file.GGUFFile`), its config (`gguf.config_from_gguf`),
+- One pass, top to bottom: the file's index (`gguf_file.GGUFFile`), its config (`gguf_names.config_from_gguf`),
   shapes checked against the metadata, memory checked against what is free, then the model on the meta
   device with each tensor given its value once. Nothing is written to disk but the index.
 - In the file's precision a matrix's bytes are read in place from the file's mapping (O and down, the
   token table and a tied head), or into one buffer per fused matmul (Q/K/V and gate/up of a format,
   side by side, so the decode path runs each as one matmul with no copy: `ggml_modules.fused`). A
   Llama's Q and K rows, which llama.cpp's converter permuted for its interleaved RoPE, are put back in
-  Hugging Face's rotate-half order as they are read (`gguf.unpermute_rows`, as row indices).
+  Hugging Face's rotate-half order as they are read (`gguf_names.unpermute_index`).
 - Norms, biases and other vectors are dequantized to float32 (a few kilobytes a layer); Gemma's norms
   are stored as 1 + w and read back as w, as transformers' GGUF loader does.
 - The memory check adds the weights at the chosen precision, the KV cache at the context size and the
@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from yue.errors import CheckpointError
-from yue.model import gguf as names
+from yue.model import gguf_names as names
 from yue.model.gguf_file import GGUFFile
 
 logger = logging.getLogger("yue")
 
-# Runtime memory beyond weights and cache: torch and the process (~220 MB measured by issue 59's run),
-# activations, logits; a margin, not a measurement of any one model.
+# Runtime memory beyond weights and cache (torch and the process, activations, logits): a margin, not a
+# measurement of any one model.
 OVERHEAD_BYTES = 400 * 2**20
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: dequantized exactly, whatever the precision
@@ -44,7 +44,7 @@ class InsufficientMemoryError(CheckpointError):
 
 
 def hf_config(g: GGUFFile):
-    """The transformers config of the file's family (`gguf.config_from_gguf`), its vocabulary the token
+    """The transformers config of the file's family (`gguf_names.config_from_gguf`), its vocabulary the token
     table's rows."""
     rope_freqs = g.dequantized(names.ROPE_FREQS).reshape(-1) if names.ROPE_FREQS in g.tensors else None
     config = names.config_from_gguf(g.metadata, set(g.tensors), g.path, rope_freqs)
@@ -134,12 +134,6 @@ def check_memory(g: GGUFFile, config, precision: str, ctx_size: int) -> None:
     )
 
 
-def unpermute_index(rows: int, n_head: int) -> np.ndarray:
-    """Row indices undoing llama.cpp's Q/K permutation: new row r is the file's row idx[r]
-    (`gguf.unpermute_rows` on row numbers)."""
-    return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
-
-
 def vector_state(g: GGUFFile, config) -> dict[str, torch.Tensor]:
     """Every tensor that is not a matrix of a layer or the token table, as float32 under the family's
     transformers names (Gemma's 1 + w norms read back as w)."""
@@ -172,6 +166,6 @@ def float32_state(g: GGUFFile, config) -> dict[str, torch.Tensor]:
         hf = names.hf_name(name, arch)
         if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in hf else config.num_key_value_heads
-            values = values[unpermute_index(values.shape[0], heads)]
+            values = values[names.unpermute_index(values.shape[0], heads)]
         state[hf] = torch.from_numpy(np.ascontiguousarray(values))
     return state
