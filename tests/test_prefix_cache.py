@@ -119,12 +119,13 @@ def test_the_exact_cut_starts_with_a_block_and_leaves_no_forward_fewer_than_min_
     assert fill_plan(200, exact=False) == (grid_ends(200, inclusive=True),) * 2 + (None,)
 
 
-@pytest.mark.parametrize("precision", ["float32 4-bit codes", "int4"])
-def test_on_blocks_any_cut_past_the_first_block_writes_the_same_kv_bits(precision):
+@pytest.mark.parametrize("precision", ["float32 4-bit codes", "int4", "file codes"])
+def test_on_blocks_any_cut_past_the_first_block_writes_the_same_kv_bits(precision, tmp_path_factory):
     """The measurement the block rule stands on (`split_exact`): a 120-token prompt fed as [0, 16) then
     one chunk, or in cuts of 10-40 rows (each more than the row kernel's one-call rows), writes the same
     K/V bits, every layer, every position; a cut of fewer rows (one row-kernel call a layer) may not."""
-    model = block_model(precision)
+    model = block_model(precision, tmp_path_factory)
+    assert split_exact(model)
     g = torch.Generator().manual_seed(11)
     T = 120
     prompt = torch.randint(4, 96, (1, T), generator=g)
@@ -165,13 +166,20 @@ def _decode_rows(
     return [got[i] for i in ids]
 
 
-def block_model(precision: str):
+def block_model(precision: str, tmp_path_factory=None):
     """A random model whose prefill keeps its bits however it is cut (`split_exact`): the int4 precision,
-    or float32 weights the row kernel holds as 4-bit codes; "float32" is a grid model."""
+    float32 weights the row kernel holds as 4-bit codes, or a Q4_K_M-like GGUF in its own codes ("file
+    codes"); "float32" is a grid model."""
     from tests.test_precision import row_stream_model
 
     if precision == "float32 4-bit codes":
         return row_stream_model(1, q4=True)
+    if precision == "file codes":
+        from tests.gguf_utils import write_tiny_llama_gguf
+
+        path = tmp_path_factory.mktemp("blocks") / "q4km.gguf"
+        kw = dict(hidden=256, heads=4, kv_heads=2, intermediate=512)
+        return yue.load(write_tiny_llama_gguf(path, quant="Q4_K_M", **kw).path).model
     return exact_batch_model(precision)
 
 

@@ -102,13 +102,17 @@ def _layer_split_exact(sets) -> bool:
         return False
     ar = sets[0]
     matmuls = (ar.qkv, ar.shared[1], ar.gate_up, ar.shared[3])
-    blocked = [getattr(m, "blocked", None) for m in matmuls]
-    # The row kernel's own 4-bit / 8-bit / int4 records (uint8); not float32 or int8 weights, nor a GGUF's
-    # blocks read in place (tagged `ggml_type`), whose rule is not measured yet.
-    return all(
-        b is not None and b[0].dtype == torch.uint8 and getattr(b[0], "ggml_type", None) is None
-        for b in blocked
-    )
+    # Codes are uint8: the row kernel's 4-bit / 8-bit / int4 records, or a GGUF's blocks read in place
+    # (a matmul of parts, `file_codes.GGMLParts`, each part's); not float32 or int8 weights.
+    weights = []
+    for m in matmuls:
+        parts = getattr(m, "parts", None)
+        weights += (
+            [getattr(p, "blocked", (None,))[0] for p in parts]
+            if parts is not None
+            else [getattr(m, "blocked", (None,))[0]]
+        )
+    return all(w is not None and w.dtype == torch.uint8 for w in weights)
 
 
 @dataclass
