@@ -52,7 +52,7 @@ def test_import_yue_is_lazy_and_its_names_still_load():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     all_names = ["DecodeConfig", "Engine", "YueConfig", "YueForCausalLM", "load"]
-    assert out.split(" ", 1) == ["True", f"{all_names} yue.engine Engine True\n"]
+    assert out.split(" ", 1) == ["True", f"{all_names} yue.engine.loading Engine True\n"]
 
 
 def test_the_command_list_names_every_registered_command_with_its_docstring_summary():
