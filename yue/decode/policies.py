@@ -47,9 +47,12 @@ free drafts are drafted only where every row has some.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode import profile
 from yue.decode.costs import StepCosts
 from yue.decode.sampling import (
     apply_logit_bias,
@@ -362,7 +365,11 @@ class VerifiedPolicy(Policy):
         adv = self.accept(st, n_acc, nxt)
         drafts = st.drafts
         if drafts.contexts is not None:
+            prof = profile.ACTIVE
+            t0 = time.perf_counter() if prof else 0.0
             drafts.extend(adv.emitted)
+            if prof:
+                prof.inner("draft:contexts", time.perf_counter() - t0)
             if self.copy(model, st, adv):  # free drafts: no drafting pass this step
                 drafts.block.rest()
                 return adv
@@ -405,8 +412,12 @@ class VerifiedPolicy(Policy):
         if n < 1:
             return False
         best, best_k, best_rate = None, 0, 0.0
+        prof = profile.ACTIVE
         for source in st.drafts.free:  # in order: a tie goes to the first
+            t0 = time.perf_counter() if prof else 0.0
             proposal = source.propose(st.drafts.contexts, n)
+            if prof:
+                prof.inner(f"draft:{source.name}", time.perf_counter() - t0)
             if proposal is None:
                 continue
             # Free drafts cost no drafting pass, only their verifying rows.
