@@ -404,11 +404,11 @@ class DecodeBatch:
         )
 
     def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out, prof) -> Advance:
-        """Drafting pass: K = `drafting_slots` slots anchored at each row's last kept token, NAR set only;
+        """Drafting pass: K = `Advance.pass_slots` (else `drafting_slots`) slots anchored at each row's last kept token, NAR set only;
         they see the cache up to that token and each other, and sit in scratch space past it. Slot 1's
         token is known by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's
         mask-predict reveals do, and slots 2.. are drafted knowing it. `prof`: the active profile, or None."""
-        model, K = self.model, self.key.draft_block
+        model, K = self.model, adv.pass_slots or self.key.draft_block
         B, L = st.fed.shape[0], cache.length
         slots = st.fed.new_full((B, K), model.config.mask_token_id)
         slots[:, 0] = adv.next_fed[:, 0]
