@@ -213,7 +213,7 @@ def test_judged_rates_are_min_1_p_over_q_averaged_over_the_rows_that_drafted_eac
 
     import torch
 
-    from yue.decode.policies import judged_rates
+    from yue.decode.sampling import judged_rates
 
     V = 4
     p = torch.full((2, 2, V), math.log(0.25))  # the target: uniform

@@ -119,6 +119,59 @@ def _has_drafting_pass(config) -> bool:
     return config.nar_layers != 0 and config.mask_token_id is not None
 
 
+@dataclass
+class _Timed:
+    """The calls `verify_cost_curve` times, as a request of `use` runs them, on a cache holding
+    `context` tokens of `ids` (1, context + rows); `pos`: positions 0..capacity."""
+
+    model: object
+    cache: object
+    ids: torch.Tensor
+    pos: torch.Tensor
+    context: int
+    use: HeadUse
+    draw: list
+
+    def step(self, n: int):
+        """A step feeding n rows (n - 1 drafts and the bonus row)."""
+        c, device = self.context, self.model.device
+        m = decode_mask(c, n, 0, self.cache.key_valid, device)
+
+        def call():
+            out = self.model.step(
+                self.ids[:, c : c + n], self.pos[c : c + n], n, m, self.cache, n, top1=self.use == "argmax"
+            )
+            if self.use == "sampled" and n == 1:
+                sample_rows(warp(out.ar_logits, SAMPLED), self.draw)
+            elif (
+                self.use == "sampled"
+            ):  # the speculative rule over the n - 1 drafts fed (its own q: the cost)
+                logp = warp(out.ar_logits, SAMPLED)[0]  # (n, V)
+                speculative_accept(logp, logp[:-1], self.ids[0, c + 1 : c + n], self.draw[0])
+
+        return call
+
+    def draft(self, n: int, entry: torch.Tensor | None):
+        """The drafting pass as decode/loop.py runs it: n slots after the last kept token, slot 1 revealed
+        (a top-layer NAR set's slots enter from that token's hidden state, its `entry` row), and its
+        drafts chosen from slots 2.., as `policies.draft_slots` chooses them."""
+        c, device, cfg = self.context, self.model.device, self.model.config
+        slots = torch.full((1, n), cfg.mask_token_id, dtype=torch.long, device=device)
+        slots[0, 0] = self.ids[0, c]
+        m = decode_mask(c, 0, n, self.cache.key_valid, device)
+
+        def call():
+            logits = self.model.step(slots, self.pos[c : c + n], 0, m, self.cache, 0, entry).slot_logits[
+                :, 1:
+            ]
+            if self.use == "sampled":
+                sample_rows(warp(logits, SAMPLED), self.draw)
+            else:
+                logits.argmax(-1)
+
+        return call
+
+
 @torch.inference_mode()
 def verify_cost_curve(
     model,
@@ -157,49 +210,11 @@ def verify_cost_curve(
     cache.advance(context)
 
     draw = [torch.Generator(device=device).manual_seed(seed)]
-
-    def step(n: int):
-        m = decode_mask(context, n, 0, cache.key_valid, device)
-
-        def call():  # as a request of this use runs its step
-            out = model.step(
-                ids[:, context : context + n],
-                pos[context : context + n],
-                n,
-                m,
-                cache,
-                n,
-                top1=use == "argmax",
-            )
-            if use == "sampled" and n == 1:
-                sample_rows(warp(out.ar_logits, SAMPLED), draw)
-            elif use == "sampled":  # the speculative rule over the n - 1 drafts fed (its own q: the cost)
-                logp = warp(out.ar_logits, SAMPLED)[0]  # (n, V)
-                speculative_accept(logp, logp[:-1], ids[0, context + 1 : context + n], draw[0])
-
-        return call
-
-    calls = [step(n) for n in rows]
+    timed = _Timed(model, cache, ids, pos, context, use, draw)
+    calls = [timed.step(n) for n in rows]
     slot_counts = range(2, K + 1) if _has_drafting_pass(cfg) and K >= 2 else range(0)
     entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
-
-    def draft(n: int):
-        # The drafting pass as decode/loop.py runs it: n slots after the last kept token, slot 1
-        # revealed; a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
-        slots = torch.full((1, n), cfg.mask_token_id, dtype=torch.long, device=device)
-        slots[0, 0] = ids[0, context]
-        m = decode_mask(context, 0, n, cache.key_valid, device)
-
-        def call():  # and its drafts chosen from slots 2.., as `policies.draft_slots` chooses them
-            logits = model.step(slots, pos[context : context + n], 0, m, cache, 0, entry).slot_logits[:, 1:]
-            if use == "sampled":
-                sample_rows(warp(logits, SAMPLED), draw)
-            else:
-                logits.argmax(-1)
-
-        return call
-
-    times = _median_times(calls + [draft(n) for n in slot_counts], warmup, tries)
+    times = _median_times(calls + [timed.draft(n, entry) for n in slot_counts], warmup, tries)
     if not slot_counts:
         return CostCurve(context, tuple(rows), times)
     passes = dict(zip(slot_counts, times[len(rows) :], strict=True))

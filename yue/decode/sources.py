@@ -102,7 +102,7 @@ class AcceptanceRecord:
         """Fold in a verifying step that verified `drafted` drafts and accepted `accepted` of them.
 
         `judged` (sampling): per draft position, the chance the rule accepted it given the drafts before
-        it (`policies.judged_rates`); then every drafted position counts, each held by that chance (an
+        it (`sampling.judged_rates`); then every drafted position counts, each held by that chance (an
         unbiased c_j with less noise than the draw, and positions past the first rejection learnt too).
         """
         while len(self.reached) < drafted:

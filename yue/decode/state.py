@@ -49,7 +49,7 @@ class LoopState:
     costs: StepCosts | None = None
     drafts: DraftSources = field(default_factory=DraftSources)
     # Sampling: per draft position, the chance the step now verifying accepted each draft given those
-    # before it (`policies.judged_rates`), for the record; None: judged by the accepted count.
+    # before it (`sampling.judged_rates`), for the record; None: judged by the accepted count.
     judged: list[float] | None = None
     # `anchor` / `anchor-verified` (`decode/anchor.py`): the gap between anchor spans (planned at the
     # first step), each row's predicted anchor count (None without a count head), and the confidences
