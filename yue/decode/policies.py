@@ -145,8 +145,9 @@ def best_draft(
     """
     # A batch step's costs grow with its rows (`StepCosts.for_batch`): a large batch drafts less.
     costs = (st.costs or StepCosts.default(st.cfg.block_size)).for_batch(st.fed.shape[0], st.cfg.block_size)
-    # A draft must beat a plain step by DRAFT_MARGIN: what the curve leaves out is all on its side.
-    best_k, best_rate, gain = 0, (1.0 + DRAFT_MARGIN) / costs.verify(0), 1.0
+    # A NAR block must beat a plain step by DRAFT_MARGIN: what the curve leaves out is on its side.
+    margin = DRAFT_MARGIN if draft_pass else 0.0
+    best_k, best_rate, gain = 0, (1.0 + margin) / costs.verify(0), 1.0
     sized = sized and st.cfg.drafting == "separate"
     for k, s_k in enumerate(survival, start=1):
         gain += s_k
@@ -172,11 +173,12 @@ def probe_length(st: LoopState, n: int) -> int:
 # were in code comments"); held-out figures in the README.
 PROBE_COST = 1.25
 
-# How much more a draft must promise, in tokens per unit of cost, than a plain AR step (`best_draft`).
-# The cost curve times the forwards (and the speculative rule, the drafts' choice), not the policy's
-# own work around them (acceptance, the records, the engine's per-token text), and on a shared CPU its
-# medians carry a few percent of noise; drafts promising less than this were measured to lose to `ar`
-# (yue-code-mini at temperature 0.7, issue 60's profile: docs/results/profile-issue60.json).
+# How much more a NAR block's drafts must promise, in tokens per unit of cost, than a plain AR step
+# (`best_draft`; free drafts, which cost no pass, need no margin). The cost curve times the forwards
+# (and the speculative rule, the drafts' choice), not the policy's work around a drafting pass (the
+# router, the records, the draws), and on a shared CPU its medians carry a few percent of noise; blocks
+# promising less than this were measured to lose to `ar` (yue-code-mini at temperature 0.7: issue
+# 60's profile, docs/results/profile-xeon-2026-12-07.json); a margin on free drafts too cost yue-smol.
 DRAFT_MARGIN = 0.05
 
 
