@@ -37,7 +37,9 @@ Design decisions:
   Its policy state (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without
   the cache.
 - `phases` (`PhaseTimes`) records each step's prefill and decode time and tokens apart, for the
-  server's metrics and `yue bench-serve`.
+  server's metrics and `yue bench-serve`; with a profile being taken (`decode/profile.py`, `yue
+  profile`), `_step` books each of its phases by name.
+- The prefill's chunk rules are `decode/chunks.py`'s; what a step emits, `decode/emission.py`'s.
 """
 
 from __future__ import annotations
