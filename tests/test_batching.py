@@ -10,7 +10,7 @@ import yue
 from tests.stubs import MarkovStub
 from yue.batcher import Batcher
 from yue.config import DecodeConfig
-from yue.decode import loop
+from yue.decode import chunks
 from yue.decode.costs import StepCosts
 from yue.decode.loop import DecodeBatch, decode
 from yue.kernels import probe
@@ -334,7 +334,7 @@ def test_long_prompts_are_prefilled_a_chunk_a_step_while_running_rows_keep_writi
 ):
     """Chunks of 16 tokens, a budget of 16 a step: a 64-token prompt joins after 4 steps, during which
     the running row writes a token every step; every answer is what its prompt gets alone."""
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     cfg = DecodeConfig(mode=mode, max_new_tokens=12, ignore_eos=True).resolved(trained.model.config)
     short, long_, odd = _long_prompts(trained, [5, 64, 37])
     batch = DecodeBatch(trained.model, cfg, max_prefill_tokens=16)
@@ -365,7 +365,7 @@ def test_long_prompts_are_prefilled_a_chunk_a_step_while_running_rows_keep_writi
 
 
 def test_a_request_cancelled_mid_prefill_leaves_at_the_next_chunk(trained, monkeypatch):
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     cfg = DecodeConfig(mode="ar", max_new_tokens=8, ignore_eos=True).resolved(trained.model.config)
     a, b = _long_prompts(trained, [48, 48], seed=1)
     batch = DecodeBatch(trained.model, cfg, max_prefill_tokens=32)
@@ -388,7 +388,7 @@ def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, m
     """Chunks are fixed by the prompt's length: a prompt fed in 3 chunks beside other prompts (and under
     another budget) reads, bit for bit, the hidden rows it reads alone."""
     model = exact_batch_model(precision)
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 96, (n,), generator=g).tolist() for n in (40, 40, 23, 9)]

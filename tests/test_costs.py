@@ -8,7 +8,7 @@ import torch
 import yue.decode.costs as costs_mod
 from yue.config import DecodeConfig
 from yue.decode.costs import CostCurve, StepCosts, cost_cache_key, measured_costs
-from yue.decode.policies import VerifiedPolicy, probe_length
+from yue.decode.policies import DRAFT_MARGIN, VerifiedPolicy, best_draft, probe_length
 from yue.decode.state import LoopState
 
 
@@ -154,3 +154,22 @@ def test_the_free_draft_priors_leave_the_step_costs_key_as_it_is(trained_model_d
     assert cost_cache_key(model) == key
     model.config.hybrid_tolerance = model.config.hybrid_tolerance + 0.01  # any other field: a new key
     assert cost_cache_key(model) != key
+
+
+def test_measured_costs_never_fall_with_more_rows_or_slots():
+    """A median that says a 2-row step costs less than a 1-row one is noise; the router reads a running
+    maximum (`StepCosts.monotone`)."""
+    costs = StepCosts((1.0, 0.9, 1.2), (0.5, 0.4, 0.6), ((16, 1.1), (32, 2.0))).monotone()
+    assert costs.step == (1.0, 1.0, 1.2)
+    assert costs.passes == (0.5, 0.5, 0.6)
+    assert costs.wide == ((16, 1.2), (32, 2.0))
+
+
+def test_a_draft_must_beat_a_plain_step_by_the_margin():
+    """`best_draft` takes a NAR block (a drafting pass) only where it promises DRAFT_MARGIN more tokens
+    per unit of cost; free drafts (no pass) need only beat a plain step."""
+    st = LoopState(DecodeConfig(block_size=4), [None], torch.zeros(1, 1, dtype=torch.long))
+    st.costs = StepCosts((1.0,) * 5, (0.0,))  # rows and passes free: a draft's gain is its survival
+    assert best_draft(st, [DRAFT_MARGIN / 2])[0] == 0
+    assert best_draft(st, [2 * DRAFT_MARGIN])[0] == 1
+    assert best_draft(st, [DRAFT_MARGIN / 2], draft_pass=False)[0] == 1

@@ -146,5 +146,36 @@ def test_where_the_record_decides_no_drafting_pass_is_paid_for_a_block_it_declin
     assert passes and all(s["routed"][1] >= 1 for s in passes), passes
 
 
+def test_where_the_record_decides_a_pass_runs_just_the_slots_its_drafts_need():
+    """At threshold 1 the record sizes the block before the pass (`VerifiedPolicy.worth_a_pass`), and a
+    pass's cost falls with its slots (`StepCosts.passes`, 2..K): each pass runs slot 1 (revealed) plus
+    the drafts the next step verifies, not the whole block, and some passes are shorter than the block."""
+    costs = StepCosts(COSTS.step, tuple(0.2 + 0.1 * n for n in range(2, K + 1)))
+    stub = _stub()
+    widths, drafted = [], []
+    step = stub.step
+
+    def recording(tokens, positions, n_committed, *args, **kw):
+        if n_committed == 0:  # a drafting pass: slots only
+            widths.append(tokens.shape[1])
+        return step(tokens, positions, n_committed, *args, **kw)
+
+    stub.step = recording
+    cfg = DecodeConfig(
+        max_new_tokens=40,
+        block_size=K,
+        reeval_every=2,
+        mode="verified",
+        router_threshold=1.0,
+        prompt_lookup=False,
+    )
+    for em in decode(stub, PROMPTS[:1], cfg, costs=costs):
+        if em.forwards == 2:
+            drafted.append(em.routed[1])
+    assert widths and len(widths) == len(drafted)
+    assert widths == [k + 1 for k in drafted]  # slot 1 and the k drafts, each pass
+    assert min(widths) < K
+
+
 if __name__ == "__main__":
     GOLDEN.write_text(json.dumps({name: trace(name) for name in SCENARIOS}, separators=(",", ":")) + "\n")

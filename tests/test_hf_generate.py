@@ -54,13 +54,24 @@ def test_generate_defaults_to_the_models_mode_and_transformers_max_length(engine
     assert seen[0].max_new_tokens == 20 - len(ids)  # transformers' default max_length, prompt included
 
 
-@pytest.mark.xfail(strict=False, reason="parts from `ar` at a near-tie on this Xeon (Rocket Lake) machine, at the base commit too; open in issue 60's note")
 def test_auto_model_from_a_yue_folder_generates_through_the_decode_loop(engine, trained_model_dir):
+    """A folder loaded as transformers loads it (the trained modules, no decode paths) writes, in the
+    exact modes, what the engine's `ar` writes.
+
+    This test once compared the model's default mode with `ar`, and was marked xfail as a near-tie
+    between 1-row and n-row kernels. It was not one (the verifying rows read the 1-row steps' bits:
+    `test_precision.py`); the default mode (`YueConfig.default_mode`) is `hybrid`, lossy by design: on
+    this tiny model, prompt 1's seventh AR choice leads the draft by 0.10 in logit, under hybrid's
+    -log(1 - 0.1) = 0.105, so the draft is kept. Which drafts hybrid is shown depends on the draft
+    lengths the step costs pick (an engine's measured costs, a bare model's defaults), so its output is
+    no fixed reference."""
     model = AutoModelForCausalLM.from_pretrained(trained_model_dir)
     assert isinstance(model, YueForCausalLM) and not model.consumed
     ids = engine.encode(PROMPTS[1])
-    out = model.generate(torch.tensor([ids]), max_new_tokens=16)
-    assert _new(out, len(ids)) == _ar(engine, PROMPTS[1], max_new_tokens=16)
+    want = _ar(engine, PROMPTS[1], max_new_tokens=16)
+    for mode in ("ar", "verified"):
+        out = model.generate(torch.tensor([ids]), max_new_tokens=16, mode=mode)
+        assert _new(out, len(ids)) == want, mode
 
 
 def test_eos_ends_a_row_and_is_kept_as_transformers_keeps_it(engine):
@@ -72,8 +83,9 @@ def test_eos_ends_a_row_and_is_kept_as_transformers_keeps_it(engine):
     assert _new(out, len(ids)) == free[: k + 1]
 
 
-@pytest.mark.xfail(strict=False, reason="parts from `ar` at a near-tie on this Xeon (Rocket Lake) machine, at the base commit too; open in issue 60's note")
 def test_a_left_padded_batch_gives_each_row_its_own_answer_padded(engine):
+    """A row that ends early is padded with the generation config's pad token, as transformers pads
+    (this test once padded with EOS and failed, marked xfail as a near-tie, where a row ended on EOS)."""
     rows = [engine.encode(p) for p in PROMPTS]
     T = max(map(len, rows))
     pad = 0
@@ -83,7 +95,8 @@ def test_a_left_padded_batch_gives_each_row_its_own_answer_padded(engine):
     for b, prompt in enumerate(PROMPTS):
         assert out[b, :T].tolist() == inputs[b].tolist()
         want = _ar(engine, prompt, max_new_tokens=12)
-        assert out[b, T:].tolist() == want + [engine.tokenizer.eos_id] * (out.shape[1] - T - len(want))
+        fill = engine.model.generation_config.pad_token_id
+        assert out[b, T:].tolist() == want + [fill] * (out.shape[1] - T - len(want))
 
 
 def test_a_streamer_gets_the_prompt_then_each_steps_tokens_then_end(engine):

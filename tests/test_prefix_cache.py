@@ -13,8 +13,9 @@ import yue
 from tests.test_batching import exact_batch_model, head_rows
 from yue.batcher import Batcher
 from yue.config import DecodeConfig
-from yue.decode import loop
-from yue.decode.loop import DecodeBatch, chunk_end, fill_plan, grid_ends, lookup_ends
+from yue.decode import chunks
+from yue.decode.chunks import chunk_end, fill_plan, grid_ends, lookup_ends
+from yue.decode.loop import DecodeBatch
 from yue.decode.prefix import (
     BLOCK,
     MIN_ROWS,
@@ -81,7 +82,7 @@ def test_a_lookup_keeps_a_prefix_more_recent_than_its_extensions():
 
 
 def test_grid_ends_are_the_chunk_ends_of_a_prefill(monkeypatch):
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     assert (
         grid_ends(40) == [16, 32]
         and grid_ends(48) == [16, 32]
@@ -89,7 +90,7 @@ def test_grid_ends_are_the_chunk_ends_of_a_prefill(monkeypatch):
     )
     assert grid_ends(16) == [] and grid_ends(17) == [16]
     ends = grid_ends(5000)
-    assert all(loop.chunk_end(a, 10**9) == b for a, b in zip([0, *ends], ends, strict=False))
+    assert all(chunks.chunk_end(a, 10**9) == b for a, b in zip([0, *ends], ends, strict=False))
 
 
 def test_prefix_keys_fed_along_a_sequence_are_the_whole_prefixes_keys():
@@ -193,7 +194,7 @@ def test_a_prompt_resumed_from_the_cache_reads_the_bits_it_reads_without_it(prec
     where the tokens are the same and, in `ar`, the rows."""
     model = block_model(precision)
     assert split_exact(model) == (precision != "float32")
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     seen = head_rows(model, monkeypatch)
     g = torch.Generator().manual_seed(3)
     first = torch.randint(4, 96, (40,), generator=g).tolist()
@@ -239,7 +240,7 @@ def test_a_conversations_next_turn_resumes_after_its_earlier_turns_with_the_same
     answer and a new message) and a second conversation sharing turn 1's start, sent together, both
     resume from the cache, past turn 1's prompt, and answer as a batcher without the cache does (the
     verified rows' drafting state, n-gram contexts and first draft, built from their whole prompts)."""
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     g = torch.Generator().manual_seed(5)
     vocab = trained.model.config.vocab_size
     turn1 = torch.randint(4, vocab - 4, (50,), generator=g).tolist()
@@ -264,7 +265,7 @@ def test_a_conversations_next_turn_resumes_after_its_earlier_turns_with_the_same
 def test_a_fill_waits_until_no_request_has_run_for_the_idle_time_and_none_without_a_cache(
     trained, monkeypatch
 ):
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     cfg = DecodeConfig(mode="ar", max_new_tokens=20, ignore_eos=True)
     cache = PrefixCache(1 << 26)
     batcher = Batcher(trained, max_batch_size=2, prefix_cache=cache, fill_after_s=3600)
@@ -292,7 +293,7 @@ def test_the_server_answers_a_chats_next_turn_from_the_cache_as_without_it_and_c
     from tests.test_serve import _wait_ready, metric
     from yue.serve import ServeConfig, create_app
 
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(chunks, "PREFILL_CHUNK", 16)
     first = [{"role": "user", "content": "def alpha(x):\n    return beta(x) + gamma(x) * 2\n" * 3}]
 
     def chat(c, messages: list[dict]) -> dict:

@@ -16,6 +16,7 @@ from yue.decode.costs import StepCosts
 from yue.decode.lookup import NgramIndex
 from yue.decode.sources import (
     MAX_BACKOFF_DOUBLINGS,
+    AcceptanceRecord,
     ContextCopies,
     CorpusDrafts,
     DraftSources,
@@ -194,3 +195,32 @@ def test_corpus_drafts_are_counted_for_the_corpus_and_a_new_source_by_its_name(m
     monkeypatch.setattr(loop, "free_sources", lambda *args: [walk])
     got = writers()
     assert got.count("walk") > N / 2 and set(got) == {"walk", "ar"}
+
+
+def test_a_sampled_step_judges_every_drafted_position_by_its_chance():
+    """Sampling: each drafted position counts (past the first rejection too), held by the chance the
+    rule accepted it (`judged`), not by the draw."""
+    rec = AcceptanceRecord()
+    rec.observe(3, 0, judged=[0.5, 0.25, 1.0])
+    assert rec.reached == [1, 1, 1] and rec.held == [0.5, 0.25, 1.0]
+    greedy = AcceptanceRecord()
+    greedy.observe(3, 0)
+    assert greedy.reached == [1, 0, 0] and greedy.held == [0, 0, 0]
+
+
+def test_judged_rates_are_min_1_p_over_q_averaged_over_the_rows_that_drafted_each_position():
+    import math
+
+    import torch
+
+    from yue.decode.sampling import judged_rates
+
+    V = 4
+    p = torch.full((2, 2, V), math.log(0.25))  # the target: uniform
+    q = torch.full((2, 2, V), -math.inf)
+    q[:, :, 1] = 0.0  # drafts proposed with certainty (free drafts): accepted with p(x) = 0.25
+    q[1, 1] = math.log(0.25)  # row 1's second draft from q == p: accepted for sure
+    drafts = torch.ones(2, 2, dtype=torch.long)
+    assert judged_rates(p, q, drafts, [2, 2]) == pytest.approx([0.25, 0.625])
+    # row 0 drafted only its last column (its first is filler): position 1 is row 0's column 1
+    assert judged_rates(p, q, drafts, [1, 2]) == pytest.approx([0.25, 1.0])

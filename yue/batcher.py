@@ -8,7 +8,7 @@ Design decisions:
   different batches, which `step` takes in turn (round-robin), so each key gets every n-th step.
 - At most `max_batch_size` requests run at once, over all batches; more wait in `submit` order and
   join as rows leave. `max_batch_tokens` bounds the prompt tokens prefilled in one step (in chunks,
-  `loop.PREFILL_CHUNK`), so a burst of arrivals or a long prompt is prefilled over several steps
+  `chunks.PREFILL_CHUNK`), so a burst of arrivals or a long prompt is prefilled over several steps
   instead of stalling the running rows for all of it.
 - Text stays the engine's: each request has an `engine.RowStream` (detokenizing, stop strings,
   stats), and a request that meets a stop string is removed from its batch at once.
@@ -37,7 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from yue.config import DecodeConfig
-from yue.decode.loop import DecodeBatch, PhaseTimes, StepEmission, batch_key, fill_plan
+from yue.decode.chunks import fill_plan
+from yue.decode.loop import DecodeBatch, PhaseTimes, StepEmission, batch_key
 from yue.decode.prefix import PrefixCache, PrefixFill, split_exact
 from yue.decode.types import StreamEvent
 

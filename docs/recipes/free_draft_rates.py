@@ -14,6 +14,8 @@ speed is reported on. As they ran, their output's rates going into each config.j
         yue/assets/chat_calibration_everyday.jsonl                                   (2026-12-03)
     python docs/recipes/free_draft_rates.py yue-smol --temperature 0.7 --samples 2 \
         yue/assets/chat_calibration.jsonl yue/assets/chat_calibration_everyday.jsonl (2026-12-04)
+    python docs/recipes/free_draft_rates.py yue-code-mini --temperature 0.7 --samples 4 \
+        yue/assets/devset.jsonl                                (2026-12-07, 20,474 answer tokens)
 """
 
 import argparse

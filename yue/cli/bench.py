@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from yue.bench.harness import BenchConfig
+from yue.bench.profile import ProfileConfig
 from yue.bench.serving import ServeBenchConfig
 from yue.cli.common import LLAMA_FLAGS, MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
@@ -45,6 +46,31 @@ def bench_cmd(
     if plot is not None:
         err.print(f"[bench] plot written to {write_plot(result, plot)}", markup=False)
     line = print_report(result)
+    if json_out is not None:
+        json_out.write_text(line + "\n")
+
+
+@app.command("profile")
+@user_errors
+@config_options(
+    ProfileConfig,
+    csv=("modes",),
+    helps={"model": MODEL_HELP},
+    aliases={"max_new_tokens": ("-n", "--max-new-tokens")},
+)
+def profile_cmd(
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the JSON document here."),
+    config: ProfileConfig | None = None,
+) -> None:
+    """Where a verifying step's time goes: each phase as a fraction of an `ar` step; JSON on the last line."""
+    import json
+
+    from yue.bench.profile import run_profile, table
+
+    doc = run_profile(config, log=lambda s: typer.echo(f"[profile] {s}", err=True))
+    typer.echo(table(doc))
+    line = json.dumps(doc)
+    typer.echo(line)
     if json_out is not None:
         json_out.write_text(line + "\n")
 

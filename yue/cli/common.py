@@ -38,6 +38,7 @@ COMMANDS = {
     "bench": "bench",
     "bench-serve": "bench",
     "bench-sizes": "bench",
+    "profile": "bench",
     "eval": "bench",
 }
 

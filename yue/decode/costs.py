@@ -9,7 +9,8 @@ Design decisions:
 - What an extra row costs depends on what its AR logits serve (`HeadUse`): a greedy step's rows need
   only their argmax (the head's integer screen, where the model has one), a hybrid step's their whole
   logits, a sampled step's their whole logits warped and sampled (the speculative rule reads every row's
-  distribution). Each use has its own curve, so a sampled request weighs its drafts against what its
+  distribution; the timed sampled step runs the speculative rule over its drafts, and every timed
+  drafting pass chooses its drafts from its slots, as the loop does). Each use has its own curve, so a sampled request weighs its drafts against what its
   rows cost, not against a greedy row's price. On a CPU a step's cost grows with its
   rows (docs/design.md §8; measured on AVX2 in float32: docs/results-log.md); this curve is what the router's draft
   length should follow, measured on the machine and model at hand.
@@ -37,7 +38,7 @@ from typing import Literal
 import torch
 
 from yue.config import DecodeConfig
-from yue.decode.sampling import sample_rows, warp
+from yue.decode.sampling import sample_rows, speculative_accept, warp
 from yue.model.masks import decode_mask
 from yue.model.prepared import as_decoded
 from yue.registry import cache_root
@@ -118,6 +119,59 @@ def _has_drafting_pass(config) -> bool:
     return config.nar_layers != 0 and config.mask_token_id is not None
 
 
+@dataclass
+class _Timed:
+    """The calls `verify_cost_curve` times, as a request of `use` runs them, on a cache holding
+    `context` tokens of `ids` (1, context + rows); `pos`: positions 0..capacity."""
+
+    model: object
+    cache: object
+    ids: torch.Tensor
+    pos: torch.Tensor
+    context: int
+    use: HeadUse
+    draw: list
+
+    def step(self, n: int):
+        """A step feeding n rows (n - 1 drafts and the bonus row)."""
+        c, device = self.context, self.model.device
+        m = decode_mask(c, n, 0, self.cache.key_valid, device)
+
+        def call():
+            out = self.model.step(
+                self.ids[:, c : c + n], self.pos[c : c + n], n, m, self.cache, n, top1=self.use == "argmax"
+            )
+            if self.use == "sampled" and n == 1:
+                sample_rows(warp(out.ar_logits, SAMPLED), self.draw)
+            elif (
+                self.use == "sampled"
+            ):  # the speculative rule over the n - 1 drafts fed (its own q: the cost)
+                logp = warp(out.ar_logits, SAMPLED)[0]  # (n, V)
+                speculative_accept(logp, logp[:-1], self.ids[0, c + 1 : c + n], self.draw[0])
+
+        return call
+
+    def draft(self, n: int, entry: torch.Tensor | None):
+        """The drafting pass as decode/loop.py runs it: n slots after the last kept token, slot 1 revealed
+        (a top-layer NAR set's slots enter from that token's hidden state, its `entry` row), and its
+        drafts chosen from slots 2.., as `policies.draft_slots` chooses them."""
+        c, device, cfg = self.context, self.model.device, self.model.config
+        slots = torch.full((1, n), cfg.mask_token_id, dtype=torch.long, device=device)
+        slots[0, 0] = self.ids[0, c]
+        m = decode_mask(c, 0, n, self.cache.key_valid, device)
+
+        def call():
+            logits = self.model.step(slots, self.pos[c : c + n], 0, m, self.cache, 0, entry).slot_logits[
+                :, 1:
+            ]
+            if self.use == "sampled":
+                sample_rows(warp(logits, SAMPLED), self.draw)
+            else:
+                logits.argmax(-1)
+
+        return call
+
+
 @torch.inference_mode()
 def verify_cost_curve(
     model,
@@ -156,38 +210,11 @@ def verify_cost_curve(
     cache.advance(context)
 
     draw = [torch.Generator(device=device).manual_seed(seed)]
-
-    def step(n: int):
-        m = decode_mask(context, n, 0, cache.key_valid, device)
-
-        def call():  # as a request of this use runs its step
-            out = model.step(
-                ids[:, context : context + n],
-                pos[context : context + n],
-                n,
-                m,
-                cache,
-                n,
-                top1=use == "argmax",
-            )
-            if use == "sampled":
-                sample_rows(warp(out.ar_logits, SAMPLED), draw)
-
-        return call
-
-    calls = [step(n) for n in rows]
+    timed = _Timed(model, cache, ids, pos, context, use, draw)
+    calls = [timed.step(n) for n in rows]
     slot_counts = range(2, K + 1) if _has_drafting_pass(cfg) and K >= 2 else range(0)
     entry = None if prefill.entry is None else prefill.entry[:, -1:]  # (1, 1, D)
-
-    def draft(n: int):
-        # The drafting pass as decode/loop.py runs it: n slots after the last kept token, slot 1
-        # revealed; a top-layer NAR set's slots enter from that token's hidden state (its `entry` row).
-        slots = torch.full((1, n), cfg.mask_token_id, dtype=torch.long, device=device)
-        slots[0, 0] = ids[0, context]
-        m = decode_mask(context, 0, n, cache.key_valid, device)
-        return lambda: model.step(slots, pos[context : context + n], 0, m, cache, 0, entry)
-
-    times = _median_times(calls + [draft(n) for n in slot_counts], warmup, tries)
+    times = _median_times(calls + [timed.draft(n, entry) for n in slot_counts], warmup, tries)
     if not slot_counts:
         return CostCurve(context, tuple(rows), times)
     passes = dict(zip(slot_counts, times[len(rows) :], strict=True))
@@ -262,8 +289,21 @@ class StepCosts:
             tuple(curve.step_s[i] for i in dense),
             tuple(curve.pass_s[n] for n in sorted(curve.pass_s)),
             tuple((n, s) for n, s in zip(curve.rows, curve.step_s, strict=True) if n > len(ROWS)),
-        )
+        ).monotone()
 
+    def monotone(self) -> StepCosts:
+        """These costs with each step and pass at least the cost of one over fewer rows or slots (a
+        running maximum): more rows never cost less, and a median measured on a shared CPU that says so
+        (a 2-row step under a 1-row one) would have the router draft on noise."""
+        step = tuple(itertools.accumulate(self.step, max))
+        wide_costs = itertools.accumulate((max(c, step[-1]) for _, c in self.wide), max)
+        wide = tuple(zip((n for n, _ in self.wide), wide_costs, strict=True))
+        return StepCosts(step, tuple(itertools.accumulate(self.passes, max)), wide)
+
+
+# What the timed calls hold (bumped when they change, so a cached curve timed otherwise is measured anew):
+# 2 = a sampled step with drafts runs the speculative rule, a drafting pass chooses its drafts.
+COSTS_VERSION = "2"
 
 # Config fields that prime the free drafts' records (`sources.draft_rates`) and change no step's cost.
 RECORD_PRIORS = ("free_draft_rates", "sampled_draft_rates")
@@ -283,7 +323,7 @@ def cost_cache_key(model) -> str:
     # The decode path's kernels, named by `yue.kernels.prepare_for_decoding` (CPU kernels probed, matmul
     # kinds, attention form): a cost measured on one is not another's.
     parts += [str(model.dtype), str(model.paths.cache_dtype), model.paths.layout]
-    parts += [str(torch.get_num_threads()), torch.__version__]
+    parts += [str(torch.get_num_threads()), torch.__version__, COSTS_VERSION]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -303,7 +343,7 @@ def measured_costs(
             tuple(float(x) for x in data["step_s"]),
             tuple(float(x) for x in data["pass_s"]),
             tuple((int(n), float(x)) for n, x in data["wide_s"]),
-        )
+        ).monotone()
     except (OSError, ValueError, KeyError, TypeError):
         pass
     # The wider steps that fit the model's context beside the measuring context (a tiny model's may not).

@@ -37,163 +37,38 @@ Design decisions:
   Its policy state (`_group`: n-gram contexts, seen tokens) is built from its whole prompt, as without
   the cache.
 - `phases` (`PhaseTimes`) records each step's prefill and decode time and tokens apart, for the
-  server's metrics and `yue bench-serve`.
+  server's metrics and `yue bench-serve`; with a profile being taken (`decode/profile.py`, `yue
+  profile`), `_step` books each of its phases by name.
+- The prefill's chunk rules are `decode/chunks.py`'s; what a step emits, `decode/emission.py`'s.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode import profile
+from yue.decode.chunks import Prefill, chunk_end, lookup_ends
 from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import StepCosts
+from yue.decode.emission import StepEmission, logprobs, truncate
 from yue.decode.lookup import NgramIndex
 from yue.decode.modes import get_policy
 from yue.decode.policies import rows_at
-from yue.decode.prefix import (
-    BLOCK,
-    MIN_ROWS,
-    PrefixCache,
-    PrefixHit,
-    feed_chunk,
-    split_exact,
-    store,
-    write_hit,
-)
+from yue.decode.prefix import BLOCK, PrefixCache, PrefixHit, feed_chunk, split_exact, store, write_hit
 from yue.decode.rows import Group, Row, merge, select, without_finished
 from yue.decode.sources import DraftSources, draft_rates, free_sources
 from yue.decode.state import Advance, LoopState
-from yue.decode.types import Step, TokenLogprob
+from yue.decode.types import Step
 from yue.model.cache import KVCache
 from yue.model.masks import decode_mask
 from yue.model.mot import YueForCausalLM
 from yue.model.prepared import PreparedModel, as_decoded
 from yue.model.router import entropy
-
-
-@dataclass
-class StepEmission:
-    """Tokens committed by one step of a set of rows (one forward, plus its drafting pass).
-
-    Attributes:
-        tokens/sources: per row (empty for rows that had already finished).
-        writers: per row, per token, the draft source that wrote it or "ar" (`types.Writer`).
-        finished: per row, why it stopped, or None while it runs.
-        step: the trace record (row 0's counts) when `cfg.trace`.
-        drafted/accepted: per row, draft tokens verified (or committed unverified) and kept.
-        mode: the policy's "AR"/"NAR" for the step, or "cancelled".
-        forwards: 2 when a drafting pass followed the step's forward.
-        routed: the step's block positions by the path chosen, (to AR, to NAR), shared by its rows.
-        rows: the row ids the lists refer to (`DecodeBatch.add`'s ids; `decode`: prompt indices).
-        logprobs: per row, a TokenLogprob per token, for rows whose config asks (`logprobs`); else None.
-    """
-
-    tokens: list[list[int]]
-    sources: list[list[str]]
-    writers: list[list[str]]
-    finished: list[str | None]
-    step: Step | None
-    drafted: list[int]
-    accepted: list[int]
-    mode: str
-    forwards: int = 1
-    routed: tuple[int, int] = (0, 0)
-    rows: list[int] = field(default_factory=list)
-    logprobs: list[list[TokenLogprob] | None] | None = None
-
-
-# Prompt tokens one prefill forward takes at most (a prompt's first chunk). A chunk starting at
-# position p takes about PREFILL_CHUNK * PREFILL_KEYS / (p + PREFILL_KEYS) tokens (a multiple of 16):
-# a prompt token's weight matmuls cost about what attending to PREFILL_KEYS keys costs (the ratio
-# measured on SmolLM2 on a CPU: docs/serve.md), so every chunk holds about the same work.
-PREFILL_CHUNK = 128
-PREFILL_KEYS = 1280
-
-
-def chunk_end(done: int, length: int, exact: bool = False) -> int:
-    """Where the prefill chunk starting at prompt position `done` ends: a function of positions alone;
-    `exact` (a `prefix.split_exact` model), cut so that any cut keeps the bits: position 0's chunk is
-    [0, BLOCK) (or the whole prompt, where fewer than MIN_ROWS would follow it), and no forward past it,
-    the last (the first decode step's) included, takes fewer than MIN_ROWS rows."""
-    quantum = min(16, PREFILL_CHUNK)
-    n = PREFILL_CHUNK * PREFILL_KEYS // (done + PREFILL_KEYS) // quantum * quantum
-    end = min(done + max(quantum, min(PREFILL_CHUNK, n)), length)
-    if not exact:
-        return end
-    if done == 0:
-        return BLOCK if length >= BLOCK + MIN_ROWS else length
-    if end < length and length - end < MIN_ROWS:  # leave the last forward MIN_ROWS rows, or take them all
-        end = (length - MIN_ROWS) // BLOCK * BLOCK
-        return end if end > done else length
-    return end
-
-
-def chunk_work(done: int, n: int) -> int:
-    """A chunk's prefill work in tokens at a prompt's start: n tokens after `done` weigh
-    (done + PREFILL_KEYS) / PREFILL_KEYS each (their attention grows with the keys before them)."""
-    return -(-n * (done + PREFILL_KEYS) // PREFILL_KEYS)
-
-
-def grid_ends(length: int, inclusive: bool = False) -> list[int]:
-    """The chunk grid's boundaries inside `length` tokens, ascending: where a prompt of that length's
-    prefill chunks end before its last chunk (which its first decode step feeds); `inclusive`: up to
-    `length` itself, where it is one (a sequence fed whole, `prefix.PrefixFill`)."""
-    ends, end = [], 0
-    while (end := chunk_end(end, length + 1)) < length + inclusive:
-        ends.append(end)
-    return ends
-
-
-def lookup_ends(length: int, exact: bool) -> list[int]:
-    """Where a prompt of `length` tokens may resume its prefill from the prefix cache, ascending: the grid's
-    boundaries (`grid_ends`), or, `exact`, every BLOCK boundary that leaves at least MIN_ROWS tokens to
-    feed (`chunk_end`'s rule)."""
-    if not exact:
-        return grid_ends(length)
-    return list(range(BLOCK, length - MIN_ROWS + 1, BLOCK)) if length >= BLOCK + MIN_ROWS else []
-
-
-def fill_plan(length: int, exact: bool) -> tuple[list[int], list[int], int | None]:
-    """How `prefix.PrefixFill` extends the cache with a finished sequence of `length` tokens: (the
-    boundaries it looks up, where its chunks end, the block size it stores or None): the grid's up to its
-    last boundary, or, `exact`, every BLOCK up to the last whole one, fed in the grid's chunks."""
-    if not exact:
-        ends = grid_ends(length, inclusive=True)
-        return ends, ends, None
-    last = length // BLOCK * BLOCK
-    ends = list(range(BLOCK, last + 1, BLOCK))
-    chunks, end = [BLOCK] if last else [], BLOCK
-    while last and (end := chunk_end(end, last)) < last:
-        chunks.append(end)
-    return ends, chunks + [last] if last > BLOCK else chunks, BLOCK
-
-
-@dataclass
-class Prefill:
-    """A bucket of rows (one prompt length) being prefilled, a chunk at a time, before it joins the batch.
-
-    Attributes:
-        rows: its rows; cache: their KV cache, holding the first `done` prompt tokens.
-        prompt: (B, T) the rows' prompts.
-    """
-
-    rows: list[Row]
-    cache: KVCache
-    prompt: torch.Tensor
-    done: int = 0
-    exact: bool = False  # cut on `chunk_end`'s exact rule (`prefix.split_exact`)
-
-    def next_end(self) -> int:
-        """Where the next chunk ends (`chunk_end`)."""
-        return chunk_end(self.done, self.prompt.shape[1], self.exact)
-
-    def next_work(self) -> int:
-        """Its next chunk's prefill work (`chunk_work`), every row's counted."""
-        return len(self.rows) * chunk_work(self.done, self.next_end() - self.done)
 
 
 @dataclass
@@ -437,43 +312,67 @@ class DecodeBatch:
         return Group(rows, p.cache, st)
 
     def _step(self, g: Group) -> StepEmission:
-        """One step of a group: propose, forward, accept (+ drafting pass), advance."""
-        model, st, cache, cfg = self.model, g.st, g.cache, self.key
+        """One step of a group, in four phases: propose, forward, accept (+ drafting pass), advance. With
+        a profile being taken (`decode/profile.py`), each phase's wall time is booked by name."""
+        st, cache = g.st, g.cache
         t0 = time.perf_counter()
-        device = model.device
-        mask_id = model.config.mask_token_id
+        prof = profile.ACTIVE
+        if prof:
+            prof.start(prefill=g.index == 0)
         # 1. Propose: committed tokens to feed, then the policy's block(s) of mask slots.
+        tokens, positions, mask, n_c = self._propose(st, cache)
+        if prof:
+            prof.mark("propose")
+        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
+        top1 = self.argmax_only and all(r.cfg.logprobs is None for r in g.rows)
+        out = self.model.step(
+            tokens, positions, n_c, mask, cache, st.max_drafts + 1, top1=top1, ar_entropy=self.asks_router
+        )
+        if prof:
+            prof.mark(f"forward:{tokens.shape[1]}")
+        # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
+        adv = self.policy.advance(self.model, st, out)
+        if prof:
+            prof.mark("accept")
+        cache.commit(adv.keep)
+        if prof:
+            prof.mark("cache")
+        forwards = 1
+        if adv.draft_pass:
+            adv = self._draft_pass(st, cache, adv, out, prof)
+            forwards = 2
+        # 4. Advance: bookkeeping for the next step.
+        em = self._advance(g, adv, out, forwards, t0)
+        if prof:
+            prof.mark("bookkeeping")
+        return em
+
+    def _propose(self, st: LoopState, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, object, int]:
+        """The step's inputs: (tokens (B, n_c + n_s), positions, mask, n_c): the fed committed tokens,
+        then the policy's fused block(s) of mask slots, if any; the cache has room for them and for a
+        drafting pass."""
+        cfg, device = self.key, self.model.device
         B, n_c = st.fed.shape
         size, anchors = self.policy.n_slots(st), self.policy.anchors(st)
         n_s = size * (len(anchors) if anchors else 1)
-        K = cfg.block_size or 1
-        cache.make_room(n_c + n_s + (K if cfg.drafting == "separate" else 0))
+        cache.make_room(n_c + n_s + ((cfg.block_size or 1) if cfg.drafting == "separate" else 0))
+        mask_id = self.model.config.mask_token_id
         tokens = st.fed if n_s == 0 else torch.cat([st.fed, st.fed.new_full((B, n_s), mask_id)], dim=1)
-        start = cache.length
         if not anchors:  # one block at the last fed token: positions run on contiguously
             offsets = self._arange(n_c + n_s)
         else:  # block m's slots sit at its anchor's position + 1 .. + size
             blocks = torch.tensor(anchors)[:, None] + torch.arange(1, size + 1)  # (blocks, size)
             offsets = torch.cat([torch.arange(n_c), blocks.flatten()]).to(device)
-        mask = decode_mask(start, n_c, n_s, cache.key_valid, device, anchors)
-        # 2. Forward: AR logits for the fed tokens, NAR logits for the slots.
-        positions = cache.positions(offsets)
-        top1 = self.argmax_only and all(r.cfg.logprobs is None for r in g.rows)
-        out = model.step(
-            tokens, positions, n_c, mask, cache, st.max_drafts + 1, top1=top1, ar_entropy=self.asks_router
-        )
-        # 3. Accept: the policy verifies / commits and says what each row keeps and feeds next.
-        adv = self.policy.advance(model, st, out)
-        cache.commit(adv.keep)
-        forwards = 1
-        if adv.draft_pass:
-            adv = self._draft_pass(st, cache, adv, out)
-            forwards = 2
-        # 4. Advance: bookkeeping for the next step.
+        mask = decode_mask(cache.length, n_c, n_s, cache.key_valid, device, anchors)
+        return tokens, cache.positions(offsets), mask, n_c
+
+    def _advance(self, g: Group, adv: Advance, out, forwards: int, t0: float) -> StepEmission:
+        """What a step leaves for the next (fed tokens, drafts, penalties' counts) and what it emits."""
+        st, device = g.st, self.model.device
         st.fed, st.draft_logprobs = adv.next_fed, adv.next_draft_logprobs
-        st.n_drafts = adv.next_drafts or [0] * B
-        toks, srcs, writers = _truncate(adv, g.rows)
-        logprobs = _logprobs(g.rows, adv, toks, out.ar_logits)
+        st.n_drafts = adv.next_drafts or [0] * st.fed.shape[0]
+        toks, srcs, writers = truncate(adv, g.rows)
+        lp = logprobs(g.rows, adv, toks, out.ar_logits)
         if st.seen is not None:
             for b, t in enumerate(toks):
                 st.seen[b, t] = True
@@ -485,13 +384,12 @@ class DecodeBatch:
                     torch.ones(len(t), dtype=torch.int32, device=device),
                 )
         step = None
-        if cfg.trace:
+        if self.key.trace:
             h = float(entropy(out.ar_logits[0, -1]))
             dt = (time.perf_counter() - t0) * 1e3
             step = Step(g.index, adv.mode, adv.drafted[0], adv.accepted[0], adv.p_ar, h, dt)
         g.index += 1
-        finished = [r.finish for r in g.rows]
-        ids = [r.id for r in g.rows]
+        finished, ids = [r.finish for r in g.rows], [r.id for r in g.rows]
         return StepEmission(
             toks,
             srcs,
@@ -504,15 +402,15 @@ class DecodeBatch:
             forwards,
             adv.routed,
             ids,
-            logprobs,
+            lp,
         )
 
-    def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out) -> Advance:
-        """Drafting pass: K = `drafting_slots` slots anchored at each row's last kept token, NAR set only;
+    def _draft_pass(self, st: LoopState, cache: KVCache, adv: Advance, out, prof) -> Advance:
+        """Drafting pass: K = `Advance.pass_slots` (else `drafting_slots`) slots anchored at each row's last kept token, NAR set only;
         they see the cache up to that token and each other, and sit in scratch space past it. Slot 1's
         token is known by now (the AR path's, next_fed[:, 0]), so it goes in revealed, as training's
-        mask-predict reveals do, and slots 2.. are drafted knowing it."""
-        model, K = self.model, self.key.draft_block
+        mask-predict reveals do, and slots 2.. are drafted knowing it. `prof`: the active profile, or None."""
+        model, K = self.model, adv.pass_slots or self.key.draft_block
         B, L = st.fed.shape[0], cache.length
         slots = st.fed.new_full((B, K), model.config.mask_token_id)
         slots[:, 0] = adv.next_fed[:, 0]
@@ -521,50 +419,12 @@ class DecodeBatch:
         entry = None if out.entry is None else rows_at(out.entry, [k - 1 for k in adv.keep])[:, None]
         positions = cache.positions(self._arange(K))
         draft = model.step(slots, positions, 0, mask, cache, 0, entry)
-        return self.policy.draft(model, st, adv, out, draft.slot_logits)
-
-
-def _logprobs(rows: list[Row], adv: Advance, toks: list[list[int]], ar_logits: torch.Tensor) -> list | None:
-    """Per row that asks, the AR log-prob (and top alternatives) of each token it emits (`toks`: the
-    step's tokens as `_truncate` cut them, a prefix of `adv.emitted`): token j < ar_count was predicted
-    by verifying row ar_first + j; the rest were committed unverified (None)."""
-    if all(r.cfg.logprobs is None for r in rows):
-        return None
-    logp = ar_logits.float().log_softmax(-1)  # (B, k + 1, V)
-    out: list[list[TokenLogprob] | None] = []
-    for b, row in enumerate(rows):
-        if row.cfg.logprobs is None:
-            out.append(None)
-            continue
-        entries = []
-        for j, token in enumerate(toks[b]):
-            if j >= adv.ar_count[b]:
-                entries.append(TokenLogprob(token, None))
-                continue
-            dist = logp[b, adv.ar_first[b] + j]  # (V,)
-            top = torch.topk(dist, row.cfg.logprobs) if row.cfg.logprobs else None
-            alts = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-            entries.append(TokenLogprob(token, float(dist[token]), alts))
-        out.append(entries)
-    return out
-
-
-def _truncate(adv: Advance, rows: list[Row]) -> tuple[list[list[int]], list[list[str]], list[list[str]]]:
-    """Cut each row's emitted tokens (with their sources and writers) at EOS and at its max_new_tokens
-    budget; mark finished rows."""
-    toks, srcs, writers = [], [], []
-    for row, t, s, w in zip(rows, adv.emitted, adv.sources, adv.writers, strict=True):
-        end = next((i for i, x in enumerate(t) if x in row.eos_ids), None)
-        if end is not None:
-            row.finish = "eos"
-        else:
-            end = len(t)
-        if end >= row.budget:
-            end = row.budget
-            row.finish = row.finish or "length"
-        row.budget -= end
-        toks.append(t[:end]), srcs.append(s[:end]), writers.append(w[:end])
-    return toks, srcs, writers
+        if prof:
+            prof.mark("draft:nar")
+        adv = self.policy.draft(model, st, adv, out, draft.slot_logits)
+        if prof:
+            prof.mark("draft:nar choose")
+        return adv
 
 
 @torch.inference_mode()
@@ -605,13 +465,13 @@ def decode(
         for em in batch.step():
             tokens, sources, writers = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
             drafted, accepted = [0] * B, [0] * B
-            logprobs = None if em.logprobs is None else [None] * B
+            row_logprobs = None if em.logprobs is None else [None] * B
             for i, row in enumerate(em.rows):
                 tokens[row], sources[row], finished[row] = em.tokens[i], em.sources[i], em.finished[i]
                 writers[row] = em.writers[i]
                 drafted[row], accepted[row] = em.drafted[i], em.accepted[i]
-                if logprobs is not None:
-                    logprobs[row] = em.logprobs[i]
+                if row_logprobs is not None:
+                    row_logprobs[row] = em.logprobs[i]
             yield StepEmission(
                 tokens,
                 sources,
@@ -624,5 +484,5 @@ def decode(
                 em.forwards,
                 em.routed,
                 list(range(B)),
-                logprobs,
+                row_logprobs,
             )

@@ -47,15 +47,19 @@ free drafts are drafted only where every row has some.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from yue.config import DecodeConfig
+from yue.decode import profile
 from yue.decode.costs import StepCosts
 from yue.decode.sampling import (
     apply_logit_bias,
     apply_openai_penalties,
     apply_repetition_penalty,
     choose_rows,
+    judged_rates,
     one_hot_logprobs,
     sample_rows,
     speculative_accept,
@@ -120,12 +124,14 @@ def commit_unverified(st: LoopState, token: torch.Tensor, extra: torch.Tensor | 
     return adv
 
 
-def best_length(st: LoopState, survival: list[float], draft_pass: bool = True) -> int:
+def best_length(st: LoopState, survival: list[float], draft_pass: bool = True, sized: bool = False) -> int:
     """`best_draft`'s k: the number of drafts to verify next step (0 = none pays)."""
-    return best_draft(st, survival, draft_pass)[0]
+    return best_draft(st, survival, draft_pass, sized)[0]
 
 
-def best_draft(st: LoopState, survival: list[float], draft_pass: bool = True) -> tuple[int, float]:
+def best_draft(
+    st: LoopState, survival: list[float], draft_pass: bool = True, sized: bool = False
+) -> tuple[int, float]:
     """The number of drafts k to verify next step that writes the most tokens per unit of cost (0 if
     none beats a plain AR step), and those expected tokens per unit of cost. survival[j - 1]:
     expected P(drafts 1..j all accepted) (in a batch, the rows' mean: each row accepts its own drafts).
@@ -133,15 +139,20 @@ def best_draft(st: LoopState, survival: list[float], draft_pass: bool = True) ->
     Verifying k drafts writes 1 + sum_{j<=k} survival[j-1] tokens for a step feeding k drafts plus the
     block's drafting pass (`st.costs`: measured for the model on this machine; fused drafting: a
     block per fed position, approximated as k + 1 passes; none for copied drafts, `draft_pass`
-    False); a plain AR step writes one for `costs.verify(0)`.
+    False); a plain AR step writes one for `costs.verify(0)`. `sized`: the separate pass runs over
+    just the k + 1 slots those k drafts need (`Advance.pass_slots`), at its measured cost by slots;
+    else over the whole block (the router reads every slot).
     """
     # A batch step's costs grow with its rows (`StepCosts.for_batch`): a large batch drafts less.
     costs = (st.costs or StepCosts.default(st.cfg.block_size)).for_batch(st.fed.shape[0], st.cfg.block_size)
-    best_k, best_rate, gain = 0, 1.0 / costs.verify(0), 1.0
+    # A NAR block must beat a plain step by DRAFT_MARGIN: what the curve leaves out is on its side.
+    margin = DRAFT_MARGIN if draft_pass else 0.0
+    best_k, best_rate, gain = 0, (1.0 + margin) / costs.verify(0), 1.0
+    sized = sized and st.cfg.drafting == "separate"
     for k, s_k in enumerate(survival, start=1):
         gain += s_k
         passes = (k + 1 if st.cfg.drafting == "fused" else 1) if draft_pass else 0
-        rate = gain / (costs.verify(k) + costs.draft_pass(st.cfg.draft_block) * passes)
+        rate = gain / (costs.verify(k) + costs.draft_pass(k + 1 if sized else st.cfg.draft_block) * passes)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k, best_rate
@@ -161,6 +172,14 @@ def probe_length(st: LoopState, n: int) -> int:
 # calibration split, int4 and bfloat16 against whole-block probes (docs/results-log.md, "Figures that
 # were in code comments"); held-out figures in the README.
 PROBE_COST = 1.25
+
+# How much more a NAR block's drafts must promise, in tokens per unit of cost, than a plain AR step
+# (`best_draft`; free drafts, which cost no pass, need no margin). The cost curve times the forwards
+# (and the speculative rule, the drafts' choice), not the policy's work around a drafting pass (the
+# router, the records, the draws), and on a shared CPU its medians carry a few percent of noise; blocks
+# promising less than this were measured to lose to `ar` (yue-code-mini at temperature 0.7: issue
+# 60's profile, docs/results/profile-xeon-2026-12-07.json); a margin on free drafts too cost yue-smol.
+DRAFT_MARGIN = 0.05
 
 
 class Policy:
@@ -320,6 +339,7 @@ class VerifiedPolicy(Policy):
         if k == 0:
             return [0] * len(target), choose_rows(target[:, 0], st.cfg, st.generators)
         logp = warp(target, st.cfg)
+        st.judged = judged_rates(logp[:, :k], st.draft_logprobs, drafts, st.n_drafts)
         rows = [
             speculative_accept(logp[b, k - kb :], st.draft_logprobs[b, k - kb :], drafts[b, k - kb :], g, t)
             for b, (kb, g) in enumerate(zip(st.n_drafts, st.generators, strict=True))
@@ -335,7 +355,7 @@ class VerifiedPolicy(Policy):
         """How many of a block's n drafts to verify next step when the router is not asked (threshold
         1): the k with the most expected tokens per unit of cost under the acceptance record
         (`AcceptanceRecord.survival`); 0 = drafting does not pay on this text so far."""
-        return best_length(st, st.drafts.block.record().survival(n))
+        return best_length(st, st.drafts.block.record().survival(n), sized=True)
 
     def draft_length(self, st: LoopState, p_ar: torch.Tensor, gate: float) -> int:
         """How many drafts (slots 2..) to verify next step; 0 = draft nothing. p_ar: (B, n), slots 1..n.
@@ -362,7 +382,11 @@ class VerifiedPolicy(Policy):
         adv = self.accept(st, n_acc, nxt)
         drafts = st.drafts
         if drafts.contexts is not None:
+            prof = profile.ACTIVE
+            t0 = time.perf_counter() if prof else 0.0
             drafts.extend(adv.emitted)
+            if prof:
+                prof.inner("draft:contexts", time.perf_counter() - t0)
             if self.copy(model, st, adv):  # free drafts: no drafting pass this step
                 drafts.block.rest()
                 return adv
@@ -377,8 +401,9 @@ class VerifiedPolicy(Policy):
         """What a verifying step keeps and emits: per row, its `n_acc` accepted drafts then the AR
         path's token nxt (B,), which is fed next; the drafts' source's record learns how they fared."""
         drafts = st.drafts
-        if st.max_drafts:  # the record counts the rows' mean
-            drafts.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)))
+        if st.max_drafts:  # the record counts the rows' mean (sampled: each draft's chance, `judged_rates`)
+            drafts.observe(round(sum(st.n_drafts) / len(n_acc)), round(sum(n_acc) / len(n_acc)), st.judged)
+        st.judged = None
         W, fed = st.fed.shape[1], st.fed.tolist()
         rows = zip(fed, st.n_drafts, n_acc, nxt.tolist(), strict=True)
         emitted = [row[W - k : W - k + n] + [t] for row, k, n, t in rows]
@@ -405,8 +430,12 @@ class VerifiedPolicy(Policy):
         if n < 1:
             return False
         best, best_k, best_rate = None, 0, 0.0
+        prof = profile.ACTIVE
         for source in st.drafts.free:  # in order: a tie goes to the first
+            t0 = time.perf_counter() if prof else 0.0
             proposal = source.propose(st.drafts.contexts, n)
+            if prof:
+                prof.inner(f"draft:{source.name}", time.perf_counter() - t0)
             if proposal is None:
                 continue
             # Free drafts cost no drafting pass, only their verifying rows.
@@ -427,17 +456,21 @@ class VerifiedPolicy(Policy):
         (threshold 1; 0 where the NAR set would not draft now, or the router decides its drafts)."""
         if not self.drafts_now(st) or st.cfg.draft_gate(model.config) < 1.0:
             return 0.0
-        return best_draft(st, st.drafts.block.record().survival(n))[1]
+        return best_draft(st, st.drafts.block.record().survival(n), sized=True)[1]
 
     def worth_a_pass(self, model, st: LoopState, adv: Advance) -> bool:
-        """Where the router is not asked (threshold 1, no trace), `draft` sizes a block that is no probe
-        from the acceptance record alone (`record_length`), which the pass's logits do not change: when
-        that is 0, the block is declined here, as `draft` would decline it, without paying for the pass
-        (a batch's pass over rows x slots costs more than a step)."""
+        """Where the router is not asked (threshold 1, no trace), `draft` sizes a block from the
+        acceptance record alone (`record_length`; a probe, `probe_length`), which the pass's logits do
+        not change. So the pass is sized here: over the k + 1 slots that k drafts need
+        (`Advance.pass_slots`: a pass's cost falls with its slots, measured by `decode.costs`), and
+        where k is 0 the block is declined, as `draft` would decline it, without paying for the pass (a
+        batch's pass over rows x slots costs more than a step)."""
         block, n = st.drafts.block, st.cfg.draft_block - 1
-        if st.cfg.draft_gate(model.config) < 1.0 or st.cfg.trace or block.probe or n < 1:
+        if st.cfg.draft_gate(model.config) < 1.0 or st.cfg.trace or n < 1:
             return True
-        if self.record_length(st, n):
+        k = probe_length(st, n) if block.probe else self.record_length(st, n)
+        if k:
+            adv.pass_slots = k + 1
             return True
         block.look()
         adv.routed = (n, 0)
@@ -460,7 +493,8 @@ class VerifiedPolicy(Policy):
             k_next = self.draft_length(st, p_ar, gate)
         else:
             k_next = probe_length(st, n) if probing else self.record_length(st, n)
-        adv.routed = (n - k_next, k_next)
+        # Routed over the whole block, also where a sized pass ran fewer slots (`worth_a_pass`).
+        adv.routed = (max(n, st.cfg.draft_block - 1) - k_next, k_next)
         if k_next == 0:
             # No draft is worth its cost here; a block costs a whole NAR pass, so write plain AR steps
             # for a while and look again, backing off further after each futile look.

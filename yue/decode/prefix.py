@@ -12,12 +12,12 @@ Design decisions:
     on how many rows share its forward, once that forward starts past position 0 and takes more than
     `rowkernel.MAX_ROWS` rows (the parts path; 1-9 rows run the layer as one row-kernel call, whose
     bits are its own). The prefill then cuts a prompt so that every forward does
-    (`loop.chunk_end(exact=True)`: position 0's chunk is [0, BLOCK), every later one at least
+    (`chunks.chunk_end(exact=True)`: position 0's chunk is [0, BLOCK), every later one at least
     `MIN_ROWS` rows), and any cut on that rule gives the same bits: the cache stores and finds
     `BLOCK`-token blocks, a prompt resumes at the last block boundary it shares that leaves it at least
     `MIN_ROWS` tokens, and a prompt's tail, fed by its first decode step, is stored too.
   - **Grid** (any other path: float32 weights through torch's GEMM past 9 rows, a GPU, bfloat16): a
-    prefill's chunks are fixed by positions alone (`loop.chunk_end` from position 0), the cache keeps
+    prefill's chunks are fixed by positions alone (`chunks.chunk_end` from position 0), the cache keeps
     whole grid chunks, and a prompt resumes only at a grid boundary, in the very state a prefill
     without the cache reaches there.
 - An entry is one block's (or chunk's) columns, every layer's K and V ((L, Hkv, n, Dh) each, copies),
@@ -173,7 +173,7 @@ class PrefixCache:
 
     def lookup(self, tokens: list[int], ends: list[int], count: bool = True) -> PrefixHit:
         """The longest run of cached blocks or chunks at the start of `tokens`, trying their ends `ends`
-        (the boundaries the caller may resume at, ascending: `loop.lookup_ends`). `count`: book it in `stats` (a request's lookup;
+        (the boundaries the caller may resume at, ascending: `chunks.lookup_ends`). `count`: book it in `stats` (a request's lookup;
         the cache's own, by an idle fill, is not)."""
         hit, keys = PrefixHit(), []
         for end, key in zip(ends, prefix_keys(tokens, ends), strict=True):
@@ -274,7 +274,7 @@ class PrefixFill:
         model: the MoT model (eval mode).
         prefix_cache: the cache to extend.
         tokens: the sequence.
-        ends: the boundaries a lookup may resume at, up to its length, ascending (`loop.fill_plan`); the
+        ends: the boundaries a lookup may resume at, up to its length, ascending (`chunks.fill_plan`); the
             sequence is filled up to the last.
         chunks: where the chunks fed end, ascending, ending at ends[-1] (grid: `ends` itself).
         block: store as `block`-token blocks (`split_exact` models), or each chunk as one (None).

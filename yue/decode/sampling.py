@@ -201,3 +201,31 @@ def speculative_accept(
     if residual.sum() <= 0:  # p == q exactly: any rejection is measure-zero; fall back to p
         residual = target_logprobs[n].exp()
     return n, int(sample_from_probs(residual, generator))
+
+
+def judged_rates(
+    target_logprobs: torch.Tensor, draft_logprobs: torch.Tensor, drafts: torch.Tensor, n_drafts: list[int]
+) -> list[float]:
+    """Per draft position j, the chance the speculative rule accepts draft j given drafts 1..j-1 were,
+    min(1, p_j(x_j) / q_j(x_j)), averaged over the rows that drafted position j: every drafted position
+    is judged, not just those up to the first rejection, and by its chance, not a 0/1 draw, so a
+    sampled request's record (`sources.AcceptanceRecord.observe`) learns from each step what its drafts are
+    worth (p_j is the target given the drafts before j: what it is where they were accepted).
+
+    Args:
+        target_logprobs: (B, k, V) warped AR log-probs at the k draft positions.
+        draft_logprobs: (B, k, V) the drafts' proposal log-probs q (one-hot for free drafts).
+        drafts: (B, k) draft tokens; row b's drafts are its last n_drafts[b].
+    """
+    x = drafts[:, :, None]
+    log_ratio = (target_logprobs.gather(2, x) - draft_logprobs.gather(2, x))[:, :, 0]  # (B, k)
+    rates = log_ratio.clamp(max=0.0).exp()  # min(1, p / q)
+    k = drafts.shape[1]
+    if min(n_drafts) == k:
+        return rates.mean(0).tolist()
+    out = []
+    for j in range(k):  # row b's draft j (of its own) sits at column k - n_drafts[b] + j
+        cols = [(b, k - kb + j) for b, kb in enumerate(n_drafts) if j < kb]
+        if cols:
+            out.append(sum(float(rates[b, c]) for b, c in cols) / len(cols))
+    return out

@@ -64,7 +64,8 @@ class AcceptanceRecord:
 
     Attributes:
         reached / held: per draft position (index j - 1), steps that verified >= j drafts and accepted
-            >= j - 1 (so judged draft j), and of those the steps that accepted >= j (batch mean).
+            >= j - 1 (so judged draft j), and of those the steps that accepted >= j (batch mean);
+            sampled, every step that verified >= j drafts, each held by draft j's chance.
         predicted / accepted: the router's expected accepted drafts and the accepted ones, summed.
         pending: the router's expectation for the drafts now in flight (None: not the router's).
         prior: per draft position, the prior mean of c_j where measured (past its end, c_{j-1}).
@@ -75,7 +76,7 @@ class AcceptanceRecord:
     prior: tuple[float, ...] = ()
     source: str = ""
     reached: list[int] = field(default_factory=list)
-    held: list[int] = field(default_factory=list)
+    held: list[float] = field(default_factory=list)
     predicted: float = 0.0
     accepted: float = 0.0
     pending: float | None = None
@@ -97,13 +98,23 @@ class AcceptanceRecord:
             out.append(last)
         return out
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """Fold in a verifying step that verified `drafted` drafts and accepted `accepted` of them."""
+    def observe(self, drafted: int, accepted: int, judged: Sequence[float] | None = None) -> None:
+        """Fold in a verifying step that verified `drafted` drafts and accepted `accepted` of them.
+
+        `judged` (sampling): per draft position, the chance the rule accepted it given the drafts before
+        it (`sampling.judged_rates`); then every drafted position counts, each held by that chance (an
+        unbiased c_j with less noise than the draw, and positions past the first rejection learnt too).
+        """
         while len(self.reached) < drafted:
             self.reached.append(0), self.held.append(0)
-        for j in range(min(drafted, accepted + 1)):  # drafts 1..accepted + 1 were judged
-            self.reached[j] += 1
-            self.held[j] += accepted > j
+        if judged is not None:
+            for j, rate in enumerate(judged[:drafted]):
+                self.reached[j] += 1
+                self.held[j] += rate
+        else:
+            for j in range(min(drafted, accepted + 1)):  # drafts 1..accepted + 1 were judged
+                self.reached[j] += 1
+                self.held[j] += accepted > j
         if self.pending is not None:
             self.predicted += self.pending
             self.accepted += accepted
@@ -260,9 +271,10 @@ class DraftSources:
         """The record of the drafts fed to the step now verifying them (free drafts, else the block's)."""
         return self.block.record() if self.in_flight is None else self.in_flight
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """Fold a verifying step into the record of the drafts it verified (the batch's mean counts)."""
-        self.verifying.observe(drafted, accepted)
+    def observe(self, drafted: int, accepted: int, judged: Sequence[float] | None = None) -> None:
+        """Fold a verifying step into the record of the drafts it verified (the batch's mean counts;
+        `judged`: each draft's chance, sampling, `AcceptanceRecord.observe`)."""
+        self.verifying.observe(drafted, accepted, judged)
 
     def extend(self, emitted: list[list[int]]) -> None:
         """Append each row's committed tokens to its context."""

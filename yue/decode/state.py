@@ -48,6 +48,9 @@ class LoopState:
     counts: torch.Tensor | None = None
     costs: StepCosts | None = None
     drafts: DraftSources = field(default_factory=DraftSources)
+    # Sampling: per draft position, the chance the step now verifying accepted each draft given those
+    # before it (`sampling.judged_rates`), for the record; None: judged by the accepted count.
+    judged: list[float] | None = None
     # `anchor` / `anchor-verified` (`decode/anchor.py`): the gap between anchor spans (planned at the
     # first step), each row's predicted anchor count (None without a count head), and the confidences
     # (B,) of the current span's anchors.
@@ -80,6 +83,7 @@ class Advance:
     next_draft_logprobs: torch.Tensor | None = None
     mode: str = "AR"
     draft_pass: bool = False  # run a NAR-only pass anchored at each row's fed[keep - 1], then `draft`
+    pass_slots: int | None = None  # that pass's slots (slot 1 revealed, then the drafts); None = the block
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     # Per row, the emitted tokens the AR path chose or verified: the first ar_count[b] of them, each

@@ -49,7 +49,7 @@ class ServeConfig:
             (continuous batching); 1 = one request at a time.
         max_batch_tokens: prefill work per decode step, in prompt tokens at a prompt's start (later
             tokens weigh more: they attend to more keys), at least one chunk (chunks of at most 128
-            tokens, shorter along a long prompt: `decode.loop.chunk_end`), so neither a burst of
+            tokens, shorter along a long prompt: `decode.chunks.chunk_end`), so neither a burst of
             arrivals nor a long prompt stalls the running requests for all its prefill at once;
             None = no bound.
         max_queue: admitted requests waiting to join the batch; beyond running + waiting, 503.
