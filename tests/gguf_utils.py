@@ -134,6 +134,8 @@ def write_tiny_llama_gguf(
     tie_word_embeddings: bool = True,
     add_bos_token: bool = False,
     chat_template: str = CHATML_TEMPLATE,
+    tokenizer_pre: str = "smollm",
+    extra_tokens: tuple[tuple[str, int], ...] = (),
 ) -> TinyGGUF:
     """Write a tiny random Llama GGUF to `path` (a few hundred KB; well under a second).
 
@@ -142,12 +144,16 @@ def write_tiny_llama_gguf(
             Q6_K, random blocks; sizes a multiple of 256) (the embedding stays Q8_0 as in SmolLM2's
             file, norms F32); rows must be a multiple of 32 for the block types.
         add_bos_token: the tokenizer flag llama.cpp and transformers read to prefix BOS.
+        tokenizer_pre: `tokenizer.ggml.pre` (which split regex the vocabulary's merges were learned on).
+        extra_tokens: (token, llama.cpp token type) pairs appended to the vocabulary.
     """
     path = Path(path)
     tok = tiny_tokenizer()
     vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
     merges = [m if isinstance(m, str) else " ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
     token_types = [3 if t in CONTROL_TOKENS else 1 for t in vocab]  # 3 CONTROL, 1 NORMAL
+    vocab += [t for t, _ in extra_tokens]
+    token_types += [k for _, k in extra_tokens]
     head_dim = hidden // heads
     config = LlamaConfig(
         vocab_size=len(vocab),
@@ -246,7 +252,7 @@ def write_tiny_llama_gguf(
     w.add_vocab_size(len(vocab))
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if quant == "Q4_1" else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(tokenizer_pre)
     w.add_token_list(vocab)
     w.add_token_types(token_types)
     w.add_token_merges(merges)
