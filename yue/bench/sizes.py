@@ -186,6 +186,7 @@ def shape_document(shape, path: Path, peers: dict[str, PeerResult], bw: dict[int
         "file_gb": round(path.stat().st_size / 1e9, 3),
         "bytes_per_token_gb": round(per_token / 1e9, 3),
         "ceiling_tok_s": {t: round(b * 1e9 / per_token, 2) for t, b in bw.items()},
+        "vocab_note": gguf_shapes.vocab_note(shape),
         "peers": {},
         "yue_over_llamacpp": {},
     }
@@ -212,6 +213,8 @@ def shape_document(shape, path: Path, peers: dict[str, PeerResult], bw: dict[int
         t1 = min(cfg.threads)
         for key in ("load_s", "load_plus_8_s"):  # times: above 1 means yue is slower
             doc["yue_over_llamacpp"][f"{key}_warm"] = ratio(y.values(t1, key), ll.values(t1, key))
+            cold = [p.cold.get(key) for p in (y, ll)]
+            doc["yue_over_llamacpp"][f"{key}_cold"] = cold[0] / cold[1] if None not in cold else None
     return doc
 
 
@@ -277,7 +280,7 @@ def print_report(doc: dict) -> str:
         ratios = s["yue_over_llamacpp"]
         rows = [
             ("load cold s", "load_cold_s", None),
-            ("load+8 cold s", "load_plus_8_cold_s", None),
+            ("load+8 cold s", "load_plus_8_cold_s", "load_plus_8_s_cold"),
             ("load warm s", "load_warm_s", "load_s_warm"),
             ("load+8 warm s", "load_plus_8_warm_s", "load_plus_8_s_warm"),
             ("peak RSS MB", "peak_rss_mb", None),
@@ -303,6 +306,7 @@ def print_report(doc: dict) -> str:
             *([""] if ratios else []),
         )
         console.print(t)
+        console.print(s["vocab_note"], markup=False)
     for k, why in doc["skipped"].items():
         console.print(f"{k} skipped: {why}", markup=False)
     console.file.flush()
