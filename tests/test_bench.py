@@ -412,11 +412,11 @@ def test_every_mode_and_peer_is_fed_the_same_templated_ids(
     are, per prompt, the chat template's text encoded once."""
     import transformers
 
-    import yue.engine
+    import yue.engine.core
 
     expected = [p.ids for p in load_prompts(chat_file, chat_engine)]
     seen: dict[str, list[list[int]]] = {"ours": [], "hf": []}
-    real_decode, real_generate = yue.engine.decode, transformers.LlamaForCausalLM.generate
+    real_decode, real_generate = yue.engine.core.decode, transformers.LlamaForCausalLM.generate
 
     def decode(model, prompts, cfg, cancel=None, costs=None, corpus=None):
         seen["ours"] += [list(p) for p in prompts]
@@ -426,7 +426,7 @@ def test_every_mode_and_peer_is_fed_the_same_templated_ids(
         seen["hf"] += input_ids.tolist()
         return real_generate(self, input_ids, **kw)
 
-    monkeypatch.setattr(yue.engine, "decode", decode)
+    monkeypatch.setattr(yue.engine.core, "decode", decode)
     monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", generate)
     cfg = BenchConfig(
         model=tiny_model_dir,
@@ -510,10 +510,10 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
     greedy choice on these prompts). Modes that need a NAR set are skipped with a note."""
     import transformers
 
-    import yue.engine
+    import yue.engine.core
 
     seen: dict[str, list[list[int]]] = {"ours": [], "hf": [], "llamacpp": []}
-    real_decode, real_hf = yue.engine.decode, transformers.LlamaForCausalLM.generate
+    real_decode, real_hf = yue.engine.core.decode, transformers.LlamaForCausalLM.generate
     real_lc = llamacpp.LlamaCppRunner.generate
 
     def decode(model, prompts, cfg, cancel=None, costs=None, corpus=None):
@@ -528,7 +528,7 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
         seen["llamacpp"].append(list(ids))
         return real_lc(self, ids, seed)
 
-    monkeypatch.setattr(yue.engine, "decode", decode)
+    monkeypatch.setattr(yue.engine.core, "decode", decode)
     monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", hf_generate)
     monkeypatch.setattr(llamacpp.LlamaCppRunner, "generate", lc_generate)
     cfg = BenchConfig(

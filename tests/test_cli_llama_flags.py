@@ -117,6 +117,6 @@ def test_load_from_hands_threads_and_ctx_size_to_a_load_that_takes_them(monkeypa
     def load(path, *, device, dtype, nar_dtype, adapter, low_memory, threads=None, ctx_size=None):
         calls.append((threads, ctx_size))
 
-    monkeypatch.setattr(yue.engine, "load", load)
+    monkeypatch.setattr(yue.engine.loading, "load", load)  # the one load_from calls
     yue.engine.load_from(LoadConfig(threads=2, ctx_size=512))
     assert calls == [(2, 512)]

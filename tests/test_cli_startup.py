@@ -52,7 +52,7 @@ def test_import_yue_is_lazy_and_its_names_still_load():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     all_names = ["DecodeConfig", "Engine", "YueConfig", "YueForCausalLM", "load"]
-    assert out.split(" ", 1) == ["True", f"{all_names} yue.engine Engine True\n"]
+    assert out.split(" ", 1) == ["True", f"{all_names} yue.engine.loading Engine True\n"]
 
 
 def test_the_command_list_names_every_registered_command_with_its_docstring_summary():
@@ -90,3 +90,40 @@ def test_a_mistyped_command_is_answered_with_the_close_ones():
 
     res = CliRunner().invoke(app, ["generat", "x"])
     assert res.exit_code == 2 and "Did you mean 'generate'?" in res.output
+
+
+# `yue ARGS` through the entry point (`yue.cli.main`), with an atexit handler that writes a file, and an
+# object whose finalizer writes another when the interpreter's teardown clears `__main__`.
+_ENTRY = (
+    "import atexit, pathlib, sys; atexit.register(pathlib.Path(sys.argv[1]).write_text, 'ran')\n"
+    "import os\nclass Teardown:\n"
+    "    def __del__(self, mk=os.open, close=os.close, path=sys.argv[1] + '.teardown', how=os.O_CREAT | os.O_WRONLY):\n"
+    "        close(mk(path, how))\n"
+    "kept = Teardown(); sys.argv = ['yue', *sys.argv[2:]]; from yue.cli import main; main()"
+)
+
+
+def test_a_quick_command_exits_with_its_whole_output_its_code_and_its_atexit_handlers(
+    tiny_model_dir, tmp_path
+):
+    """`main` skips the interpreter's teardown after generate (`exit_now`): the text is the in-process
+    command's, the exit code a failure's, and atexit handlers still run."""
+    from typer.testing import CliRunner
+
+    from yue.cli import app
+
+    args = ["generate", "def f(", "--model", tiny_model_dir, "-n", "6", "--no-stream"]
+    marker = tmp_path / "atexit"
+
+    def entry(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _ENTRY, str(marker), *a], capture_output=True, text=True)
+
+    done = entry(*args)
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran"
+    assert not (tmp_path / "atexit.teardown").exists()  # no teardown (a light command's leaves it)
+    assert done.stdout == CliRunner().invoke(app, args).stdout and done.stdout.strip()
+    marker.unlink()
+    too_long = entry(*args[:-3], "-n", "100000")  # past the context, found once the model is loaded
+    assert too_long.returncode == 2 and "context" in too_long.stderr
+    assert marker.read_text() == "ran"

@@ -15,7 +15,7 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
 
 # Known debt: path (from the package root) or "path:function" -> its size in lines today.
 # Over the bound after session 10's merges (issue 62 asks for them to be split): listed so none grows.
-OVER: dict[str, int] = {"engine.py": 647, "decode/loop.py": 628, "kernels/prepare.py:prepare_for_decoding": 83}
+OVER: dict[str, int] = {"decode/loop.py": 628}
 
 
 def _sizes() -> dict[str, int]:

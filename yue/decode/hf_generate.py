@@ -4,7 +4,7 @@ Design decisions:
 - The seam: `YueForCausalLM.generate` (and `PreparedModel.generate`, the engine's model) asks the
   class's `decode_generate` hook first. The model layer
   may not import the decode loop (docs/design.md's floors), so the engine installs `generate` here as
-  that hook (`engine.py`); a hook answering NotImplemented leaves transformers' own generate (the plain
+  that hook (`engine/core.py`); a hook answering NotImplemented leaves transformers' own generate (the plain
   AR path, on yue's KV cache: `YueForCausalLM.forward`).
 - What is taken: greedy and sampling (`do_sample`, `temperature`, `top_k`, `top_p`,
   `repetition_penalty`), `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`, a left-padded

@@ -55,6 +55,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -263,43 +264,71 @@ def prepare_for_decoding(
     model.consumed = True
     if decodes_as_trained(model):
         return PreparedModel(model, DecodePaths.as_trained(len(model.model.layers)))
+    prepared = PreparedModel(model, decode_paths(model, drafting_dtype, int4, kernel_plan(model, low_memory)))
+    prepared.paths.layout = kernels_named(prepared)
+    release_freed_memory()
+    return prepared
+
+
+class KernelPlan(NamedTuple):
+    """Which kernels a model's float matmuls and row-wise work take (`kernel_plan`).
+
+    one_copy: the AR matmuls hold one copy of each weight (`low_memory`, `streamed_weights`).
+    rows: the float32 row count kernel probed on this CPU (`probe.KernelChoice.float32_rows`), or None
+        (not a float32 model on the CPU: no CPU kernel probed for a GPU's model).
+    streamed: the row kernel's one copy (`StreamedLinear`); one_copy then leaves the head its
+        input-major copy alone, the embedding table.
+    row_ops: the rest of a float32 step's row-wise work on yue's row kernel too, where it builds: the
+        norms (`DecodeSet.rms_norm`) and the row-exact layers' attention (`ExactAttention`'s kernel
+        form, float32 and int4, whose caches hold float32). Both made `ar` faster with the outputs
+        unchanged, measured in one process (docs/results-log.md, "Figures that were in code comments").
+    """
+
+    one_copy: bool
+    rows: str | None
+    streamed: bool
+    row_ops: bool
+
+
+def kernel_plan(model, low_memory: bool) -> KernelPlan:
+    """The kernels `prepare_for_decoding` builds for `model` on this machine (`KernelPlan`)."""
     one_copy = low_memory or streamed_weights(model)
     on_cpu_float32 = model.dtype == torch.float32 and model.device.type == "cpu"
-    rows = probe.choice().float32_rows if on_cpu_float32 else None  # no CPU kernel probed for a GPU's model
-    # The row kernel's layers hold one copy anyway (`StreamedLinear`); one_copy then leaves the head
-    # its input-major copy alone, the embedding table.
+    rows = probe.choice().float32_rows if on_cpu_float32 else None
     streamed = rows == "row-stream"
-    # The rest of a float32 step's row-wise work on yue's row kernel too, where it builds: the norms
-    # (`DecodeSet.rms_norm`) and the row-exact layers' attention (`ExactAttention`'s kernel form, float32 and
-    # int4, whose caches hold float32). Both made `ar` faster with the outputs unchanged, measured in
-    # one process (docs/results-log.md, "Figures that were in code comments").
     row_ops = on_cpu_float32 and probe.choice().ok("rows-f32")
     if one_copy and on_cpu_float32 and (streamed or probe.packed_rows(torch.float32)):
         log_one_copy(streamed)
+    return KernelPlan(one_copy, rows, streamed, row_ops)
+
+
+def decode_paths(model, drafting_dtype: torch.dtype | None, int4: bool, plan: KernelPlan) -> DecodePaths:
+    """The `DecodePaths` `prepare_for_decoding` builds on `plan`'s kernels: weights input-major, each
+    layer's decode sets, the kernel stacks, the slots' parts and the heads (its `layout` named after)."""
     input_major(model)
     release_freed_memory()
     paths = DecodePaths(
         [
-            layer_paths(layer, drafting_dtype, int4, one_copy and not streamed, rows, row_ops)
+            layer_paths(
+                layer, drafting_dtype, int4, plan.one_copy and not plan.streamed, plan.rows, plan.row_ops
+            )
             for layer in model.model.layers
         ]
     )
     one_call = all(sets[0].one_layer is not None for sets in paths.layers)
-    calls = "one row-kernel call each" if one_call else "several calls each"
-    logger.info("%s layers: %s", model.config.family, calls)
+    logger.info(
+        "%s layers: %s", model.config.family, "one row-kernel call each" if one_call else "several calls each"
+    )
     paths.stacks = kernel_stacks(model.model.layers, paths.layers)
-    prepare_slots(model, paths, drafting_dtype, row_ops)
-    head = ar_head(model, int4, one_copy, streamed, rows, row_ops)
+    prepare_slots(model, paths, drafting_dtype, plan.row_ops)
+    head = ar_head(model, int4, plan.one_copy, plan.streamed, plan.rows, plan.row_ops)
     paths.ar_head = head if head is not model.lm_head else None
     if exact_rows(paths.layers[0]):
         # bfloat16 on a CPU attends in float32: torch's CPU SDPA in bfloat16 is several times slower
         # than in float32 at a decode step's shapes, 30 calls a step (docs/results-log.md).
         paths.cache_dtype = torch.float32
-    paths.draft_head = draft_head(model, drafting_dtype, row_ops)
-    prepared = PreparedModel(model, paths)
-    paths.layout = kernels_named(prepared)
-    release_freed_memory()
-    return prepared
+    paths.draft_head = draft_head(model, drafting_dtype, plan.row_ops)
+    return paths
 
 
 def layer_paths(layer, drafting_dtype, int4: bool, one_copy: bool, rows: str | None, row_ops: bool) -> tuple:

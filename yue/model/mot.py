@@ -318,7 +318,7 @@ class YueForCausalLM(YuePreTrainedModel, GenerationMixin):
     """The AR-NAR MoT language model with its router."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    # `generate()` through yue's decode loop, installed by the engine layer (`engine.py`): called as
+    # `generate()` through yue's decode loop, installed by the engine layer (`engine/core.py`): called as
     # hook(model, inputs, generation_config, streamer, mode, kwargs); NotImplemented (or no hook) leaves
     # transformers' generate. See `decode/hf_generate.py`.
     decode_generate: ClassVar[Callable | None] = None

@@ -1,11 +1,8 @@
-"""Engine: model + tokenizer + device. The CLI, the server and the benchmark use only this.
+"""Engine: model + tokenizer + device, ready to generate. The CLI, the server and the benchmark use only
+this (through `yue.engine`).
 
-Design decisions:
-- `generate()` is `stream()` consumed to the end, through the same text tracker, so streamed text
-  equals generated text by construction (and by test).
-- Text concerns live here, token concerns in `decode.loop`: detokenizing without splitting a UTF-8
-  character, stop strings (text is cut before the first stop string; a streamed delta is held back
-  while it could still be the start of one), and finish reasons.
+- `generate()` is `stream()` consumed to the end, through the same row stream (`rows.RowStream`), so
+  streamed text equals generated text by construction (and by test).
 - User mistakes (bad DecodeConfig values, a prompt that does not fit the context) raise ValueError
   naming the field before any model work starts.
 - How text becomes prompt ids is the model's (`YueTokenizer.prompt_prefix`): yue-code-mini was trained
@@ -16,74 +13,29 @@ Design decisions:
 
 from __future__ import annotations
 
-import logging
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate, find_chat_template
-from yue.config import DecodeConfig, LoadConfig, YueConfig
+from yue.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+from yue.config import DecodeConfig, YueConfig
 from yue.decode import hf_generate
-from yue.decode.corpus import CorpusNgrams, load_ngrams
+from yue.decode.corpus import CorpusNgrams
 from yue.decode.costs import HeadUse, StepCosts, head_use, measured_costs
-from yue.decode.loop import DecodeBatch, StepEmission, decode
+from yue.decode.loop import DecodeBatch, decode
 from yue.decode.modes import get_policy
 from yue.decode.prefix import PrefixCache
-from yue.decode.types import NAR_SOURCES, GenerationResult, GenerationStats, Step, StreamEvent, TokenLogprob
+from yue.decode.types import GenerationResult, Step, StreamEvent, TokenLogprob
+from yue.engine.rows import RowStream
 from yue.infill import infill_ids
-from yue.kernels import prepare_for_decoding
-from yue.kernels.file_codes import install_file_codes
-from yue.kernels.matmuls import int4_unavailable
-from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
-from yue.kernels.prepare_codes import ggml_unavailable
-from yue.model.adapters import apply_adapter
-from yue.model.hf import CheckpointError, ModelFiles, load_model, model_files
 from yue.model.mot import YueForCausalLM
 from yue.model.prepared import PreparedModel, as_decoded
-from yue.registry import DEFAULT_MODEL, model_name, resolve
-from yue.settings import DEFAULT_CTX_SIZE
-from yue.tokenizer import IncrementalDetokenizer, YueTokenizer
+from yue.tokenizer import YueTokenizer
 
 # Rows of a scored prompt whose (n, V) log-probs are made at once (`Engine.score`).
 SCORE_ROWS = 256
-
-logger = logging.getLogger("yue")
-
-__all__ = ["DEFAULT_MODEL", "Engine", "load"]
-
-# Router-collapse warning: at a threshold in this range, a router that sends every drafted block
-# position one way (over at least this many: 8 blocks of K = 8) is probably miscalibrated for the input.
-COLLAPSE_RANGE, COLLAPSE_MIN_DECISIONS = (0.2, 0.8), 56
-
-
-class _TextTracker:
-    """One row's text: incremental detokenizing plus stop strings, with safe streaming deltas."""
-
-    def __init__(self, tokenizer: YueTokenizer, stop: tuple[str, ...]) -> None:
-        self.detok = IncrementalDetokenizer(tokenizer)
-        self.stop = stop
-        self.hold = max((len(s) for s in stop), default=1) - 1  # chars that might start a stop string
-        self.emitted = 0  # chars of detok.text already handed out
-        self.stopped = False
-
-    def push(self, ids: list[int], final: bool = False) -> str:
-        """Add tokens; return the text now safe to emit."""
-        self.detok.push(ids)
-        if final:
-            self.detok.flush()
-        text = self.detok.text
-        for s in self.stop:
-            cut = text.find(s, max(0, self.emitted - len(s)))
-            if cut != -1:
-                text, self.stopped = text[:cut], True
-        end = len(text) if (final or self.stopped) else max(self.emitted, len(text) - self.hold)
-        delta = text[self.emitted : end]
-        self.emitted = end
-        return delta
 
 
 class Engine:
@@ -382,88 +334,6 @@ class Engine:
         ]
 
 
-class RowStream:
-    """One request's view of the decode steps: its text (detokenized, stop strings), its counters, and
-    the `StreamEvent` each step makes of them. Shared by `Engine.stream`, `Engine.generate` of a
-    list and the server's continuous batcher.
-
-    Attributes:
-        stats: the request's counters; forwards count every forward its row took part in.
-        finish_reason: set once the row has finished (its last event carried it).
-    """
-
-    def __init__(self, tokenizer: YueTokenizer, cfg: DecodeConfig, gate: float) -> None:
-        self.cfg, self.gate = cfg, gate  # gate: the router threshold gating draft lengths (`draft_gate`)
-        self.text = _TextTracker(tokenizer, cfg.stop)
-        self.stats = GenerationStats(accepted_per_pos=[0] * (cfg.block_size or 1))
-        self.t0 = time.perf_counter()
-        self.finish_reason: str | None = None
-
-    def fold(self, em: StepEmission, i: int) -> StreamEvent:
-        """The event for row i of a step (its index in `em`'s lists); the last one carries the finish
-        reason and the stats."""
-        self._count(em, i)
-        finish = em.finished[i]
-        delta = self.text.push(em.tokens[i], final=finish is not None)
-        if self.text.stopped:
-            finish = "stop"
-        if finish is not None:
-            self.finish_reason = finish
-            self.stats.total_s = time.perf_counter() - self.t0
-            _warn_if_collapsed(self.stats, self.cfg, self.gate)
-        trace = [em.step] if em.step is not None else []
-        stats = self.stats if finish else None
-        logprobs = None if em.logprobs is None else em.logprobs[i]
-        return StreamEvent(delta, em.tokens[i], em.sources[i], finish, stats, trace, logprobs)
-
-    def _count(self, em: StepEmission, i: int) -> None:
-        """Fold row i of one step into the counters."""
-        if em.mode == "cancelled":  # no forward ran
-            return
-        stats, cfg = self.stats, self.cfg
-        stats.forwards += em.forwards
-        stats.draft_passes += em.forwards - 1
-        tokens, sources = em.tokens[i], em.sources[i]
-        if tokens and stats.new_tokens == 0:
-            stats.ttft_s = time.perf_counter() - self.t0
-        stats.new_tokens += len(tokens)
-        nar = sum(s in NAR_SOURCES for s in sources)
-        stats.nar_tokens += nar
-        stats.ar_tokens += len(sources) - nar
-        for writer in em.writers[i]:
-            stats.token_sources[writer] = stats.token_sources.get(writer, 0) + 1
-        if cfg.mode != "ar":
-            drafted, accepted = em.drafted[i], em.accepted[i]
-            if drafted:
-                stats.drafted += drafted
-                stats.accepted += accepted
-                stats.accept_lengths.append(accepted)
-                for j in range(min(accepted, len(stats.accepted_per_pos))):
-                    stats.accepted_per_pos[j] += 1
-            stats.router_decisions["ar"] += em.routed[0]
-            stats.router_decisions["nar"] += em.routed[1]
-
-
-def _warn_if_collapsed(stats: GenerationStats, cfg: DecodeConfig, gate: float) -> None:
-    """Warn where the router, gating draft lengths at `gate` (hybrid's own dial is its tolerance, not
-    this), sent every block position one way."""
-    if cfg.mode not in ("hybrid", "verified"):
-        return
-    lo, hi = COLLAPSE_RANGE
-    d = stats.router_decisions
-    total = d["ar"] + d["nar"]
-    if lo <= gate <= hi and total >= COLLAPSE_MIN_DECISIONS:
-        for mode, other in (("ar", "nar"), ("nar", "ar")):
-            if d[other] == 0:
-                logger.warning(
-                    "router decisions collapsed to %s for all %d block positions at router_threshold=%.2f; "
-                    "the router may be miscalibrated for this input",
-                    mode.upper(),
-                    total,
-                    gate,
-                )
-
-
 def drafts(cfg: DecodeConfig) -> bool:
     """Whether a (resolved) config drafts, and so weighs step costs."""
     return cfg.mode in ("verified", "hybrid") and (cfg.block_size or 1) >= 2
@@ -496,152 +366,3 @@ def _model_generate(model: PreparedModel | YueForCausalLM, inputs, generation_co
 
 
 YueForCausalLM.decode_generate = _model_generate
-
-
-def load(
-    path: str | Path | None = None,
-    device: str = "cpu",
-    dtype: torch.dtype | str | None = None,
-    nar_dtype: torch.dtype | str | None = "auto",
-    adapter: str | Path | None = None,
-    low_memory: bool = False,
-    ctx_size: int | None = DEFAULT_CTX_SIZE,
-    threads: int | None = None,
-) -> Engine:
-    """Load a model (default: `registry.DEFAULT_MODEL`) into an Engine.
-
-    Args:
-        path: a shipped model's name ("yue-smol", "yue-code-mini"), a model folder (a yue folder, or a
-            Llama folder with safetensors + tokenizer.json), or a .gguf file (converted once and cached,
-            `model/gguf.py`); None = the default model.
-        device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available).
-        dtype: the precision the model runs in: None / "auto" (a .gguf file's own, "file", on a CPU;
-            else "float32"); "file" (a GGUF's AR set in the file's own codes, each matrix in its ggml
-            block format on yue's kernels for it, activations quantized to int8 as llama.cpp does: no
-            conversion, about the file's memory; `gguf_load`); "float32" (as saved, a GGUF's values
-            dequantized), or "bfloat16" / torch.bfloat16, a separate, named precision: weights and
-            activations in bfloat16 (as `LlamaForCausalLM` in bfloat16), attention and KV cache in
-            float32 on a CPU; `ar` and `verified` are exact against each other in it (`prepare.py`).
-            "int4" (CPU): another named precision, the AR layers' weights in 4 bits per group of 32
-            (a Q4_1 GGUF's own codes) on activations quantized to int8 per group of 32 (yue's row
-            kernel, as llama.cpp's Q4_1 x Q8_1), the head float32; where that kernel does not build,
-            on bfloat16 activations (torch's int4pack), the head bfloat16; `ar` and `verified` exact
-            against each other too (`matmuls.int4_matmul`).
-        nar_dtype: the drafting weights' precision (NAR set and the slot rows' head, see
-            `prepare.py`): "auto" = int8 on a CPU with torch's int8 engine, else as loaded;
-            "int8" / torch.qint8, "bfloat16" / torch.bfloat16, or "float32" / None (as loaded). `ar`/`verified` output is the same
-            whatever it is; `hybrid`/`nar` commit drafts, so theirs may shift slightly.
-        adapter: a `yue finetune` adapter folder: its LoRA is merged into the AR set and its refreshed
-            drafts applied (`model/adapters.py`); it must have been trained on this model.
-        low_memory: float32 on a CPU: hold each AR matmul's weight once. With yue's row kernel
-            (`matmuls.StreamedLinear`) the layers do anyway and the head keeps only its input-major
-            copy, the embedding table (yue-smol: ~0.1 GB less, verifying rows dearer); without it, not
-            twice (an input-major copy for one-row steps and a packed one for verifying rows):
-            yue-smol ~0.4 GB less, and one of the two step kinds gets slower (which, by CPU:
-            `kernels.KernelChoice.float32_one_copy`; README, Portability). `ar` and `verified` stay
-            exact against each other.
-    Raises:
-        CheckpointError: an unknown name, missing, truncated or corrupt files (the message names the
-            file), or an adapter for another base model (`AdapterError`, naming the mismatch).
-        ModelNotInstalledError: a named model whose weights come from a package that is not installed.
-        ValueError: an unavailable device, a bad ctx_size or threads, or the file precision without a
-            GGUF or off the CPU.
-        InsufficientMemoryError: a GGUF that will not fit in the memory available (what it needs, what
-            is free, what to change).
-    """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
-    if device != "cpu" and not str(device).startswith("cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
-    drafting = resolve_drafting_dtype(nar_dtype, device)  # bad names fail before any loading
-    for name, value in (("ctx_size", ctx_size), ("threads", threads)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    files = model_files(resolve(path))
-    precision = file_or_named_precision(dtype, files, device)
-    int4 = precision == "int4"
-    if int4 and (why := int4_unavailable(device)):
-        raise ValueError(f"the int4 precision needs {why}")
-    dtype = None if precision == "file" else resolve_dtype(precision)
-    codes = install_file_codes if precision == "file" else None
-    model = load_model(files, device=device, dtype=dtype, file_codes=codes, ctx_size=ctx_size)
-    tokenizer = model_tokenizer(files.tokenizer_dir, model.config)
-    model = apply_adapter(model, adapter)
-    model = prepare_for_decoding(
-        model, drafting if model.config.nar_layers != 0 else None, int4=int4, low_memory=low_memory
-    )
-    template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
-    corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
-    return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)
-
-
-def file_or_named_precision(
-    dtype: torch.dtype | str | None, files: ModelFiles, device: str
-) -> torch.dtype | str:
-    """The precision `load` runs: "auto" / None is a lone GGUF's own ("file") on a CPU where yue's
-    kernels build, else "float32"; "file" is checked to apply (a GGUF, the CPU, the kernels).
-
-    Raises:
-        ValueError: "file" without a GGUF, off the CPU, or where the kernels do not build.
-    """
-    if dtype not in (None, "auto", "file"):
-        return dtype
-    why = ""
-    if files.gguf is None:
-        why = "a model whose AR set is a GGUF file"
-    elif device != "cpu":
-        why = "the CPU (on a GPU load float32 or bfloat16)"
-    elif reason := ggml_unavailable():
-        why = f"yue's kernels ({reason})"
-    if dtype == "file" and why:
-        raise ValueError(f"the file precision needs {why}")
-    if dtype == "file" or (not why and files.yue_dir is None):
-        return "file"
-    return "float32"
-
-
-def load_from(config: LoadConfig) -> Engine:
-    """`load` with its options as one `LoadConfig` (the CLI's loading options)."""
-    return load(
-        config.model,
-        device=config.device,
-        dtype=config.dtype,
-        nar_dtype=config.draft_dtype,
-        adapter=config.adapter,
-        low_memory=config.low_memory,
-        ctx_size=config.ctx_size or DEFAULT_CTX_SIZE,
-        threads=config.threads,
-    )
-
-
-def load_unprepared(
-    path: str | Path | None = None, device: str = "cpu", dtype: torch.dtype | None = None
-) -> tuple[YueForCausalLM, YueTokenizer, ModelFiles]:
-    """A model as stored (trainable: not prepared for decoding), its tokenizer and where its files
-    are; `path` as `load` takes it. Training commands (`finetune`, `merge`) start from this."""
-    files = model_files(resolve(path))
-    model = load_model(files, device=device, dtype=dtype)
-    return model, model_tokenizer(files.tokenizer_dir, model.config), files
-
-
-def model_tokenizer(folder: str | Path, config: YueConfig) -> YueTokenizer:
-    """The tokenizer in `folder`, with the special ids of a model of `config`.
-
-    Raises:
-        CheckpointError: a missing or corrupt tokenizer (named).
-    """
-    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
-    ids = {
-        "pad": config.pad_token_id if config.pad_token_id is not None else eos,
-        "bos": config.bos_token_id,
-        "eos": eos,
-        "mask": config.mask_token_id,
-    }
-    try:
-        return YueTokenizer.load(folder, special_ids=ids)
-    except (FileNotFoundError, ValueError) as e:
-        raise CheckpointError(str(e)) from e
