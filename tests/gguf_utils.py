@@ -136,6 +136,7 @@ def write_tiny_llama_gguf(
     chat_template: str = CHATML_TEMPLATE,
     tokenizer_pre: str = "smollm",
     extra_tokens: tuple[tuple[str, int], ...] = (),
+    sort_tensors: bool = False,
 ) -> TinyGGUF:
     """Write a tiny random Llama GGUF to `path` (a few hundred KB; well under a second).
 
@@ -146,6 +147,8 @@ def write_tiny_llama_gguf(
         add_bos_token: the tokenizer flag llama.cpp and transformers read to prefix BOS.
         tokenizer_pre: `tokenizer.ggml.pre` (which split regex the vocabulary's merges were learned on).
         extra_tokens: (token, llama.cpp token type) pairs appended to the vocabulary.
+        sort_tensors: write the tensors in name order (the same values as unsorted): a layer's ffn_norm
+            then lies between its ffn_gate and ffn_up, which are no longer neighbours in the file.
     """
     path = Path(path)
     tok = tiny_tokenizer()
@@ -263,7 +266,7 @@ def write_tiny_llama_gguf(
     w.add_add_bos_token(add_bos_token)
     w.add_chat_template(chat_template)
 
-    state_dict = {}
+    state_dict, stored = {}, []
     for gguf_name, hf_name, values, qtype, n_head in entries:
         if quant == "Q4_K_M" and gguf_name.split(".")[-2] in Q6_K_PARTS:
             qtype = gguf.GGMLQuantizationType.Q6_K
@@ -273,6 +276,8 @@ def write_tiny_llama_gguf(
         # equals permuting the dequantized rows back; Q/K rows quantize independently of their order).
         recovered = _permute_back(recovered, n_head) if n_head else recovered
         state_dict[hf_name] = torch.from_numpy(np.ascontiguousarray(recovered, dtype=np.float32))
+        stored.append((gguf_name, data, qtype))
+    for gguf_name, data, qtype in sorted(stored, key=lambda t: t[0]) if sort_tensors else stored:
         w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype != f32 else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
