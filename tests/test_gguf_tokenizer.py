@@ -35,7 +35,9 @@ def _both(gguf: Path, tmp_path: Path) -> tuple[Path, Path]:
     """(ours: the index folder `GGUFFile.open` writes, reference: transformers' conversion's folder)."""
     opened = GGUFFile.open(gguf, cache_dir=tmp_path / "cache")
     ours = opened.index_dir
-    assert (ours / "tokenizer.json").is_file(), "the tokenizer should be written with the index, from one parse"
+    assert (ours / "tokenizer.json").is_file(), (
+        "the tokenizer should be written with the index, from one parse"
+    )
     assert opened.tokenizer_dir() == ours
     ref = tmp_path / "ref"
     ref.mkdir()
@@ -49,7 +51,10 @@ def assert_same_tokenizer(ours: Path, ref: Path) -> None:
     ta, tb = (Tokenizer.from_file(str(d / "tokenizer.json")) for d in (ours, ref))
     for text in TEXTS:
         for specials in (False, True):
-            ia, ib = ta.encode(text, add_special_tokens=specials).ids, tb.encode(text, add_special_tokens=specials).ids
+            ia, ib = (
+                ta.encode(text, add_special_tokens=specials).ids,
+                tb.encode(text, add_special_tokens=specials).ids,
+            )
             assert ia == ib, text
             assert ta.decode(ia, skip_special_tokens=False) == tb.decode(ib, skip_special_tokens=False)
             assert ta.decode(ia, skip_special_tokens=True) == tb.decode(ib, skip_special_tokens=True)

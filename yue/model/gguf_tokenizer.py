@@ -112,10 +112,10 @@ def byte_level_tokenizer(fields: dict) -> Tokenizer:
     # 2. Added tokens, in transformers' order: GPT2Tokenizer's default special, the file's control tokens
     #    (those spelled in the byte alphabet), its user-defined ones (those in the vocabulary).
     tok.add_tokens([AddedToken(GPT2_DEFAULT_SPECIAL, special=True)])
-    control = [t for t, k in zip(tokens, types) if k == CONTROL and set(t) <= alphabet]
+    control = [t for t, k in zip(tokens, types, strict=False) if k == CONTROL and set(t) <= alphabet]
     tok.add_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     in_vocab = tok.get_vocab()
-    user = [t for t, k in zip(tokens, types) if k == USER_DEFINED and t in in_vocab]
+    user = [t for t, k in zip(tokens, types, strict=False) if k == USER_DEFINED and t in in_vocab]
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
     # 3. The named special tokens, added where not added yet.
     config = tokenizer_config(fields)
