@@ -243,7 +243,9 @@ def _write_tokenizer(fields: dict, out: Path, path: Path) -> None:
     try:
         gguf_tokenizer.write(fields, out)
     except Exception as e:  # tokenizers raises bare Exceptions on a vocabulary it refuses
-        logger.warning("%s: building its tokenizer from the header failed (%s); converting it instead", path, e)
+        logger.warning(
+            "%s: building its tokenizer from the header failed (%s); converting it instead", path, e
+        )
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (out / name).unlink(missing_ok=True)
 

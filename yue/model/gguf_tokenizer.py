@@ -57,8 +57,19 @@ _GPT4O_SPLIT = (
 )
 _SPLITS = {
     **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-         "jina-v5-nano", "dbrx", "smaug-bpe"),
+        (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+            "dbrx",
+            "smaug-bpe",
+        ),
         _LLAMA3_SPLIT,
     ),  # fmt: skip
     "tekken": _TEKKEN_SPLIT,
@@ -100,7 +111,8 @@ def byte_level_tokenizer(fields: dict) -> Tokenizer:
     alphabet = set(spelling.values())
     # 1. The vocabulary in the byte alphabet (a token spelled otherwise is respelled byte by byte).
     vocab = {
-        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
+        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
+        for i, t in enumerate(tokens)
     }
     merges = [tuple(m.split(" ")) for m in fields.get("tokenizer.ggml.merges") or []]
     tok = Tokenizer(
@@ -139,7 +151,9 @@ def post_processor(config: dict, tok: Tokenizer) -> processors.TemplateProcessin
     add_eos = bool(config.get("add_eos_token")) and eos is not None
     single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
     pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
-    special = ([(bos, tok.token_to_id(bos))] if add_bos else []) + ([(eos, tok.token_to_id(eos))] if add_eos else [])
+    special = ([(bos, tok.token_to_id(bos))] if add_bos else []) + (
+        [(eos, tok.token_to_id(eos))] if add_eos else []
+    )
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
 
