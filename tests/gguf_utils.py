@@ -134,6 +134,9 @@ def write_tiny_llama_gguf(
     tie_word_embeddings: bool = True,
     add_bos_token: bool = False,
     chat_template: str = CHATML_TEMPLATE,
+    tokenizer_pre: str = "smollm",
+    extra_tokens: tuple[tuple[str, int], ...] = (),
+    sort_tensors: bool = False,
 ) -> TinyGGUF:
     """Write a tiny random Llama GGUF to `path` (a few hundred KB; well under a second).
 
@@ -142,12 +145,18 @@ def write_tiny_llama_gguf(
             Q6_K, random blocks; sizes a multiple of 256) (the embedding stays Q8_0 as in SmolLM2's
             file, norms F32); rows must be a multiple of 32 for the block types.
         add_bos_token: the tokenizer flag llama.cpp and transformers read to prefix BOS.
+        tokenizer_pre: `tokenizer.ggml.pre` (which split regex the vocabulary's merges were learned on).
+        extra_tokens: (token, llama.cpp token type) pairs appended to the vocabulary.
+        sort_tensors: write the tensors in name order (the same values as unsorted): a layer's ffn_norm
+            then lies between its ffn_gate and ffn_up, which are no longer neighbours in the file.
     """
     path = Path(path)
     tok = tiny_tokenizer()
     vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
     merges = [m if isinstance(m, str) else " ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
     token_types = [3 if t in CONTROL_TOKENS else 1 for t in vocab]  # 3 CONTROL, 1 NORMAL
+    vocab += [t for t, _ in extra_tokens]
+    token_types += [k for _, k in extra_tokens]
     head_dim = hidden // heads
     config = LlamaConfig(
         vocab_size=len(vocab),
@@ -246,7 +255,7 @@ def write_tiny_llama_gguf(
     w.add_vocab_size(len(vocab))
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if quant == "Q4_1" else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(tokenizer_pre)
     w.add_token_list(vocab)
     w.add_token_types(token_types)
     w.add_token_merges(merges)
@@ -257,7 +266,7 @@ def write_tiny_llama_gguf(
     w.add_add_bos_token(add_bos_token)
     w.add_chat_template(chat_template)
 
-    state_dict = {}
+    state_dict, stored = {}, []
     for gguf_name, hf_name, values, qtype, n_head in entries:
         if quant == "Q4_K_M" and gguf_name.split(".")[-2] in Q6_K_PARTS:
             qtype = gguf.GGMLQuantizationType.Q6_K
@@ -267,6 +276,8 @@ def write_tiny_llama_gguf(
         # equals permuting the dequantized rows back; Q/K rows quantize independently of their order).
         recovered = _permute_back(recovered, n_head) if n_head else recovered
         state_dict[hf_name] = torch.from_numpy(np.ascontiguousarray(recovered, dtype=np.float32))
+        stored.append((gguf_name, data, qtype))
+    for gguf_name, data, qtype in sorted(stored, key=lambda t: t[0]) if sort_tensors else stored:
         w.add_tensor(gguf_name, data, raw_dtype=qtype if qtype != f32 else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -100,6 +100,20 @@ def test_llama_cpp_loads_and_generates_the_tiny_files(files, name):
     assert out["new_tokens"] == 4 and out["tok_s"] > 0 and len(out["step_s"]) == 9
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_yue_loads_and_generates_the_tiny_files_in_their_own_codes(files, name):
+    """Each family's file in yue's default precision (the file's codes), Qwen2's Q/K/V biases included."""
+    import yue
+    from yue.kernels.file_codes import GGMLLinear
+
+    engine = yue.load(files[name], ctx_size=512)
+    out = engine.generate("Hi.", mode="ar", max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    assert len(out.token_ids) == 4
+    attn = engine.model.trained.model.layers[0].self_attn
+    assert isinstance(attn.q_proj, GGMLLinear)
+    assert (attn.q_proj.bias is not None) == (SHAPES[name].arch == "qwen2")
+
+
 @pytest.mark.slow
 def test_bench_sizes_runs_end_to_end_on_tiny(cache, monkeypatch, tmp_path):
     from typer.testing import CliRunner

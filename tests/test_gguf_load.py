@@ -261,6 +261,41 @@ def test_file_precision_rows_are_exact_whatever_the_steps_rows(q4_k_m_gguf):
     assert torch.equal(together, torch.stack(alone))
 
 
+def _step_logits(engine, ids: torch.Tensor, rows: int) -> torch.Tensor:
+    """AR logits of the prompt's last `rows` positions, taken in one step after the rest."""
+    from yue.model.masks import decode_mask
+
+    model, T = engine.model, ids.shape[1]
+    cache = model.new_cache(1, 64)
+    model.step(ids[:, : T - rows], torch.arange(T - rows), T - rows, None, cache, n_logits=1)
+    cache.advance(T - rows)
+    mask = decode_mask(cache.length, rows, 0) if rows > 1 else None
+    return model.step(ids[:, T - rows :], torch.arange(T - rows, T), rows, mask, cache).ar_logits[0]
+
+
+def test_gate_and_up_apart_in_the_file_run_as_two_matmuls_with_the_fused_bits(q4_k_m_gguf, tmp_path):
+    """The whole-layer C call with gate and up as two matmuls (`rows_layer`'s split up: a file whose
+    ffn_norm lies between them, so they cannot be one view) gives the bits the fused gate/up gives on the
+    same values, for 1 and for 4 rows (each output row's bits depend on its weight row and input alone)."""
+    from tests.gguf_utils import write_tiny_llama_gguf
+
+    apart = write_tiny_llama_gguf(
+        tmp_path / "apart.gguf", quant="Q4_K_M", hidden=256, heads=4, kv_heads=2, intermediate=512,
+        sort_tensors=True,
+    )  # fmt: skip
+    split, fused = yue.load(apart.path), yue.load(q4_k_m_gguf.path)
+    for engine, is_split in ((split, True), (fused, False)):
+        for s in (layer[0] for layer in engine.model.paths.layers):
+            assert isinstance(s.gate_up, GGMLParts) == is_split
+            assert s.one_layer is not None  # one C call a layer, either way
+            assert (s.one_layer.layers[0].tensors[-1] is not None) == is_split  # up's own weight
+    ids = torch.tensor([split.encode(PROMPT)])
+    for rows in (1, 4):
+        a, b = _step_logits(split, ids, rows), _step_logits(fused, ids, rows)
+        assert torch.isfinite(a).all() and a.abs().max() > 0
+        assert torch.equal(a, b)
+
+
 def test_file_precision_of_a_q4_k_m_file_tracks_float32(q4_k_m_gguf):
     a = load_model(q4_k_m_gguf.path, file_codes=install_file_codes)
     b = load_model(q4_k_m_gguf.path)

@@ -237,6 +237,15 @@ def tokenizer_fields(vocab: int) -> Iterator[tuple[str, object, gguf.GGUFValueTy
         yield key, value, kind
 
 
+def vocab_note(s: Shape) -> str:
+    """What the shape's vocabulary is in its file: SmolLM2's tokenizer, padded to the shape's size."""
+    real = next(len(v) for k, v, _ in _smollm2_tokenizer() if k == "tokenizer.ggml.tokens")
+    return (
+        f"vocabulary: SmolLM2's {real:,} tokens padded with UNUSED [PADn] tokens to the shape's {s.vocab:,} "
+        f"(its embedding and head rows), so the table and head are full size"
+    )
+
+
 def _metadata(w: gguf.GGUFWriter, s: Shape) -> None:
     a = s.arch
     w.add_name(f"random {s.name} (yue bench-sizes)")

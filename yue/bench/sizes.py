@@ -5,10 +5,12 @@ them, mean nothing (`gguf_shapes.py`).
 
 Design decisions:
 - Every measurement runs in a fresh interpreter (`sizes_worker.py`): per shape and peer, one cold
-  load (+ 8 tokens) first, with the file's pages evicted from the page cache beforehand
-  (`posix_fadvise(DONTNEED)` on the GGUF and on yue's conversion cache: it touches only our files,
-  unlike `drop_caches`, which would evict other users' pages on a shared machine; where it fails the
-  report says "page cache warm"); then `repeats` x threads speed runs, each its own process (warm
+  load (+ 8 tokens) first: the file's first load, for both peers. The GGUF's pages are evicted from the
+  page cache beforehand (`posix_fadvise(DONTNEED)`: it touches only our file, unlike `drop_caches`,
+  which would evict other users' pages on a shared machine; where it fails the report says "page cache
+  warm"), and yue's cached index of the file is removed (`first_load`), so yue parses the header and
+  builds the tokenizer as on a file it has never seen. Compiled kernels stay cached (built once per
+  machine, not per file). Then `repeats` x threads speed runs, each its own process (warm
   load, load + 8 tokens, decode tokens/s, the row curve, peak RSS).
 - Every speed is also a ratio yue / llama.cpp from this run: the ratio of the medians, and the spread
   min(yue)/max(llama.cpp) .. max(yue)/min(llama.cpp) over the repeats.
@@ -104,10 +106,14 @@ def evict(paths: list[Path]) -> bool:
         return False
 
 
-def _yue_cache_files() -> list[Path]:
-    from yue.registry import cache_root
+def first_load(path: Path) -> None:
+    """Remove `path`'s cached index (metadata, tensor table, tokenizer), so yue's next load of it is its
+    first: the header parsed, the tokenizer built (the index is rebuilt by that load)."""
+    import shutil
 
-    return [p for p in (cache_root() / "gguf-index").rglob("*") if p.is_file()]
+    from yue.model.gguf_file import index_folder
+
+    shutil.rmtree(index_folder(path), ignore_errors=True)
 
 
 @dataclass
@@ -127,8 +133,9 @@ class PeerResult:
 def measure_peer(peer: str, path: Path, cfg: SizesConfig, extra: bool | None, log: Callable) -> PeerResult:
     out = PeerResult(extra_buffers=extra)
     base = dict(peer=peer, path=str(path), ctx_size=cfg.ctx_size, prompt=PROMPT, extra_buffers=extra)
-    files = [path] + (_yue_cache_files() if peer == "yue" else [])
-    out.page_cache = "evicted (posix_fadvise DONTNEED)" if evict(files) else "page cache warm"
+    if peer == "yue":
+        first_load(path)
+    out.page_cache = "evicted (posix_fadvise DONTNEED)" if evict([path]) else "page cache warm"
     out.cold = child(WorkerSpec("load", threads=max(cfg.threads), **base), cfg.timeout_s)
     log(f"{peer} {path.name}: cold load {out.cold}")
     if "error" in out.cold:
@@ -179,6 +186,7 @@ def shape_document(shape, path: Path, peers: dict[str, PeerResult], bw: dict[int
         "file_gb": round(path.stat().st_size / 1e9, 3),
         "bytes_per_token_gb": round(per_token / 1e9, 3),
         "ceiling_tok_s": {t: round(b * 1e9 / per_token, 2) for t, b in bw.items()},
+        "vocab_note": gguf_shapes.vocab_note(shape),
         "peers": {},
         "yue_over_llamacpp": {},
     }
@@ -205,6 +213,8 @@ def shape_document(shape, path: Path, peers: dict[str, PeerResult], bw: dict[int
         t1 = min(cfg.threads)
         for key in ("load_s", "load_plus_8_s"):  # times: above 1 means yue is slower
             doc["yue_over_llamacpp"][f"{key}_warm"] = ratio(y.values(t1, key), ll.values(t1, key))
+            cold = [p.cold.get(key) for p in (y, ll)]
+            doc["yue_over_llamacpp"][f"{key}_cold"] = cold[0] / cold[1] if None not in cold else None
     return doc
 
 
@@ -270,7 +280,7 @@ def print_report(doc: dict) -> str:
         ratios = s["yue_over_llamacpp"]
         rows = [
             ("load cold s", "load_cold_s", None),
-            ("load+8 cold s", "load_plus_8_cold_s", None),
+            ("load+8 cold s", "load_plus_8_cold_s", "load_plus_8_s_cold"),
             ("load warm s", "load_warm_s", "load_s_warm"),
             ("load+8 warm s", "load_plus_8_warm_s", "load_plus_8_s_warm"),
             ("peak RSS MB", "peak_rss_mb", None),
@@ -296,6 +306,7 @@ def print_report(doc: dict) -> str:
             *([""] if ratios else []),
         )
         console.print(t)
+        console.print(s["vocab_note"], markup=False)
     for k, why in doc["skipped"].items():
         console.print(f"{k} skipped: {why}", markup=False)
     console.file.flush()

@@ -201,15 +201,15 @@ def file_codes_layer(g: GGUFFile, config, i: int) -> dict[str, GGMLLinear]:
 
 def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, torch.Tensor]) -> None:
     """Give a meta-device yue model its AR set's matrices, token table and head in the file's codes; the
-    matrices' biases (Qwen2's Q/K/V) are taken out of `state` into their modules."""
+    matrices' biases (Qwen2's Q/K/V) are given to their modules from `state`."""
     from tqdm.auto import tqdm
 
     layers = model.model.layers
     bar = tqdm(range(len(layers)), desc=f"reading {g.path.name}", unit="layer", leave=False, disable=None)
     for i in bar:
         for path, module in file_codes_layer(g, config, i).items():
-            bias = state.pop(f"model.layers.{i}.{path}.bias", None)
-            if bias is not None:
+            bias = state.get(f"model.layers.{i}.{path}.bias")  # kept in `state`: the model's loader
+            if bias is not None:  # checks every parameter has a value, then assigns this same tensor
                 module.bias = nn.Parameter(bias, requires_grad=False)
             parent, _, attr = path.rpartition(".")
             setattr(layers[i].get_submodule(parent), attr, module)

@@ -2,8 +2,9 @@
 package's public reader (`gguf.GGUFReader`), the weights left in the file until a loader reads them.
 
 Design decisions:
-- The reader parses the header once per file version; what a load needs of it (the metadata's scalars,
-  the tensor table, the tokenizer as tokenizer.json) is cached under `<cache root>/gguf-index/<key>/`.
+- The reader parses the header once per file version (seconds for a 128k-token vocabulary: it builds a
+  Python object per entry); what a load needs of it (the metadata's scalars, the tensor table, the
+  tokenizer as tokenizer.json, built from the same parse by `gguf_tokenizer`) is cached under `<cache root>/gguf-index/<key>/`.
   The key is the file's size, its mtime and a sha256 of its first `HEADER_BYTES`, never a hash of the
   whole file: a warm load reads a few kilobytes of JSON, not gigabytes (`GGUFReader` builds a Python
   object per vocabulary entry, slow for a large vocabulary).
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from yue.errors import CheckpointError
+from yue.model import gguf_tokenizer
 from yue.registry import cache_root
 
 logger = logging.getLogger("yue")
@@ -86,8 +88,8 @@ class GGUFFile:
         if not path.is_file():
             raise CheckpointError(f"GGUF file not found: {path}")
         stat = path.stat()
-        parent = cache_root(cache_dir) / "gguf-index"
-        folder = parent / index_key(path, stat)
+        folder = index_folder(path, cache_dir, stat)
+        parent = folder.parent
         try:
             index = json.loads((folder / INDEX).read_text())
             if index.get("format") != INDEX_FORMAT:
@@ -95,8 +97,8 @@ class GGUFFile:
         except (OSError, ValueError):
             index = None
         if index is None:
-            index = _read_index(path, stat.st_size)
-            _write_index(parent, folder, index, path)
+            index, tokenizer_fields = _read_index(path, stat.st_size)
+            _write_index(parent, folder, index, path, tokenizer_fields)
         tensors = {t["name"]: TensorInfo(**{**t, "shape": tuple(t["shape"])}) for t in index["tensors"]}
         return cls(path, stat.st_size, index["metadata"], tensors, folder)
 
@@ -146,10 +148,16 @@ class GGUFFile:
 
     def tokenizer_dir(self) -> Path:
         """The folder of this file's tokenizer (tokenizer.json, tokenizer_config.json with the chat
-        template), built once from the file by transformers' GGUF tokenizer conversion."""
+        template): written with the index for a byte-level vocabulary (`gguf_tokenizer`), else built
+        here once by transformers' GGUF tokenizer conversion."""
         if not (self.index_dir / "tokenizer.json").is_file():
             save_tokenizer(self.path, self.index_dir)
         return self.index_dir
+
+
+def index_folder(path: Path, cache_dir: str | Path | None = None, stat: os.stat_result | None = None) -> Path:
+    """Where the index of this version of the file is (or would be) cached."""
+    return cache_root(cache_dir) / "gguf-index" / index_key(path, stat or path.stat())
 
 
 def index_key(path: Path, stat: os.stat_result) -> str:
@@ -160,8 +168,9 @@ def index_key(path: Path, stat: os.stat_result) -> str:
     return h.hexdigest()[:20]
 
 
-def _read_index(path: Path, size: int) -> dict:
-    """The index of a file (metadata scalars and short arrays, the tensor table), checked against its size."""
+def _read_index(path: Path, size: int) -> tuple[dict, dict]:
+    """The index of a file (metadata scalars and short arrays, the tensor table), checked against its size,
+    and its `tokenizer.*` fields in full (`gguf_tokenizer.fields_of`), from the one parse."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
     with open(path, "rb") as f:
@@ -193,7 +202,8 @@ def _read_index(path: Path, size: int) -> dict:
         tensors.append(
             dict(name=t.name, ggml_type=ggml_type, shape=shape, offset=int(t.data_offset), nbytes=nbytes)
         )
-    return {"format": INDEX_FORMAT, "metadata": metadata, "tensors": tensors}
+    index = {"format": INDEX_FORMAT, "metadata": metadata, "tensors": tensors}
+    return index, gguf_tokenizer.fields_of(reader)
 
 
 def _past_end(path: Path, name: str, offset: int, nbytes: int, size: int) -> str:
@@ -203,8 +213,10 @@ def _past_end(path: Path, name: str, offset: int, nbytes: int, size: int) -> str
     )
 
 
-def _write_index(parent: Path, folder: Path, index: dict, path: Path) -> None:
-    """Write `index` as `folder` (atomically: a temporary folder renamed), removing stale temporaries."""
+def _write_index(parent: Path, folder: Path, index: dict, path: Path, tokenizer_fields: dict) -> None:
+    """Write `index` as `folder` (atomically: a temporary folder renamed), with the tokenizer where
+    `gguf_tokenizer` builds it from `tokenizer_fields` (else `tokenizer_dir` converts it on first use),
+    removing stale temporaries."""
     parent.mkdir(parents=True, exist_ok=True)
     for stale in parent.glob(".tmp-*"):
         try:
@@ -214,6 +226,7 @@ def _write_index(parent: Path, folder: Path, index: dict, path: Path) -> None:
             pass
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
     try:
+        _write_tokenizer(tokenizer_fields, tmp, path)
         (tmp / INDEX).write_text(json.dumps(index))
         shutil.rmtree(folder, ignore_errors=True)  # an incomplete folder (no index) of a killed write
         os.rename(tmp, folder)
@@ -222,6 +235,19 @@ def _write_index(parent: Path, folder: Path, index: dict, path: Path) -> None:
             logger.warning("cannot cache the index of %s (%s); it is read again next time", path, e)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_tokenizer(fields: dict, out: Path, path: Path) -> None:
+    """The tokenizer built from the parsed fields (byte-level BPE vocabularies); on failure, none is
+    written and the transformers conversion builds it on first use."""
+    try:
+        gguf_tokenizer.write(fields, out)
+    except Exception as e:  # tokenizers raises bare Exceptions on a vocabulary it refuses
+        logger.warning(
+            "%s: building its tokenizer from the header failed (%s); converting it instead", path, e
+        )
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (out / name).unlink(missing_ok=True)
 
 
 def save_tokenizer(gguf_path: Path, out: Path) -> None:
