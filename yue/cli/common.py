@@ -38,7 +38,7 @@ COMMANDS = {
     "bench": "bench",
     "bench-serve": "bench",
     "bench-sizes": "bench",
-    "eval": "bench",
+    "eval": "evaluate",
 }
 
 
