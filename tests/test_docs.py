@@ -31,3 +31,11 @@ def test_the_checked_documents_have_links():
 def test_relative_links_resolve(doc):
     missing = [t for t in relative_links(doc) if not (doc.parent / t).exists()]
     assert not missing, f"{doc.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_the_readme_is_a_newcomers_page():
+    """Issue 62: the README stays short (dated logs live in docs/) and starts with the two commands."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 130
+    quick = text[text.index("## Quick start") :]
+    assert "yue generate" in quick.split("```")[1] and "python -m pytest" in quick.split("```")[1]

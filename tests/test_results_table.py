@@ -36,3 +36,17 @@ def test_every_row_is_a_held_out_run_of_a_named_model_with_its_json_linked():
     for (model, _, _), (path, doc) in runs.items():
         assert model in rt.MODELS and doc["prompt_sets"][0]["name"].endswith("_test")
         assert f"(results/{path.name})" in rt.OUT.read_text(encoding="utf-8")
+
+
+def test_the_readme_figures_are_what_the_jsons_generate():
+    text = rt.README.read_text(encoding="utf-8")
+    assert rt.README_START in text and rt.README_END in text
+    assert text == rt.readme_with_table(text), "run: python -m recipes.results_table"
+    block = rt.readme_table()
+    assert block.count("\n| ") >= 3, "the README's table has no rows"
+
+
+def test_size_ratios_pair_each_repeat_within_the_run():
+    entry = {"peers": {"yue": {"tok_s@1": [14.0, 12.0]}, "llamacpp": {"tok_s@1": [7.0, 8.0]}}}
+    assert rt.speed_ratios(entry, 1) == [2.0, 1.5]
+    assert rt._spread([2.0, 1.5]) == "1.75 (1.50-2.00)"
