@@ -4,6 +4,7 @@ is not there is a one-line error with exit code 2."""
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import subprocess
@@ -120,3 +121,68 @@ def test_settings_a_request_cannot_carry_are_refused_naming_the_option(served, o
     res = CliRunner().invoke(app, ["generate", "x", "--server", url, *option])
     assert res.exit_code == 2 and f"error: {option[0] if 'server at' in message else ''}" in res.output
     assert message in res.output, res.output
+
+
+def _corpus(folder) -> str:
+    """A small folder of sources (relative to the working folder, as a user would name it)."""
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 20)
+    return str(folder)
+
+
+def test_eval_through_the_server_prints_what_in_process_prints_and_imports_no_torch(
+    served, tmp_path, monkeypatch
+):
+    url, model = served
+    monkeypatch.chdir(tmp_path)
+    corpus = _corpus(tmp_path / "src")
+    flags = ["--corpus", "src", "--batches", "1", "--seq-len", "32", "--seed", "3"]
+    here, there = _both(url, model, "eval", *flags)
+    assert there.stdout == here.stdout and json.loads(here.stdout)["sequences"] > 0
+    code = (
+        "import json, sys, yue.cli\n"
+        "try:\n    yue.cli.app(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(json.dumps({'code': code, 'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "eval", "--server", url, *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    *text, last = out.stdout.splitlines()
+    assert json.loads(last) == {"code": 0, "heavy": []} and text == [here.stdout.strip()]
+    assert corpus
+
+
+def test_eval_through_the_server_names_a_bad_field_a_missing_corpus_and_a_missing_server(served, tmp_path):
+    url, _ = served
+    res = CliRunner().invoke(app, ["eval", "--server", url, "--corpus", str(tmp_path / "nope.txt")])
+    assert res.exit_code == 2 and "error: the server at" in res.output and "nope.txt" in res.output, (
+        res.output
+    )
+    res = CliRunner().invoke(app, ["eval", "--server", url, "--threads", "2"])
+    assert res.exit_code == 2 and "--threads with --server" in res.output, res.output
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = CliRunner().invoke(app, ["eval", "--server", f"http://127.0.0.1:{port}"])
+    assert res.exit_code == 2 and "error: no yue server answers at" in res.output, res.output
+
+
+def test_the_eval_route_refuses_bad_fields_and_a_model_without_files(tiny_engine):
+    """/eval's 400s: a field out of range or unknown, and an Engine built in memory (no `source`)."""
+    from fastapi.testclient import TestClient
+
+    from yue.serve import create_app
+
+    with TestClient(create_app(tiny_engine)) as client:
+        bad = client.post("/eval", json={"batches": 0})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "batches"
+        assert client.post("/eval", json={"corpora": "x"}).status_code in (400, 422)
+    built = copy.copy(tiny_engine)  # the same model, as if built in memory
+    built.source = None
+    with TestClient(create_app(built)) as client:
+        res = client.post("/eval", json={})
+        assert res.status_code == 400 and res.json()["error"]["code"] == "not_reloadable"

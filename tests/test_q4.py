@@ -45,6 +45,28 @@ def test_codes_give_the_float_kernels_bits_for_every_row_count(kind, out, inp):
 
 
 @pytest.mark.parametrize("kind", CODES)
+def test_the_packers_write_the_same_bytes_and_refuse_alike_on_any_thread_count(kind):
+    """The packers split column blocks over torch's threads (`rows_q4_pack`, `codes_pack`): the bytes
+    are the one-thread ones, and a group without codes, in the last block, is refused at any count."""
+    needs_row_kernel()
+    _, pack, _ = CODES[kind]
+    w = gguf_like(kind, 1000, 96)
+    nudged = w.clone()
+    nudged[-1, 50] = torch.nextafter(nudged[-1, 50], torch.tensor(1.0))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = pack(w)
+        for n in (2, 3, 8):
+            torch.set_num_threads(n)
+            assert torch.equal(pack(w), alone), n
+            assert torch.equal(pack(w.t().contiguous().t()), alone), n
+            assert pack(nudged) is None, n
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kind", CODES)
 def test_a_weight_that_codes_cannot_give_back_is_refused(kind):
     needs_row_kernel()
     _, pack, _ = CODES[kind]

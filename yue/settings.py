@@ -335,3 +335,33 @@ class LoadConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `evaluate_model` scores (`yue eval`'s options). Bad values raise ValueError naming the field.
+
+    Attributes:
+        corpus: 'stdlib', a .txt/.jsonl file or a folder of sources.
+        batches: validation batches to score.
+        batch_size: sequences per batch.
+        seq_len: tokens per sequence.
+        anchors: NAR blocks per sequence, as in training.
+        val_fraction: share of files held out, split by hash of the file name as training splits them.
+        seed: seed for the sequences' order and the NAR blocks' anchors.
+    """
+
+    corpus: str = "stdlib"
+    batches: int = 8
+    batch_size: int = 8
+    seq_len: int = 256
+    anchors: int = 8
+    val_fraction: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "batch_size", "seq_len", "anchors"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")

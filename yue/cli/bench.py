@@ -1,4 +1,4 @@
-"""Measuring: `yue bench`, `yue bench-serve`, `yue eval`."""
+"""Measuring: `yue bench`, `yue bench-serve`, `yue bench-sizes` (`yue eval`: evaluate.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from yue.bench.serving import ServeBenchConfig
 from yue.cli.common import LLAMA_FLAGS, MODEL_HELP, app, user_errors
 from yue.cli.options import config_options
 from yue.settings import LoadConfig
-from yue.train.evaluate import EvalConfig
 
 
 @app.command("bench")
@@ -126,31 +125,6 @@ def _merged_for_bench(model: str | None, adapter: Path) -> Path:
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     name = f"{model_name(model)}+{adapter.name}"  # the report's model name
     return str(merge_to_folder(model, adapter, tmp / name))
-
-
-@app.command("eval")
-@user_errors
-@config_options(EvalConfig)
-@config_options(  # the model and its threads; the sequences' length is --seq-len
-    LoadConfig,
-    argument="load",
-    exclude=("adapter", "device", "dtype", "draft_dtype", "low_memory", "ctx_size"),
-    aliases=LLAMA_FLAGS,
-)
-def eval_cmd(
-    load: LoadConfig | None = None,
-    config: EvalConfig | None = None,
-) -> None:
-    """Validation AR loss, NAR loss and NAR accuracy per slot of a model on a corpus (JSON); for a
-    top-layer NAR set (yue-smol) or a plain Llama/GGUF, the AR loss."""
-    import json
-
-    from yue.cli.common import set_threads
-    from yue.registry import resolve
-    from yue.train.evaluate import evaluate_model
-
-    set_threads(load.threads)
-    typer.echo(json.dumps(evaluate_model(resolve(load.model), config)))
 
 
 @app.command("bench-sizes")

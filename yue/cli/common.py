@@ -39,7 +39,7 @@ COMMANDS = {
     "bench-serve": "bench",
     "bench-sizes": "bench",
     "profile": "bench",
-    "eval": "bench",
+    "eval": "evaluate",
 }
 
 

@@ -1,4 +1,5 @@
-"""`--server URL` (or $YUE_SERVER): `yue generate` and `yue chat` as clients of a running `yue serve`.
+"""`--server URL` (or $YUE_SERVER): `yue generate`, `yue chat` and `yue eval` as clients of a running
+`yue serve`.
 
 Design decisions:
 - The standard library only (urllib, json): a client call imports no torch, no HTTP package, so it
@@ -108,6 +109,10 @@ class Server:
         """/v1/chat/completions, streamed: the reply's text deltas."""
         body = {"model": self.model, "messages": messages, **request_fields(config)}
         return self._deltas("/v1/chat/completions", body, lambda c: c.get("delta", {}).get("content") or "")
+
+    def evaluate(self, fields: dict) -> dict:
+        """/eval: `yue eval`'s numbers (`EvalConfig`'s fields) for the served model, as in-process."""
+        return self._json("POST", "/eval", fields)
 
     def _deltas(self, path: str, body: dict, text_of) -> Iterator[str]:
         with self._open("POST", path, {**body, "stream": True}) as response:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -50,6 +51,9 @@ class Engine:
             model's), else one stored in the model folder, else the built-in default.
         corpus: the model's n-gram table of its own answers, for `verified`'s corpus drafts
             (`decode/corpus.py`; the model folder's `ngrams.safetensors`), or None.
+        source: where the model was loaded from (a folder or a .gguf, `yue.load`'s), for what reloads it
+            as stored (`yue eval` on a server's model, `serve/evaluate.py`); None for a model built in
+            memory or loaded with an adapter merged.
     """
 
     def __init__(
@@ -59,8 +63,10 @@ class Engine:
         name: str = "yue",
         chat_template: str | None = None,
         corpus: CorpusNgrams | None = None,
+        source: Path | None = None,
     ) -> None:
         self.model = as_decoded(model).eval()
+        self.source = source
         self.tokenizer = tokenizer
         self.name = name
         self.chat_template = tokenizer.chat_template or chat_template or DEFAULT_CHAT_TEMPLATE

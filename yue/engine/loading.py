@@ -90,7 +90,8 @@ def load(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if threads is not None:
         torch.set_num_threads(threads)
-    files = model_files(resolve(path))
+    source = resolve(path)
+    files = model_files(source)
     precision = file_or_named_precision(dtype, files, device)
     if precision == "int4" and (why := int4_unavailable(device)):
         raise ValueError(f"the int4 precision needs {why}")
@@ -102,7 +103,8 @@ def load(
     model = prepare_for_decoding(model, drafting, int4=precision == "int4", low_memory=low_memory)
     template = find_chat_template(files.yue_dir or files.tokenizer_dir, default=None)
     corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
-    return Engine(model, tokenizer, name=model_name(path), chat_template=template, corpus=corpus)
+    source = None if adapter is not None else source  # an adapter's merge is not in the files
+    return Engine(model, tokenizer, model_name(path), template, corpus, source)
 
 
 def checked_device(device: str) -> str:

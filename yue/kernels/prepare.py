@@ -62,6 +62,7 @@ from torch import nn
 
 from yue.kernels import probe, rowkernel, rowstack
 from yue.kernels.decode_set import DecodeSet, LayerStack, kernels_named
+from yue.kernels.draft_head import DraftVocabHead, draft_head  # noqa: F401  (DraftVocabHead: re-exported)
 from yue.kernels.matmuls import (
     INT8,
     StreamedLinear,
@@ -76,7 +77,7 @@ from yue.kernels.matmuls import (
 )
 from yue.kernels.screen import ScreenedHead
 from yue.model.decode_paths import DecodePaths, SlotEntryPath, exact_rows
-from yue.model.mot import DRAFT_FILL, YueForCausalLM, expand_draft_logits
+from yue.model.mot import DRAFT_FILL, YueForCausalLM, expand_draft_logits  # noqa: F401  (re-exported)
 from yue.model.prepared import PreparedModel
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     return PRECISIONS[name]
 
 
-def input_major(model: nn.Module) -> nn.Module:
+def input_major(model: nn.Module, leave: frozenset[int] = frozenset()) -> nn.Module:
     """Store every float32 nn.Linear weight input-major, in place: same (out, in) shape and values, but
     the storage is the transpose, (in, out) row-major (other dtypes stay row-major: `decode_storage`).
 
@@ -184,10 +185,13 @@ def input_major(model: nn.Module) -> nn.Module:
     is a negligible share of a step. A small model keeps both (its lookup's share of a short step
     would be felt, the copy's bytes would not). Figures: docs/results-log.md, "Figures that were in
     code comments".
+
+    leave: ids of modules to leave as they are: those `fuse_linears` copies into decode storage next
+    (`fused_parts`), whose input-major copy here would be a copy made only to be copied again.
     """
     seen: dict[int, nn.Parameter] = {}
     for module in model.modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and id(module) not in leave:
             w = module.weight
             if id(w) not in seen:
                 seen[id(w)] = nn.Parameter(decode_storage(w.detach()), requires_grad=False)
@@ -200,6 +204,17 @@ def input_major(model: nn.Module) -> nn.Module:
     return model
 
 
+def fused_parts(model) -> frozenset[int]:
+    """Ids of the nn.Linear modules `decode_set` fuses (`fuse_linears`): each layer's Q/K/V and
+    gate/up, of its AR set and, where it holds one, its NAR set."""
+    parts = set()
+    for layer in model.model.layers:
+        for nar in (False, True)[: 1 + layer.has_nar]:
+            _, proj, _, mlp = layer._sets(nar)
+            parts |= {id(m) for m in (proj.q_proj, proj.k_proj, proj.v_proj, mlp.gate_proj, mlp.up_proj)}
+    return frozenset(parts)
+
+
 # Tied tables larger than this many floats are shared by the embedding and the input-major head.
 SHARED_TABLE = 8 * 2**20
 
@@ -209,8 +224,14 @@ def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
     each part's weight becomes a view of the fused storage, so no weight is held twice."""
     out = sum(p.out_features for p in parts)
     fused = nn.Linear(parts[0].in_features, out, bias=False, device="meta")  # no random init: replaced
-    w = torch.cat([p.weight.detach() for p in parts], dim=0).to(parts[0].weight.dtype)  # (out, in)
-    fused.weight = nn.Parameter(decode_storage(w), requires_grad=False)
+    weights = [p.weight.detach() for p in parts]  # (out_i, in) each, in any storage
+    if all(w.dtype == torch.float32 for w in weights):
+        # decode_storage's input-major layout: the (in, out) concatenation of each part's transpose, seen
+        # as (out, in) (contiguous transposes first: torch's cat of transposed views is several times slower)
+        w = torch.cat([w.t().contiguous() for w in weights], dim=1).t()
+    else:
+        w = decode_storage(torch.cat(weights, dim=0).to(weights[0].dtype))  # (out, in)
+    fused.weight = nn.Parameter(w, requires_grad=False)
     start = 0
     for p in parts:
         p.weight = nn.Parameter(fused.weight[start : start + p.out_features], requires_grad=False)
@@ -305,7 +326,7 @@ def kernel_plan(model, low_memory: bool) -> KernelPlan:
 def decode_paths(model, drafting_dtype: torch.dtype | None, int4: bool, plan: KernelPlan) -> DecodePaths:
     """The `DecodePaths` `prepare_for_decoding` builds on `plan`'s kernels: weights input-major, each
     layer's decode sets, the kernel stacks, the slots' parts and the heads (its `layout` named after)."""
-    input_major(model)
+    input_major(model, leave=fused_parts(model))
     release_freed_memory()
     paths = DecodePaths(
         [
@@ -549,40 +570,3 @@ def _malloc_trim():
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
-
-
-class DraftVocabHead(nn.Module):
-    """Slot rows' head over a reduced drafting vocabulary (FR-Spec), returning whole-vocabulary logits.
-
-    `inner` maps (B, n, D) -> (B, n, Vd) over the rows `ids` of the LM head; the result is spread into
-    (B, n, V) with `DRAFT_FILL` elsewhere (`expand_draft_logits`; on yue's row kernel where `row_kernel`,
-    float32 on the CPU: one pass, `rowkernel.spread`), so the policies and the router see the shapes they
-    always do. On SmolLM2 the head over the 8,192 most frequent output tokens is a sixth of the full one
-    (docs/design.md §8).
-    """
-
-    def __init__(
-        self, inner: nn.Module, ids: torch.Tensor, vocab_size: int, row_kernel: bool = False
-    ) -> None:
-        super().__init__()
-        self.inner, self.ids, self.vocab_size, self.row_kernel = inner, (ids,), vocab_size, row_kernel
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sub = self.inner(x)
-        if self.row_kernel and sub.dtype == torch.float32:
-            return rowkernel.spread(sub, self.ids[0], self.vocab_size, DRAFT_FILL)
-        return expand_draft_logits(sub, self.ids[0], self.vocab_size)
-
-
-def draft_head(model, drafting_dtype: torch.dtype | None, row_kernel: bool = False) -> nn.Module | None:
-    """The head for slot rows: the LM head's rows over `model.draft_vocab` (if any), lowered to
-    `drafting_dtype` (if any; int8 on yue's row kernel where `row_kernel`, as the NAR layers: faster
-    than torch's dynamic int8 at a drafting pass's row counts, docs/results-log.md); None where the LM head itself serves."""
-    vocab = None if model.draft_vocab is None else model.draft_vocab.long()
-    lower = functools.partial(lower_linear, dtype=drafting_dtype, row_kernel=row_kernel)
-    if vocab is None:
-        return None if drafting_dtype is None else lower(model.lm_head)
-    sub = nn.Linear(model.config.hidden_size, len(vocab), bias=False, device=vocab.device)
-    sub.weight = nn.Parameter(model.lm_head.weight.detach()[vocab].clone(), requires_grad=False)
-    inner = row_adaptive(sub) if drafting_dtype is None else lower(sub)
-    return DraftVocabHead(inner, vocab, model.config.vocab_size, row_kernel)

@@ -1130,49 +1130,65 @@ static int q4k_group(const float *wg, float lo, float hi, float *d, float *m, in
     return 1;
 }
 
+/* Column block b of rows_q4_pack: 0, or 1 where a group has no form. */
+static int q4_pack_block(const float *w, long b, long out, long groups, long so, long si, unsigned char *dst) {
+    float tile[BLK][Q4_GROUP];
+    const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
+    for (long g = 0; g < groups; g++) {
+        if (si == 1)
+            for (long j = 0; j < n; j++)
+                for (int i = 0; i < Q4_GROUP; i++) tile[j][i] = w[(b * BLK + j) * so + g * Q4_GROUP + i];
+        else
+            for (int i = 0; i < Q4_GROUP; i++)
+                for (long j = 0; j < n; j++) tile[j][i] = w[(b * BLK + j) * so + (g * Q4_GROUP + i) * si];
+        unsigned char *rec = dst + (b * groups + g) * Q4_GROUP_BYTES;
+        for (long j = 0; j < n; j++) {
+            const float *wg = tile[j];
+            float lo = wg[0], hi = wg[0];
+            for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
+            /* The group's (d, m): Q4_1's (its minimum code 0, its maximum 15), else Q4_0's, whose
+             * value of largest magnitude v0 is code 0: (code - 8) d = fmaf(code, d, v0), d = -v0 / 8. */
+            const float forms[3][2] = {{half_round((hi - lo) / 15.f), lo}, {-lo / 8.f, lo}, {-hi / 8.f, hi}};
+            int c[Q4_GROUP], f = 0;
+            while (f < 3 && q4_group_codes(wg, forms[f][0], forms[f][1], c)) f++;
+            float d = 0.f, m = 0.f;
+            if (f < 3)
+                d = forms[f][0], m = forms[f][1];
+            else if (q4k_group(wg, lo, hi, &d, &m, c)) /* Q4_K's, last: the dearest to find */
+                return 1;
+            ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = m;
+            /* the output's byte and nibble in each input's BLK / 2 bytes */
+            const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
+            unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
+            for (int i = 0; i < Q4_GROUP; i++) codes[i * (BLK / 2)] |= (unsigned char)(c[i] << shift);
+        }
+    }
+    return 0;
+}
+
 /* W (out, in) float32 at strides (so, si) (output-major, or a tied head's input-major storage), in a
  * multiple of Q4_GROUP, into rows_matmul_q4's layout at dst (ceil(out / BLK) x in / Q4_GROUP records of
  * Q4_GROUP_BYTES, zeroed by the caller), a BLK x Q4_GROUP tile at a time. Each group of an output takes
  * the first form (d, m) whose codes give back its every value (q4_group_codes): a GGUF's Q4_1 weights
  * dequantized (m the minimum, d (max - m) / 15 rounded to float16), its Q4_0 ones ((code - 8) d:
  * m = -8 d, the group's value of largest magnitude at code 0), or its Q4_K ones (q4k_group). Returns 0,
- * or 1 as soon as a group has no such form, so a weight either gives its exact bits back or is refused. */
-int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
-    const long groups = in / Q4_GROUP;
-    float tile[BLK][Q4_GROUP];
-    for (long b = 0; b * BLK < out; b++) {
-        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
-        for (long g = 0; g < groups; g++) {
-            if (si == 1)
-                for (long j = 0; j < n; j++)
-                    for (int i = 0; i < Q4_GROUP; i++) tile[j][i] = w[(b * BLK + j) * so + g * Q4_GROUP + i];
-            else
-                for (int i = 0; i < Q4_GROUP; i++)
-                    for (long j = 0; j < n; j++) tile[j][i] = w[(b * BLK + j) * so + (g * Q4_GROUP + i) * si];
-            unsigned char *rec = dst + (b * groups + g) * Q4_GROUP_BYTES;
-            for (long j = 0; j < n; j++) {
-                const float *wg = tile[j];
-                float lo = wg[0], hi = wg[0];
-                for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
-                /* The group's (d, m): Q4_1's (its minimum code 0, its maximum 15), else Q4_0's, whose
-                 * value of largest magnitude v0 is code 0: (code - 8) d = fmaf(code, d, v0), d = -v0 / 8. */
-                const float forms[3][2] = {{half_round((hi - lo) / 15.f), lo}, {-lo / 8.f, lo}, {-hi / 8.f, hi}};
-                int c[Q4_GROUP], f = 0;
-                while (f < 3 && q4_group_codes(wg, forms[f][0], forms[f][1], c)) f++;
-                float d = 0.f, m = 0.f;
-                if (f < 3)
-                    d = forms[f][0], m = forms[f][1];
-                else if (q4k_group(wg, lo, hi, &d, &m, c)) /* Q4_K's, last: the dearest to find */
-                    return 1;
-                ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = m;
-                /* the output's byte and nibble in each input's BLK / 2 bytes */
-                const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
-                unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
-                for (int i = 0; i < Q4_GROUP; i++) codes[i * (BLK / 2)] |= (unsigned char)(c[i] << shift);
-            }
+ * or 1 where a group has no such form, so a weight either gives its exact bits back or is refused.
+ * Column blocks are packed on `threads` threads (each block's records are its own: the same bytes
+ * whatever the count); a refusal stops the blocks not yet started. */
+int rows_q4_pack(const float *w, long out, long in, long so, long si, unsigned char *dst, int threads) {
+    const long groups = in / Q4_GROUP, blocks = (out + BLK - 1) / BLK;
+    int refused = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1 && blocks > 1)
+    for (long b = 0; b < blocks; b++) {
+        int stop;
+#pragma omp atomic read
+        stop = refused;
+        if (!stop && q4_pack_block(w, b, out, groups, so, si, dst)) {
+#pragma omp atomic write
+            refused = 1;
         }
     }
-    return 0;
+    return refused;
 }
 
 int rows_code_group(void) { return Q4_GROUP; } /* = Q8_GROUP */
@@ -1434,23 +1450,32 @@ static int q8_group(const float *wj, long si, int n, float *d_out, signed char *
  * caller), each group of an output as `fit` finds its d and codes. Returns 0, or 1 as soon as a group
  * has none, so a weight either gives its exact bits back or is refused. */
 static int codes_pack(const float *w, long out, long in, long so, long si, unsigned char *dst, int group,
-                      long bytes, int (*fit)(const float *, long, int, float *, signed char *)) {
-    const long groups = in / group;
-    for (long b = 0; b * BLK < out; b++) {
+                      long bytes, int (*fit)(const float *, long, int, float *, signed char *), int threads) {
+    const long groups = in / group, blocks = (out + BLK - 1) / BLK;
+    int refused = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1 && blocks > 1)
+    for (long b = 0; b < blocks; b++) { /* each block's records its own, as in rows_q4_pack */
         const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
-        for (long g = 0; g < groups; g++) {
+        int stop;
+#pragma omp atomic read
+        stop = refused;
+        for (long g = 0; g < groups && !stop; g++) {
             unsigned char *rec = dst + (b * groups + g) * bytes;
             signed char *codes = (signed char *)rec + BLK * sizeof(float);
-            for (long j = 0; j < n; j++)
-                if (fit(w + (b * BLK + j) * so + g * group * si, si, group, (float *)rec + j, codes + j)) return 1;
+            for (long j = 0; j < n && !stop; j++)
+                stop = fit(w + (b * BLK + j) * so + g * group * si, si, group, (float *)rec + j, codes + j);
+        }
+        if (stop) {
+#pragma omp atomic write
+            refused = 1;
         }
     }
-    return 0;
+    return refused;
 }
 
 /* W into rows_matmul_q8's layout (codes_pack with q8_group), in a multiple of Q8_GROUP. */
-int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
-    return codes_pack(w, out, in, so, si, dst, Q8_GROUP, Q8_GROUP_BYTES, q8_group);
+int rows_q8_pack(const float *w, long out, long in, long so, long si, unsigned char *dst, int threads) {
+    return codes_pack(w, out, in, so, si, dst, Q8_GROUP, Q8_GROUP_BYTES, q8_group, threads);
 }
 
 int rows_q8_bytes(void) { return Q8_GROUP_BYTES; }
@@ -1487,8 +1512,8 @@ static int q6_group(const float *wj, long si, int n, float *d_out, signed char *
 }
 
 /* W into rows_matmul_q6's layout (codes_pack with q6_group), in a multiple of Q6_GROUP. */
-int rows_q6_pack(const float *w, long out, long in, long so, long si, unsigned char *dst) {
-    return codes_pack(w, out, in, so, si, dst, Q6_GROUP, Q6_GROUP_BYTES, q6_group);
+int rows_q6_pack(const float *w, long out, long in, long so, long si, unsigned char *dst, int threads) {
+    return codes_pack(w, out, in, so, si, dst, Q6_GROUP, Q6_GROUP_BYTES, q6_group, threads);
 }
 
 int rows_q6_bytes(void) { return Q6_GROUP_BYTES; }

@@ -129,7 +129,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rows_q4dot_bytes.restype = lib.rows_q4dot16_bytes.restype = ctypes.c_int
     lib.rows_screen_bytes.restype = lib.rows_q6_bytes.restype = lib.rows_q6_group.restype = ctypes.c_int
     for pack in (lib.rows_q4_pack, lib.rows_q8_pack, lib.rows_q6_pack):
-        pack.argtypes, pack.restype = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p], ctypes.c_int
+        pack.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_int]
+        pack.restype = ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
     lib.rows_rms_norm.restype = None
@@ -329,7 +330,7 @@ def _codes(w: torch.Tensor, pack, record: int, group: int) -> torch.Tensor | Non
     if w.dtype != torch.float32 or w.device.type != "cpu" or inp % group:
         return None
     packed = torch.zeros(-(-out // lib.rows_block()), inp // group, record, dtype=torch.uint8)
-    refused = pack(w.data_ptr(), out, inp, *w.stride(), packed.data_ptr())
+    refused = pack(w.data_ptr(), out, inp, *w.stride(), packed.data_ptr(), torch.get_num_threads())
     return None if refused else packed
 
 

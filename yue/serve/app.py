@@ -42,6 +42,7 @@ from yue.serve import schemas as s
 from yue.serve.api_error import overloaded
 from yue.serve.config import ServeConfig, check_choices, check_limits
 from yue.serve.errors import ApiError, install_error_handlers, internal_error, openapi_without_422
+from yue.serve.evaluate import install_eval
 from yue.serve.gate import Gate
 from yue.serve.infill import install_infill, suffixed_prompt
 from yue.serve.metrics import Metrics
@@ -229,12 +230,13 @@ def create_app(engine, config: ServeConfig | None = None, *, chat_template: str 
 
 def _install_routes(app: FastAPI, state: ServerState) -> None:
     """Every route: the demo page and the server's own (health, metrics, models), then the generation
-    endpoints (OpenAI's completions and chat completions, yue's /generate, llama.cpp's /infill)."""
+    endpoints (OpenAI's completions and chat completions, yue's /generate and /eval, llama.cpp's /infill)."""
     _install_info_routes(app, state)
     _install_completions(app, state)
     _install_chat_completions(app, state)
     _install_generate(app, state)
     install_infill(app, state, _prepare, _respond)
+    install_eval(app, state)
 
 
 def _install_info_routes(app: FastAPI, state: ServerState) -> None:

@@ -7,45 +7,15 @@ by file that training used), so the numbers are comparable with a training log's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from yue.engine import load_unprepared
+from yue.settings import EvalConfig  # noqa: F401  (its home before yue.settings)
 from yue.train.config import TrainConfig
 from yue.train.data import PackedSequences, encode_documents, read_corpus, split_documents
 from yue.train.loop import evaluate
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What `evaluate_model` scores (`yue eval`'s options). Bad values raise ValueError naming the field.
-
-    Attributes:
-        corpus: 'stdlib', a .txt/.jsonl file or a folder of sources.
-        batches: validation batches to score.
-        batch_size: sequences per batch.
-        seq_len: tokens per sequence.
-        anchors: NAR blocks per sequence, as in training.
-        val_fraction: share of files held out, split by hash of the file name as training splits them.
-        seed: seed for the sequences' order and the NAR blocks' anchors.
-    """
-
-    corpus: str = "stdlib"
-    batches: int = 8
-    batch_size: int = 8
-    seq_len: int = 256
-    anchors: int = 8
-    val_fraction: float = 0.02
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("batches", "batch_size", "seq_len", "anchors"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
 
 
 def evaluate_model(model_dir: str | Path | None, cfg: EvalConfig = EvalConfig()) -> dict:
