@@ -63,25 +63,16 @@ class FimRun:
 
 def make_init(base: Path, out: Path) -> Path:
     """`out`: the base model with FIM tokens added and its embedding grown to the new vocabulary."""
-    import torch
-    from torch import nn
-
     from yue.model.hf import load_model
     from yue.tokenizer import YueTokenizer
-    from yue.train.fim_data import add_fim_tokens
+    from yue.train.fim_data import add_fim_tokens, grow_vocab
     from yue.train.loop import save_final_model
 
     if (out / "model.safetensors").is_file():
         return out
     model, tokenizer = load_model(base), YueTokenizer.load(base)
     add_fim_tokens(tokenizer)
-    old = model.model.embed_tokens.weight.data  # (V, D)
-    grow = tokenizer.vocab_size - old.shape[0]
-    if grow > 0:
-        rows = old.mean(0, keepdim=True).expand(grow, -1)  # (grow, D): a neutral start for new tokens
-        model.model.embed_tokens = nn.Embedding.from_pretrained(torch.cat([old, rows]), freeze=False)
-        model.lm_head.weight = model.model.embed_tokens.weight  # tied, as the model's config says
-        model.config.vocab_size = tokenizer.vocab_size
+    grow_vocab(model, tokenizer.vocab_size)
     return save_final_model(model, tokenizer, out)
 
 
@@ -94,8 +85,14 @@ def train(out: Path, run: FimRun, resume: bool, threads: int, save_every: int) -
     from yue.train.data import PackedSequences, cached_tokens, read_stdlib, split_documents
     from yue.train.fim_data import FimBatches, FimSettings, find_fim_tokens
     from yue.train.loop import save_final_model
-    from yue.train.losses import LossWeights, TrainingForward, draw_reveals, joint_loss, sample_anchors
-    from yue.train.losses import set_trainable
+    from yue.train.losses import (
+        LossWeights,
+        TrainingForward,
+        draw_reveals,
+        joint_loss,
+        sample_anchors,
+        set_trainable,
+    )
     from yue.train.trainer import Trainer, append_jsonl, check_resume_settings, step_generator
 
     torch.set_num_threads(threads)
@@ -115,12 +112,23 @@ def train(out: Path, run: FimRun, resume: bool, threads: int, save_every: int) -
     model = load_model(init).train()
     K = model.config.block_size
     weights = LossWeights(run.ar_weight, run.nar_weight, run.kl_weight)
-    trainer = Trainer(TrainingForward(model), set_trainable(model, "all"), run, run.batch_size, saved=model,
-                      run_dir=out)
+    trainer = Trainer(
+        TrainingForward(model), set_trainable(model, "all"), run, run.batch_size, saved=model, run_dir=out
+    )
     start = trainer.resume()["step"] if resume else 0
     log, t0 = out / "log.jsonl", time.time()
-    append_jsonl(log, {"kind": "start", "step": start, "argv": sys.argv, "threads": threads,
-                       "train_files": len(train_docs), "train_tokens": int(len(tokens)), "time": t0})
+    append_jsonl(
+        log,
+        {
+            "kind": "start",
+            "step": start,
+            "argv": sys.argv,
+            "threads": threads,
+            "train_files": len(train_docs),
+            "train_tokens": int(len(tokens)),
+            "time": t0,
+        },
+    )
     for step in range(start, run.steps):
         g = step_generator(run.seed, step)
         x, n_fim = batches.batch(step, run.batch_size)  # (B, T)
@@ -131,10 +139,19 @@ def train(out: Path, run: FimRun, resume: bool, threads: int, save_every: int) -
         norm = trainer.update(loss.ar_term + slots, step)
         done = step + 1
         if done % 10 == 0 or done == run.steps:
-            append_jsonl(log, {"kind": "train", "step": done, "ar": round(float(loss.ar), 4),
-                               "nar": round(float(loss.nar), 4), "kl": round(float(loss.kl), 4),
-                               "fim_rows": n_fim, "grad_norm": round(norm, 3),
-                               "elapsed_s": round(time.time() - t0, 1)})
+            append_jsonl(
+                log,
+                {
+                    "kind": "train",
+                    "step": done,
+                    "ar": round(float(loss.ar), 4),
+                    "nar": round(float(loss.nar), 4),
+                    "kl": round(float(loss.kl), 4),
+                    "fim_rows": n_fim,
+                    "grad_norm": round(norm, 3),
+                    "elapsed_s": round(time.time() - t0, 1),
+                },
+            )
         if done % save_every == 0 or done == run.steps:
             trainer.save(done, {"seed": run.seed})
     model.config.loss_weights = weights.as_dict()

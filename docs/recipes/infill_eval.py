@@ -58,7 +58,9 @@ def cut_infill(text: str, rng: random.Random) -> dict[str, str] | None:
     ok = [
         i
         for i in range(3, len(lines) - 1)
-        if 4 <= len(lines[i].strip()) and len(lines[i]) <= 100 and "\t" not in lines[i]
+        if 4 <= len(lines[i].strip())
+        and len(lines[i]) <= 100
+        and "\t" not in lines[i]
         and not _CLEAN.search(lines[i])
     ]
     if not ok:
@@ -103,8 +105,12 @@ def middle_line(text: str) -> str:
 def line_scores(predicted: list[str], truth: list[str]) -> dict:
     """Exact-line matches (trailing whitespace aside) and corpus chrF of predicted against true lines."""
     hits = sum(p.rstrip() == t.rstrip() for p, t in zip(predicted, truth, strict=True))
-    return {"exact": hits, "n": len(truth), "exact_rate": round(hits / len(truth), 4),
-            "chrf": round(chrf(predicted, truth), 2)}
+    return {
+        "exact": hits,
+        "n": len(truth),
+        "exact_rate": round(hits / len(truth), 4),
+        "chrf": round(chrf(predicted, truth), 2),
+    }
 
 
 def run_set(engine, prompts: list, mode: str, tokens: int) -> tuple[list, float, int]:
@@ -151,7 +157,9 @@ def infill_quality(fim, base, cuts: list[dict], tokens: int) -> tuple[dict, list
     for name, engine in (("base_ar_prefix_only", base), ("fim_ar_prefix_only", fim)):
         out = run_set(engine, [engine.encode(c["prefix"]) for c in cuts], "ar", tokens)[0]
         rows[name] = line_scores([middle_line(r.text) for r in out], truth)
-    samples = [{"source": c["source"], "truth": c["line"], "infill": p} for c, p in zip(cuts, infill, strict=True)]
+    samples = [
+        {"source": c["source"], "truth": c["line"], "infill": p} for c, p in zip(cuts, infill, strict=True)
+    ]
     return rows, fim_prompts, samples
 
 
@@ -187,14 +195,21 @@ def main(argv: list[str] | None = None) -> None:
     l2r = records[: a.l2r_prompts]
     report = {
         "what": "infill on held-out third-party code cut at run time (docs/recipes/infill_eval.py)",
-        "fim_model": a.fim, "base_model": a.base, "seed": a.seed, "cuts": len(cuts),
-        "held_out_packages": list(HELD_OUT_PACKAGES), "training_source": "stdlib (Lib minus test folders)",
-        "threads": a.threads, "machine": platform.processor() or platform.machine(),
+        "fim_model": a.fim,
+        "base_model": a.base,
+        "seed": a.seed,
+        "cuts": len(cuts),
+        "held_out_packages": list(HELD_OUT_PACKAGES),
+        "training_source": "stdlib (Lib minus test folders)",
+        "threads": a.threads,
+        "machine": platform.processor() or platform.machine(),
         "infill_quality": quality,
         "infill_speed_fim": speed(fim, fim_prompts, a.tokens, a.repeats),
         "left_to_right": {
-            "nll_code_test": {"base": left_to_right_nll(a.base, records),
-                              "fim": left_to_right_nll(a.fim, records)},
+            "nll_code_test": {
+                "base": left_to_right_nll(a.base, records),
+                "fim": left_to_right_nll(a.fim, records),
+            },
             "speed_code_test": {
                 "base": speed(base, [base.encode(r["prompt"]) for r in l2r], a.l2r_tokens, a.repeats),
                 "fim": speed(fim, [fim.encode(r["prompt"]) for r in l2r], a.l2r_tokens, a.repeats),

@@ -53,6 +53,23 @@ def add_fim_tokens(tokenizer: YueTokenizer) -> FimTokens:
     return found
 
 
+def grow_vocab(model, vocab_size: int) -> int:
+    """Grow a `YueForCausalLM`'s tied embedding to `vocab_size` rows; returns how many were added.
+
+    New rows start at the mean row: a neutral input, and an output logit the model does not favour
+    over the tokens it has learnt (old rows are kept bit for bit).
+    """
+    old = model.model.embed_tokens.weight.data  # (V, D)
+    grow = vocab_size - old.shape[0]
+    if grow <= 0:
+        return 0
+    rows = old.mean(0, keepdim=True).expand(grow, -1)  # (grow, D)
+    model.model.embed_tokens = torch.nn.Embedding.from_pretrained(torch.cat([old, rows]), freeze=False)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as the config says
+    model.config.vocab_size = vocab_size
+    return grow
+
+
 @dataclass(frozen=True)
 class FimSettings:
     """Mix and cut settings (module docstring)."""
