@@ -76,7 +76,9 @@ def make_init(base: Path, out: Path) -> Path:
     return save_final_model(model, tokenizer, out)
 
 
-def train(out: Path, run: FimRun, resume: bool, threads: int, save_every: int) -> Path:
+def train(
+    out: Path, run: FimRun, resume: bool, threads: int, save_every: int, reschedule: bool = False
+) -> Path:
     """Train (or resume) the run in `out`; returns `<out>/model`."""
     import torch
 
@@ -98,8 +100,8 @@ def train(out: Path, run: FimRun, resume: bool, threads: int, save_every: int) -
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(asdict(run)))
-    if resume:
-        check_resume_settings(out / "run.json", settings)
+    if resume:  # `reschedule`: a new total of steps, the cosine from the checkpoint on over it (logged)
+        check_resume_settings(out / "run.json", settings, {"steps"} if reschedule else ())
     (out / "run.json").write_text(json.dumps(settings, indent=2))
     init = make_init(Path(run.base), out / "init")
     tokenizer = YueTokenizer.load(init)
@@ -124,6 +126,7 @@ def train(out: Path, run: FimRun, resume: bool, threads: int, save_every: int) -
             "step": start,
             "argv": sys.argv,
             "threads": threads,
+            "steps": run.steps,
             "train_files": len(train_docs),
             "train_tokens": int(len(tokens)),
             "time": t0,
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=FimRun.seed)
     ap.add_argument("--base", default=FimRun.base, help="the model folder to fine-tune")
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    ap.add_argument(
+        "--reschedule", action="store_true", help="with --resume: a new --steps (the lr's cosine over it)"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--save-every", type=int, default=50)
     ap.add_argument("--export", type=int, metavar="STEP", help="only write --export-to from this checkpoint")
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         print(export(a.out, a.export, a.export_to or a.out / f"model-step-{a.export}"))
         return
     run = FimRun(steps=a.steps, lr=a.lr, seed=a.seed, base=a.base)
-    print(train(a.out, run, a.resume, a.threads, a.save_every))
+    print(train(a.out, run, a.resume, a.threads, a.save_every, a.reschedule))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@ the left-to-right task before and after a FIM fine-tune (issue 63; a measurement
 package).
 
     python docs/recipes/infill_eval.py --fim runs/yue-code-mini-fim/model --base yue-code-mini \\
-        [--n 200] [--seed 0] [--repeats 3] [--out docs/results/infill-yue-code-mini-2026-12-07.json]
+        [--n 400] [--per-file 3] [--seed 0] [--repeats 3] [--out docs/results/infill-yue-code-mini-2026-12-07.json]
 
 Run timings under `flock /tmp/yue-bench.lock` (the whole script: its quality part is deterministic).
 
 What it measures:
 - Source: files of the bench's held-out packages (`yue.bench.devset.HELD_OUT_PACKAGES`: click, jinja2,
-  rich, starlette, prometheus_client), found without importing them, one cut per file, the packages
-  taking turns, every choice from `random.Random(seed)`. The FIM fine-tune trains on the standard
+  rich, starlette, prometheus_client), found without importing them, up to three cuts per file (distinct
+  lines), the packages taking turns, every choice from `random.Random(seed)`. The FIM fine-tune trains on the standard
   library (`recipes/yue_code_mini_fim.py`), so none of this text was trained on.
 - A cut: a non-blank line i (4-100 characters, no tab) is the middle line. The prefix is the whole lines
   of up to PREFIX_CHARS before it, ending at the end of line i-1 (before its newline, the cut the bench's code prompts
@@ -73,8 +73,9 @@ def cut_infill(text: str, rng: random.Random) -> dict[str, str] | None:
     return {"prefix": prefix, "suffix": suffix[:SUFFIX_CHARS], "line": lines[i]}
 
 
-def held_out_cuts(n: int, seed: int) -> list[dict[str, str]]:
-    """`n` cuts from `n` files of the held-out packages, deterministic given `seed` and their versions."""
+def held_out_cuts(n: int, seed: int, per_file: int = 1) -> list[dict[str, str]]:
+    """`n` cuts, up to `per_file` from each file of the held-out packages (distinct lines), deterministic
+    given `seed` and the packages' versions."""
     rng = random.Random(seed)
     queues = []
     for name in HELD_OUT_PACKAGES:
@@ -92,7 +93,11 @@ def held_out_cuts(n: int, seed: int) -> list[dict[str, str]]:
                 except (UnicodeDecodeError, OSError):
                     continue
                 if cut is not None:
-                    cuts.append({**cut, "source": f"{name}/{path.relative_to(root).as_posix()}"})
+                    source = f"{name}/{path.relative_to(root).as_posix()}"
+                    text = path.read_text(encoding="utf-8")
+                    more = [cut_infill(text, rng) for _ in range(per_file - 1)]
+                    unique = {(c["prefix"], c["line"]): c for c in [cut, *more]}.values()
+                    cuts += [{**c, "source": source} for c in unique][: n - len(cuts)]
                     break
     return cuts
 
@@ -163,6 +168,25 @@ def infill_quality(fim, base, cuts: list[dict], tokens: int) -> tuple[dict, list
     return rows, fim_prompts, samples
 
 
+def middle_nll(fim_path: str, base_path: str, cuts: list[dict]) -> dict:
+    """Teacher-forced NLL (nats/token) of the true middle ("\\n" + line): the fine-tune given its FIM
+    prompt (prefix and suffix), and each model given the prefix alone."""
+    out = {}
+    for name, path, with_suffix in (
+        ("fim_infill", fim_path, True),
+        ("base_prefix_only", base_path, False),
+        ("fim_prefix_only", fim_path, False),
+    ):
+        engine, model = yue.load(path), load_model(resolve(path)).eval()
+        tok, total, count = engine.tokenizer, 0.0, 0
+        for c in cuts:
+            ids = engine.infill(c["prefix"], c["suffix"]) if with_suffix else tok.encode_prompt(c["prefix"])
+            nll, n = ar_nll(model, ids, tok.encode("\n" + c["line"]))
+            total, count = total + nll, count + n
+        out[name] = {"nll_per_token": round(total / count, 4), "tokens": count}
+    return out
+
+
 def left_to_right_nll(model_path: str, records: list[dict]) -> dict:
     """The AR path's teacher-forced NLL (nats/token) of the held-out references after their prompts."""
     tok = yue.load(model_path).tokenizer
@@ -178,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fim", required=True, help="the FIM fine-tuned model folder")
     ap.add_argument("--base", default="yue-code-mini", help="the left-to-right model it was tuned from")
-    ap.add_argument("--n", type=int, default=200, help="held-out cuts (one file each)")
+    ap.add_argument("--n", type=int, default=400, help="held-out cuts")
+    ap.add_argument("--per-file", type=int, default=3, help="cuts per file (distinct lines)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=48, help="max new tokens of an infill")
     ap.add_argument("--l2r-prompts", type=int, default=20)
@@ -186,11 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--quality-only", action="store_true", help="skip the timings and the NLL")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     fim, base = yue.load(a.fim, threads=a.threads), yue.load(a.base, threads=a.threads)
-    cuts = held_out_cuts(a.n, a.seed)
+    cuts = held_out_cuts(a.n, a.seed, a.per_file)
     quality, fim_prompts, samples = infill_quality(fim, base, cuts, a.tokens)
+    quality["middle_nll"] = middle_nll(a.fim, a.base, cuts)
+    if a.quality_only:
+        print(json.dumps(quality, indent=2))
+        return
     records = [json.loads(ln) for ln in HELD_OUT.read_text().splitlines() if ln.strip()]
     l2r = records[: a.l2r_prompts]
     report = {
