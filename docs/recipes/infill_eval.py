@@ -206,8 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-file", type=int, default=3, help="cuts per file (distinct lines)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=48, help="max new tokens of an infill")
-    ap.add_argument("--l2r-prompts", type=int, default=20)
-    ap.add_argument("--l2r-tokens", type=int, default=128)
+    ap.add_argument("--speed-prompts", type=int, default=40, help="infill prompts timed (the first ones)")
+    ap.add_argument("--l2r-prompts", type=int, default=16)
+    ap.add_argument("--l2r-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path)
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         "threads": a.threads,
         "machine": platform.processor() or platform.machine(),
         "infill_quality": quality,
-        "infill_speed_fim": speed(fim, fim_prompts, a.tokens, a.repeats),
+        "infill_speed_fim": speed(fim, fim_prompts[: a.speed_prompts], a.tokens, a.repeats),
         "left_to_right": {
             "nll_code_test": {
                 "base": left_to_right_nll(a.base, records),
