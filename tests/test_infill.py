@@ -152,3 +152,15 @@ def test_cli_generate_suffix_prints_the_infill(fim_engine, monkeypatch):
     assert result.exit_code == 0, result.output
     ref = fim_engine.generate(fim_engine.infill(PREFIX, SUFFIX), max_new_tokens=8, **GREEDY)
     assert result.output == ref.text + "\n"
+
+
+def test_infill_needs_the_api_key_when_the_server_has_one(tiny_engine):
+    """/infill runs the model like /v1/: behind the same key (401 without it, not a 400 from the model)."""
+    from yue.serve import ServeConfig
+
+    with TestClient(create_app(tiny_engine, ServeConfig(api_key="sk-test")), raise_server_exceptions=False) as c:
+        _ready(c)
+        body = {"input_prefix": PREFIX, "input_suffix": SUFFIX}
+        assert c.post("/infill", json=body).status_code == 401
+        keyed = c.post("/infill", json=body, headers={"Authorization": "Bearer sk-test"})
+        assert keyed.status_code == 400 and keyed.json()["error"]["code"] == "no_fim_tokens"

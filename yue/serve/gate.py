@@ -18,7 +18,7 @@ from yue.serve.config import ServeConfig
 from yue.serve.errors import ApiError, error_response
 
 # What the API key guards: the API, and its schema and docs (which describe it).
-PROTECTED = ("/v1/", "/generate", "/eval", "/openapi.json", "/docs")
+PROTECTED = ("/v1/", "/generate", "/eval", "/infill", "/openapi.json", "/docs")
 
 
 class Gate:
