@@ -186,3 +186,16 @@ def test_the_eval_route_refuses_bad_fields_and_a_model_without_files(tiny_engine
     with TestClient(create_app(built)) as client:
         res = client.post("/eval", json={})
         assert res.status_code == 400 and res.json()["error"]["code"] == "not_reloadable"
+
+
+def test_eval_longer_than_the_models_context_is_a_400_naming_seq_len(tiny_engine):
+    """A sequence past the model's positions is refused by name (it was an IndexError, a 500)."""
+    from fastapi.testclient import TestClient
+
+    from yue.serve import create_app
+
+    context = tiny_engine.model.config.max_position_embeddings
+    with TestClient(create_app(tiny_engine), raise_server_exceptions=False) as client:
+        res = client.post("/eval", json={"seq_len": context + 1})
+        assert res.status_code == 400, res.text
+        assert res.json()["error"]["param"] == "seq_len" and "context" in res.json()["error"]["message"]

@@ -68,5 +68,6 @@ def install_eval(app: FastAPI, state) -> None:
         async with one_at_a_time:
             try:
                 return await asyncio.to_thread(evaluate_model, source, cfg)
-            except (ValueError, FileNotFoundError) as e:  # the corpus: missing, empty, unreadable
-                raise ApiError(400, str(e), param="corpus", code="invalid_value") from None
+            except (ValueError, FileNotFoundError) as e:  # the corpus (missing, empty), or seq_len too long
+                param = "seq_len" if str(e).startswith("seq_len") else "corpus"
+                raise ApiError(400, str(e), param=param, code="invalid_value") from None

@@ -29,6 +29,9 @@ def evaluate_model(model_dir: str | Path | None, cfg: EvalConfig = EvalConfig())
     """
     model, tokenizer, files = load_unprepared(model_dir)
     corpus, batch_size, seq_len, seed = cfg.corpus, cfg.batch_size, cfg.seq_len, cfg.seed
+    context = model.config.max_position_embeddings
+    if seq_len > context:  # positions past the model's own table: refuse by name, never an IndexError
+        raise ValueError(f"seq_len {seq_len} is longer than the model's context ({context} positions)")
     train_cfg = TrainConfig(
         corpus=corpus,
         out=str(files.yue_dir or files.tokenizer_dir),
@@ -46,6 +49,12 @@ def evaluate_model(model_dir: str | Path | None, cfg: EvalConfig = EvalConfig())
     if not val_docs:  # one document (a .txt file): no split to hold out, and this command trains nothing
         val_docs, split = docs, "all (a one-document corpus has no validation split)"
     val = PackedSequences(encode_documents(val_docs, tokenizer, seed), seq_len, seed)
+    top = int(val.data.max()) if val.data.numel() else -1
+    if top >= model.config.vocab_size:  # a tokenizer with ids (added tokens) the model has no rows for
+        raise ValueError(
+            f"corpus: its tokens reach id {top}, but the model's vocabulary has {model.config.vocab_size} "
+            "rows: the model and its tokenizer do not match"
+        )
     sequences = min(len(val), cfg.batches * batch_size)
     out = {"sequences": sequences, "split": split}
     if model.config.nar_start > 0 or not model.config.has_nar:
