@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 import yue
-from yue.bench.devset import HELD_OUT, HELD_OUT_PACKAGES, package_files, package_root
+from yue.bench.devset import HELD_OUT, HELD_OUT_PACKAGES, build_held_out
 from yue.bench.metrics import ar_nll, chrf
 from yue.model.hf import load_model
 from yue.registry import resolve
@@ -75,31 +75,16 @@ def cut_infill(text: str, rng: random.Random) -> dict[str, str] | None:
 
 def held_out_cuts(n: int, seed: int, per_file: int = 1) -> list[dict[str, str]]:
     """`n` cuts, up to `per_file` from each file of the held-out packages (distinct lines), deterministic
-    given `seed` and the packages' versions."""
-    rng = random.Random(seed)
-    queues = []
-    for name in HELD_OUT_PACKAGES:
-        root = package_root(name)
-        files = package_files(root)
-        rng.shuffle(files)
-        queues.append((name, root, files))
-    cuts: list[dict[str, str]] = []
-    while len(cuts) < n and any(files for *_, files in queues):
-        for name, root, files in queues:
-            while files and len(cuts) < n:
-                path = files.pop(0)
-                try:
-                    cut = cut_infill(path.read_text(encoding="utf-8"), rng)
-                except (UnicodeDecodeError, OSError):
-                    continue
-                if cut is not None:
-                    source = f"{name}/{path.relative_to(root).as_posix()}"
-                    text = path.read_text(encoding="utf-8")
-                    more = [cut_infill(text, rng) for _ in range(per_file - 1)]
-                    unique = {(c["prefix"], c["line"]): c for c in [cut, *more]}.values()
-                    cuts += [{**c, "source": source} for c in unique][: n - len(cuts)]
-                    break
-    return cuts
+    given `seed` and the packages' versions (`devset.build_held_out`'s rotation over the packages)."""
+
+    def cuts_of(text: str, rng: random.Random) -> list[dict[str, str]]:
+        first = cut_infill(text, rng)
+        if first is None:
+            return []
+        more = [cut_infill(text, rng) for _ in range(per_file - 1)]
+        return list({(c["prefix"], c["line"]): c for c in [first, *more] if c is not None}.values())
+
+    return build_held_out(n, seed, HELD_OUT_PACKAGES, cut=cuts_of)
 
 
 def middle_line(text: str) -> str:

@@ -169,7 +169,7 @@ def package_files(root: Path) -> list[Path]:
 
 
 def build_held_out(
-    n: int = 40, seed: int = 0, packages: tuple[str, ...] = HELD_OUT_PACKAGES
+    n: int = 40, seed: int = 0, packages: tuple[str, ...] = HELD_OUT_PACKAGES, cut=None
 ) -> list[dict[str, str]]:
     """`n` prompt/reference pairs from `n` different files of third-party packages, deterministic given
     `seed` and the installed versions.
@@ -177,7 +177,9 @@ def build_held_out(
     The packages take turns, so each contributes about `n / len(packages)` prompts; a package out of
     files with a clean cut drops out of the rotation. Records: prompt, reference, source
     ("<package>/<relative file>") and version (the installed distribution's, for audit).
+    `cut(text, rng)` makes a file's examples (a dict, a list of them, or None; default `cut_example`).
     """
+    cut = cut or cut_example
     rng = random.Random(seed)
     queues = []
     for name in packages:
@@ -191,12 +193,13 @@ def build_held_out(
             while files and len(records) < n:
                 path = files.pop(0)
                 try:
-                    example = cut_example(path.read_text(encoding="utf-8"), rng)
+                    examples = cut(path.read_text(encoding="utf-8"), rng)
                 except (UnicodeDecodeError, OSError):
                     continue
-                if example is not None:
+                if examples:
                     source = f"{name}/{path.relative_to(root).as_posix()}"
-                    records.append({**example, "source": source, "version": version})
+                    examples = [examples] if isinstance(examples, dict) else examples
+                    records += [{**e, "source": source, "version": version} for e in examples][: n - len(records)]
                     break
     if len(records) < n:
         raise RuntimeError(f"only {len(records)} of {n} examples could be cut from {', '.join(packages)}")
