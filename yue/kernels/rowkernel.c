@@ -25,6 +25,9 @@
 #define BLK 32       /* outputs per column block: two AVX512 vectors, four AVX2 ones */
 #define MAX_R 9      /* rows per pass: a verifying step's k + 1 with k = 8 drafts */
 #define PREFETCH 256 /* floats ahead (8 inputs of a block) that each stream is prefetched */
+/* Every weight prefetch here asks for all cache levels (locality 3). Non-temporal ones (locality 0), as
+ * these kernels had, kept a model that fits the last-level cache (yue-code-mini's) from staying there
+ * and left a one-row step at a fraction of the memory's speed (docs/results-log.md, 2026-12-07). */
 
 /* NB adjacent column blocks from block b for R rows: the R x NB x BLK sums stay in registers for the
  * whole input loop, and the NB blocks are NB concurrent memory streams. One stream leaves the memory
@@ -39,8 +42,8 @@
         for (long i = 0; i < in; i++) {                                                                     \
             for (int k = 0; k < NB; k++) {                                                                  \
                 const float *wi = w + k * in * BLK + i * BLK;                                               \
-                __builtin_prefetch(wi + PREFETCH, 0, 0);                                                    \
-                __builtin_prefetch(wi + PREFETCH + 16, 0, 0);                                               \
+                __builtin_prefetch(wi + PREFETCH, 0, 3);                                                    \
+                __builtin_prefetch(wi + PREFETCH + 16, 0, 3);                                               \
                 for (int r = 0; r < R; r++) {                                                               \
                     const float xr = x[r * in + i];                                                         \
                     for (int j = 0; j < BLK; j++) acc[r][k][j] = fmaf(xr, wi[j], acc[r][k][j]);             \
@@ -987,7 +990,7 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
     for (int v = 0; v < VB; v++) dv[v] = *(const vf *)(d + v * LANES), mv[v] = *(const vf *)(m + v * LANES);
 #define Q4_ROW_REBUILD                                                                                      \
     const unsigned char *wi = rec + 2 * BLK * sizeof(float) + i * (BLK / 2);                                \
-    __builtin_prefetch(wi + PREFETCH_Q4, 0, 0);                                                             \
+    __builtin_prefetch(wi + PREFETCH_Q4, 0, 3);                                                             \
     for (int v = 0; v < VB; v += 2) {                                                                       \
         nibble_pair(wi + v / 2 * LANES, &wv[v], &wv[v + 1]);                                                \
         wv[v] = wv[v] * dv[v] + mv[v], wv[v + 1] = wv[v + 1] * dv[v + 1] + mv[v + 1];                       \
@@ -1023,7 +1026,7 @@ CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBU
     const vf m0 = *(const vf *)m, m1 = *(const vf *)(m + LANES);                                            \
     const unsigned char *codes = rec + 2 * BLK * sizeof(float) + p * LANES;
 #define Q4_REBUILD                                                                                          \
-    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                                          \
+    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 3);                                          \
     nibble_pair(codes + i * (BLK / 2), &w0, &w1);                                                           \
     w0 = w0 * d0 + m0, w1 = w1 * d1 + m1;
 #define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
@@ -1418,7 +1421,7 @@ int rows_q4dot16_bytes(void) { return Q4DOT16_BYTES; }
     for (int v = 0; v < VB; v++) dv[v] = *(const vf *)((const float *)rec + v * LANES);
 #define Q8_ROW_REBUILD                                                                                      \
     const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;                       \
-    __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);                                                             \
+    __builtin_prefetch(wi + PREFETCH_Q8, 0, 3);                                                             \
     for (int v = 0; v < VB; v++) wv[v] = widen(wi + v * LANES) * dv[v];
 
 /* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
@@ -1427,7 +1430,7 @@ int rows_q4dot16_bytes(void) { return Q4DOT16_BYTES; }
     const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                            \
     const signed char *codes = (const signed char *)rec + BLK * sizeof(float) + p * 2 * LANES;
 #define Q8_REBUILD                                                                                          \
-    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                                \
+    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 3);                                                \
     w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;
 
 /* An 8-bit codes matmul with groups of GROUP inputs (records of GROUP_BYTES), its pair functions made by
