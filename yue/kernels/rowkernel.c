@@ -25,6 +25,9 @@
 #define BLK 32       /* outputs per column block: two AVX512 vectors, four AVX2 ones */
 #define MAX_R 9      /* rows per pass: a verifying step's k + 1 with k = 8 drafts */
 #define PREFETCH 256 /* floats ahead (8 inputs of a block) that each stream is prefetched */
+/* Every weight prefetch here asks for all cache levels (locality 3). Non-temporal ones (locality 0), as
+ * these kernels had, kept a model that fits the last-level cache (yue-code-mini's) from staying there
+ * and left a one-row step at a fraction of the memory's speed (docs/results-log.md, 2026-12-07). */
 
 /* NB adjacent column blocks from block b for R rows: the R x NB x BLK sums stay in registers for the
  * whole input loop, and the NB blocks are NB concurrent memory streams. One stream leaves the memory
@@ -39,8 +42,8 @@
         for (long i = 0; i < in; i++) {                                                                     \
             for (int k = 0; k < NB; k++) {                                                                  \
                 const float *wi = w + k * in * BLK + i * BLK;                                               \
-                __builtin_prefetch(wi + PREFETCH, 0, 0);                                                    \
-                __builtin_prefetch(wi + PREFETCH + 16, 0, 0);                                               \
+                __builtin_prefetch(wi + PREFETCH, 0, 3);                                                    \
+                __builtin_prefetch(wi + PREFETCH + 16, 0, 3);                                               \
                 for (int r = 0; r < R; r++) {                                                               \
                     const float xr = x[r * in + i];                                                         \
                     for (int j = 0; j < BLK; j++) acc[r][k][j] = fmaf(xr, wi[j], acc[r][k][j]);             \
@@ -832,60 +835,84 @@ static void quantize_groups(const float *x, long rows, long in, long group, int 
 #else
 #define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones))
 #endif
-#define DOT_FN(NAME, R)                                                                                     \
+/* R rows over NB adjacent column blocks (each `quads` quads on): sums (NB, R, DOT_BLK), NB memory
+ * streams (DOT_PASSES_NB), each prefetched PREFETCH_DOT bytes ahead into every cache level. */
+#define DOT_FN(NAME, R, NB)                                                                                 \
     static void NAME(const int *xq, long quads, const signed char *w, int *sums) {                          \
         __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
-        __m256i acc[R];                                                                                     \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                                        \
+        __m256i acc[NB][R];                                                                                 \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) acc[b][r] = _mm256_setzero_si256();                                 \
         for (long q = 0; q < quads; q++) {                                                                  \
-            const signed char *wq = w + q * DOT_BLK * 4;                                                    \
-            __builtin_prefetch(wq + PREFETCH_DOT, 0, 0);                                                    \
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)wq), aw = _mm256_abs_epi8(wv);           \
-            for (int r = 0; r < R; r++) {                                                                   \
-                const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xq[r * quads + q]), wv);              \
-                acc[r] = DPBUSD(acc[r], aw, xs);                                                            \
+            _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {                                          \
+                const signed char *wq = w + (b * quads + q) * DOT_BLK * 4;                                  \
+                if (q % 2 == 0) __builtin_prefetch(wq + PREFETCH_DOT, 0, 3);                                \
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)wq), aw = _mm256_abs_epi8(wv);       \
+                for (int r = 0; r < R; r++) {                                                               \
+                    const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(xq[r * quads + q]), wv);          \
+                    acc[b][r] = DPBUSD(acc[b][r], aw, xs);                                                  \
+                }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
-        for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)(sums + r * DOT_BLK), acc[r]);           \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)(sums + (b * R + r) * DOT_BLK), acc[b][r]); \
     }
 #else
-#define DOT_FN(NAME, R)                                                                                     \
+#define DOT_FN(NAME, R, NB)                                                                                 \
     static void NAME(const int *xq, long quads, const signed char *w, int *sums) {                          \
-        for (int r = 0; r < R; r++) {                                                                       \
-            const signed char *x = (const signed char *)(xq + r * quads);                                   \
-            for (int j = 0; j < DOT_BLK; j++) {                                                             \
-                int s = 0;                                                                                  \
-                for (long i = 0; i < quads * 4; i++) s += x[i] * w[(i / 4 * DOT_BLK + j) * 4 + i % 4];      \
-                sums[r * DOT_BLK + j] = s;                                                                  \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) {                                                                   \
+                const signed char *x = (const signed char *)(xq + r * quads), *wb = w + b * quads * DOT_BLK * 4; \
+                for (int j = 0; j < DOT_BLK; j++) {                                                         \
+                    int s = 0;                                                                              \
+                    for (long i = 0; i < quads * 4; i++) s += x[i] * wb[(i / 4 * DOT_BLK + j) * 4 + i % 4]; \
+                    sums[(b * R + r) * DOT_BLK + j] = s;                                                    \
+                }                                                                                           \
             }                                                                                               \
-        }                                                                                                   \
     }
 #endif
-DOT_FN(dot_1, 1)
-DOT_FN(dot_2, 2)
-DOT_FN(dot_3, 3)
-DOT_FN(dot_4, 4)
-DOT_FN(dot_5, 5)
-DOT_FN(dot_6, 6)
-DOT_FN(dot_7, 7)
-DOT_FN(dot_8, 8)
-DOT_FN(dot_9, 9)
+/* Blocks a call by rows, as Q4DOT_NB. */
+static const long DOT_NB[MAX_R + 1] = {0, 4, 4, 2, 2, 1, 1, 1, 1, 1};
+DOT_FN(dot_1, 1, 4)
+DOT_FN(dot_2, 2, 4)
+DOT_FN(dot_3, 3, 2)
+DOT_FN(dot_4, 4, 2)
+DOT_FN(dot_5, 5, 1)
+DOT_FN(dot_6, 6, 1)
+DOT_FN(dot_7, 7, 1)
+DOT_FN(dot_8, 8, 1)
+DOT_FN(dot_9, 9, 1)
+DOT_FN(dot_1_1, 1, 1)
+DOT_FN(dot_2_1, 2, 1)
+DOT_FN(dot_3_1, 3, 1)
+DOT_FN(dot_4_1, 4, 1)
 typedef void (*dot_fn)(const int *, long, const signed char *, int *);
 static const dot_fn DOTS[MAX_R + 1] = {0, dot_1, dot_2, dot_3, dot_4, dot_5, dot_6, dot_7, dot_8, dot_9};
+static const dot_fn DOTS_1[MAX_R + 1] = {0, dot_1_1, dot_2_1, dot_3_1, dot_4_1, dot_5, dot_6, dot_7, dot_8, dot_9};
 
 /* The passes of an integer-dot matmul over its quantized rows xq: MAX_R rows a pass, its column blocks
- * shared among `threads`; BLOCK (a call) fills `sums` (R, DOT_BLK) of SUM_T for block b of rows r0..,
- * VALUE is output j of row r from them (`blocks` and `out` in the caller's scope). */
-#define DOT_PASSES(SUM_T, BLOCK, VALUE)                                                                     \
+ * shared among `threads`, NBS[R] adjacent blocks a call where R rows take them (1 for the blocks left
+ * over); BLOCK (a call) fills `sums` (n, R, DOT_BLK) of SUM_T for the n blocks from b of rows r0..,
+ * VALUE is output j of row r of block k from sums[(k * R + r) * DOT_BLK + j] (`blocks` and `out` in the
+ * caller's scope). Why several blocks a call: one block at a time is one memory stream and one
+ * dependent chain a row, and a one-row int4 step ran at a fifth of the memory's speed; NB streams at
+ * once, each with its own chains, keep the loads and the units busy (docs/results-log.md). Each
+ * output's arithmetic is the one-block call's, so the bits are the same whatever NB. */
+#define MAX_NB 8
+#define DOT_PASSES_NB(SUM_T, NBS, BLOCK, VALUE)                                                             \
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {                                                             \
-        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R;                                               \
+        const long R = rows - r0 < MAX_R ? rows - r0 : MAX_R, nb = NBS[R];                                  \
+        const long full = blocks / nb, calls = full + blocks % nb;                                          \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")                 \
-        for (long b = 0; b < blocks; b++) {                                                                 \
-            SUM_T sums[MAX_R * DOT_BLK];                                                                    \
+        for (long c = 0; c < calls; c++) {                                                                  \
+            const long b = c < full ? c * nb : full * nb + (c - full), n = c < full ? nb : 1;               \
+            SUM_T sums[MAX_NB * MAX_R * DOT_BLK];                                                           \
             BLOCK;                                                                                          \
-            const long n = out - b * DOT_BLK < DOT_BLK ? out - b * DOT_BLK : DOT_BLK;                       \
-            for (long r = 0; r < R; r++)                                                                    \
-                for (long j = 0; j < n; j++) y[(r0 + r) * out + b * DOT_BLK + j] = VALUE;                   \
+            for (long k = 0; k < n; k++) {                                                                  \
+                const long o = (b + k) * DOT_BLK, width = out - o < DOT_BLK ? out - o : DOT_BLK;            \
+                for (long r = 0; r < R; r++)                                                                \
+                    for (long j = 0; j < width; j++) y[(r0 + r) * out + o + j] = VALUE;                     \
+            }                                                                                               \
         }                                                                                                   \
     }
 
@@ -896,8 +923,8 @@ void rows_matmul_i8dot(const float *x, long rows, long in, const signed char *w,
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * sizeof(float));
     quantize_groups(x, rows, in, in, xq, sx, NULL);
-    DOT_PASSES(int, DOTS[R](xq + r0 * quads, quads, w + b * quads * DOT_BLK * 4, sums),
-               (float)sums[r * DOT_BLK + j] * sx[r0 + r])
+    DOT_PASSES_NB(int, DOT_NB, (n == 1 ? DOTS_1 : DOTS)[R](xq + r0 * quads, quads, w + b * quads * DOT_BLK * 4, sums),
+                  (float)sums[(k * R + r) * DOT_BLK + j] * sx[r0 + r])
     free(xq), free(sx);
 }
 
@@ -963,7 +990,7 @@ static inline __attribute__((always_inline)) void nibble_pair(const unsigned cha
     for (int v = 0; v < VB; v++) dv[v] = *(const vf *)(d + v * LANES), mv[v] = *(const vf *)(m + v * LANES);
 #define Q4_ROW_REBUILD                                                                                      \
     const unsigned char *wi = rec + 2 * BLK * sizeof(float) + i * (BLK / 2);                                \
-    __builtin_prefetch(wi + PREFETCH_Q4, 0, 0);                                                             \
+    __builtin_prefetch(wi + PREFETCH_Q4, 0, 3);                                                             \
     for (int v = 0; v < VB; v += 2) {                                                                       \
         nibble_pair(wi + v / 2 * LANES, &wv[v], &wv[v + 1]);                                                \
         wv[v] = wv[v] * dv[v] + mv[v], wv[v + 1] = wv[v + 1] * dv[v + 1] + mv[v + 1];                       \
@@ -999,7 +1026,7 @@ CODES_ONE_ROW_FN(q4_one_row, Q4_GROUP, Q4_GROUP_BYTES, Q4_ROW_SETUP, Q4_ROW_REBU
     const vf m0 = *(const vf *)m, m1 = *(const vf *)(m + LANES);                                            \
     const unsigned char *codes = rec + 2 * BLK * sizeof(float) + p * LANES;
 #define Q4_REBUILD                                                                                          \
-    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 0);                                          \
+    __builtin_prefetch(codes + i * (BLK / 2) + PREFETCH_Q4, 0, 3);                                          \
     nibble_pair(codes + i * (BLK / 2), &w0, &w1);                                                           \
     w0 = w0 * d0 + m0, w1 = w1 * d1 + m1;
 #define Q4_PAIRS_FN(NAME, R) CODES_PAIRS_FN(NAME, R, Q4_GROUP, Q4_GROUP_BYTES, Q4_SETUP, Q4_REBUILD)
@@ -1236,11 +1263,14 @@ static inline float half_float(unsigned short h) {
     return v.f;
 }
 
-/* R rows over one column block of the int4 matmul: y (R, DOT_BLK) sums, rows at stride `in / 4` quads;
- * SC the bytes of a scale (4: float32, 2: float16), so BYTES = 2 DOT_BLK SC + 128 a record.
- * A group's 8 products go to CH chains per row (k % CH), added at the group's end: one dependent
- * vpdpbusd chain a row would set the pace (its latency; at 9 rows too, docs/results-log.md), as in the
- * screen below. Integer sums: the same whatever the chains. */
+/* R rows over NB adjacent column blocks of the int4 matmul (each block's records `groups` records on):
+ * sums (NB, R, DOT_BLK), rows at stride `in / 4` quads; SC the bytes of a scale (4: float32, 2: float16),
+ * so BYTES = 2 DOT_BLK SC + 128 a record. A row's 8 products of a group go to two chains (one dependent
+ * vpdpbusd chain a row set the pace: its latency), added at the group's end; integer sums, the same
+ * whatever the chains. Each output's float arithmetic is two fmaf a group, groups in order, whatever R
+ * and NB. The records are prefetched Q4DOT_AHEAD records ahead into every cache level (a
+ * non-temporal prefetch two records ahead left a one-row step at a fifth of the memory's speed). */
+#define Q4DOT_AHEAD 4
 #if defined(__AVX2__)
 #if defined(__F16C__)
 #define HALF8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
@@ -1255,91 +1285,107 @@ static inline __m256 half8(const unsigned short *p) {
 #define Q4DOT_SCALES(rec, SC)                                                                               \
     const __m256 d = SC == 2 ? HALF8(rec) : _mm256_loadu_ps((const float *)(rec));                          \
     const __m256 m = SC == 2 ? HALF8((rec) + 16) : _mm256_loadu_ps((const float *)(rec) + DOT_BLK);
-#define Q4DOT_FN(NAME, R, CH, SC)                                                                           \
+#define Q4DOT_FN(NAME, R, NB, SC)                                                                           \
     static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
                      float *sums) {                                                                         \
         const long groups = in / Q4_GROUP, quads = in / 4, BYTES = 2 * DOT_BLK * SC + Q4_GROUP * DOT_BLK / 2; \
         const __m256i low = _mm256_set1_epi8(15);                                                           \
         __attribute__((unused)) const __m256i ones = _mm256_set1_epi16(1);                                  \
-        __m256 acc[R];                                                                                      \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
+        __m256 acc[NB][R];                                                                                  \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) acc[b][r] = _mm256_setzero_ps();                                    \
         for (long g = 0; g < groups; g++) {                                                                 \
-            const unsigned char *rec = w + g * BYTES;                                                       \
-            __builtin_prefetch(rec + 2 * BYTES, 0, 0);                                                      \
-            __builtin_prefetch(rec + 2 * BYTES + 64, 0, 0);                                                 \
-            __builtin_prefetch(rec + 2 * BYTES + 128, 0, 0);                                                \
-            Q4DOT_SCALES(rec, SC)                                                                           \
-            __m256i c[8];                                                                                   \
-            for (int k = 0; k < 4; k++) {                                                                   \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 2 * DOT_BLK * SC + 32 * k));   \
-                c[2 * k] = _mm256_and_si256(v, low), c[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); \
-            }                                                                                               \
-            for (int r = 0; r < R; r++) {                                                                   \
-                const int *xr = xq + r * quads + g * (Q4_GROUP / 4);                                        \
-                __m256i ch[CH];                                                                             \
-                for (int k = 0; k < CH; k++) ch[k] = _mm256_setzero_si256();                                \
-                for (int k = 0; k < 8; k++) ch[k % CH] = DPBUSD(ch[k % CH], c[k], _mm256_set1_epi32(xr[k])); \
-                __m256i s = ch[0];                                                                          \
-                for (int k = 1; k < CH; k++) s = _mm256_add_epi32(s, ch[k]);                                \
-                const float sxr = sx[r * groups + g];                                                       \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(sxr)), acc[r]); \
-                acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[r * groups + g]), acc[r]);                    \
-            }                                                                                               \
-        }                                                                                                   \
-        for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
-    }
-#else
-#define Q4DOT_FN(NAME, R, CH, SC)                                                                           \
-    static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
-                     float *sums) {                                                                         \
-        const long groups = in / Q4_GROUP, quads = in / 4, BYTES = 2 * DOT_BLK * SC + Q4_GROUP * DOT_BLK / 2; \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int j = 0; j < DOT_BLK; j++) sums[r * DOT_BLK + j] = 0.f;                                  \
-        for (long g = 0; g < groups; g++) {                                                                 \
-            const unsigned char *rec = w + g * BYTES, *codes = rec + 2 * DOT_BLK * SC;                      \
-            float d[DOT_BLK], m[DOT_BLK];                                                                   \
-            for (int j = 0; j < DOT_BLK; j++)                                                               \
-                d[j] = SC == 2 ? half_float(((const unsigned short *)rec)[j]) : ((const float *)rec)[j],    \
-                m[j] = SC == 2 ? half_float(((const unsigned short *)rec)[DOT_BLK + j])                     \
-                               : ((const float *)rec)[DOT_BLK + j];                                         \
-            for (int r = 0; r < R; r++) {                                                                   \
-                const signed char *x = (const signed char *)(xq + r * quads) + g * Q4_GROUP;                \
-                for (int j = 0; j < DOT_BLK; j++) {                                                         \
-                    int s = 0;                                                                              \
-                    for (int i = 0; i < Q4_GROUP; i++)                                                      \
-                        s += x[i] * ((codes[32 * (i / 8) + 4 * j + i % 4] >> (i % 8 / 4 * 4)) & 15);        \
-                    float *y = sums + r * DOT_BLK + j;                                                      \
-                    *y = fmaf((float)s, d[j] * sx[r * groups + g], *y);                                     \
-                    *y = fmaf(m[j], xs[r * groups + g], *y);                                                \
+            _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {                                          \
+                const unsigned char *rec = w + (b * groups + g) * BYTES;                                    \
+                for (int k = 0; k < BYTES; k += 64) __builtin_prefetch(rec + Q4DOT_AHEAD * BYTES + k, 0, 3); \
+                Q4DOT_SCALES(rec, SC)                                                                       \
+                __m256i c[8];                                                                               \
+                for (int k = 0; k < 4; k++) {                                                               \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 2 * DOT_BLK * SC + 32 * k)); \
+                    c[2 * k] = _mm256_and_si256(v, low), c[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); \
+                }                                                                                           \
+                for (int r = 0; r < R; r++) {                                                               \
+                    const int *xr = xq + r * quads + g * (Q4_GROUP / 4);                                    \
+                    __m256i ch0 = DPBUSD(_mm256_setzero_si256(), c[0], _mm256_set1_epi32(xr[0]));           \
+                    __m256i ch1 = DPBUSD(_mm256_setzero_si256(), c[1], _mm256_set1_epi32(xr[1]));           \
+                    for (int k = 2; k < 8; k += 2) {                                                        \
+                        ch0 = DPBUSD(ch0, c[k], _mm256_set1_epi32(xr[k]));                                  \
+                        ch1 = DPBUSD(ch1, c[k + 1], _mm256_set1_epi32(xr[k + 1]));                          \
+                    }                                                                                       \
+                    const __m256i s = _mm256_add_epi32(ch0, ch1);                                           \
+                    const float sxr = sx[r * groups + g];                                                   \
+                    acc[b][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(sxr)), acc[b][r]); \
+                    acc[b][r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[r * groups + g]), acc[b][r]);          \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + (b * R + r) * DOT_BLK, acc[b][r]);          \
+    }
+#else
+#define Q4DOT_FN(NAME, R, NB, SC)                                                                           \
+    static void NAME(const int *xq, const float *sx, const float *xs, long in, const unsigned char *w,     \
+                     float *sums) {                                                                         \
+        const long groups = in / Q4_GROUP, quads = in / 4, BYTES = 2 * DOT_BLK * SC + Q4_GROUP * DOT_BLK / 2; \
+        for (int i = 0; i < NB * R * DOT_BLK; i++) sums[i] = 0.f;                                           \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (long g = 0; g < groups; g++) {                                                             \
+                const unsigned char *rec = w + (b * groups + g) * BYTES, *codes = rec + 2 * DOT_BLK * SC;   \
+                float d[DOT_BLK], m[DOT_BLK];                                                               \
+                for (int j = 0; j < DOT_BLK; j++)                                                           \
+                    d[j] = SC == 2 ? half_float(((const unsigned short *)rec)[j]) : ((const float *)rec)[j],\
+                    m[j] = SC == 2 ? half_float(((const unsigned short *)rec)[DOT_BLK + j])                 \
+                                   : ((const float *)rec)[DOT_BLK + j];                                     \
+                for (int r = 0; r < R; r++) {                                                               \
+                    const signed char *x = (const signed char *)(xq + r * quads) + g * Q4_GROUP;            \
+                    for (int j = 0; j < DOT_BLK; j++) {                                                     \
+                        int s = 0;                                                                          \
+                        for (int i = 0; i < Q4_GROUP; i++)                                                  \
+                            s += x[i] * ((codes[32 * (i / 8) + 4 * j + i % 4] >> (i % 8 / 4 * 4)) & 15);    \
+                        float *y = sums + (b * R + r) * DOT_BLK + j;                                        \
+                        *y = fmaf((float)s, d[j] * sx[r * groups + g], *y);                                 \
+                        *y = fmaf(m[j], xs[r * groups + g], *y);                                            \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
     }
 #endif
-/* chains: rows x CH within the registers */
+/* Blocks a call by rows (Q4DOT_NB): as many streams as the registers hold each block's 8 code vectors
+ * and R sums (measured on SmolLM2's layers: docs/results-log.md), and one-block functions for the
+ * blocks left over. */
+#define Q4DOT_NB1 4 /* one row */
+#define Q4DOT_NB2 4 /* two rows */
+#define Q4DOT_NB4 2 /* three and four rows */
+#define Q4DOT_NB9 1 /* five to nine rows */
+static const long Q4DOT_NB[MAX_R + 1] = {0, Q4DOT_NB1, Q4DOT_NB2, Q4DOT_NB4, Q4DOT_NB4, Q4DOT_NB9,
+                                         Q4DOT_NB9, Q4DOT_NB9, Q4DOT_NB9, Q4DOT_NB9};
 #define Q4DOT_FNS(P, SC)                                                                                    \
-    Q4DOT_FN(P##1, 1, 4, SC) Q4DOT_FN(P##2, 2, 2, SC) Q4DOT_FN(P##3, 3, 2, SC) Q4DOT_FN(P##4, 4, 2, SC)     \
-    Q4DOT_FN(P##5, 5, 2, SC) Q4DOT_FN(P##6, 6, 2, SC) Q4DOT_FN(P##7, 7, 2, SC) Q4DOT_FN(P##8, 8, 2, SC)     \
-    Q4DOT_FN(P##9, 9, 2, SC)
+    Q4DOT_FN(P##1, 1, Q4DOT_NB1, SC) Q4DOT_FN(P##2, 2, Q4DOT_NB2, SC) Q4DOT_FN(P##3, 3, Q4DOT_NB4, SC)       \
+    Q4DOT_FN(P##4, 4, Q4DOT_NB4, SC) Q4DOT_FN(P##5, 5, Q4DOT_NB9, SC) Q4DOT_FN(P##6, 6, Q4DOT_NB9, SC)       \
+    Q4DOT_FN(P##7, 7, Q4DOT_NB9, SC) Q4DOT_FN(P##8, 8, Q4DOT_NB9, SC) Q4DOT_FN(P##9, 9, Q4DOT_NB9, SC)       \
+    Q4DOT_FN(P##1_1, 1, 1, SC) Q4DOT_FN(P##2_1, 2, 1, SC) Q4DOT_FN(P##3_1, 3, 1, SC) Q4DOT_FN(P##4_1, 4, 1, SC) \
+    Q4DOT_FN(P##5_1, 5, 1, SC) Q4DOT_FN(P##6_1, 6, 1, SC) Q4DOT_FN(P##7_1, 7, 1, SC) Q4DOT_FN(P##8_1, 8, 1, SC) \
+    Q4DOT_FN(P##9_1, 9, 1, SC)                                                                              \
+    static const q4dot_fn P##N[MAX_R + 1] = {0, P##1, P##2, P##3, P##4, P##5, P##6, P##7, P##8, P##9};      \
+    static const q4dot_fn P##1S[MAX_R + 1] = {0, P##1_1, P##2_1, P##3_1, P##4_1, P##5_1, P##6_1, P##7_1, P##8_1, P##9_1};
+typedef void (*q4dot_fn)(const int *, const float *, const float *, long, const unsigned char *, float *);
 Q4DOT_FNS(q4dot_, 4)
 Q4DOT_FNS(q4dot16_, 2)
-typedef void (*q4dot_fn)(const int *, const float *, const float *, long, const unsigned char *, float *);
-static const q4dot_fn Q4DOTS[MAX_R + 1] = {0, q4dot_1, q4dot_2, q4dot_3, q4dot_4, q4dot_5, q4dot_6, q4dot_7, q4dot_8, q4dot_9};
-static const q4dot_fn Q4DOT16S[MAX_R + 1] = {0, q4dot16_1, q4dot16_2, q4dot16_3, q4dot16_4, q4dot16_5,
-                                             q4dot16_6, q4dot16_7, q4dot16_8, q4dot16_9};
 
 /* y (rows, out) = x (rows, in) quantized per group @ W.t(), W in rowkernel.q4dot_block's layout with
  * float32 (`half` 0, Q4DOT_BYTES records) or float16 scales (`half` 1, Q4DOT16_BYTES). */
 static void matmul_q4dot(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads,
                          int half) {
     const long quads = in / 4, groups = in / Q4_GROUP, blocks = (out + DOT_BLK - 1) / DOT_BLK;
-    const q4dot_fn *fns = half ? Q4DOT16S : Q4DOTS;
+    const q4dot_fn *fns = half ? q4dot16_N : q4dot_N, *single = half ? q4dot16_1S : q4dot_1S;
     const long bytes = half ? Q4DOT16_BYTES : Q4DOT_BYTES;
     int *xq = malloc(rows * quads * sizeof(int));
     float *sx = malloc(rows * groups * sizeof(float)), *xs = malloc(rows * groups * sizeof(float));
     quantize_groups(x, rows, in, Q4_GROUP, xq, sx, xs);
-    DOT_PASSES(float, fns[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in, w + b * groups * bytes, sums),
-               sums[r * DOT_BLK + j])
+    DOT_PASSES_NB(float, Q4DOT_NB,
+                  (n == 1 ? single : fns)[R](xq + r0 * quads, sx + r0 * groups, xs + r0 * groups, in,
+                                           w + b * groups * bytes, sums),
+                  sums[(k * R + r) * DOT_BLK + j])
     free(xq), free(sx), free(xs);
 }
 
@@ -1375,7 +1421,7 @@ int rows_q4dot16_bytes(void) { return Q4DOT16_BYTES; }
     for (int v = 0; v < VB; v++) dv[v] = *(const vf *)((const float *)rec + v * LANES);
 #define Q8_ROW_REBUILD                                                                                      \
     const signed char *wi = (const signed char *)rec + BLK * sizeof(float) + i * BLK;                       \
-    __builtin_prefetch(wi + PREFETCH_Q8, 0, 0);                                                             \
+    __builtin_prefetch(wi + PREFETCH_Q8, 0, 3);                                                             \
     for (int v = 0; v < VB; v++) wv[v] = widen(wi + v * LANES) * dv[v];
 
 /* The 8-bit pair: its d vectors per group; per input, two vectors of codes widened. */
@@ -1384,7 +1430,7 @@ int rows_q4dot16_bytes(void) { return Q4DOT16_BYTES; }
     const vf d0 = *(const vf *)d, d1 = *(const vf *)(d + LANES);                                            \
     const signed char *codes = (const signed char *)rec + BLK * sizeof(float) + p * 2 * LANES;
 #define Q8_REBUILD                                                                                          \
-    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 0);                                                \
+    __builtin_prefetch(codes + i * BLK + PREFETCH_Q8, 0, 3);                                                \
     w0 = widen(codes + i * BLK) * d0, w1 = widen(codes + i * BLK + LANES) * d1;
 
 /* An 8-bit codes matmul with groups of GROUP inputs (records of GROUP_BYTES), its pair functions made by
@@ -1548,9 +1594,12 @@ int rows_q6_group(void) { return Q6_GROUP; }
 #define SCREEN_BYTES (DOT_BLK * (long)sizeof(float) + Q4_GROUP * DOT_BLK)
 #define SCREEN_PAIRS (Q4_GROUP / 2) /* pairs of inputs a group */
 
-/* R rows over one column block of the screen: sums (R, DOT_BLK) = per token sum_g fl(S_g) d_g, in order.
- * xd: the rows' 16-bit integers, per pair of inputs (at stride `stride` ints) each row's pair as one
- * int, so that one pointer reaches every row's. */
+/* R rows over NB adjacent column blocks of the screen (each block `pairs / SCREEN_PAIRS` records on):
+ * sums (NB, R, DOT_BLK) = per token sum_g fl(S_g) d_g, in order. xd: the rows' 16-bit integers, per
+ * pair of inputs (at stride `stride` ints) each row's pair as one int, so that one pointer reaches every
+ * row's. NB blocks at once are NB memory streams (DOT_PASSES_NB), prefetched SCREEN_AHEAD records
+ * ahead into every cache level. */
+#define SCREEN_AHEAD 4
 #if defined(__AVX2__)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
@@ -1562,67 +1611,83 @@ int rows_q6_group(void) { return Q6_GROUP; }
 /* Each row's integer sums of a group in CH chains (one dependent vpdpwssd chain was the one-row
  * screen's pace: its latency, not the memory): a pair's two products go to chains 2 i % CH and
  * (2 i + 1) % CH, added at the group's end. Integer sums: the same S whatever the chains. */
-#define SCREEN_FN(NAME, R, CH)                                                                              \
+#define SCREEN_FN(NAME, R, CH, NB)                                                                          \
     static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
-        __m256 acc[R];                                                                                      \
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                           \
-        for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                                   \
-            const unsigned char *rec = w + g * SCREEN_BYTES;                                                \
-            for (int k = 0; k < SCREEN_BYTES; k += 64) __builtin_prefetch(rec + 2 * SCREEN_BYTES + k, 0, 0); \
-            __m256i s[R][CH];                                                                               \
-            for (int r = 0; r < R; r++)                                                                     \
-                for (int c = 0; c < CH; c++) s[r][c] = _mm256_setzero_si256();                              \
-            _Pragma("GCC unroll 16") for (int p = 0; p < SCREEN_PAIRS; p += 2) {                            \
-                const __m256i two = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 2 * DOT_BLK * p)); \
-                const __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(two));                      \
-                const __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(two, 1));                  \
-                const int *x0 = xd + (g * SCREEN_PAIRS + p) * stride, *x1 = x0 + stride;                    \
-                const int k0 = p % CH, k1 = (p + 1) % CH;                                                   \
-                for (int r = 0; r < R; r++) {                                                               \
-                    s[r][k0] = DPWSSD(s[r][k0], c0, _mm256_set1_epi32(x0[r]));                              \
-                    s[r][k1] = DPWSSD(s[r][k1], c1, _mm256_set1_epi32(x1[r]));                              \
+        const long groups = pairs / SCREEN_PAIRS;                                                           \
+        __m256 acc[NB][R];                                                                                  \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) acc[b][r] = _mm256_setzero_ps();                                    \
+        for (long g = 0; g < groups; g++) {                                                                 \
+            _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {                                          \
+                const unsigned char *rec = w + (b * groups + g) * SCREEN_BYTES;                             \
+                for (int k = 0; k < SCREEN_BYTES; k += 64)                                                  \
+                    __builtin_prefetch(rec + SCREEN_AHEAD * SCREEN_BYTES + k, 0, 3);                        \
+                __m256i s[R][CH];                                                                           \
+                for (int r = 0; r < R; r++)                                                                 \
+                    for (int c = 0; c < CH; c++) s[r][c] = _mm256_setzero_si256();                          \
+                _Pragma("GCC unroll 16") for (int p = 0; p < SCREEN_PAIRS; p += 2) {                        \
+                    const __m256i two = _mm256_loadu_si256((const __m256i *)(rec + DOT_BLK * sizeof(float) + 2 * DOT_BLK * p)); \
+                    const __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(two));                  \
+                    const __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(two, 1));              \
+                    const int *x0 = xd + (g * SCREEN_PAIRS + p) * stride, *x1 = x0 + stride;                \
+                    const int k0 = p % CH, k1 = (p + 1) % CH;                                               \
+                    for (int r = 0; r < R; r++) {                                                           \
+                        s[r][k0] = DPWSSD(s[r][k0], c0, _mm256_set1_epi32(x0[r]));                          \
+                        s[r][k1] = DPWSSD(s[r][k1], c1, _mm256_set1_epi32(x1[r]));                          \
+                    }                                                                                       \
                 }                                                                                           \
-            }                                                                                               \
-            const __m256 d = _mm256_loadu_ps((const float *)rec);                                           \
-            for (int r = 0; r < R; r++) {                                                                   \
-                __m256i total = s[r][0];                                                                    \
-                for (int c = 1; c < CH; c++) total = _mm256_add_epi32(total, s[r][c]);                      \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), d, acc[r]);                             \
+                const __m256 d = _mm256_loadu_ps((const float *)rec);                                       \
+                for (int r = 0; r < R; r++) {                                                               \
+                    __m256i total = s[r][0];                                                                \
+                    for (int c = 1; c < CH; c++) total = _mm256_add_epi32(total, s[r][c]);                  \
+                    acc[b][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), d, acc[b][r]);                   \
+                }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
-        for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + r * DOT_BLK, acc[r]);                           \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(sums + (b * R + r) * DOT_BLK, acc[b][r]);          \
     }
 #else
-#define SCREEN_FN(NAME, R, CH)                                                                              \
+#define SCREEN_FN(NAME, R, CH, NB)                                                                          \
     static void NAME(const int *xd, long stride, long pairs, const unsigned char *w, float *sums) {         \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int j = 0; j < DOT_BLK; j++) {                                                             \
-                float acc = 0.f;                                                                            \
-                for (long g = 0; g < pairs / SCREEN_PAIRS; g++) {                                           \
-                    const unsigned char *rec = w + g * SCREEN_BYTES;                                        \
-                    const signed char *q = (const signed char *)rec + DOT_BLK * sizeof(float);              \
-                    int s = 0;                                                                              \
-                    for (int p = 0; p < SCREEN_PAIRS; p++) {                                                \
-                        const short *x = (const short *)(xd + (g * SCREEN_PAIRS + p) * stride + r);         \
-                        s += x[0] * q[2 * DOT_BLK * p + 2 * j] + x[1] * q[2 * DOT_BLK * p + 2 * j + 1];     \
+        const long groups = pairs / SCREEN_PAIRS;                                                           \
+        for (int b = 0; b < NB; b++)                                                                        \
+            for (int r = 0; r < R; r++)                                                                     \
+                for (int j = 0; j < DOT_BLK; j++) {                                                         \
+                    float acc = 0.f;                                                                        \
+                    for (long g = 0; g < groups; g++) {                                                     \
+                        const unsigned char *rec = w + (b * groups + g) * SCREEN_BYTES;                     \
+                        const signed char *q = (const signed char *)rec + DOT_BLK * sizeof(float);          \
+                        int s = 0;                                                                          \
+                        for (int p = 0; p < SCREEN_PAIRS; p++) {                                            \
+                            const short *x = (const short *)(xd + (g * SCREEN_PAIRS + p) * stride + r);     \
+                            s += x[0] * q[2 * DOT_BLK * p + 2 * j] + x[1] * q[2 * DOT_BLK * p + 2 * j + 1]; \
+                        }                                                                                   \
+                        acc = fmaf((float)s, ((const float *)rec)[j], acc);                                 \
                     }                                                                                       \
-                    acc = fmaf((float)s, ((const float *)rec)[j], acc);                                     \
+                    sums[(b * R + r) * DOT_BLK + j] = acc;                                                  \
                 }                                                                                           \
-                sums[r * DOT_BLK + j] = acc;                                                                \
-            }                                                                                               \
     }
 #endif
-SCREEN_FN(screen_1, 1, 4) /* chains: rows x CH within the registers */
-SCREEN_FN(screen_2, 2, 2)
-SCREEN_FN(screen_3, 3, 2)
-SCREEN_FN(screen_4, 4, 2)
-SCREEN_FN(screen_5, 5, 1)
-SCREEN_FN(screen_6, 6, 1)
-SCREEN_FN(screen_7, 7, 1)
-SCREEN_FN(screen_8, 8, 1)
-SCREEN_FN(screen_9, 9, 1)
+/* Blocks a call by rows, as Q4DOT_NB; chains: rows x CH x NB within the registers. */
+static const long SCREEN_NB[MAX_R + 1] = {0, 4, 2, 2, 2, 1, 1, 1, 1, 1};
+SCREEN_FN(screen_1, 1, 2, 4)
+SCREEN_FN(screen_2, 2, 2, 2)
+SCREEN_FN(screen_3, 3, 1, 2)
+SCREEN_FN(screen_4, 4, 1, 2)
+SCREEN_FN(screen_5, 5, 1, 1)
+SCREEN_FN(screen_6, 6, 1, 1)
+SCREEN_FN(screen_7, 7, 1, 1)
+SCREEN_FN(screen_8, 8, 1, 1)
+SCREEN_FN(screen_9, 9, 1, 1)
+SCREEN_FN(screen_1_1, 1, 4, 1)
+SCREEN_FN(screen_2_1, 2, 2, 1)
+SCREEN_FN(screen_3_1, 3, 2, 1)
+SCREEN_FN(screen_4_1, 4, 2, 1)
 typedef void (*screen_fn)(const int *, long, long, const unsigned char *, float *);
 static const screen_fn SCREENS[MAX_R + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6, screen_7, screen_8, screen_9};
+static const screen_fn SCREENS_1[MAX_R + 1] = {0, screen_1_1, screen_2_1, screen_3_1, screen_4_1, screen_5,
+                                               screen_6, screen_7, screen_8, screen_9};
 
 /* A row x (in floats) as the screen's 16-bit integers, input i's at xq[i / 2 * stride + i % 2] (the
  * caller's zero padding left as it is); its scale *sx, and what the bound reads of it:
@@ -1733,8 +1798,9 @@ int rows_screen(const float *x, long rows, long in, const unsigned char *codes, 
     for (long r = 0; r < rows && !failed; r++)
         failed = screen_row(x + r * in, in, (short *)(xd + r), 2 * rows, sx + r, n1 + r, n2 + r);
     if (!failed) {
-        DOT_PASSES(float, SCREENS[R](xd + r0, rows, pairs, codes + b * groups * SCREEN_BYTES, sums),
-                   sums[r * DOT_BLK + j])
+        DOT_PASSES_NB(float, SCREEN_NB,
+                      (n == 1 ? SCREENS_1 : SCREENS)[R](xd + r0, rows, pairs, codes + b * groups * SCREEN_BYTES, sums),
+                      sums[(k * R + r) * DOT_BLK + j])
     }
     for (long r = 0; r < rows && !failed; r++) {
         const float *xr = x + r * in;
