@@ -507,7 +507,8 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
     """Through run_bench with the GGUF as the model: chat lines through its ChatML template, the same
     ids to llama.cpp, transformers and our loop, and greedy llama.cpp == our `ar` token for token
     (float32 matmuls; its Q8_0 head costs llama.cpp 8-bit activations there, too little to flip a
-    greedy choice on these prompts). Modes that need a NAR set are skipped with a note."""
+    greedy choice on these prompts). `verified` runs on drafts copied from the context and writes
+    `ar`'s tokens; modes that need a NAR set are skipped with a note."""
     import transformers
 
     import yue.engine.core
@@ -535,7 +536,7 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
         model=str(f32_gguf),
         prompts=str(chat_file),
         max_new_tokens=24,
-        modes=("hf-greedy", "llamacpp-greedy", "ar", "verified"),
+        modes=("hf-greedy", "llamacpp-greedy", "ar", "verified", "hybrid"),
         verified_thresholds=(),
         memory=False,
     )
@@ -545,7 +546,9 @@ def test_llamacpp_peer_is_fed_our_ids_and_writes_our_ar_tokens_on_a_float32_tiny
     assert expected[0][:3] == engine.encode("<|im_start|>system\n")[:3]  # ChatML, templated
     for who, ids in seen.items():
         assert ids and all(x in expected for x in ids) and all(x in ids for x in expected), who
-    assert "no NAR set" in result.skipped["verified"] and "llamacpp-greedy" not in result.skipped
+    assert "no NAR set" in result.skipped["hybrid"] and "llamacpp-greedy" not in result.skipped
+    assert "verified" not in result.skipped
+    assert result.summaries["verified"].values["exact_match_vs_ar"] == 1.0
     lc = result.summaries["llamacpp-greedy"].values
     assert lc["exact_match_vs_ar"] == 1.0 and lc["nll_ratio_vs_ar"] == pytest.approx(1.0)
     assert lc["forwards_per_token"] >= 1.0 and lc["ttft_ms"] > 0

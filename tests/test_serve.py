@@ -493,3 +493,22 @@ def test_chat_pieces_split_each_delta_by_the_path_that_wrote_it(client):
     assert {s for d in with_pieces for _, s in d["pieces"]} <= {"ar", "nar"}
     plain = parse_sse(client.post("/v1/chat/completions", json=body | {"pieces": False}).text)
     assert not any("pieces" in e["choices"][0]["delta"] for e in plain[:-1] if e["choices"])
+
+
+def test_a_model_without_a_nar_set_serves_verified_as_ar_and_refuses_hybrid_naming_mode(tiny_gguf):
+    """A GGUF loaded as an AR set: `verified` (drafts copied from the context) answers with `ar`'s text;
+    a mode that needs a NAR set is a 400 naming `mode`."""
+    engine = yue.load(tiny_gguf.path)
+    assert not engine.has_nar_set
+    with TestClient(create_app(engine), raise_server_exceptions=False) as c:
+        _wait_ready(c)
+        texts = {}
+        for mode in ("ar", "verified"):
+            r = c.post("/v1/completions", json={"prompt": "x = 1\nx = 1\nx = 1\n", "max_tokens": 24,
+                                                 "temperature": 0, "mode": mode})  # fmt: skip
+            assert r.status_code == 200, r.text
+            texts[mode] = r.json()["choices"][0]["text"]
+        assert texts["verified"] == texts["ar"]
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "mode": "hybrid"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
+        assert "needs a NAR set" in r.json()["error"]["message"]

@@ -140,10 +140,47 @@ def test_top_layer_nar_keeps_verified_equal_to_ar(seed, nar_layers, mode, thresh
 
 
 def test_ar_only_and_fused_are_refused_with_the_reason():
-    with pytest.raises(ValueError, match="needs a NAR set"):
-        DecodeConfig(mode="verified").resolved(top_model(nar_layers=0, draft_vocab=None).config)
+    ar_only = top_model(nar_layers=0, draft_vocab=None).config
+    for mode in ("hybrid", "nar"):
+        with pytest.raises(ValueError, match="needs a NAR set"):
+            DecodeConfig(mode=mode).resolved(ar_only)
+    with pytest.raises(ValueError, match="fused"):
+        DecodeConfig(mode="verified", drafting="fused").resolved(ar_only)
     with pytest.raises(ValueError, match="fused"):
         DecodeConfig(mode="verified", drafting="fused").resolved(top_model().config)
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_verified_on_an_ar_only_model_copies_from_the_context_and_equals_ar(prepared):
+    """Without a NAR set, `verified` verifies drafts copied from the context (prompt lookup) and runs
+    no drafting pass: its output is still `ar`'s, and where `ar`'s text repeats itself (a 3-gram seen
+    before: its first two tokens match, the copy drafts the third), copies write some of it."""
+    model = top_model(nar_layers=0, draft_vocab=None, seed=3)
+    if prepared:
+        model = prepare_for_decoding(model, torch.qint8)
+
+    def run(mode: str, prompt: list[int]) -> tuple[list[int], list[str]]:
+        cfg = DecodeConfig(mode=mode, max_new_tokens=64, ignore_eos=True).resolved(model.config)
+        assert cfg.draft_block == 1  # no NAR block to draft from
+        steps = list(decode(model, [prompt], cfg))
+        return [t for em in steps for t in em.tokens[0]], [w for em in steps for w in em.writers[0]]
+
+    def repeats(text: list[int]) -> bool:
+        grams = [tuple(text[i : i + 3]) for i in range(len(text) - 2)]
+        return len(set(grams)) < len(grams)
+
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(40):  # a prompt whose `ar` answer repeats itself (a tiny random model's often loop)
+        prompt = torch.randint(4, 96, (6,), generator=rng).tolist()
+        ar_tokens, ar_writers = run("ar", prompt)
+        if repeats(prompt + ar_tokens):
+            break
+    else:
+        pytest.fail("no prompt of 40 gave a repeating answer")
+    assert set(ar_writers) == {"ar"}
+    tokens, writers = run("verified", prompt)
+    assert tokens == ar_tokens
+    assert "copy" in writers and "nar" not in writers
 
 
 def test_drafting_vocabulary_ranks_answer_tokens_by_frequency():

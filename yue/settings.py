@@ -229,8 +229,12 @@ class DecodeConfig:
         """Fill the model-dependent defaults (mode, threshold, K, reeval) from the checkpoint's config."""
         if self.mode is None:
             return replace(self, mode=model_config.decode_mode).resolved(model_config)
-        if self.mode != "ar" and not model_config.has_nar:
-            raise ValueError(f"mode {self.mode!r} needs a NAR set; this model has none (use mode 'ar')")
+        if self.mode not in ("ar", "verified") and not model_config.has_nar:
+            raise ValueError(
+                f"mode {self.mode!r} needs a NAR set; this model has none (use mode 'ar' or 'verified')"
+            )
+        if self.drafting == "fused" and not model_config.has_nar and self.mode != "ar":
+            raise ValueError("drafting 'fused' needs a NAR set; this model has none (use drafting 'separate')")
         if self.drafting == "fused" and model_config.nar_start > 0 and self.mode != "ar":
             raise ValueError(
                 "drafting 'fused' needs a NAR set in every layer; this model's slots enter at layer "
@@ -249,7 +253,9 @@ class DecodeConfig:
         if bad := [t for t, _ in self.logit_bias if not 0 <= t < vocab]:
             raise ValueError(f"logit_bias: token id {bad[0]} is not in this model's vocabulary [0, {vocab})")
         slots = self.drafting_slots
-        if slots is None:
+        if not model_config.has_nar:
+            slots = 1  # no NAR block to draft (`draft_block` 1): `verified` verifies free drafts only
+        elif slots is None:
             slots = k if self.mode in UNPLANNED_SLOTS else min(model_config.drafting_slots or k, k)
         # The dial's default is the model's own for the mode (`router_threshold` above).
         default_threshold = (

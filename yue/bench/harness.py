@@ -292,10 +292,13 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
             why = f"llama.cpp runs on the CPU in this bench (device is {cfg.device})"
         if why is not None:
             out[llamacpp.NAME] = why
-    if not engine.has_nar_set:  # a plain Llama or GGUF loaded as an AR set
+    if not engine.has_nar_set:  # a plain Llama or GGUF loaded as an AR set: verified copies drafts
         for e in todo:
-            if e.mode in MODES and e.mode != "ar":
-                out[e.name] = f"model {engine.name} has no NAR set: only ar runs"
+            if e.mode in MODES and (e.mode not in ("ar", "verified") or e.drafting == "fused"):
+                out[e.name] = (
+                    f"model {engine.name} has no NAR set: only ar and verified (drafts copied from the "
+                    "context) run"
+                )
     elif engine.model_config.nar_start > 0:  # a top-layer NAR set (yue-smol): slots enter at its depth
         for e in todo:
             if e.drafting == "fused":

@@ -282,12 +282,10 @@ class StepCosts:
 
     @classmethod
     def from_curve(cls, curve: CostCurve) -> StepCosts:
-        if curve.pass_s is None:
-            raise ValueError("the cost curve has no drafting pass (the model has no NAR set)")
         dense = [i for i, n in enumerate(curve.rows) if n <= len(ROWS)]  # 1..9 rows, then the wider steps
         return cls(
             tuple(curve.step_s[i] for i in dense),
-            tuple(curve.pass_s[n] for n in sorted(curve.pass_s)),
+            tuple(curve.pass_s[n] for n in sorted(curve.pass_s or {})),  # none without a NAR set
             tuple((n, s) for n, s in zip(curve.rows, curve.step_s, strict=True) if n > len(ROWS)),
         ).monotone()
 

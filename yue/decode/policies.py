@@ -152,7 +152,8 @@ def best_draft(
     for k, s_k in enumerate(survival, start=1):
         gain += s_k
         passes = (k + 1 if st.cfg.drafting == "fused" else 1) if draft_pass else 0
-        rate = gain / (costs.verify(k) + costs.draft_pass(k + 1 if sized else st.cfg.draft_block) * passes)
+        pass_cost = costs.draft_pass(k + 1 if sized else st.cfg.draft_block) * passes if passes else 0.0
+        rate = gain / (costs.verify(k) + pass_cost)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k, best_rate

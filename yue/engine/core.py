@@ -195,9 +195,10 @@ class Engine:
             if unknown:
                 raise ValueError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
             cfg = replace(cfg, **overrides)
-        if cfg.mode not in (None, "ar") and not self.has_nar_set:
+        if cfg.mode not in (None, "ar", "verified") and not self.has_nar_set:
             raise ValueError(
-                f"mode {cfg.mode!r} needs a NAR set, and {self.name} has none (an AR set only): use mode 'ar'"
+                f"mode {cfg.mode!r} needs a NAR set, and {self.name} has none (an AR set only): use mode 'ar' "
+                "or 'verified' (which verifies drafts copied from the context)"
             )
         return cfg.resolved(self.model.config)
 

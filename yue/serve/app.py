@@ -506,10 +506,10 @@ def _prepare(
         raise ApiError(
             400, str(e).replace("max_new_tokens", "max_tokens"), param=param, code="invalid_value"
         ) from e
-    if decode.mode != "ar" and not engine.has_nar_set:
+    if decode.mode not in ("ar", "verified") and not engine.has_nar_set:
         raise ApiError(
             400,
-            f"mode {decode.mode!r} needs a NAR set; {engine.name} has none: use mode 'ar'",
+            f"mode {decode.mode!r} needs a NAR set; {engine.name} has none: use mode 'ar' or 'verified'",
             param="mode",
             code="invalid_value",
         )
