@@ -301,7 +301,7 @@ class StepCosts:
 
 # What the timed calls hold (bumped when they change, so a cached curve timed otherwise is measured anew):
 # 2 = a sampled step with drafts runs the speculative rule, a drafting pass chooses its drafts.
-COSTS_VERSION = "2"
+COSTS_VERSION = "3"
 
 # Config fields that prime the free drafts' records (`sources.draft_rates`) and change no step's cost.
 RECORD_PRIORS = ("free_draft_rates", "sampled_draft_rates")
