@@ -300,7 +300,8 @@ class StepCosts:
 
 
 # What the timed calls hold (bumped when they change, so a cached curve timed otherwise is measured anew):
-# 2 = a sampled step with drafts runs the speculative rule, a drafting pass chooses its drafts.
+# 2 = a sampled step with drafts runs the speculative rule, a drafting pass chooses its drafts;
+# 3 = the row kernel streams several column blocks a call (its step costs changed).
 COSTS_VERSION = "3"
 
 # Config fields that prime the free drafts' records (`sources.draft_rates`) and change no step's cost.
