@@ -95,9 +95,6 @@ static inline float lanes_tree(float *v, int n) {
 #elif defined(__AVX2__) && defined(__FMA__)
 #define K_AVX2 1
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
-#define B_AVX2 1
-#endif
 
 /* CALL(R) for the pass's row count R (in the caller's scope): with vectors, as a constant (1..MAX_R), so
  * that the rows' sums stay in registers; the plain build's loops take it as it is (one copy, quick to
