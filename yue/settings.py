@@ -25,6 +25,8 @@ Drafting = Literal["separate", "fused"]
 # Modes whose drafting pass always computes the whole block (`nar` commits it; the anchor modes fill
 # up to K - 1 tokens a pass), whatever the model's `drafting_slots`.
 UNPLANNED_SLOTS = ("nar", "anchor", "anchor-verified")
+# The modes a model without a NAR set runs: `verified` there verifies drafts copied from the context.
+AR_SET_MODES = ("ar", "verified")
 DRAFTINGS: tuple[str, ...] = get_args(Drafting)
 
 
@@ -229,7 +231,7 @@ class DecodeConfig:
         """Fill the model-dependent defaults (mode, threshold, K, reeval) from the checkpoint's config."""
         if self.mode is None:
             return replace(self, mode=model_config.decode_mode).resolved(model_config)
-        if self.mode not in ("ar", "verified") and not model_config.has_nar:
+        if self.mode not in AR_SET_MODES and not model_config.has_nar:
             raise ValueError(
                 f"mode {self.mode!r} needs a NAR set; this model has none (use mode 'ar' or 'verified')"
             )

@@ -43,6 +43,7 @@ from yue.config import EXACT_MODES, EXPERIMENTAL_MODES, MODES
 from yue.decode.costs import CostCurve, verify_cost_curve
 from yue.kernels import probe
 from yue.kernels.prepare import resolve_dtype
+from yue.settings import AR_SET_MODES
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup")
 PEERS = (*HF_PEERS, llamacpp.NAME)
@@ -294,7 +295,7 @@ def _skips(todo: list[Entry], cfg: BenchConfig, engine) -> dict[str, str]:
             out[llamacpp.NAME] = why
     if not engine.has_nar_set:  # a plain Llama or GGUF loaded as an AR set: verified copies drafts
         for e in todo:
-            if e.mode in MODES and (e.mode not in ("ar", "verified") or e.drafting == "fused"):
+            if e.mode in MODES and (e.mode not in AR_SET_MODES or e.drafting == "fused"):
                 out[e.name] = (
                     f"model {engine.name} has no NAR set: only ar and verified (drafts copied from the "
                     "context) run"

@@ -33,6 +33,7 @@ from yue.engine.rows import RowStream
 from yue.infill import infill_ids
 from yue.model.mot import YueForCausalLM
 from yue.model.prepared import PreparedModel, as_decoded
+from yue.settings import AR_SET_MODES
 from yue.tokenizer import YueTokenizer
 
 # Rows of a scored prompt whose (n, V) log-probs are made at once (`Engine.score`).
@@ -195,7 +196,7 @@ class Engine:
             if unknown:
                 raise ValueError(f"unknown decode option(s): {', '.join(sorted(unknown))}")
             cfg = replace(cfg, **overrides)
-        if cfg.mode not in (None, "ar", "verified") and not self.has_nar_set:
+        if cfg.mode is not None and cfg.mode not in AR_SET_MODES and not self.has_nar_set:
             raise ValueError(
                 f"mode {cfg.mode!r} needs a NAR set, and {self.name} has none (an AR set only): use mode 'ar' "
                 "or 'verified' (which verifies drafts copied from the context)"

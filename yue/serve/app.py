@@ -63,6 +63,7 @@ from yue.serve.streaming import (
     sse_events,
     total_usage,
 )
+from yue.settings import AR_SET_MODES
 
 log = logging.getLogger("yue.serve")
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate", "/infill")
@@ -506,7 +507,7 @@ def _prepare(
         raise ApiError(
             400, str(e).replace("max_new_tokens", "max_tokens"), param=param, code="invalid_value"
         ) from e
-    if decode.mode not in ("ar", "verified") and not engine.has_nar_set:
+    if decode.mode not in AR_SET_MODES and not engine.has_nar_set:
         raise ApiError(
             400,
             f"mode {decode.mode!r} needs a NAR set; {engine.name} has none: use mode 'ar' or 'verified'",
