@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import yue
+from tests.test_rowkernel import needs_row_kernel
 from yue.engine import loading
+from yue.errors import ModelNotInstalledError
 from yue.kernels import float_codes, rowkernel
 from yue.kernels.file_codes import GGMLLinear
 from yue.kernels.matmuls import StreamedLinear
-from yue.errors import ModelNotInstalledError
-
-from tests.test_rowkernel import needs_row_kernel
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
 PROMPTS = ("Hello, world! How are", "The sea is")
@@ -59,7 +58,9 @@ def dequantized(rows: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, np.float32))
 
 
-@pytest.mark.parametrize(("ggml_type", "rows", "inp"), [(3, 40, 64), (3, 7, 96), (3, 96, 576), (8, 9, 96), (8, 64, 64)])
+@pytest.mark.parametrize(
+    ("ggml_type", "rows", "inp"), [(3, 40, 64), (3, 7, 96), (3, 96, 576), (8, 9, 96), (8, 64, 64)]
+)
 def test_records_from_the_blocks_are_the_packers_bytes_for_the_values(ggml_type, rows, inp):
     needs_row_kernel()
     pack = rowkernel.q4_block if ggml_type == 3 else rowkernel.q8_block
@@ -83,7 +84,9 @@ def test_a_matrix_no_form_gives_back_is_refused_as_by_the_packer():
     needs_row_kernel()
     blocks = random_blocks(3, 32, 64, 0)
     blocks[5, :2] = torch.tensor([0x00, 0x7C], dtype=torch.uint8)  # one block's d is inf
-    assert rowkernel.block_records(blocks, 3, 64) is None and rowkernel.q4_block(dequantized(blocks, 3)) is None
+    assert (
+        rowkernel.block_records(blocks, 3, 64) is None and rowkernel.q4_block(dequantized(blocks, 3)) is None
+    )
 
 
 def prepared_tensors(engine) -> dict[str, torch.Tensor]:
@@ -154,7 +157,9 @@ def test_formats_without_a_block_packer_are_dequantized_and_prepared_as_before(t
     from tests.gguf_utils import write_tiny_llama_gguf
 
     needs_row_kernel()
-    tiny = write_tiny_llama_gguf(tmp_path / "q4km.gguf", quant="Q4_K_M", hidden=256, intermediate=512, heads=4)
+    tiny = write_tiny_llama_gguf(
+        tmp_path / "q4km.gguf", quant="Q4_K_M", hidden=256, intermediate=512, heads=4
+    )
     assert_loads_alike(tiny.path, "float32", monkeypatch, tokens=6)
 
 
@@ -175,3 +180,26 @@ def test_yue_smol_prepares_the_same_bytes_from_its_blocks(dtype, monkeypatch):
         assert_loads_alike("yue-smol", dtype, monkeypatch, tokens=16)
     except ModelNotInstalledError as e:
         pytest.skip(str(e))
+
+
+def test_the_head_screen_from_q8_0_blocks_is_the_screen_of_the_values():
+    """`screen.ScreenedHead` from a Q8_0 table's blocks (llama.cpp's form: a code of 127 a block) and from its
+    values: the same codes, scales and bounds; a chunk with a block out of that form takes the values'
+    path, with the same result."""
+    from yue.kernels import screen
+
+    needs_row_kernel()
+    V, D = screen.CHUNK + 40, 64
+    blocks = random_blocks(8, V, D, 1).reshape(V, D // 32, 34)
+    q = blocks[..., 2:].view(torch.int8)
+    q[..., 0] = 127
+    d = blocks[..., :2].contiguous().view(torch.float16)
+    blocks[..., :2] = d.abs().clamp(min=1e-4).view(torch.uint8)
+    q[3, 1] = q[3, 1].clamp(-100, 100)  # a block of the first chunk out of form
+    rows = blocks.reshape(V, -1)
+    values = dequantized(rows, 8)
+    assert screen.q8_0_chunk(rows[: screen.CHUNK], D // 32) is None
+    assert screen.q8_0_chunk(rows[screen.CHUNK :], D // 32) is not None
+    a, b = screen.ScreenedHead(None, values), screen.ScreenedHead(None, values, rows)
+    for x, y in ((a.codes[0], b.codes[0]), (a.slack[0], b.slack[0]), (a.wnorm[0], b.wnorm[0])):
+        assert torch.equal(x, y)

@@ -63,7 +63,11 @@ def write_spm_gguf(path: Path, arch: str) -> Path:
     w.add_token_list(tokens)
     w.add_token_scores(scores)
     w.add_token_types(types)
-    ids = {"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>"} if gemma else {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
+    ids = (
+        {"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>"}
+        if gemma
+        else {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
+    )
     w.add_bos_token_id(tokens.index(ids["bos"]))
     w.add_eos_token_id(tokens.index(ids["eos"]))
     w.add_unk_token_id(tokens.index(ids["unk"]))
@@ -108,7 +112,9 @@ def test_a_synthetic_sentencepiece_gguf_tokenizer_equals_transformers_conversion
 
 def test_merges_follow_scores_for_llama_and_file_order_for_gemma():
     tokens = ["<unk>", "▁", "a", "b", "ab", "▁a", "▁ab"]
-    llama = gguf_spm.merges(tokens, {t: s for t, s in zip(tokens, [0, 0, 0, 0, -2.0, -1.0, -3.0], strict=True)})
+    llama = gguf_spm.merges(
+        tokens, {t: s for t, s in zip(tokens, [0, 0, 0, 0, -2.0, -1.0, -3.0], strict=True)}
+    )
     assert llama == [("▁", "a"), ("a", "b"), ("▁a", "b"), ("▁", "ab")]  # a piece's splits: longer left first
     gemma = gguf_spm.merges(tokens, {t: -i for i, t in enumerate(tokens)})
     assert gemma == [("a", "b"), ("▁", "a"), ("▁a", "b"), ("▁", "ab")]

@@ -67,7 +67,9 @@ def dequantized(g: GGUFFile, name: str) -> torch.Tensor:
     info = g.tensors[name]
     if not ggml.supported(info.ggml_type):
         return torch.from_numpy(g.dequantized(name))
-    return ggml.get_rows(g.mapped(name).view(info.shape[0], -1), info.ggml_type, info.shape[1], torch.arange(info.shape[0]))
+    return ggml.get_rows(
+        g.mapped(name).view(info.shape[0], -1), info.ggml_type, info.shape[1], torch.arange(info.shape[0])
+    )
 
 
 def values(m: GGMLLinear) -> torch.Tensor:
@@ -114,7 +116,9 @@ def matmul(parts: list[GGMLLinear], int4: bool, rows: str | None) -> nn.Module:
         codes = parts[0].codes if len(parts) == 1 else torch.cat([p.codes for p in parts])
         records = rowkernel.block_records(codes, Q4_1, inp)
         if records is not None and int4 and inp % 32 == 0:
-            return RowInt4Linear.of_records(rowkernel.q4dot_records(*rowkernel.q4_unpacked(records, out)), out)
+            return RowInt4Linear.of_records(
+                rowkernel.q4dot_records(*rowkernel.q4_unpacked(records, out)), out
+            )
         if records is not None and not int4:
             return StreamedLinear.of_records(records, out)
     linear = nn.Linear(inp, out, bias=False, device="meta")
@@ -128,7 +132,12 @@ def decode_set(layer, int4: bool, rows: str | None, row_ops: bool) -> DecodeSet:
     _, proj, _, mlp = layer._sets(False)
     biases = [proj.q_proj.bias, proj.k_proj.bias, proj.v_proj.bias]
     qkv_bias = None if biases[0] is None else torch.cat(biases).detach()  # (H + 2 Hkv) Dh
-    groups = [[proj.q_proj, proj.k_proj, proj.v_proj], [proj.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
+    groups = [
+        [proj.q_proj, proj.k_proj, proj.v_proj],
+        [proj.o_proj],
+        [mlp.gate_proj, mlp.up_proj],
+        [mlp.down_proj],
+    ]
     matmuls = [matmul(parts, int4, rows) for parts in groups]
     attention = "kernel" if row_ops and rowkernel.attention_fits(layer.head_dim) else "padded"
     if int4 and attention != "kernel":
@@ -136,7 +145,9 @@ def decode_set(layer, int4: bool, rows: str | None, row_ops: bool) -> DecodeSet:
     exact = all(row_exact(m) for m in matmuls)
     for p in [p for parts in groups for p in parts] if exact else []:  # the decode path holds its own
         p.codes = p.codes.new_empty(0, p.codes.shape[1])  # records: the file's rows are not kept
-    return DecodeSet(layer, False, *matmuls, exact=exact, attention=attention, row_norm=row_ops, qkv_bias=qkv_bias)
+    return DecodeSet(
+        layer, False, *matmuls, exact=exact, attention=attention, row_norm=row_ops, qkv_bias=qkv_bias
+    )
 
 
 def forget_sources(model) -> None:

@@ -140,7 +140,7 @@ class StreamedLinear(nn.Module):
         self.out_features = linear.out_features
 
     @classmethod
-    def of_records(cls, blocked: torch.Tensor, out_features: int) -> "StreamedLinear":
+    def of_records(cls, blocked: torch.Tensor, out_features: int) -> StreamedLinear:
         """One holding `blocked`, a layout's records already built (`float_codes`, from a GGUF's blocks)."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)

@@ -62,8 +62,8 @@ from torch import nn
 
 from yue.kernels import float_codes, probe, rowkernel, rowstack
 from yue.kernels.decode_set import DecodeSet, LayerStack, kernels_named
-from yue.kernels.file_codes import GGMLLinear
 from yue.kernels.draft_head import DraftVocabHead, draft_head  # noqa: F401  (DraftVocabHead: re-exported)
+from yue.kernels.file_codes import GGMLLinear
 from yue.kernels.matmuls import (
     INT8,
     StreamedLinear,
@@ -520,7 +520,8 @@ def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None,
         head = row_adaptive(model.lm_head, head_once, rows)
     if isinstance(head, StreamedLinear) and row_ops:
         # Greedy steps choose at a quarter of the head's bytes, the same token (`screen.py`).
-        head = ScreenedHead(head, model.lm_head.weight)
+        source = getattr(model.lm_head, "ggml_source", None)  # a GGUF's Q8_0 table: codes from its blocks
+        head = ScreenedHead(head, model.lm_head.weight, source[0] if source and source[1] == 8 else None)
     return head
 
 

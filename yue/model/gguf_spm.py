@@ -73,7 +73,9 @@ def spm_model(fields: dict, gemma: bool) -> tuple[Tokenizer, list[str]]:
     pairs = [tuple(m.split(" ")) for m in listed] if listed else merges(tokens, scores)
     vocab = {token: index for index, token in enumerate(tokens)}
     unk = {"unk_token": "<unk>"} if gemma else {}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None, **unk))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None, **unk)
+    )
     replace = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
         tok.normalizer = normalizers.Replace(" ", "▁")
