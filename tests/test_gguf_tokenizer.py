@@ -91,11 +91,12 @@ def test_smollm2_gguf_tokenizer_equals_transformers_conversion(tmp_path):
     assert_same_tokenizer(ours, ref)
 
 
-def test_a_sentencepiece_vocabulary_keeps_the_transformers_conversion(tmp_path):
-    """A vocabulary that is not byte-level BPE is not built from the header: nothing is written with the
-    index, and `tokenizer_dir` converts it with transformers."""
+def test_a_unigram_vocabulary_keeps_the_transformers_conversion(tmp_path):
+    """A vocabulary neither byte-level BPE nor a SentencePiece BPE `gguf_spm` builds (T5's unigram) is not
+    built from the header: nothing is written with the index, and `tokenizer_dir` converts it with
+    transformers. (SentencePiece BPE: tests/test_gguf_spm.py.)"""
     from yue.model import gguf_tokenizer
 
-    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"]}
+    fields = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"]}
     assert gguf_tokenizer.write(fields, tmp_path) is False
     assert not (tmp_path / "tokenizer.json").exists()

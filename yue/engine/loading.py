@@ -34,7 +34,7 @@ from yue.chat import find_chat_template
 from yue.config import LoadConfig, YueConfig
 from yue.decode.corpus import load_ngrams
 from yue.engine.core import Engine
-from yue.kernels import prepare_for_decoding
+from yue.kernels import float_codes, prepare_for_decoding
 from yue.kernels.file_codes import install_file_codes
 from yue.kernels.matmuls import int4_unavailable
 from yue.kernels.prepare import resolve_drafting_dtype, resolve_dtype
@@ -96,7 +96,11 @@ def load(
     if precision == "int4" and (why := int4_unavailable(device)):
         raise ValueError(f"the int4 precision needs {why}")
     dtype, codes = (None, install_file_codes) if precision == "file" else (resolve_dtype(precision), None)
+    if codes is None and from_codes(files, precision, device, adapter):
+        codes = float_codes.install_float_codes  # the layers' kernels built from the file's blocks
     model = load_model(files, device=device, dtype=dtype, file_codes=codes, ctx_size=ctx_size)
+    if codes is float_codes.install_float_codes:
+        float_codes.tie_head(model)
     tokenizer = model_tokenizer(files.tokenizer_dir, model.config)
     model = apply_adapter(model, adapter)
     drafting = drafting if model.config.nar_layers != 0 else None
@@ -105,6 +109,14 @@ def load(
     corpus = load_ngrams(files.yue_dir, model.config.vocab_size)
     source = None if adapter is not None else source  # an adapter's merge is not in the files
     return Engine(model, tokenizer, model_name(path), template, corpus, source)
+
+
+def from_codes(files: ModelFiles, precision: str, device: str, adapter) -> bool:
+    """Whether a float32 or int4 load of a GGUF's AR set keeps the file's codes until preparing builds the
+    kernels from them (`kernels.float_codes`): on a CPU where yue's row kernel builds, without an adapter
+    (whose merge needs the float weights)."""
+    on_cpu = files.gguf is not None and device == "cpu" and adapter is None
+    return on_cpu and precision in ("float32", "int4") and not ggml_unavailable()
 
 
 def checked_device(device: str) -> str:

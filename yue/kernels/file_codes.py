@@ -202,6 +202,17 @@ def file_codes_layer(g: GGUFFile, config, i: int) -> dict[str, GGMLLinear]:
 def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, torch.Tensor]) -> None:
     """Give a meta-device yue model its AR set's matrices, token table and head in the file's codes; the
     matrices' biases (Qwen2's Q/K/V) are given to their modules from `state`."""
+    install_layer_codes(model, g, config, state)
+    table = g.tensors["token_embd.weight"]
+    codes = g.mapped("token_embd.weight").view(table.shape[0], -1)
+    model.model.embed_tokens = GGMLEmbedding(codes, table.ggml_type, table.shape[1])
+    head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
+    model.lm_head = _in_place(g, head)
+
+
+def install_layer_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, torch.Tensor]) -> None:
+    """Give a meta-device yue model's AR layers their matrices in the file's codes (`file_codes_layer`),
+    the matrices' biases (Qwen2's Q/K/V) from `state`."""
     from tqdm.auto import tqdm
 
     layers = model.model.layers
@@ -213,8 +224,3 @@ def install_file_codes(model: nn.Module, g: GGUFFile, config, state: dict[str, t
                 module.bias = nn.Parameter(bias, requires_grad=False)
             parent, _, attr = path.rpartition(".")
             setattr(layers[i].get_submodule(parent), attr, module)
-    table = g.tensors["token_embd.weight"]
-    codes = g.mapped("token_embd.weight").view(table.shape[0], -1)
-    model.model.embed_tokens = GGMLEmbedding(codes, table.ggml_type, table.shape[1])
-    head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
-    model.lm_head = _in_place(g, head)

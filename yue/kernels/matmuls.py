@@ -20,6 +20,7 @@ from torch import nn
 from yue.kernels import probe, rowkernel
 
 INT8 = torch.qint8
+Q8_0 = 8  # the ggml type id of a GGUF Q8_0 table (`StreamedLinear`)
 
 
 class Lowered(nn.Module):
@@ -126,12 +127,25 @@ class StreamedLinear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         codes = rowkernel.q4_block(weight) if probe.choice().ok("rows-q4") else None
-        if codes is None and probe.choice().ok("rows-q8"):
+        # A head whose values a GGUF's Q8_0 table gives (`float_codes.install_float_codes`): its records
+        # from the file's blocks, the same bytes as from the values.
+        source = getattr(linear, "ggml_source", None)
+        if codes is None and probe.choice().ok("rows-q8") and source is not None and source[1] == Q8_0:
+            codes = rowkernel.block_records(source[0], Q8_0, linear.in_features)
+        elif codes is None and probe.choice().ok("rows-q8"):
             codes = rowkernel.q8_block(weight)
             # A GGUF's Q6_K weights: 8-bit codes with a scale per 16 inputs (the same kernels' rebuild).
             codes = rowkernel.q6_block(weight) if codes is None else codes
         self.blocked = (rowkernel.block(weight) if codes is None else codes,)
         self.out_features = linear.out_features
+
+    @classmethod
+    def of_records(cls, blocked: torch.Tensor, out_features: int) -> StreamedLinear:
+        """One holding `blocked`, a layout's records already built (`float_codes`, from a GGUF's blocks)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.blocked, self.out_features = (blocked,), out_features
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -227,6 +241,8 @@ class RowInt4Linear(nn.Module):
         super().__init__()
         self.blocked = (rowkernel.q4dot_block(linear.weight.detach()),)
         self.out_features = linear.out_features
+
+    of_records = classmethod(StreamedLinear.of_records.__func__)
 
     @staticmethod
     def fits(linear: nn.Module) -> bool:

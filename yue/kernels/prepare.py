@@ -60,9 +60,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from yue.kernels import probe, rowkernel, rowstack
+from yue.kernels import float_codes, probe, rowkernel, rowstack
 from yue.kernels.decode_set import DecodeSet, LayerStack, kernels_named
 from yue.kernels.draft_head import DraftVocabHead, draft_head  # noqa: F401  (DraftVocabHead: re-exported)
+from yue.kernels.file_codes import GGMLLinear
 from yue.kernels.matmuls import (
     INT8,
     StreamedLinear,
@@ -89,11 +90,11 @@ ONE_COPY_BYTES = 2**30
 def ar_layer_bytes(model) -> int:
     """Bytes of the AR set's layer matmul weights (the head not counted)."""
     return sum(
-        m.weight.numel() * m.weight.element_size()
+        m.weight.numel() * m.weight.element_size() if isinstance(m, nn.Linear) else 4 * m.in_features * m.out_features
         for layer in model.model.layers
         for module in layer._sets(False)[1:4:2]
         for m in module.children()
-        if isinstance(m, nn.Linear)
+        if isinstance(m, (nn.Linear, GGMLLinear))  # a GGUF's codes for a float precision: as float32
     )
 
 
@@ -283,9 +284,13 @@ def prepare_for_decoding(
         raise ValueError("the model is already prepared for decoding (prepare_for_decoding consumes it)")
     check_preparable(model, int4)
     model.consumed = True
-    if decodes_as_trained(model):
+    plan, as_trained = kernel_plan(model, low_memory), decodes_as_trained(model)
+    if float_codes.holds_layer_codes(model) and (as_trained or not float_codes.direct(int4, plan.rows)):
+        float_codes.materialize(model)  # a GGUF's codes where the layers' kernels are not built from them
+    if as_trained:
         return PreparedModel(model, DecodePaths.as_trained(len(model.model.layers)))
-    prepared = PreparedModel(model, decode_paths(model, drafting_dtype, int4, kernel_plan(model, low_memory)))
+    prepared = PreparedModel(model, decode_paths(model, drafting_dtype, int4, plan))
+    float_codes.forget_sources(model)
     prepared.paths.layout = kernels_named(prepared)
     release_freed_memory()
     return prepared
@@ -468,6 +473,8 @@ def decode_set(
     fused, the NAR set lowered to `drafting_dtype` (if any), the AR set's matmuls in 4 bits with `int4`,
     else on `row_adaptive`'s kernel (`one_copy`, `rows`); attention on the row kernel where `row_ops`."""
     _, proj, _, mlp = layer._sets(nar)
+    if isinstance(proj.q_proj, GGMLLinear):  # a GGUF's codes for a float precision (`float_codes`)
+        return float_codes.decode_set(layer, int4, rows, row_ops)
     biases = [proj.q_proj.bias, proj.k_proj.bias, proj.v_proj.bias]
     qkv_bias = None if biases[0] is None else torch.cat(biases).detach()  # (H + 2 Hkv) Dh
     qkv = fuse_linears([proj.q_proj, proj.k_proj, proj.v_proj])
@@ -513,7 +520,8 @@ def ar_head(model, int4: bool, one_copy: bool, streamed: bool, rows: str | None,
         head = row_adaptive(model.lm_head, head_once, rows)
     if isinstance(head, StreamedLinear) and row_ops:
         # Greedy steps choose at a quarter of the head's bytes, the same token (`screen.py`).
-        head = ScreenedHead(head, model.lm_head.weight)
+        source = getattr(model.lm_head, "ggml_source", None)  # a GGUF's Q8_0 table: codes from its blocks
+        head = ScreenedHead(head, model.lm_head.weight, source[0] if source and source[1] == 8 else None)
     return head
 
 

@@ -1157,6 +1157,27 @@ static int q4k_group(const float *wg, float lo, float hi, float *d, float *m, in
     return 1;
 }
 
+/* A group's (d, m) and codes c, the first form that gives its every value back: Q4_1's (its minimum code
+ * 0, its maximum 15), else Q4_0's, whose value of largest magnitude v0 is code 0: (code - 8) d =
+ * fmaf(code, d, v0), d = -v0 / 8, else Q4_K's (q4k_group). 0, or 1 where no form does. */
+static int q4_group_form(const float *wg, float *d, float *m, int *c) {
+    float lo = wg[0], hi = wg[0];
+    for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
+    const float forms[3][2] = {{half_round((hi - lo) / 15.f), lo}, {-lo / 8.f, lo}, {-hi / 8.f, hi}};
+    for (int f = 0; f < 3; f++)
+        if (!q4_group_codes(wg, forms[f][0], forms[f][1], c)) return *d = forms[f][0], *m = forms[f][1], 0;
+    return q4k_group(wg, lo, hi, d, m, c); /* Q4_K's, last: the dearest to find */
+}
+
+/* Output j's group (d, m, codes c) into its record `rec` (zeroed before): d and m at j, each code in its
+ * input's BLK / 2 bytes, the byte and nibble rows_matmul_q4 reads. */
+static void q4_record_put(unsigned char *rec, long j, float d, float m, const int *c) {
+    ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = m;
+    const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
+    unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
+    for (int i = 0; i < Q4_GROUP; i++) codes[i * (BLK / 2)] |= (unsigned char)(c[i] << shift);
+}
+
 /* Column block b of rows_q4_pack: 0, or 1 where a group has no form. */
 static int q4_pack_block(const float *w, long b, long out, long groups, long so, long si, unsigned char *dst) {
     float tile[BLK][Q4_GROUP];
@@ -1170,24 +1191,10 @@ static int q4_pack_block(const float *w, long b, long out, long groups, long so,
                 for (long j = 0; j < n; j++) tile[j][i] = w[(b * BLK + j) * so + (g * Q4_GROUP + i) * si];
         unsigned char *rec = dst + (b * groups + g) * Q4_GROUP_BYTES;
         for (long j = 0; j < n; j++) {
-            const float *wg = tile[j];
-            float lo = wg[0], hi = wg[0];
-            for (int i = 1; i < Q4_GROUP; i++) lo = wg[i] < lo ? wg[i] : lo, hi = wg[i] > hi ? wg[i] : hi;
-            /* The group's (d, m): Q4_1's (its minimum code 0, its maximum 15), else Q4_0's, whose
-             * value of largest magnitude v0 is code 0: (code - 8) d = fmaf(code, d, v0), d = -v0 / 8. */
-            const float forms[3][2] = {{half_round((hi - lo) / 15.f), lo}, {-lo / 8.f, lo}, {-hi / 8.f, hi}};
-            int c[Q4_GROUP], f = 0;
-            while (f < 3 && q4_group_codes(wg, forms[f][0], forms[f][1], c)) f++;
-            float d = 0.f, m = 0.f;
-            if (f < 3)
-                d = forms[f][0], m = forms[f][1];
-            else if (q4k_group(wg, lo, hi, &d, &m, c)) /* Q4_K's, last: the dearest to find */
-                return 1;
-            ((float *)rec)[j] = d, ((float *)rec)[BLK + j] = m;
-            /* the output's byte and nibble in each input's BLK / 2 bytes */
-            const long pair = j / (2 * LANES), shift = j % (2 * LANES) / LANES * 4;
-            unsigned char *codes = rec + 2 * BLK * sizeof(float) + pair * LANES + j % LANES;
-            for (int i = 0; i < Q4_GROUP; i++) codes[i * (BLK / 2)] |= (unsigned char)(c[i] << shift);
+            float d, m;
+            int c[Q4_GROUP];
+            if (q4_group_form(tile[j], &d, &m, c)) return 1;
+            q4_record_put(rec, j, d, m, c);
         }
     }
     return 0;
@@ -1848,3 +1855,117 @@ int rows_screen_bytes(void) { return SCREEN_BYTES; }
 #include "ggml/q5_k.c"
 #include "ggml/q6_k.c"
 #include "ggml/dispatch.c"
+
+/* ---- A GGUF's Q4_1 and Q8_0 rows straight into rows_matmul_q4's and rows_matmul_q8's records ----
+ *
+ * Why: the float32 and int4 precisions hold a Q4_1 file's layers (yue-smol's) and a Q8_0 table as these
+ * records, whose codes are the file's. Dequantizing every matrix to float32 first and packing it back
+ * (rows_q4_pack, rows_q8_pack) was most of a load. Each group's record here is the one those packers
+ * write for the group's dequantized values, byte for byte (a test compares): the packers' form, found
+ * from the block's own d, m and the codes it uses (at most 16 distinct values to check, not 32), and
+ * where a group is not in that form (a degenerate or hand-made block), its 32 values dequantized as
+ * gguf.quants does (q4_1_dequant, q8_0_dequant) and given to the packers' own search. */
+
+/* Output j's group of a Q4_1 block in q4_group_form's form for its dequantized values: d, m and the codes
+ * c (bytes). 0, or 1 where the group has none. */
+static NO_CONTRACT int q4_1_form(const unsigned char *blk, float *d_out, float *m_out, unsigned char *c) {
+    struct block32 k;
+    q4_1_decode(blk, &k);
+    int used = 0, lo_q = 15, hi_q = 0;
+    for (int e = 0; e < Q32; e++) used |= 1 << k.q[e], lo_q = k.q[e] < lo_q ? k.q[e] : lo_q, hi_q = k.q[e] > hi_q ? k.q[e] : hi_q;
+    if (k.d > 0.f && k.d < INFINITY) { /* values rise with the code: the extremes are lo_q's and hi_q's */
+        float v[16]; /* q4_1_dequant's values, unfused: d q, then + m */
+        for (int q = 0; q < 16; q++) v[q] = k.d * (float)q + k.m;
+        const float lo = v[lo_q], d = half_round((v[hi_q] - lo) / 15.f), inv = d != 0.f ? 1.f / d : 0.f;
+        int map[16], bad = 0, moved = 0; /* q4_group_codes' checks, once per code value (unused ones do not count) */
+        for (int q = 0; q < 16; q++) {
+            const float t = (v[q] - lo) * inv;
+            const int in = t > -0.5f && t < 15.5f;
+            map[q] = in ? (int)(t + 0.5f) : 0;
+            bad |= (!in || fmaf((float)map[q], d, lo) != v[q]) << q;
+            moved |= (map[q] != q) << q;
+        }
+        if (!(bad & used) && bits_round(d, K_BITS) == d) {
+            for (int e = 0; e < Q32; e++) c[e] = (unsigned char)(moved & used ? map[k.q[e]] : k.q[e]);
+            return *d_out = d, *m_out = lo, 0;
+        }
+    }
+    float wg[Q32];
+    int ci[Q32];
+    q4_1_dequant(blk, wg);
+    if (q4_group_form(wg, d_out, m_out, ci)) return 1;
+    for (int e = 0; e < Q32; e++) c[e] = (unsigned char)ci[e];
+    return 0;
+}
+
+/* `out` rows of Q4_1 blocks (in / 32 a row, as the file stores them) into rows_matmul_q4's layout at dst
+ * (zeroed by the caller): rows_q4_pack's bytes for their dequantized values. 0, or 1 where a group has
+ * no form (rows_q4_pack's refusal). Column blocks on `threads` threads, each its own records; a record's
+ * code bytes are written whole (the pair of outputs sharing a byte: q4_record_put's nibbles). */
+int rows_q4_pack_q4_1(const unsigned char *w, long out, long in, unsigned char *dst, int threads) {
+    const long groups = in / Q4_GROUP, blocks = (out + BLK - 1) / BLK, row = groups * Q4_1_BYTES;
+    int refused = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1 && blocks > 1)
+    for (long b = 0; b < blocks; b++) {
+        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
+        int bad = 0;
+        for (long g = 0; g < groups && !bad; g++) {
+            unsigned char *rec = dst + (b * groups + g) * Q4_GROUP_BYTES, c[BLK][Q32];
+            memset(c, 0, sizeof c);
+            for (long j = 0; j < n && !bad; j++)
+                bad = q4_1_form(w + (b * BLK + j) * row + g * Q4_1_BYTES, (float *)rec + j, (float *)rec + BLK + j, c[j]);
+            unsigned char *codes = rec + 2 * BLK * sizeof(float);
+            for (int i = 0; i < Q32; i++)
+                for (int pair = 0; pair < BLK / (2 * LANES); pair++)
+                    for (int l = 0; l < LANES; l++)
+                        codes[i * (BLK / 2) + pair * LANES + l] =
+                            (unsigned char)(c[pair * 2 * LANES + l][i] | c[pair * 2 * LANES + LANES + l][i] << 4);
+        }
+        if (bad) {
+#pragma omp atomic write
+            refused = 1;
+        }
+    }
+    return refused;
+}
+
+/* A Q8_0 block's d and codes for output j (q8_group's result on its dequantized values): 0, or 1. The
+ * block's own form is q8_group's first where d is nonzero and finite and half_round(max |w| / 127) gives
+ * d back: then every value q d is exact (8 bits by 11), so each code's round(w / d) is q. */
+static int q8_0_record(const unsigned char *blk, float *d_out, signed char *codes) {
+    struct block32 k;
+    q8_0_decode(blk, &k);
+    int top_q = 0;
+    for (int e = 0; e < Q32; e++) top_q = k.q[e] > top_q ? k.q[e] : top_q;
+    const float top = (float)top_q * fabsf(k.d); /* max |q d|: |q| d rounds as q d does, exact anyway */
+    if (k.d != 0.f && fabsf(k.d) < INFINITY && half_round(top / 127.f) == k.d) {
+        for (int e = 0; e < Q32; e++) codes[e * BLK] = k.sq[e];
+        return *d_out = k.d, 0;
+    }
+    float wg[Q32];
+    q8_0_dequant(blk, wg);
+    return q8_group(wg, 1, Q32, d_out, codes);
+}
+
+/* `out` rows of Q8_0 blocks into rows_matmul_q8's layout at dst (zeroed by the caller): rows_q8_pack's
+ * bytes for their dequantized values. 0, or 1 where a group has no form. */
+int rows_q8_pack_q8_0(const unsigned char *w, long out, long in, unsigned char *dst, int threads) {
+    const long groups = in / Q8_GROUP, blocks = (out + BLK - 1) / BLK, row = groups * Q8_0_BYTES;
+    int refused = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1 && blocks > 1)
+    for (long b = 0; b < blocks; b++) {
+        const long n = out - b * BLK < BLK ? out - b * BLK : BLK;
+        int bad = 0;
+        for (long g = 0; g < groups && !bad; g++) {
+            unsigned char *rec = dst + (b * groups + g) * Q8_GROUP_BYTES;
+            for (long j = 0; j < n && !bad; j++)
+                bad = q8_0_record(w + (b * BLK + j) * row + g * Q8_0_BYTES, (float *)rec + j,
+                                  (signed char *)rec + BLK * sizeof(float) + j);
+        }
+        if (bad) {
+#pragma omp atomic write
+            refused = 1;
+        }
+    }
+    return refused;
+}

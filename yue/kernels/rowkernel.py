@@ -132,6 +132,8 @@ def _load(path: Path) -> ctypes.CDLL:
         pack.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 4, ctypes.c_void_p, ctypes.c_int]
         pack.restype = ctypes.c_int
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
+    for pack in (lib.rows_q4_pack_q4_1, lib.rows_q8_pack_q8_0):
+        pack.argtypes, pack.restype = [ptr, c_long, c_long, ptr, ctypes.c_int], ctypes.c_int
     lib.rows_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float, ptr]
     lib.rows_rms_norm.restype = None
     lib.rows_spread.argtypes = [ptr, c_long, c_long, ptr, c_long, ctypes.c_float, ptr]
@@ -246,16 +248,40 @@ def q6_block(w: torch.Tensor) -> torch.Tensor | None:
     return _codes(w, lib.rows_q6_pack, lib.rows_q6_bytes(), lib.rows_q6_group())
 
 
+# The C packers that build a layout's records straight from a GGUF's blocks, by ggml type (Q4_1: `q4_block`'s,
+# Q8_0: `q8_block`'s).
+BLOCK_PACKERS = {3: ("rows_q4_pack_q4_1", "rows_q4_bytes"), 8: ("rows_q8_pack_q8_0", "rows_q8_bytes")}
+
+
+def block_records(rows: torch.Tensor, ggml_type: int, in_features: int) -> torch.Tensor | None:
+    """A GGUF matrix's rows as the file stores them (uint8 (out, row bytes), `ggml_type` 3 (Q4_1) or 8
+    (Q8_0)) in `q4_block`'s or `q8_block`'s layout: byte for byte what those give for the matrix's
+    dequantized values, built from the blocks with no float32 copy (`rows_q4_pack_q4_1`,
+    `rows_q8_pack_q8_0`). None where that layout refuses the values (as `q4_block` would)."""
+    lib = library()
+    pack, record = BLOCK_PACKERS[ggml_type]
+    rows = rows.contiguous()
+    out = rows.shape[0]
+    group = lib.rows_code_group()
+    assert rows.dtype == torch.uint8 and in_features % group == 0, (rows.dtype, in_features)
+    packed = torch.zeros(-(-out // lib.rows_block()), in_features // group, getattr(lib, record)(), dtype=torch.uint8)
+    refused = getattr(lib, pack)(rows.data_ptr(), out, in_features, packed.data_ptr(), torch.get_num_threads())
+    return None if refused else packed
+
+
 def file_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The 4-bit codes (out, in / 32, 32) float, scales d and minimums m (out, in / 32, 1) that give an
     (out, in) float32 weight's every value back as code * d + m: a GGUF's Q4_1, Q4_0 or Q4_K weights, in
     the forms `q4_block` finds, unpacked from its record. None where it finds none."""
     packed = q4_block(w)
-    if packed is None:
-        return None
+    return None if packed is None else q4_unpacked(packed, w.shape[0])
+
+
+def q4_unpacked(packed: torch.Tensor, out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`q4_block`'s records of an (out, in) weight back as its codes (out, in / 32, 32) float, d and m
+    (out, in / 32, 1)."""
     lib = library()
     blk, lanes = lib.rows_block(), lib.rows_lanes()
-    out, inp = w.shape
     B, G, _ = packed.shape
     scales = packed[..., : 2 * blk * 4].contiguous().view(torch.float32).view(B, G, 2, blk)
     d, m = (scales[:, :, k].permute(0, 2, 1).reshape(B * blk, G, 1)[:out] for k in (0, 1))
@@ -301,11 +327,16 @@ def q4dot_block(w: torch.Tensor) -> torch.Tensor:
     minimum, d (max - m) / 15). A GGUF's Q4_1, Q4_0 or Q4_K weights dequantized give back the file's
     codes, d and m exactly (`file_codes`), so the int4 precision's weights are the file's; any other
     float weight is quantized (the precision's loss, with the activations' rounding)."""
-    lib = library()
     out, inp = w.shape
     assert w.dtype == torch.float32 and inp % 32 == 0, (w.dtype, inp)
-    G = inp // 32
-    codes, d, lo = q4_groups(w, float16_scale=True)
+    return q4dot_records(*q4_groups(w, float16_scale=True))
+
+
+def q4dot_records(codes: torch.Tensor, d: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """`q4dot_block`'s records of a weight given as its 4-bit codes (out, in / 32, 32), d and m (out, in /
+    32, 1) float32 (`q4_groups`' or `q4_unpacked`'s)."""
+    lib = library()
+    out, G, _ = codes.shape
     blk = lib.rows_dot_block()
     B = -(-out // blk)
     pad = B * blk - out

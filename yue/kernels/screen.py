@@ -79,6 +79,20 @@ def screen_block(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return record
 
 
+def q8_0_chunk(rows: torch.Tensor, G: int) -> tuple[torch.Tensor, ...] | None:
+    """A chunk of a GGUF's Q8_0 head rows (uint8 (n, G * 34)) as the screen's codes q (n, G, 32) int8,
+    scales d (n, G) float32, each group's largest |w| (n, G) and e_j (n,) float64: what `ScreenedHead`
+    computes from the dequantized values, where every block is in llama.cpp's Q8_0 form (d > 0 finite,
+    a code of magnitude 127: then max |w| = 127 d exactly, d as screened is the block's d, its codes
+    are the block's, and e_j is 0); None where a block is not (the values' path then)."""
+    blocks = rows.reshape(rows.shape[0], G, 34)
+    d = blocks[..., :2].contiguous().view(torch.float16).squeeze(-1).float()
+    q = blocks[..., 2:].contiguous().view(torch.int8)
+    if not (bool(((d > 0) & torch.isfinite(d)).all()) and bool((q.to(torch.int16).abs_().amax(-1) == 127).all())):
+        return None
+    return q, d, 127 * d, torch.zeros(rows.shape[0], dtype=torch.float64)
+
+
 class ScreenedHead(nn.Module):
     """A float32 row-kernel head (`matmuls.StreamedLinear`) with an integer screen of its weight.
 
@@ -90,7 +104,9 @@ class ScreenedHead(nn.Module):
 
     kind = "integer screen, 16-bit rows"  # in `decode_set.decode_layout`: a step's cost depends on it
 
-    def __init__(self, head: nn.Module, weight: torch.Tensor) -> None:
+    def __init__(self, head: nn.Module, weight: torch.Tensor, q8_0: torch.Tensor | None = None) -> None:
+        """q8_0: the same values as a GGUF's Q8_0 rows (uint8 (V, D / 32 * 34)), whose blocks give the
+        codes and scales directly where they are the screen's (`q8_0_chunk`); None: from `weight`."""
         super().__init__()
         V, D = weight.shape
         G = -(-D // GROUP)
@@ -98,14 +114,19 @@ class ScreenedHead(nn.Module):
         scales = torch.empty(V, G, dtype=torch.float32)
         slack, wnorm = torch.empty(V, dtype=torch.float64), torch.empty(V, dtype=torch.float64)
         for lo in range(0, V, CHUNK):  # a chunk at a time: the whole head in float64 would be 226 MB a copy
-            w = weight[lo : lo + CHUNK].detach().float()
-            groups = F.pad(w, (0, G * GROUP - D)).view(w.shape[0], G, GROUP)
-            top = groups.abs().amax(-1)  # (n, G): each group's largest |w|
-            # d as screened (an all-zero group: any d)
-            d = (top / 127).clamp(min=torch.finfo(torch.float32).tiny)
-            q = torch.round(groups / d[..., None]).clamp_(-127, 127)  # any codes do: e_j measures them
-            w_hat = q.double() * d.double()[..., None]  # exact in float64 (8 bits by 24)
-            err = (w_hat - groups.double()).abs_().flatten(1).amax(1)  # e_j
+            found = None if q8_0 is None else q8_0_chunk(q8_0[lo : lo + CHUNK], G)
+            if found is not None:
+                q, d, top, err = found
+                w_hat = q.double() * d.double()[..., None]  # as below: the same values, the same bits
+            else:
+                w = weight[lo : lo + CHUNK].detach().float()
+                groups = F.pad(w, (0, G * GROUP - D)).view(w.shape[0], G, GROUP)
+                top = groups.abs().amax(-1)  # (n, G): each group's largest |w|
+                # d as screened (an all-zero group: any d)
+                d = (top / 127).clamp(min=torch.finfo(torch.float32).tiny)
+                q = torch.round(groups / d[..., None]).clamp_(-127, 127)  # any codes do: e_j measures them
+                w_hat = q.double() * d.double()[..., None]  # exact in float64 (8 bits by 24)
+                err = (w_hat - groups.double()).abs_().flatten(1).amax(1)  # e_j
             codes[lo : lo + CHUNK], scales[lo : lo + CHUNK] = q.view(-1, G * GROUP).to(torch.int8), d
             top = top.amax(1).double()  # max |w_j|; max |w_hat_j| <= max |w_j| + e_j
             slack[lo : lo + CHUNK] = (err + gamma(D) * top + gamma(G + 2) * (top + err)) * WIDEN

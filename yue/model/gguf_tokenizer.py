@@ -11,8 +11,10 @@ Design decisions:
   `set_split_regex`; then `TokenizersBackend`'s special tokens and post-processor), so the
   tokenizer.json written is the same document; `tests/test_gguf_tokenizer.py` compares the two, and
   their ids on varied text, on SmolLM2's real file and on synthetic ones.
-- Every other vocabulary (SentencePiece `llama`, Gemma's, T5's unigram) returns None here and keeps the
-  exact transformers conversion (`gguf_file.save_tokenizer`), at the cost of its second parse.
+- SentencePiece vocabularies (`tokenizer.ggml.model` "llama": Llama 2, Mistral, Gemma 1-3) are built
+  from the same fields by `gguf_spm`, as transformers' conversion builds them. Every other vocabulary
+  (Phi-3's, T5's unigram, Gemma 4's) keeps the exact transformers conversion (`gguf_file.save_tokenizer`),
+  at the cost of its second parse.
 - The chat template and the BOS/EOS settings go to tokenizer_config.json, the keys `YueTokenizer.load`
   and `chat.find_chat_template` read.
 """
@@ -24,6 +26,8 @@ from functools import cache
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from yue.model import gguf_spm
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (gguf.TokenType)
 # transformers' GPT2Tokenizer defaults unk/bos/eos to this token, and adds it as a special token.
@@ -174,12 +178,22 @@ def tokenizer_config(fields: dict) -> dict:
 
 
 def write(fields: dict, out: Path) -> bool:
-    """Write tokenizer.json and tokenizer_config.json into `out` for a byte-level vocabulary; False (nothing
-    written) for any other kind, which the transformers conversion then builds."""
-    if fields.get("tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.tokens" not in fields:
+    """Write tokenizer.json and tokenizer_config.json into `out` for a byte-level vocabulary or a
+    SentencePiece one `gguf_spm` builds; False (nothing written) for any other kind, which the
+    transformers conversion then builds."""
+    if fields.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.tokens" in fields:
+        tok, config = byte_level_tokenizer(fields), tokenizer_config(fields)
+    elif gguf_spm.kind(fields) is not None:
+        config = tokenizer_config(fields)
+        # transformers' default for a SentencePiece file that does not say: llama.cpp adds BOS to one.
+        config.setdefault("add_bos_token", True)
+        tok = gguf_spm.build(fields, [config[k] for k in SPECIAL_IDS if config.get(k) is not None])
+        tok.post_processor = post_processor(config, tok)
+        # transformers' saved config leaves BOS/EOS to the post-processor: `YueTokenizer.load` reads it there.
+        config = {k: v for k, v in config.items() if k not in ("add_bos_token", "add_eos_token")}
+    else:
         return False
-    tok = byte_level_tokenizer(fields)
-    config = {k: v for k, v in tokenizer_config(fields).items() if v is not None}
+    config = {k: v for k, v in config.items() if v is not None}
     (out / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
     tok.save(str(out / "tokenizer.json"))  # last: its presence says the tokenizer is complete
     return True
