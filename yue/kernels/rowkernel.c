@@ -305,9 +305,18 @@ static inline __attribute__((always_inline)) vf dots(const vf *qv, int chunks, c
  * values summed in key order, so its bits are those it has alone. `chunks` (Dh / LANES) is a constant
  * where rows_attention calls this for a common head size, so the loops over it unroll into registers. */
 #define ATT_QUERIES 16
+/* GCC contracts a * b + c into one FMA where it likes (-ffp-contract=fast), and it did so differently for
+ * a key's score from `dots` and from `dot` in this loop on AVX2 (a query behind holes lost its solo bits:
+ * tests/test_rowkernel.py). The attention takes no contraction: each product and sum rounded, alike in
+ * every path. Clang contracts only within an expression, the same in both. */
+#if defined(__clang__)
+#define ATT_EXACT
+#else
+#define ATT_EXACT __attribute__((optimize("fp-contract=off")))
+#endif
 #define ATT_SUMS 4 /* queries whose value sums are taken together: 4 x ATT_SUMS chains of FMAs */
 
-static inline __attribute__((always_inline)) void att_group(
+static inline __attribute__((always_inline)) ATT_EXACT void att_group(
     const float *const *qrs, const unsigned char *const *ms, const long *keys, long nq, const float *kr,
     const float *vr, float *const *outs, float *ps, long stride, float *seen_w, int Dh, const int chunks,
     float scale) {
@@ -410,7 +419,7 @@ static inline __attribute__((always_inline)) void att_group(
  * strides (mb, mt), 1 = may attend (mb = 0 for one mask shared by the batch), or NULL: query t sees keys
  * [0, start + t]. o: (B, T, H, Dh) contiguous, the layout the output projection reads. Dh a multiple of
  * LANES up to 256 (`rowkernel.attention` checks). */
-void rows_attention(const float *q, long qb, long qh, long qt, const float *k, const float *v, long kb,
+ATT_EXACT void rows_attention(const float *q, long qb, long qh, long qt, const float *k, const float *v, long kb,
                     long kh, const unsigned char *visible, long mb, long mt, float *o, int B, int H,
                     int Hkv, int T, int Dh, long start, float scale, int threads) {
     const long S = start + T, per = (long)(H / Hkv) * T; /* the queries that read one kv head */
@@ -1866,11 +1875,29 @@ int rows_screen_bytes(void) { return SCREEN_BYTES; }
  * where a group is not in that form (a degenerate or hand-made block), its 32 values dequantized as
  * gguf.quants does (q4_1_dequant, q8_0_dequant) and given to the packers' own search. */
 
+/* A 32-block's scale(s) and codes, read plainly (the matmuls' decoders fill vector registers instead):
+ * value d q[e] + m (Q4_1) or d sq[e] (Q8_0). */
+struct block32_codes {
+    unsigned char q[Q32];
+    signed char sq[Q32];
+    float d, m;
+};
+
+static void q4_1_codes(const unsigned char *blk, struct block32_codes *k) {
+    k->d = half_at(blk), k->m = half_at(blk + 2);
+    for (int l = 0; l < 16; l++) k->q[l] = blk[4 + l] & 15, k->q[16 + l] = blk[4 + l] >> 4;
+}
+
+static void q8_0_codes(const unsigned char *blk, struct block32_codes *k) {
+    k->d = half_at(blk), k->m = 0.f;
+    for (int e = 0; e < Q32; e++) k->sq[e] = (signed char)blk[2 + e], k->q[e] = (unsigned char)abs(k->sq[e]);
+}
+
 /* Output j's group of a Q4_1 block in q4_group_form's form for its dequantized values: d, m and the codes
  * c (bytes). 0, or 1 where the group has none. */
 static NO_CONTRACT int q4_1_form(const unsigned char *blk, float *d_out, float *m_out, unsigned char *c) {
-    struct block32 k;
-    q4_1_decode(blk, &k);
+    struct block32_codes k;
+    q4_1_codes(blk, &k);
     int used = 0, lo_q = 15, hi_q = 0;
     for (int e = 0; e < Q32; e++) used |= 1 << k.q[e], lo_q = k.q[e] < lo_q ? k.q[e] : lo_q, hi_q = k.q[e] > hi_q ? k.q[e] : hi_q;
     if (k.d > 0.f && k.d < INFINITY) { /* values rise with the code: the extremes are lo_q's and hi_q's */
@@ -1933,8 +1960,8 @@ int rows_q4_pack_q4_1(const unsigned char *w, long out, long in, unsigned char *
  * block's own form is q8_group's first where d is nonzero and finite and half_round(max |w| / 127) gives
  * d back: then every value q d is exact (8 bits by 11), so each code's round(w / d) is q. */
 static int q8_0_record(const unsigned char *blk, float *d_out, signed char *codes) {
-    struct block32 k;
-    q8_0_decode(blk, &k);
+    struct block32_codes k;
+    q8_0_codes(blk, &k);
     int top_q = 0;
     for (int e = 0; e < Q32; e++) top_q = k.q[e] > top_q ? k.q[e] : top_q;
     const float top = (float)top_q * fabsf(k.d); /* max |q d|: |q| d rounds as q d does, exact anyway */
