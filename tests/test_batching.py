@@ -3,6 +3,8 @@ request's output is what it would have been alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -420,15 +422,17 @@ def test_chunked_prefill_rows_are_the_same_bits_alone_or_in_a_batch(precision, m
     ids=["greedy-verified", "seeded-ar", "sampled-verified"],
 )
 def test_a_failing_row_fails_its_request_alone_and_the_others_finish_as_alone(trained, cfg, monkeypatch):
-    """A step that raises mid-batch (one row poisoned from its 5th step on) fails that row's request only;
-    the other rows are retried alone and their answers are complete and, where exact, equal to alone."""
+    """A step that raises mid-batch (one row poisoned from the batch's 3rd step on) fails that row's request
+    only; the other rows are retried alone and their answers are complete and, where exact, equal to
+    alone. The poisoned row ignores EOS, so it is still running then whatever the tiny model writes (its
+    bits, and so its tokens, differ by CPU: on an AVX2 build it ended at its 3rd token)."""
     real_step, calls, poison = DecodeBatch.step, {"n": 0}, []
 
     def step(self):
         calls["n"] += 1
         rows = [*(self.running.rows if self.running else []), *self.queued]
         rows += [r for p in self.prefilling for r in p.rows]
-        if calls["n"] > 4 and any(r.prompt[: len(poison)] == poison for r in rows):
+        if calls["n"] > 2 and any(r.prompt[: len(poison)] == poison for r in rows):
             raise RuntimeError("injected failure")
         return real_step(self)
 
@@ -444,7 +448,8 @@ def test_a_failing_row_fails_its_request_alone_and_the_others_finish_as_alone(tr
             if event.finish_reason is not None:
                 finish[i] = event.finish_reason
 
-        request = batcher.submit(p, cfg, sink, on_error=lambda e, i=i: errors.__setitem__(i, e))
+        row_cfg = replace(cfg, ignore_eos=True) if i == 0 else cfg
+        request = batcher.submit(p, row_cfg, sink, on_error=lambda e, i=i: errors.__setitem__(i, e))
         poison[:] = poison or request.ids
     for _ in range(500):
         if len(finish) + len(errors) == len(prompts):
