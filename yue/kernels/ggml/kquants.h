@@ -39,19 +39,30 @@ static inline __attribute__((always_inline)) int k_slot(int e) {
  * scale of group 8 (s / 32) + s % 32 / 8 + 4 (s % 8 / 4) (k_slot's inverse, by group). */
 static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc, scales16 mn) {
 #if defined(__AVX2__)
+    _mm256_store_si256((__m256i *)k->sc, sc);
+#endif
+#if defined(K_AVX512)
     static const short idx[64] = {0,  0,  0,  0,  4,  4,  4,  4,  1,  1,  1,  1,  5,  5,  5,  5,
                                   2,  2,  2,  2,  6,  6,  6,  6,  3,  3,  3,  3,  7,  7,  7,  7,
                                   8,  8,  8,  8,  12, 12, 12, 12, 9,  9,  9,  9,  13, 13, 13, 13,
                                   10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15};
-    _mm256_store_si256((__m256i *)k->sc, sc);
-#endif
-#if defined(K_AVX512)
     const __m512i v = _mm512_castsi256_si512(sc);
     for (int h = 0; h < 2; h++)
         _mm512_store_si512(k->scp + 32 * h, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx + 32 * h), v));
     _mm512_store_ps(k->wm, _mm512_mul_ps(_mm512_set1_ps(k->dm), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(mn))));
 #elif defined(__AVX2__)
-    for (int s = 0; s < QK / 4; s++) k->scp[s] = k->sc[idx[s]];
+    /* The AVX512 branch's idx by byte shuffles within 128-bit lanes: groups 8 h .. 8 h + 7 in both lanes, then per 16 slots
+     * lane 0 takes groups 2 half, 2 half + 4 and lane 1 groups 2 half + 1, 2 half + 5 (as idx says). A
+     * scalar loop over sc's stored shorts waited on the vector store (most of a Q4_K block on Zen 3). */
+#define K_PICK(a, b) 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, \
+                     2 * (b), 2 * (b) + 1, 2 * (b), 2 * (b) + 1, 2 * (b), 2 * (b) + 1, 2 * (b), 2 * (b) + 1
+    const __m256i pick[2] = {_mm256_setr_epi8(K_PICK(0, 4), K_PICK(1, 5)), _mm256_setr_epi8(K_PICK(2, 6), K_PICK(3, 7))};
+#undef K_PICK
+    for (int h = 0; h < 2; h++) {
+        const __m256i g8 = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc));
+        for (int half = 0; half < 2; half++)
+            _mm256_store_si256((__m256i *)(k->scp + 32 * h + 16 * half), _mm256_shuffle_epi8(g8, pick[half]));
+    }
     for (int h = 0; h < 2; h++) {
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
         _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
