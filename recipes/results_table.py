@@ -95,6 +95,12 @@ def machine(stem: str, settings: dict) -> str:
     return f"{where}, {threads} thread{'s' if str(threads) != '1' else ''}"
 
 
+def sizes_machine(stem: str) -> str:
+    """A sizes file's machine tag and a comma ("amd-avx2, "), or "" where its name has none."""
+    tag = next((m for m in MACHINES if f"-{m}-" in stem + "-"), None)
+    return f"{tag}, " if tag else ""
+
+
 def latest_runs(results: Path = RESULTS) -> dict[tuple[str, str, str], tuple[Path, dict]]:
     """(model, precision, sampling) -> its latest held-out run (path, document)."""
     runs: dict[tuple[str, str, str], tuple[Path, dict]] = {}
@@ -246,7 +252,7 @@ def readme_table(results: Path = RESULTS) -> str:
         cells = [
             f"{name}, random weights", "file (Q4_K_M)", "greedy", "`ar`", "1.00",
             _spread(speed_ratios(e, 1)), "–", "speed only",
-            f"[{DATE.search(path.stem).group(1)}, 1 thread](docs/results/{path.name})",
+            f"[{DATE.search(path.stem).group(1)}, {sizes_machine(path.stem)}1 thread](docs/results/{path.name})",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([*lines, README_END])
