@@ -62,8 +62,6 @@ static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k,
         const __m256i g8 = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc));
         for (int half = 0; half < 2; half++)
             _mm256_store_si256((__m256i *)(k->scp + 32 * h + 16 * half), _mm256_shuffle_epi8(g8, pick[half]));
-    }
-    for (int h = 0; h < 2; h++) {
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
         _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
     }
