@@ -14,7 +14,7 @@
  * The floats, alike in every build (so every build gives the same bits): 16 lanes a row, lane 8 (b % 2)
  * + i the chain over the row's blocks b of even or odd index of fma(L_i, d dx, .), i = element / 4 within
  * the block, d dx = d * dx (one rounded product, dx the row's scale of the block); Q4_1 then adds
- * fma(S_i, m * dx, .), S_i the 4 codes' sum. The output is tree(lanes) (lanes_tree's order). Extra rows
+ * fma(S_i, m * dx, .), S_i the 4 codes' sum. The output is lanes16_sum(lanes). Extra rows
  * cost their own dots, never the weights' bytes or their decoding. */
 
 #if defined(__AVX512BW__)
@@ -86,16 +86,6 @@ struct pair32 {
 #endif
 };
 
-/* A row's 16 lanes (struct bacc: the chains above). */
-struct bacc {
-#if defined(B_AVX512)
-    __m512 f;
-#elif defined(B_AVX2)
-    __m256 f[2];
-#else
-    float f[16];
-#endif
-};
 
 /* The integer lanes of one block (AVX2, 32 codes: 8 lanes): u x + C, or |v| x with v's signs (sign). */
 #if defined(B_AVX2)
@@ -119,7 +109,7 @@ static inline __attribute__((always_inline)) __m256i b_dot8(__m256i u, __m256i v
  * signs on x (without dpbusd); has_m: Q4_1's min term. */
 static inline __attribute__((always_inline)) void b_pair_row(const struct pair32 *p, int n, const signed char *x,
                                                              const int *c, const float *dxe, const float *s,
-                                                             int use_c, int sign, int has_m, struct bacc *a) {
+                                                             int use_c, int sign, int has_m, struct lanes16 *a) {
 #if defined(B_AVX512)
     const __mmask16 lanes = n == 2 ? 0xFFFF : 0x00FF;
     __m512i xv = n == 2 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi8(0xFFFFFFFFULL, x);
@@ -159,24 +149,6 @@ static inline __attribute__((always_inline)) void b_pair_row(const struct pair32
 #endif
 }
 
-/* tree(lanes), lanes_tree's order: 0-7 += 8-15, 0-3 += 4-7, 0-1 += 2-3, 0 += 1 (a + b is b + a). */
-static inline __attribute__((always_inline)) float bacc_sum(const struct bacc *a) {
-#if defined(B_AVX512) || defined(B_AVX2)
-#if defined(B_AVX512)
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a->f), _mm512_extractf32x8_ps(a->f, 1));
-#else
-    const __m256 h = _mm256_add_ps(a->f[0], a->f[1]);
-#endif
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-#else
-    float f[16];
-    memcpy(f, a->f, sizeof f);
-    return lanes_tree(f, 16);
-#endif
-}
-
 typedef void (*pair_decode_fn)(const unsigned char *blk, int n, struct pair32 *p);
 
 /* A pass's rows' activations: row r's arrays (struct acts32) from its first block. */
@@ -189,7 +161,7 @@ struct rows32 {
 /* R rows on the pair of n blocks from block b (n a constant: the loop's and the tail's copies). */
 static inline __attribute__((always_inline)) void b_pair_rows(const struct pair32 *p, int n, long b,
                                                               const struct rows32 *x, const int R, int use_c,
-                                                              int sign, int has_m, struct bacc *acc) {
+                                                              int sign, int has_m, struct lanes16 *acc) {
     UNROLL_ROWS
     for (int r = 0; r < R; r++)
         b_pair_row(p, n, x->q[r] + Q32 * b, use_c ? x->c[r] + 8 * b : NULL, x->dxe[r] + 8 * b,
@@ -203,7 +175,7 @@ static inline __attribute__((always_inline)) void b32_output(pair_decode_fn deco
                                                              const unsigned char *wo, float *y, long out) {
     const long nb = a->nb, quads = a->in / 4;
     struct pair32 p;
-    struct bacc acc[MAX_R];
+    struct lanes16 acc[MAX_R];
     struct rows32 x;
     UNROLL_ROWS
     for (int r = 0; r < R; r++) {
@@ -224,7 +196,7 @@ static inline __attribute__((always_inline)) void b32_output(pair_decode_fn deco
         b_pair_rows(&p, 1, b, &x, R, use_c, sign, has_m, acc);
     }
     UNROLL_ROWS
-    for (int r = 0; r < R; r++) y[(r0 + r) * out] = bacc_sum(&acc[r]);
+    for (int r = 0; r < R; r++) y[(r0 + r) * out] = lanes16_sum(&acc[r]);
 }
 
 /* Output o of R rows (from r0), its row wo: b32_output for the pass's R as a constant, instantiated by

@@ -10,7 +10,7 @@
  * - Row-exact: a pass of up to MAX_R rows decodes each weight block once and runs each row's dot on
  *   it (extra rows cost their dots, not the weights' bytes or decoding); output o of row r is a fixed
  *   set of lanes, each an fmaf chain over the blocks in order of exact integer partial sums, added in
- *   a fixed tree (struct kacc, struct bacc): the same whatever the row count, the row's place in the
+ *   a fixed tree (struct lanes16): the same whatever the row count, the row's place in the
  *   pass or the threads (outputs are split among them). The lanes are defined by element, not by
  *   vector width, so every build (AVX512 with or without VNNI, AVX2 with or without AVX-VNNI, plain C)
  *   gives the same bits for the quantized formats; the float formats' lanes are the build's vectors.
@@ -83,18 +83,45 @@ static inline __attribute__((always_inline)) float half_at(const unsigned char *
 #endif
 }
 
-/* v's n lanes added in a fixed tree (n a power of two). */
-static inline float lanes_tree(float *v, int n) {
-    for (int w = n / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; l++) v[l] += v[l + w];
-    return v[0];
-}
-
 #if defined(__AVX512BW__)
 #define K_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__)
 #define K_AVX2 1
 #endif
+
+/* A row-output's 16 float lanes (the K-quants' and the 32-blocks' partial sums: kquants.h's and
+ * blocks32.h's loops say what each lane chains). */
+struct lanes16 {
+#if defined(K_AVX512)
+    __m512 f;
+#elif defined(K_AVX2)
+    __m256 f[2];
+#else
+    float f[16];
+#endif
+};
+
+/* The lanes added in a fixed tree: 0-7 += 8-15, 0-3 += 4-7, 0-1 += 2-3, 0 += 1 (a + b is b + a), in
+ * registers: through a stored array the narrower reloads of a wide store would wait for it, once an
+ * output (an output of a 2,048-wide Q4_K row is only 8 super-blocks). */
+static inline __attribute__((always_inline)) float lanes16_sum(const struct lanes16 *a) {
+#if defined(K_AVX512) || defined(K_AVX2)
+#if defined(K_AVX512)
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a->f), _mm512_extractf32x8_ps(a->f, 1));
+#else
+    const __m256 h = _mm256_add_ps(a->f[0], a->f[1]);
+#endif
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+#else
+    float v[16];
+    memcpy(v, a->f, sizeof v);
+    for (int w = 8; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) v[l] += v[l + w];
+    return v[0];
+#endif
+}
 
 /* CALL(R) for the pass's row count R (in the caller's scope): with vectors, as a constant (1..MAX_R), so
  * that the rows' sums stay in registers; the plain build's loops take it as it is (one copy, quick to

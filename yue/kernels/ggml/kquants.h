@@ -72,26 +72,18 @@ static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k,
 #endif
 }
 
-/* A row-output's partial sums over super-blocks, alike in every build: 16 float lanes f, f[l] one chain
- * over the blocks of + d dx L[l], then - wm[l] t[l] (one register a row: 9 rows' fit beside the block's
- * vectors), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1, 32 + 2 l,
- * 33 + 2 l (k_slot). The output is tree(f). */
-struct kacc {
-#if defined(K_AVX512)
-    __m512 f;
-#elif defined(K_AVX2)
-    __m256 f0, f1;
-#else
-    float f[16];
-#endif
-};
+/* A row-output's partial sums over super-blocks (struct lanes16), alike in every build: lane f[l] a chain
+ * of sums over the blocks of fma(L[l], d dx, -(wm[l] t[l])) (the product rounded, then one fused step; the
+ * chain a block waits for is one add, not two fused steps, which bounded a 1-row Q4_K pass on Zen 4; one
+ * register a row: 9 rows' fit beside the block's vectors), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1, 32 + 2 l,
+ * 33 + 2 l (k_slot). The output is lanes16_sum(f). */
 
 /* One row's super-block into a: x its 256 codes, t its 16 scaled sums, dd = d dx. Each 4 elements' dot
  * (dpbusd, or maddubs and madd without VNNI: pairs of products < 2^15, no saturation) fits 16 bits
  * (4 * 63 * 127 < 2^15), so two chunks' dots pack into one vector of 16-bit dots, multiplied by their
  * scales in one madd: 6 multiplies a row a block with VNNI. */
 static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const float *t,
-                                                        float dd, struct kacc *a) {
+                                                        float dd, struct lanes16 *a) {
 #if defined(K_AVX512)
     __m512i acc = _mm512_setzero_si512(), dots[2];
     for (int h = 0; h < 2; h++) {
@@ -110,8 +102,8 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
         acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
 #endif
     }
-    a->f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), a->f);
-    a->f = _mm512_fnmadd_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t), a->f);
+    const __m512 m = _mm512_mul_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t));
+    a->f = _mm512_add_ps(a->f, _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), m));
 #elif defined(K_AVX2)
     __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* 32-bit lanes 0-7, 8-15 */
     for (int h = 0; h < 2; h++)
@@ -135,37 +127,29 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
             acc[half] = _mm256_add_epi32(acc[half], _mm256_madd_epi16(p, sc));
 #endif
         }
-    a->f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_set1_ps(dd), a->f0);
-    a->f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), _mm256_set1_ps(dd), a->f1);
-    a->f0 = _mm256_fnmadd_ps(_mm256_load_ps(k->wm), _mm256_loadu_ps(t), a->f0);
-    a->f1 = _mm256_fnmadd_ps(_mm256_load_ps(k->wm + 8), _mm256_loadu_ps(t + 8), a->f1);
+    for (int i = 0; i < 2; i++) {
+        const __m256 m = _mm256_mul_ps(_mm256_load_ps(k->wm + 8 * i), _mm256_loadu_ps(t + 8 * i));
+        a->f[i] = _mm256_add_ps(a->f[i], _mm256_fmsub_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_set1_ps(dd), m));
+    }
 #else
     int L[16] = {0};
     for (int e = 0; e < QK; e++) L[k_slot(e) / 2 % 16] += k->scp[k_slot(e)] * k->q[e] * x[e];
-    for (int l = 0; l < 16; l++) a->f[l] = fmaf(-k->wm[l], t[l], fmaf((float)L[l], dd, a->f[l]));
+    for (int l = 0; l < 16; l++) {
+        const float m = k->wm[l] * t[l]; /* rounded (this build has no FMA to contract it into) */
+        a->f[l] += fmaf((float)L[l], dd, -m);
+    }
 #endif
 }
 
-static inline __attribute__((always_inline)) float kacc_sum(const struct kacc *a) {
-    float f[16];
-#if defined(K_AVX512)
-    _mm512_storeu_ps(f, a->f);
-#elif defined(K_AVX2)
-    _mm256_storeu_ps(f, a->f0), _mm256_storeu_ps(f + 8, a->f1);
-#else
-    memcpy(f, a->f, sizeof f);
-#endif
-    return lanes_tree(f, 16);
-}
 
 /* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
 static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const struct acts *a, long r0,
                                                            const int R, long nb, const unsigned char *wo, float *y,
                                                            long out) {
     struct kblock k;
-    struct kacc acc[MAX_R];
+    struct lanes16 acc[MAX_R];
     UNROLL_ROWS
-    for (int r = 0; r < R; r++) acc[r] = (struct kacc){0};
+    for (int r = 0; r < R; r++) acc[r] = (struct lanes16){0};
     for (long b = 0; b < nb; b++) {
         const unsigned char *blk = wo + b * bytes;
         for (int l = 0; l < bytes; l += 64) __builtin_prefetch(blk + GGML_PREFETCH + l, 0, 3);
@@ -177,7 +161,7 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
         }
     }
     UNROLL_ROWS
-    for (int r = 0; r < R; r++) y[(r0 + r) * out] = kacc_sum(&acc[r]);
+    for (int r = 0; r < R; r++) y[(r0 + r) * out] = lanes16_sum(&acc[r]);
 }
 
 /* Output o of R rows (from r0), its row wo: k_output for the pass's R as a constant (ROWS_SWITCH). Each
