@@ -3,14 +3,15 @@
 /* ---- K-quants: a super-block decoded to unsigned codes and integer scales ----
  *
  * A super-block's value at element e (group j = e / 16 of 16) is d sc[j] q[e] - dm mn[j]: Q4_K and Q5_K
- * as stored (mn the 6-bit mins, dm = dmin); Q6_K with q its unsigned 6-bit code, mn = 32 sc and dm = d
- * (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) - sum_j (dm mn[j]) (dx
- * s[j]), dx its activations' scale and s their sums per 16 (the second factor `acts.t`, the first `wm`,
- * each one product for all rows). */
+ * as stored (mn the 6-bit mins, one per group of 32, dm = dmin); Q6_K with q its unsigned 6-bit code,
+ * mn = 32 sc and dm = d (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) -
+ * sum_g (dm mn[g]) (dx s[g]), dx its activations' scale and s their sums per group of the mins (the
+ * second factor `acts.t` per 16 or `acts.t32` per 32, the first `wm`, each one product for all rows).
+ * Q4_K's and Q5_K's mins go per 32 (MINS32): 8 lanes, half a block's float work on them. */
 struct kblock {
     unsigned char q[QK];
     short scp[QK / 4]; /* the scale of each 4 elements' dot, in k_row's packed order (k_set_scales) */
-    float wm[16];      /* dm mn[j] */
+    float wm[16];      /* dm mn[g]: per group of 16, or (MINS32) of 32 in 0..7 */
     short sc[16];      /* (whole vectors, each 64-byte aligned) */
     float d, dm;
 } __attribute__((aligned(64)));
@@ -20,11 +21,18 @@ typedef void (*kdecode_fn)(const unsigned char *blk, struct kblock *k);
 /* 16 shorts, a super-block's scales or mins per group of 16: one AVX2 vector where there is one. */
 #if defined(__AVX2__)
 typedef __m256i scales16;
+typedef __m128i mins8; /* 8 shorts: the mins per group of 32 */
 #else
 typedef struct {
     short v[16];
 } scales16;
+typedef struct {
+    short v[8];
+} mins8;
 #endif
+
+#define MINS16 0 /* k_row's `mins32`: Q6_K */
+#define MINS32 1 /* Q4_K, Q5_K */
 
 /* Where k_row's packed dots put element e's 4-element dot (e / 4 of 64): for 128 elements 128 h + ..,
  * chunk c = e % 128 / 64, its dot lane i = e % 64 / 4 goes to 16-bit slot 32 h + 8 (i / 4) + 4 c + i % 4
@@ -35,9 +43,9 @@ static inline __attribute__((always_inline)) int k_slot(int e) {
     return 32 * (e / 128) + 8 * (i / 4) + 4 * c + i % 4;
 }
 
-/* scp, sc and wm from the 16 groups' scales sc and mins mn (after d and dm): slot s of scp holds the
- * scale of group 8 (s / 32) + s % 32 / 8 + 4 (s % 8 / 4) (k_slot's inverse, by group). */
-static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc, scales16 mn) {
+/* scp and sc from the 16 groups' scales sc: slot s of scp holds the scale of group 8 (s / 32) + s % 32 / 8
+ * + 4 (s % 8 / 4) (k_slot's inverse, by group). */
+static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k, scales16 sc) {
 #if defined(__AVX2__)
     _mm256_store_si256((__m256i *)k->sc, sc);
 #endif
@@ -49,7 +57,6 @@ static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k,
     const __m512i v = _mm512_castsi256_si512(sc);
     for (int h = 0; h < 2; h++)
         _mm512_store_si512(k->scp + 32 * h, _mm512_permutexvar_epi16(_mm512_loadu_si512(idx + 32 * h), v));
-    _mm512_store_ps(k->wm, _mm512_mul_ps(_mm512_set1_ps(k->dm), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(mn))));
 #elif defined(__AVX2__)
     /* The AVX512 branch's idx by byte shuffles within 128-bit lanes: groups 8 h .. 8 h + 7 in both lanes, then per 16 slots
      * lane 0 takes groups 2 half, 2 half + 4 and lane 1 groups 2 half + 1, 2 half + 5 (as idx says). A
@@ -62,13 +69,33 @@ static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k,
         const __m256i g8 = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc));
         for (int half = 0; half < 2; half++)
             _mm256_store_si256((__m256i *)(k->scp + 32 * h + 16 * half), _mm256_shuffle_epi8(g8, pick[half]));
-        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
-        _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
     }
 #else
     memcpy(k->sc, sc.v, sizeof k->sc);
     for (int e = 0; e < QK; e += 4) k->scp[k_slot(e)] = sc.v[e / 16];
+#endif
+}
+
+/* wm from the mins per group of 16 (Q6_K; after dm). */
+static inline __attribute__((always_inline)) void k_set_mins16(struct kblock *k, scales16 mn) {
+#if defined(K_AVX512)
+    _mm512_store_ps(k->wm, _mm512_mul_ps(_mm512_set1_ps(k->dm), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(mn))));
+#elif defined(__AVX2__)
+    for (int h = 0; h < 2; h++) {
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn)));
+        _mm256_store_ps(k->wm + 8 * h, _mm256_mul_ps(_mm256_set1_ps(k->dm), m));
+    }
+#else
     for (int j = 0; j < 16; j++) k->wm[j] = k->dm * (float)mn.v[j];
+#endif
+}
+
+/* wm[0..7] from the mins per group of 32 (Q4_K, Q5_K; after dm). */
+static inline __attribute__((always_inline)) void k_set_mins32(struct kblock *k, mins8 mn) {
+#if defined(__AVX2__)
+    _mm256_store_ps(k->wm, _mm256_mul_ps(_mm256_set1_ps(k->dm), _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(mn))));
+#else
+    for (int g = 0; g < 8; g++) k->wm[g] = k->dm * (float)mn.v[g];
 #endif
 }
 
@@ -78,12 +105,13 @@ static inline __attribute__((always_inline)) void k_set_scales(struct kblock *k,
  * register a row: 9 rows' fit beside the block's vectors), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1, 32 + 2 l,
  * 33 + 2 l (k_slot). The output is lanes16_sum(f). */
 
-/* One row's super-block into a: x its 256 codes, t its 16 scaled sums, dd = d dx. Each 4 elements' dot
+/* One row's super-block into a: x its 256 codes, t its scaled sums (16, or 8 with mins32: lanes 0-7 take
+ * the mins' terms, lanes 8-15 none, their fma's subtrahend 0), dd = d dx. Each 4 elements' dot
  * (dpbusd, or maddubs and madd without VNNI: pairs of products < 2^15, no saturation) fits 16 bits
  * (4 * 63 * 127 < 2^15), so two chunks' dots pack into one vector of 16-bit dots, multiplied by their
  * scales in one madd: 6 multiplies a row a block with VNNI. */
 static inline __attribute__((always_inline)) void k_row(const struct kblock *k, const signed char *x, const float *t,
-                                                        float dd, struct lanes16 *a) {
+                                                        float dd, const int mins32, struct lanes16 *a) {
 #if defined(K_AVX512)
     __m512i acc = _mm512_setzero_si512(), dots[2];
     for (int h = 0; h < 2; h++) {
@@ -102,7 +130,8 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
         acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
 #endif
     }
-    const __m512 m = _mm512_mul_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t));
+    const __m512 m = mins32 ? _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_load_ps(k->wm), _mm256_loadu_ps(t)))
+                            : _mm512_mul_ps(_mm512_load_ps(k->wm), _mm512_loadu_ps(t));
     a->f = _mm512_add_ps(a->f, _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(dd), m));
 #elif defined(K_AVX2)
     __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* 32-bit lanes 0-7, 8-15 */
@@ -128,14 +157,19 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
 #endif
         }
     for (int i = 0; i < 2; i++) {
-        const __m256 m = _mm256_mul_ps(_mm256_load_ps(k->wm + 8 * i), _mm256_loadu_ps(t + 8 * i));
-        a->f[i] = _mm256_add_ps(a->f[i], _mm256_fmsub_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_set1_ps(dd), m));
+        const __m256 l = _mm256_cvtepi32_ps(acc[i]), v = _mm256_set1_ps(dd);
+        __m256 m = _mm256_setzero_ps();
+        if (mins32 && i) /* opaque, or GCC folds fmsub(l, v, 0) to a product and fuses it with the add */
+            __asm__("" : "+x"(m));
+        else
+            m = _mm256_mul_ps(_mm256_load_ps(k->wm + 8 * i), _mm256_loadu_ps(t + 8 * i));
+        a->f[i] = _mm256_add_ps(a->f[i], _mm256_fmsub_ps(l, v, m));
     }
 #else
     int L[16] = {0};
     for (int e = 0; e < QK; e++) L[k_slot(e) / 2 % 16] += k->scp[k_slot(e)] * k->q[e] * x[e];
     for (int l = 0; l < 16; l++) {
-        const float m = k->wm[l] * t[l]; /* rounded (this build has no FMA to contract it into) */
+        const float m = mins32 && l >= 8 ? 0.f : k->wm[l] * t[l]; /* rounded (this build has no FMA to contract it into) */
         a->f[l] += fmaf((float)L[l], dd, -m);
     }
 #endif
@@ -143,9 +177,9 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
 
 
 /* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
-static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const struct acts *a, long r0,
-                                                           const int R, long nb, const unsigned char *wo, float *y,
-                                                           long out) {
+static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const int mins32,
+                                                           const struct acts *a, long r0, const int R, long nb,
+                                                           const unsigned char *wo, float *y, long out) {
     struct kblock k;
     struct lanes16 acc[MAX_R];
     UNROLL_ROWS
@@ -157,7 +191,7 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
     UNROLL_ROWS
         for (int r = 0; r < R; r++) {
             const long g = b * a->rows + r0 + r;
-            k_row(&k, a->q + g * QK, a->t + g * 16, k.d * a->d[g], &acc[r]);
+            k_row(&k, a->q + g * QK, mins32 ? a->t32 + g * 8 : a->t + g * 16, k.d * a->d[g], mins32, &acc[r]);
         }
     }
     UNROLL_ROWS
@@ -167,10 +201,10 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
 /* Output o of R rows (from r0), its row wo: k_output for the pass's R as a constant (ROWS_SWITCH). Each
  * format instantiates it with its decoder in a function of its own (q4_k_output, ...), so the decoder
  * inlines: through OpenMP's outlined loop a decoder passed along would be an indirect call a block. */
-static inline __attribute__((always_inline)) void k_outputs(kdecode_fn decode, long bytes, const struct acts *a,
-                                                            long r0, int R, long nb, const unsigned char *wo,
-                                                            float *y, long out) {
-#define K_OUTPUT(N) k_output(decode, bytes, a, r0, N, nb, wo, y, out)
+static inline __attribute__((always_inline)) void k_outputs(kdecode_fn decode, long bytes, const int mins32,
+                                                            const struct acts *a, long r0, int R, long nb,
+                                                            const unsigned char *wo, float *y, long out) {
+#define K_OUTPUT(N) k_output(decode, bytes, mins32, a, r0, N, nb, wo, y, out)
     ROWS_SWITCH(K_OUTPUT);
 #undef K_OUTPUT
 }

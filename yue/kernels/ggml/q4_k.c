@@ -3,8 +3,8 @@
  * nibble, 64 c + 32 + l in its high one). Value: d sc q - dmin m. */
 #define Q4_K_BYTES 144
 
-/* The scales and mins of a Q4_K / Q5_K super-block (its 12 bytes at s, gguf's Q4_K.get_scale_min), per
- * group of 16 (each group of 32's twice), and d, dmin. Bytes 0-3 hold scales 0-3 and the high bits of
+/* The scales and mins of a Q4_K / Q5_K super-block (its 12 bytes at s, gguf's Q4_K.get_scale_min): the
+ * scales per group of 16 (each group of 32's twice), the mins per group of 32; and d, dmin. Bytes 0-3 hold scales 0-3 and the high bits of
  * scales 4-7, 4-7 mins 0-3 and the high bits of mins 4-7, 8-11 the low bits of scales and mins 4-7: one
  * word of each four. */
 static inline __attribute__((always_inline)) void k_scales(const unsigned char *blk, struct kblock *k) {
@@ -20,14 +20,17 @@ static inline __attribute__((always_inline)) void k_scales(const unsigned char *
     const __m128i sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((unsigned long long)u[1] << 32 | u[0])));
     const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((unsigned long long)u[3] << 32 | u[2])));
     k->d = half_at(blk), k->dm = half_at(blk + 2);
-    k_set_scales(k, _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc)),
-                 _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn)));
+    k_set_scales(k, _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc)));
+    k_set_mins32(k, mn);
 #else
     const unsigned char *b = (const unsigned char *)u;
-    scales16 sc, mn;
-    for (int j = 0; j < 16; j++) sc.v[j] = b[j / 2], mn.v[j] = b[8 + j / 2];
+    scales16 sc;
+    mins8 mn;
+    for (int j = 0; j < 16; j++) sc.v[j] = b[j / 2];
+    for (int g = 0; g < 8; g++) mn.v[g] = b[8 + g];
     k->d = half_at(blk), k->dm = half_at(blk + 2);
-    k_set_scales(k, sc, mn);
+    k_set_scales(k, sc);
+    k_set_mins32(k, mn);
 #endif
 }
 
@@ -86,12 +89,12 @@ static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     q4_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
         const float ds = k.d * (float)k.sc[e / 16];
-        out[e] = ds * (float)k.q[e] - k.wm[e / 16];
+        out[e] = ds * (float)k.q[e] - k.wm[e / 32];
     }
 }
 
 static void q4_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
-    k_outputs(q4_k_decode, Q4_K_BYTES, a, r0, R, nb, wo, y, out);
+    k_outputs(q4_k_decode, Q4_K_BYTES, MINS32, a, r0, R, nb, wo, y, out);
 }
 
 static void q4_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {

@@ -13,12 +13,12 @@ static NO_CONTRACT void q5_k_dequant(const unsigned char *blk, float *out) {
     q5_k_decode(blk, &k);
     for (int e = 0; e < QK; e++) {
         const float ds = k.d * (float)k.sc[e / 16];
-        out[e] = ds * (float)k.q[e] - k.wm[e / 16];
+        out[e] = ds * (float)k.q[e] - k.wm[e / 32];
     }
 }
 
 static void q5_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
-    k_outputs(q5_k_decode, Q5_K_BYTES, a, r0, R, nb, wo, y, out);
+    k_outputs(q5_k_decode, Q5_K_BYTES, MINS32, a, r0, R, nb, wo, y, out);
 }
 
 static void q5_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {

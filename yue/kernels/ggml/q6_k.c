@@ -41,12 +41,14 @@ static inline __attribute__((always_inline)) void q6_k_decode(const unsigned cha
     k->d = k->dm = half_at(blk + 208);
 #if defined(__AVX2__)
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-    k_set_scales(k, sc, _mm256_slli_epi16(sc, 5));
+    k_set_scales(k, sc);
+    k_set_mins16(k, _mm256_slli_epi16(sc, 5));
 #else
     const signed char *s = (const signed char *)(blk + 192);
     scales16 sc, mn;
     for (int j = 0; j < 16; j++) sc.v[j] = s[j], mn.v[j] = (short)(32 * s[j]);
-    k_set_scales(k, sc, mn);
+    k_set_scales(k, sc);
+    k_set_mins16(k, mn);
 #endif
 }
 
@@ -58,7 +60,7 @@ static NO_CONTRACT void q6_k_dequant(const unsigned char *blk, float *out) {
 }
 
 static void q6_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
-    k_outputs(q6_k_decode, Q6_K_BYTES, a, r0, R, nb, wo, y, out);
+    k_outputs(q6_k_decode, Q6_K_BYTES, MINS16, a, r0, R, nb, wo, y, out);
 }
 
 static void q6_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
