@@ -86,7 +86,6 @@ struct pair32 {
 #endif
 };
 
-
 /* The integer lanes of one block (AVX2, 32 codes: 8 lanes): u x + C, or |v| x with v's signs (sign). */
 #if defined(B_AVX2)
 static inline __attribute__((always_inline)) __m256i b_dot8(__m256i u, __m256i v, const signed char *x,

@@ -47,15 +47,14 @@ struct acts {
     signed char *q; /* (in / group, rows, group) codes, round(x * 127 / amax) of the group */
     float *d;       /* (in / group, rows) amax / 127 */
     short *s;       /* (in / group, rows, group / 16) sums of each 16 codes: Q4_1's min terms */
-    float *t;       /* (in / group, rows, group / 16) each sum times its group's scale: Q6_K's min terms */
-    float *t32;     /* (in / group, rows, group / 32) the same per 32 (two sums added first): Q4_K's, Q5_K's */
+    float *t;       /* (in / group, rows, group / mins) the code sum of each `mins` codes (the weights' group of
+                     * mins: 16 for Q6_K, 32 for Q4_K, Q5_K) times the group's scale: the K-quants' min terms */
 };
 
-static struct acts acts_quantize(const float *x, long rows, long in, long group) {
-    const long groups = in / group, sums = group / 16;
+static struct acts acts_quantize(const float *x, long rows, long in, long group, long mins) {
+    const long groups = in / group, sums = group / 16, per = group / mins;
     struct acts a = {rows, malloc(rows * in + 64), malloc(rows * groups * sizeof(float)),
-                     malloc(rows * in / 16 * sizeof(short)), malloc(rows * in / 16 * sizeof(float)),
-                     malloc(rows * in / 32 * sizeof(float) + 64)};
+                     malloc(rows * in / 16 * sizeof(short)), malloc(rows * in / mins * sizeof(float) + 64)};
     signed char *codes = malloc(rows * in + 64);
     float *d = malloc(rows * groups * sizeof(float));
     quantize_groups(x, rows, in, group, (int *)codes, d, NULL); /* row-major */
@@ -67,16 +66,19 @@ static struct acts acts_quantize(const float *x, long rows, long in, long group)
             for (long k = 0; k < sums; k++) {
                 int sum = 0;
                 for (int i = 0; i < 16; i++) sum += a.q[e * group + 16 * k + i];
-                a.s[e * sums + k] = (short)sum, a.t[e * sums + k] = a.d[e] * (float)sum;
+                a.s[e * sums + k] = (short)sum;
             }
-            for (long k = 0; k < sums / 2; k++)
-                a.t32[e * sums / 2 + k] = a.d[e] * (float)(a.s[e * sums + 2 * k] + a.s[e * sums + 2 * k + 1]);
+            for (long k = 0; k < per; k++) {
+                int sum = 0;
+                for (long i = 0; i < mins / 16; i++) sum += a.s[e * sums + k * (mins / 16) + i];
+                a.t[e * per + k] = a.d[e] * (float)sum;
+            }
         }
     free(codes), free(d);
     return a;
 }
 
-static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s), free(a.t), free(a.t32); }
+static void acts_free(struct acts a) { free(a.q), free(a.d), free(a.s), free(a.t); }
 
 /* A little-endian float16 at p, as a float (exact). */
 static inline __attribute__((always_inline)) float half_at(const unsigned char *p) {

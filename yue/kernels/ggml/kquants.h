@@ -6,7 +6,7 @@
  * as stored (mn the 6-bit mins, one per group of 32, dm = dmin); Q6_K with q its unsigned 6-bit code,
  * mn = 32 sc and dm = d (q - 32 is its signed code). So a row's block sum is d dx (sum_j sc[j] q.x) -
  * sum_g (dm mn[g]) (dx s[g]), dx its activations' scale and s their sums per group of the mins (the
- * second factor `acts.t` per 16 or `acts.t32` per 32, the first `wm`, each one product for all rows).
+ * second factor `acts.t`, the first `wm`, each one product for all rows).
  * Q4_K's and Q5_K's mins go per 32 (MINS32): 8 lanes, half a block's float work on them. */
 struct kblock {
     unsigned char q[QK];
@@ -100,10 +100,10 @@ static inline __attribute__((always_inline)) void k_set_mins32(struct kblock *k,
 }
 
 /* A row-output's partial sums over super-blocks (struct lanes16), alike in every build: lane f[l] a chain
- * of sums over the blocks of fma(L[l], d dx, -(wm[l] t[l])) (the product rounded, then one fused step; the
- * chain a block waits for is one add, not two fused steps, which bounded a 1-row Q4_K pass on Zen 4; one
- * register a row: 9 rows' fit beside the block's vectors), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1, 32 + 2 l,
- * 33 + 2 l (k_slot). The output is lanes16_sum(f). */
+ * of adds over the blocks of fma(L[l], d dx, -(wm[l] t[l])) (the product rounded, then one fused step; with
+ * mins32 lanes 8-15 subtract 0), L[l] the sum of sc q x over the 4-element dots of the slots 2 l, 2 l + 1,
+ * 32 + 2 l, 33 + 2 l (k_slot). One register a row: 9 rows' fit beside the block's vectors. The output is
+ * lanes16_sum(f). */
 
 /* One row's super-block into a: x its 256 codes, t its scaled sums (16, or 8 with mins32: lanes 0-7 take
  * the mins' terms, lanes 8-15 none, their fma's subtrahend 0), dd = d dx. Each 4 elements' dot
@@ -175,6 +175,13 @@ static inline __attribute__((always_inline)) void k_row(const struct kblock *k, 
 #endif
 }
 
+/* A decoded Q4_K / Q5_K super-block as gguf.quants dequantizes it: (d sc) q - (dmin m) per group of 32. */
+static NO_CONTRACT void k_dequant_mins32(const struct kblock *k, float *out) {
+    for (int e = 0; e < QK; e++) {
+        const float ds = k->d * (float)k->sc[e / 16];
+        out[e] = ds * (float)k->q[e] - k->wm[e / 32];
+    }
+}
 
 /* Output o of R rows (from r0) of a K-quant matmul: its row wo of nb super-blocks, decoded once each. */
 static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, long bytes, const int mins32,
@@ -191,7 +198,7 @@ static inline __attribute__((always_inline)) void k_output(kdecode_fn decode, lo
     UNROLL_ROWS
         for (int r = 0; r < R; r++) {
             const long g = b * a->rows + r0 + r;
-            k_row(&k, a->q + g * QK, mins32 ? a->t32 + g * 8 : a->t + g * 16, k.d * a->d[g], mins32, &acc[r]);
+            k_row(&k, a->q + g * QK, a->t + g * (mins32 ? 8 : 16), k.d * a->d[g], mins32, &acc[r]);
         }
     }
     UNROLL_ROWS
@@ -212,11 +219,11 @@ static inline __attribute__((always_inline)) void k_outputs(kdecode_fn decode, l
 typedef void (*k_outputs_fn)(const struct acts *, long, int, long, const unsigned char *, float *, long);
 
 /* y (rows, out) = x (rows, in) @ W^T, W `out` rows of in / QK super-blocks of `bytes` each; `outputs` the
- * format's k_outputs. */
-static void k_matmul(k_outputs_fn outputs, long bytes, const float *x, long rows, long in, const unsigned char *w,
-                     float *y, long out, int threads) {
+ * format's k_outputs, mins32 its mins' group (k_row). */
+static void k_matmul(k_outputs_fn outputs, long bytes, int mins32, const float *x, long rows, long in,
+                     const unsigned char *w, float *y, long out, int threads) {
     const long nb = in / QK;
-    struct acts a = acts_quantize(x, rows, in, QK);
+    struct acts a = acts_quantize(x, rows, in, QK, mins32 ? 32 : 16);
     for (long r0 = 0; r0 < rows; r0 += MAX_R) {
         const int R = rows - r0 < MAX_R ? (int)(rows - r0) : MAX_R;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)

@@ -4,9 +4,9 @@
 #define Q4_K_BYTES 144
 
 /* The scales and mins of a Q4_K / Q5_K super-block (its 12 bytes at s, gguf's Q4_K.get_scale_min): the
- * scales per group of 16 (each group of 32's twice), the mins per group of 32; and d, dmin. Bytes 0-3 hold scales 0-3 and the high bits of
- * scales 4-7, 4-7 mins 0-3 and the high bits of mins 4-7, 8-11 the low bits of scales and mins 4-7: one
- * word of each four. */
+ * scales per group of 16 (each group of 32's twice), the mins per group of 32; and d, dmin. Bytes 0-3 hold
+ * scales 0-3 and the high bits of scales 4-7, 4-7 mins 0-3 and the high bits of mins 4-7, 8-11 the low bits
+ * of scales and mins 4-7: one word of each four. */
 static inline __attribute__((always_inline)) void k_scales(const unsigned char *blk, struct kblock *k) {
     unsigned u[4];
     memcpy(u, blk + 4, 12);
@@ -87,10 +87,7 @@ static inline __attribute__((always_inline)) void q4_k_decode(const unsigned cha
 static NO_CONTRACT void q4_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q4_k_decode(blk, &k);
-    for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.sc[e / 16];
-        out[e] = ds * (float)k.q[e] - k.wm[e / 32];
-    }
+    k_dequant_mins32(&k, out);
 }
 
 static void q4_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
@@ -98,5 +95,5 @@ static void q4_k_outputs(const struct acts *a, long r0, int R, long nb, const un
 }
 
 static void q4_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q4_k_outputs, Q4_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q4_k_outputs, Q4_K_BYTES, MINS32, x, rows, in, w, y, out, threads);
 }

@@ -11,10 +11,7 @@ static inline __attribute__((always_inline)) void q5_k_decode(const unsigned cha
 static NO_CONTRACT void q5_k_dequant(const unsigned char *blk, float *out) {
     struct kblock k;
     q5_k_decode(blk, &k);
-    for (int e = 0; e < QK; e++) {
-        const float ds = k.d * (float)k.sc[e / 16];
-        out[e] = ds * (float)k.q[e] - k.wm[e / 32];
-    }
+    k_dequant_mins32(&k, out);
 }
 
 static void q5_k_outputs(const struct acts *a, long r0, int R, long nb, const unsigned char *wo, float *y, long out) {
@@ -22,5 +19,5 @@ static void q5_k_outputs(const struct acts *a, long r0, int R, long nb, const un
 }
 
 static void q5_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q5_k_outputs, Q5_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q5_k_outputs, Q5_K_BYTES, MINS32, x, rows, in, w, y, out, threads);
 }

@@ -64,5 +64,5 @@ static void q6_k_outputs(const struct acts *a, long r0, int R, long nb, const un
 }
 
 static void q6_k_matmul(const float *x, long rows, long in, const unsigned char *w, float *y, long out, int threads) {
-    k_matmul(q6_k_outputs, Q6_K_BYTES, x, rows, in, w, y, out, threads);
+    k_matmul(q6_k_outputs, Q6_K_BYTES, MINS16, x, rows, in, w, y, out, threads);
 }
