@@ -1,23 +1,33 @@
-"""Recipe: does a GGUF in its own codes (yue's `file` precision) write llama.cpp's greedy tokens?
+"""Recipe: does a GGUF in its own codes (yue's `file` precision) write what a float reference writes, as
+closely as llama.cpp on the same file does?
 
 For each of N held-out chat prompts (default `yue/assets/chat_test.jsonl`, templated, the same prompt ids
-for both), greedy, `--tokens` new tokens, one thread each: yue `ar` in the file precision against
-llama-cpp-python on the same file; and, where the model has a NAR set, yue `verified` against yue `ar`.
-Prints per prompt the length of the common prefix, then the rates, then one JSON line.
+for every writer), greedy, `--tokens` new tokens, one thread each, four writers:
+- `file`: yue `ar` in the file precision (the file's codes, activations in int8 per block);
+- `llama.cpp`: llama-cpp-python on the same file (its codes, its int8 activations);
+- `float32`: yue `ar` on the file's weights dequantized to float32;
+- `transformers`: transformers' own class of the family on those float32 weights (`bench.runners.load_peers`).
+Prints, for every pair, how many outputs are identical and the mean length of their common prefix, then one
+JSON line (also written to `--out`). Where the model has a NAR set, also whether yue `verified` writes yue
+`ar`'s tokens in the file precision.
 
-Why they can differ where both are right: both quantize activations to int8 per block, but the kernels
-sum in different orders (llama.cpp: per-thread partial sums and its own SIMD reductions) and llama.cpp
-quantizes some activations differently (the attention's K/V in F16); a near-tie between two tokens can
-then fall either way, and greedy decoding parts from there on.
+How to read it: `float32` against `transformers` checks yue's layers (they should agree everywhere);
+`file` and `llama.cpp` against `transformers` are two int8-activation kernels' distance from the float
+reference. Where both are right they still differ: they sum in different orders and llama.cpp keeps the
+attention's K/V in F16, so a near-tie between two tokens can fall either way, and greedy decoding parts
+from there on.
 
-Run: python docs/recipes/gguf_agreement.py yue-smol --prompts 20 --tokens 32
+Run: python docs/recipes/gguf_agreement.py yue-smol --prompts 20 --tokens 32 --out docs/results/x.json
      python docs/recipes/gguf_agreement.py path/to/model.gguf
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import platform
+import tempfile
 from pathlib import Path
 
 import torch
@@ -25,6 +35,7 @@ import torch
 import yue
 from yue.bench import llamacpp
 from yue.bench.prompts import load_prompts
+from yue.bench.runners import load_peers
 from yue.decode.sources import common_prefix
 from yue.model.hf import model_files
 from yue.registry import resolve
@@ -36,43 +47,52 @@ def main() -> None:
     ap.add_argument("--prompts-file", default=str(Path(yue.__file__).parent / "assets" / "chat_test.jsonl"))
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, help="also write the JSON line here")
     args = ap.parse_args()
     torch.set_num_threads(1)
     engine = yue.load(args.model, dtype="file", threads=1)
-    files = model_files(resolve(args.model))
-    llm = llamacpp.load(files.gguf, n_ctx=2048, threads=1)
+    reference = yue.load(args.model, dtype="float32", threads=1)
+    llm = llamacpp.load(model_files(resolve(args.model)).gguf, n_ctx=2048, threads=1)
     runner = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {engine.tokenizer.eos_id}, args.tokens)
     prompts = load_prompts(Path(args.prompts_file), engine)[: args.prompts]
-    rows = []
-    for p in prompts:
-        ours = engine.generate(p.text, mode="ar", max_new_tokens=args.tokens, temperature=0).token_ids
-        theirs, _, _ = runner.generate(p.ids)
-        row = {
-            "prompt": p.text[:50],
-            "ar": len(ours),
-            "llamacpp": len(theirs),
-            "common": common_prefix(ours, theirs),
-        }
-        if engine.has_nar_set:
-            row["verified_equals_ar"] = (
-                engine.generate(p.text, mode="verified", max_new_tokens=args.tokens, temperature=0).token_ids
-                == ours
+    eos = engine.tokenizer.eos_id
+    outputs: dict[str, list[list[int]]] = {"file": [], "llama.cpp": [], "float32": [], "transformers": []}
+    verified_equals_ar = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        peer = load_peers(args.model, "cpu", tmp)[0]
+        for p in prompts:
+            greedy = {"mode": "ar", "max_new_tokens": args.tokens, "temperature": 0}
+            outputs["file"].append(engine.generate(p.text, **greedy).token_ids)
+            outputs["llama.cpp"].append(runner.generate(p.ids)[0])
+            outputs["float32"].append(reference.generate(p.text, **greedy).token_ids)
+            ids = torch.tensor([p.ids])
+            out = peer.generate(
+                ids, max_new_tokens=args.tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
             )
-        row["identical"] = ours == theirs
-        rows.append(row)
-        print(row, flush=True)
+            outputs["transformers"].append(out[0, len(p.ids) :].tolist())
+            if engine.has_nar_set:
+                verified = engine.generate(p.text, **(greedy | {"mode": "verified"})).token_ids
+                verified_equals_ar += verified == outputs["file"][-1]
+    pairs = {}
+    for a, b in itertools.combinations(outputs, 2):
+        prefixes = [common_prefix(x, y) for x, y in zip(outputs[a], outputs[b], strict=True)]
+        identical = sum(x == y for x, y in zip(outputs[a], outputs[b], strict=True))
+        mean = sum(prefixes) / len(prompts)
+        pairs[f"{a} vs {b}"] = {"identical": identical, "mean_common_prefix": mean, "prefixes": prefixes}
+        print(f"{a:>12} vs {b:<12} identical {identical}/{len(prompts)}, mean common prefix {mean:.1f}")
     summary = {
         "model": args.model,
-        "prompts": len(rows),
+        "prompts": len(prompts),
         "tokens": args.tokens,
-        "identical_to_llamacpp": sum(r["identical"] for r in rows),
-        "mean_common_prefix": sum(r["common"] for r in rows) / len(rows),
-        "verified_equals_ar": sum(r.get("verified_equals_ar", False) for r in rows)
-        if engine.has_nar_set
-        else None,
+        "pairs": pairs,
+        "verified_equals_ar": verified_equals_ar if engine.has_nar_set else None,
         "layout": engine.model.paths.layout,
+        "machine": platform.processor() or platform.machine(),
     }
-    print(json.dumps(summary))
+    line = json.dumps(summary)
+    print(line)
+    if args.out:
+        args.out.write_text(line + "\n")
 
 
 if __name__ == "__main__":
