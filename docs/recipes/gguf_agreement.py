@@ -11,6 +11,11 @@ Prints, for every pair, how many outputs are identical and the mean length of th
 JSON line (also written to `--out`). Where the model has a NAR set, also whether yue `verified` writes yue
 `ar`'s tokens in the file precision.
 
+Greedy outputs part at the first near-tie, so the recipe also measures each step's distribution,
+teacher-forced on `float32`'s own answers, one token a step as decoding runs: for `file` and `llama.cpp`
+(a second llama-cpp-python instance with every row's logits), the share of positions whose argmax is
+float32's, and KL(float32 || writer) per position (mean, median, 95th percentile).
+
 How to read it: `float32` against `transformers` checks yue's layers (they should agree everywhere);
 `file` and `llama.cpp` against `transformers` are two int8-activation kernels' distance from the float
 reference. Where both are right they still differ: they sum in different orders and llama.cpp keeps the
@@ -30,7 +35,9 @@ import platform
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from llama_cpp import Llama
 
 import yue
 from yue.bench import llamacpp
@@ -38,7 +45,42 @@ from yue.bench.prompts import load_prompts
 from yue.bench.runners import load_peers
 from yue.decode.sources import common_prefix
 from yue.model.hf import model_files
+from yue.model.masks import decode_mask
 from yue.registry import resolve
+
+
+def yue_logits(engine, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """(len(answer), V) float32 logits of each answer position: the prompt prefilled, then one token a step."""
+    model = engine.model
+    cache = model.new_cache(1, len(prompt) + len(answer) + 1)
+    n = len(prompt)
+    mask = decode_mask(0, n, 0, cache.key_valid, model.device)
+    rows = [model.step(torch.tensor([prompt]), torch.arange(n), n, mask, cache, 1).ar_logits[0, -1]]
+    cache.advance(n)
+    for token in answer[:-1]:
+        mask = decode_mask(cache.length, 1, 0, cache.key_valid, model.device)
+        out = model.step(torch.tensor([[token]]), cache.positions(torch.arange(1)), 1, mask, cache, 1)
+        cache.advance(1)
+        rows.append(out.ar_logits[0, -1])
+    return torch.stack(rows).float()
+
+
+def llamacpp_logits(llm, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """The same from a `Llama` built with `logits_all=True`: the prompt evaluated, then one token a call."""
+    llm.reset()
+    llm.eval(prompt)
+    rows = [np.array(llm.scores[len(prompt) - 1])]
+    for token in answer[:-1]:
+        llm.eval([token])
+        rows.append(np.array(llm.scores[llm.n_tokens - 1]))
+    return torch.tensor(np.stack(rows)).float()
+
+
+def fidelity(reference: torch.Tensor, logits: torch.Tensor) -> tuple[list[float], int]:
+    """Per position KL(reference || logits) in nats, and how many positions share the reference's argmax."""
+    ref, lp = torch.log_softmax(reference, -1), torch.log_softmax(logits, -1)
+    kl = (ref.exp() * (ref - lp)).sum(-1)
+    return kl.tolist(), int((lp.argmax(-1) == ref.argmax(-1)).sum())
 
 
 def main() -> None:
@@ -52,8 +94,14 @@ def main() -> None:
     torch.set_num_threads(1)
     engine = yue.load(args.model, dtype="file", threads=1)
     reference = yue.load(args.model, dtype="float32", threads=1)
-    llm = llamacpp.load(model_files(resolve(args.model)).gguf, n_ctx=2048, threads=1)
+    gguf = model_files(resolve(args.model)).gguf
+    llm = llamacpp.load(gguf, n_ctx=2048, threads=1)
     runner = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {engine.tokenizer.eos_id}, args.tokens)
+    scorer = Llama(  # the teacher-forced peer: every row's logits kept
+        model_path=str(gguf), n_ctx=2048, n_threads=1, n_gpu_layers=0, logits_all=True, verbose=False
+    )
+    kl: dict[str, list[float]] = {"file": [], "llama.cpp": []}
+    top1 = dict.fromkeys(kl, 0)
     prompts = load_prompts(Path(args.prompts_file), engine)[: args.prompts]
     eos = engine.tokenizer.eos_id
     outputs: dict[str, list[list[int]]] = {"file": [], "llama.cpp": [], "float32": [], "transformers": []}
@@ -70,6 +118,15 @@ def main() -> None:
                 ids, max_new_tokens=args.tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
             )
             outputs["transformers"].append(out[0, len(p.ids) :].tolist())
+            answer = outputs["float32"][-1]
+            ref = yue_logits(reference, p.ids, answer)
+            for name, logits in (
+                ("file", yue_logits(engine, p.ids, answer)),
+                ("llama.cpp", llamacpp_logits(scorer, p.ids, answer)),
+            ):
+                per_position, same = fidelity(ref, logits)
+                kl[name] += per_position
+                top1[name] += same
             if engine.has_nar_set:
                 verified = engine.generate(p.text, **(greedy | {"mode": "verified"})).token_ids
                 verified_equals_ar += verified == outputs["file"][-1]
@@ -85,10 +142,25 @@ def main() -> None:
         "prompts": len(prompts),
         "tokens": args.tokens,
         "pairs": pairs,
+        "teacher_forced_on_float32": {
+            name: {
+                "positions": len(kl[name]),
+                "top1_agreement": top1[name] / len(kl[name]),
+                "mean_kl": float(np.mean(kl[name])),
+                "median_kl": float(np.median(kl[name])),
+                "p95_kl": float(np.percentile(kl[name], 95)),
+            }
+            for name in kl
+        },
         "verified_equals_ar": verified_equals_ar if engine.has_nar_set else None,
         "layout": engine.model.paths.layout,
         "machine": platform.processor() or platform.machine(),
     }
+    for name, f in summary["teacher_forced_on_float32"].items():
+        print(
+            f"{name:>12}: argmax = float32's at {f['top1_agreement']:.1%} of {f['positions']} positions, "
+            f"KL mean {f['mean_kl']:.5f}, median {f['median_kl']:.5f}, p95 {f['p95_kl']:.5f} nats"
+        )
     line = json.dumps(summary)
     print(line)
     if args.out:
