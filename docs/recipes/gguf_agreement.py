@@ -37,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from llama_cpp import Llama
 
 import yue
 from yue.bench import llamacpp
@@ -97,9 +96,7 @@ def main() -> None:
     gguf = model_files(resolve(args.model)).gguf
     llm = llamacpp.load(gguf, n_ctx=2048, threads=1)
     runner = llamacpp.LlamaCppRunner(llm, engine.tokenizer, {engine.tokenizer.eos_id}, args.tokens)
-    scorer = Llama(  # the teacher-forced peer: every row's logits kept
-        model_path=str(gguf), n_ctx=2048, n_threads=1, n_gpu_layers=0, logits_all=True, verbose=False
-    )
+    scorer = llamacpp.load(gguf, n_ctx=2048, threads=1, logits_all=True)  # the teacher-forced peer
     kl: dict[str, list[float]] = {"file": [], "llama.cpp": []}
     top1 = dict.fromkeys(kl, 0)
     prompts = load_prompts(Path(args.prompts_file), engine)[: args.prompts]

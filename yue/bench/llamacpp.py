@@ -119,10 +119,13 @@ def _extra_buffers_off():
         lib.llama_model_default_params = defaults
 
 
-def load(path: str | Path, n_ctx: int, threads: int, extra_buffers: bool | None = None):
+def load(
+    path: str | Path, n_ctx: int, threads: int, extra_buffers: bool | None = None, logits_all: bool = False
+):
     """A `llama_cpp.Llama` on the GGUF at `path`: CPU, `threads` for decode and prefill, quiet; its
     extra CPU buffer types on or off as `extra_buffers` says (None: where they do not crash here,
-    `extra_buffers_work`). The Llama carries `yue_extra_buffers` (bool) for the report."""
+    `extra_buffers_work`); `logits_all`: every evaluated row's logits kept (`Llama.scores`), as a
+    teacher-forced measurement reads them. The Llama carries `yue_extra_buffers` (bool) for the report."""
     from llama_cpp import Llama
 
     extra = extra_buffers_work(path) if extra_buffers is None else extra_buffers
@@ -134,7 +137,7 @@ def load(path: str | Path, n_ctx: int, threads: int, extra_buffers: bool | None 
             n_threads=threads,
             n_threads_batch=threads,
             n_gpu_layers=0,
-            logits_all=False,
+            logits_all=logits_all,
             verbose=False,
         )
     llm.yue_extra_buffers = extra
